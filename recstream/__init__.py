@@ -1,0 +1,10 @@
+"""recstream: train recommendation (CTR) models fast on PyTorch, offline and online.
+
+>>> import recstream
+>>> recstream.Model  # doctest: +ELLIPSIS
+<class 'recstream.train.model.Model'>
+"""
+from .train import Model
+
+__version__ = "0.1.0"
+__all__ = ["Model", "__version__"]

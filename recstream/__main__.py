@@ -1,0 +1,3 @@
+from recstream.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Command line: `recstream demo` (and later `produce`, `serve`)."""

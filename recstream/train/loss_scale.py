@@ -1,0 +1,275 @@
+"""Loss scaling (MindSpore's ``loss_scale_manager``): managers, update cells and the scaled step.
+
+- `FixedLossScaleManager(loss_scale=128.0, drop_overflow_update=True)`: constant scale.
+- `DynamicLossScaleManager(init_loss_scale=2**24, scale_factor=2, scale_window=2000)`: on overflow
+  (any non-finite gradient) the step is skipped and the scale divided by `scale_factor` (never
+  below 1); after `scale_window` consecutive clean steps it is multiplied by `scale_factor`.
+- `TrainOneStepWithLossScaleCell(network, optimizer, scale_sense)`: one step returning
+  ``(loss, overflow, scale)``.
+
+The scale and the clean-step counter live in an update cell's buffers (device tensors), so the
+bookkeeping never reads a value back to the host. The only host sync is the skip decision.
+
+>>> import torch
+>>> net = torch.nn.Linear(4, 1)
+>>> manager = DynamicLossScaleManager(init_loss_scale=2**10, scale_window=2)
+>>> step = TrainOneStepWithLossScaleCell(lambda x, y: ((net(x) - y) ** 2).mean(),
+...     torch.optim.SGD(net.parameters(), lr=0.1), manager.get_update_cell())
+>>> loss, overflow, scale = step(torch.randn(8, 4), torch.randn(8, 1))
+>>> bool(overflow), float(scale), manager.get_loss_scale()
+(False, 1024.0, 1024.0)
+"""
+from __future__ import annotations
+
+import abc
+import math
+from contextlib import nullcontext
+from typing import Callable, ContextManager
+
+import torch
+from torch import nn
+
+
+def _check_number(name: str, value, minimum: float, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"'{name}' must be a number, got {type(value).__name__} ({value!r})")
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        raise ValueError(f"'{name}' must be a finite number {'>' if strict else '>='} {minimum}, got {value!r}")
+    return float(value)
+
+
+def _check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"'{name}' must be a positive int, got {value!r}")
+    return value
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"'{name}' must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+class FixedLossScaleUpdateCell(nn.Module):
+    """Constant scale. ``drop_overflow_update=False`` steps even when gradients overflow."""
+
+    def __init__(self, loss_scale_value: float, drop_overflow_update: bool = True):
+        super().__init__()
+        value = _check_number("loss_scale_value", loss_scale_value, 1.0)
+        self.drop_overflow_update = _check_bool("drop_overflow_update", drop_overflow_update)
+        self.register_buffer("loss_scale", torch.tensor(value, dtype=torch.float32))
+
+    def forward(self, overflow: torch.Tensor) -> torch.Tensor:
+        return overflow
+
+
+class DynamicLossScaleUpdateCell(nn.Module):
+    """Dynamic scale: divide on overflow (floor 1), multiply after `scale_window` clean steps."""
+
+    drop_overflow_update = True
+
+    def __init__(self, loss_scale_value: float, scale_factor: float, scale_window: int):
+        super().__init__()
+        value = _check_number("loss_scale_value", loss_scale_value, 1.0)
+        self.scale_factor = _check_number("scale_factor", scale_factor, 1.0, strict=True)
+        self.scale_window = _check_positive_int("scale_window", scale_window)
+        self.register_buffer("loss_scale", torch.tensor(value, dtype=torch.float32))
+        self.register_buffer("good_steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, overflow: torch.Tensor) -> torch.Tensor:
+        # Branch-free tensor update: the scale stays on its device, no host read per step.
+        ov = torch.as_tensor(overflow, device=self.loss_scale.device).to(torch.bool).reshape(())
+        good = torch.where(ov, torch.zeros_like(self.good_steps), self.good_steps + 1)
+        grown = self.loss_scale * self.scale_factor
+        grow = (good >= self.scale_window) & torch.isfinite(grown)  # never grow into inf
+        shrunk = torch.clamp(self.loss_scale / self.scale_factor, min=1.0)
+        self.loss_scale.copy_(torch.where(ov, shrunk, torch.where(grow, grown, self.loss_scale)))
+        self.good_steps.copy_(torch.where(good >= self.scale_window, torch.zeros_like(good), good))
+        return overflow
+
+
+class LossScaleManager(abc.ABC):
+    """Base of loss-scale managers. A manager owns one update cell (the state on device); the
+    step cell drives it, and the Python methods below read or drive the same state."""
+
+    _cell: nn.Module
+
+    def get_loss_scale(self) -> float:
+        """Current scale as a float (reads the device value: for logging, not per step)."""
+        return float(self._cell.loss_scale)
+
+    def get_drop_overflow_update(self) -> bool:
+        return self._cell.drop_overflow_update
+
+    def update_loss_scale(self, overflow) -> None:
+        """Apply one step's overflow flag (bool or tensor) to the scale, as the step cell does."""
+        self._cell(torch.as_tensor(overflow))
+
+    def get_update_cell(self) -> nn.Module:
+        """The update cell for `TrainOneStepWithLossScaleCell` (always the same object)."""
+        return self._cell
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict:
+        ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        ...
+
+    def _check_state(self, state, keys: tuple[str, ...]) -> None:
+        if not isinstance(state, dict) or not set(keys) <= set(state):
+            raise ValueError(f"{type(self).__name__}.load_state_dict: 'state' must be a dict with keys "
+                             f"{list(keys)}, got {state!r}")
+
+
+class FixedLossScaleManager(LossScaleManager):
+    """Constant loss scale. With ``drop_overflow_update=True`` an overflowing step is skipped;
+    with False the loss is scaled, the gradients unscaled and the step always taken.
+    (MindSpore returns no update cell for ``drop_overflow_update=False``; here one is returned
+    that never skips, because PyTorch optimizers cannot unscale gradients themselves.)"""
+
+    def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = True):
+        value = _check_number("loss_scale", loss_scale, 1.0)
+        self._cell = FixedLossScaleUpdateCell(value, _check_bool("drop_overflow_update", drop_overflow_update))
+
+    def state_dict(self) -> dict:
+        return {"loss_scale": self.get_loss_scale(), "drop_overflow_update": self.get_drop_overflow_update()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_state(state, ("loss_scale", "drop_overflow_update"))
+        self._cell.loss_scale.fill_(_check_number("loss_scale", state["loss_scale"], 1.0))
+        self._cell.drop_overflow_update = _check_bool("drop_overflow_update", state["drop_overflow_update"])
+
+
+class DynamicLossScaleManager(LossScaleManager):
+    """Dynamic loss scale; `init_scale` is an alias of `init_loss_scale` (PyTorch's name)."""
+
+    def __init__(self, init_loss_scale: float = 2 ** 24, scale_factor: float = 2, scale_window: int = 2000,
+                 *, init_scale: float | None = None):
+        if init_scale is not None:
+            if init_loss_scale != 2 ** 24 and init_loss_scale != init_scale:
+                raise ValueError(f"give either 'init_loss_scale' ({init_loss_scale!r}) or its alias "
+                                 f"'init_scale' ({init_scale!r}), not both")
+            init_loss_scale = init_scale
+        self._cell = DynamicLossScaleUpdateCell(init_loss_scale, scale_factor, scale_window)
+
+    @property
+    def scale_factor(self) -> float:
+        return self._cell.scale_factor
+
+    @property
+    def scale_window(self) -> int:
+        return self._cell.scale_window
+
+    def state_dict(self) -> dict:
+        return {"loss_scale": self.get_loss_scale(), "good_steps": int(self._cell.good_steps),
+                "scale_factor": self.scale_factor, "scale_window": self.scale_window}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_state(state, ("loss_scale", "good_steps", "scale_factor", "scale_window"))
+        self._cell.scale_factor = _check_number("scale_factor", state["scale_factor"], 1.0, strict=True)
+        self._cell.scale_window = _check_positive_int("scale_window", state["scale_window"])
+        self._cell.loss_scale.fill_(_check_number("loss_scale", state["loss_scale"], 1.0))
+        good = state["good_steps"]
+        if isinstance(good, bool) or not isinstance(good, int) or good < 0:
+            raise ValueError(f"'good_steps' must be an int >= 0, got {good!r}")
+        self._cell.good_steps.fill_(good)
+
+
+def unscale_grads_(grads: list[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+    """Multiply `grads` by `inv_scale` in place; set ``found_inf`` to 1 if any is non-finite.
+
+    Uses PyTorch's fused kernel per (device, dtype) group where it exists, else a foreach
+    multiply plus an isfinite reduction. Sparse gradients are handled on their values.
+    """
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for g in grads:
+        if g.is_sparse:  # values of a coalesced sparse grad are a dense, in-place-writable view
+            vals = g._values()
+            vals.mul_(inv_scale.to(vals.device, vals.dtype))
+            found_inf.add_((~torch.isfinite(vals).all()).to(found_inf.device, found_inf.dtype))
+        else:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+    fused = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+    for (device, _), group in groups.items():
+        inv, found = inv_scale.to(device), torch.zeros(1, device=device)
+        if fused is not None:
+            fused(group, found, inv)
+        else:
+            torch._foreach_mul_(group, inv)
+            found += (~torch.stack([torch.isfinite(g).all() for g in group]).all()).float()
+        found_inf.add_(found.to(found_inf.device).reshape(found_inf.shape))
+    found_inf.clamp_(max=1.0)
+
+
+class TrainOneStepWithLossScaleCell(nn.Module):
+    """One step with loss scaling; ``forward(*inputs) -> (loss, overflow, scale)``.
+
+    `scale_sense`: an update cell (``manager.get_update_cell()``), a manager, or a number/tensor
+    for a fixed scale (overflowing steps are skipped, as in MindSpore). The loss is returned
+    detached and unscaled; `overflow` is a bool tensor; `scale` is the scale used in this step.
+    `autocast`: zero-argument factory of the context manager wrapping the forward (mixed precision).
+    """
+
+    def __init__(self, network: Callable, optimizer: torch.optim.Optimizer, scale_sense,
+                 autocast: Callable[[], ContextManager] | None = None):
+        super().__init__()
+        if not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
+            raise TypeError("TrainOneStepWithLossScaleCell: 'optimizer' must be a torch.optim.Optimizer, "
+                            f"got {type(optimizer).__name__}")
+        if isinstance(scale_sense, LossScaleManager):
+            scale_sense = scale_sense.get_update_cell()
+        elif isinstance(scale_sense, torch.Tensor):
+            if scale_sense.numel() != 1 or not scale_sense.is_floating_point():
+                raise ValueError("'scale_sense' tensor must hold one floating value, got shape "
+                                 f"{tuple(scale_sense.shape)} dtype {scale_sense.dtype}")
+            scale_sense = FixedLossScaleUpdateCell(float(scale_sense))
+        elif isinstance(scale_sense, (int, float)) and not isinstance(scale_sense, bool):
+            scale_sense = FixedLossScaleUpdateCell(scale_sense)
+        if not isinstance(scale_sense, (FixedLossScaleUpdateCell, DynamicLossScaleUpdateCell)):
+            raise TypeError("'scale_sense' must be an update cell, a LossScaleManager, a number or a tensor, "
+                            f"got {type(scale_sense).__name__}")
+        self.network = network
+        self.optimizer = optimizer
+        self.scale_update = scale_sense
+        self.autocast = autocast or nullcontext
+
+    @property
+    def loss_scale(self) -> torch.Tensor:
+        return self.scale_update.loss_scale
+
+    def set_sense_scale(self, value: float) -> None:
+        """Overwrite the current scale (MindSpore's ``set_sense_scale``)."""
+        self.scale_update.loss_scale.fill_(_check_number("value", value, 1.0))
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    def forward(self, *inputs, **kwargs):
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            loss = self.network(*inputs, **kwargs)
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise TypeError("TrainOneStepWithLossScaleCell: the network must return a loss tensor that "
+                            f"requires grad, got {type(loss).__name__}")
+        if self.scale_update.loss_scale.device != loss.device:  # one-time move, e.g. built on CPU
+            self.scale_update.to(loss.device)
+        scale = self.scale_update.loss_scale.clone()  # the update below changes the buffer in place
+        # Seeding backward with the scale = backward of loss * scale, without touching `loss`.
+        loss.backward(scale.to(loss.dtype).expand_as(loss))
+        params = self._params()
+        for p in params:
+            if p.grad.is_sparse:
+                p.grad = p.grad.coalesce()
+        found_inf = torch.zeros(1, device=scale.device)
+        unscale_grads_([p.grad for p in params], scale.reciprocal().reshape(1), found_inf)
+        overflow = found_inf.reshape(()) > 0
+        self.scale_update(overflow)
+        if not self.scale_update.drop_overflow_update:
+            self.optimizer.step()
+        # Host sync (one per step): skipping the step must leave weights and optimizer state
+        # (moments, step counts) untouched, which only a Python-side branch can guarantee.
+        elif not bool(overflow):
+            self.optimizer.step()
+        return loss.detach(), overflow, scale

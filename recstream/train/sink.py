@@ -1,0 +1,265 @@
+"""Sink execution ("数据下沉", seed 003): batches reach the device through a channel, and several
+steps run per host round-trip.
+
+- `DataChannel`: a background thread pulls batches from the dataset, pins them and copies them to
+  the device (non-blocking, on a side CUDA stream) into a bounded queue. Data preparation then
+  overlaps compute, on CPU as on GPU.
+- `DatasetHelper(dataset, dataset_sink_mode, sink_size, epoch_num)`: iterating it yields one item
+  per step in normal mode, and exactly ONE item per epoch in sink mode: a `Sink` of `sink_size`
+  batches (the full pass when ``sink_size=-1``).
+- `connect_network_with_dataset(network, helper)`: in sink mode, wraps a step network so that
+  ``net(sink)`` runs every step of the sink and returns the last loss. The loss stays on the
+  device: the host reads it (if at all) once per sink, in a callback.
+
+>>> import torch
+>>> from recstream.train import TrainOneStepCell, WithLossCell
+>>> net = torch.nn.Linear(4, 2)
+>>> step = TrainOneStepCell(WithLossCell(net, torch.nn.CrossEntropyLoss()),
+...                         torch.optim.SGD(net.parameters(), lr=0.1))
+>>> data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(5)]
+>>> helper = DatasetHelper(data, dataset_sink_mode=True, sink_size=3, epoch_num=2)
+>>> train = connect_network_with_dataset(step, helper)
+>>> losses = [train(*inputs) for epoch in range(2) for inputs in helper]  # 2 sinks, 6 steps
+>>> len(losses), helper.steps_done
+(2, 6)
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from .data_adapter import dataset_size, pin_memory, repeat_forever, reset, to_device, unpack
+
+_END_OF_PASS = object()  # put by the producer after a full pass when sink_size == -1
+_DONE = object()         # the producer has nothing more to give
+
+
+class _ProducerError:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class DataChannel:
+    """Prefetches batches on a background thread onto `device`; `get()` returns them in order.
+
+    ``total`` bounds how many batches are produced (None: until the source ends); ``passes`` > 0
+    makes the producer traverse the dataset that many times, with an end-of-pass marker after each;
+    ``passes=None`` cycles it endlessly (``reset()`` between passes). Producer exceptions are
+    re-raised in the consumer. `close()` stops the thread; the channel is a context manager.
+    """
+
+    def __init__(self, dataset, device: torch.device | str = "cpu", depth: int = 2,
+                 total: int | None = None, passes: int | None = None):
+        if depth < 1:
+            raise ValueError(f"DataChannel: 'depth' must be >= 1, got {depth}")
+        self.device = torch.device(device)
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self._thread = threading.Thread(target=self._produce, args=(dataset, total, passes), daemon=True,
+                                        name="recstream-data-channel")
+        self._thread.start()
+
+    def _source(self, dataset, passes):
+        if passes is None:
+            yield from repeat_forever(dataset)
+            return
+        for _ in range(passes):
+            yield from dataset
+            yield _END_OF_PASS
+            reset(dataset)
+
+    def _prepare(self, batch):
+        if self._stream is None:
+            return to_device(batch, self.device), None
+        # Pinned memory lets the copy run asynchronously on a side stream; the consumer's stream
+        # waits on the event before touching the batch.
+        with torch.cuda.stream(self._stream):
+            moved = to_device(pin_memory(batch), self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return moved, event
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, dataset, total, passes):
+        produced = 0
+        try:
+            for batch in self._source(dataset, passes):
+                if total is not None and produced >= total:
+                    break
+                if batch is _END_OF_PASS:
+                    item = _END_OF_PASS
+                else:
+                    item = self._prepare(batch)
+                    produced += 1
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put(_ProducerError(exc))
+            return
+        self._put(_DONE)
+
+    def get(self):
+        """The next batch on the device; `_END_OF_PASS` / `_DONE` markers pass through."""
+        item = self._queue.get()
+        if isinstance(item, _ProducerError):
+            raise item.exc
+        if isinstance(item, tuple):
+            batch, event = item
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
+            return batch
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:  # drain so a producer blocked on put() sees the stop flag
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+
+class Sink:
+    """The batches of one sink, pulled lazily from the channel. `first` peeks at the first one."""
+
+    def __init__(self, channel: DataChannel, size: int | None):
+        self._channel, self._size = channel, size
+        self._first = None
+        self.count = 0       # batches handed out so far
+        self.exhausted = False
+
+    @property
+    def first(self):
+        if self._first is None and not self.exhausted:
+            self._first = self._next()
+        return self._first
+
+    def _next(self):
+        if self._size is not None and self.count + (self._first is not None) >= self._size:
+            return None
+        item = self._channel.get()
+        if item is _END_OF_PASS or item is _DONE:
+            self.exhausted = True
+            return None
+        return item
+
+    def __iter__(self) -> Iterator:
+        first = self.first
+        if first is None:
+            return
+        self._first = None
+        self.count += 1
+        yield first
+        while (batch := self._next()) is not None:
+            self.count += 1
+            yield batch
+
+
+class DatasetHelper:
+    """Iterate a dataset the way the training loop consumes it (see the module docstring).
+
+    Normal mode yields each batch's columns; sink mode yields ``(sink,)`` once per epoch.
+    ``sink_size > 0`` traverses the dataset endlessly, each epoch continuing where the last
+    stopped; ``sink_size=-1`` makes each sink one full pass. `epoch_num` bounds the total
+    prefetched (None: unbounded, for online training).
+    """
+
+    def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
+                 epoch_num: int | None = 1, device=None, prefetch: int = 2):
+        if not isinstance(dataset_sink_mode, bool):
+            raise TypeError(f"'dataset_sink_mode' must be a bool, got {dataset_sink_mode!r}")
+        check_sink_size(sink_size)
+        self.dataset = dataset
+        self.dataset_sink_mode = dataset_sink_mode
+        self._sink_size = sink_size
+        self.epoch_num = epoch_num
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.prefetch = prefetch
+        self.steps_done = 0
+        self._channel: DataChannel | None = None
+        if dataset_sink_mode and sink_size == -1 and dataset_size(dataset) is None:
+            raise ValueError("'sink_size' must be > 0 in sink mode when the dataset cannot report its size "
+                             f"(got sink_size=-1 for a {type(dataset).__name__} without len()/get_dataset_size())")
+
+    def sink_size(self) -> int:
+        """Batches per sink (the dataset's size when ``sink_size=-1``)."""
+        if self._sink_size > 0:
+            return self._sink_size
+        return dataset_size(self.dataset) or 0
+
+    def _open(self) -> DataChannel:
+        if self._channel is None:
+            if self._sink_size > 0:
+                total = None if self.epoch_num is None else self.epoch_num * self._sink_size
+                self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total)
+            else:
+                self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num)
+        return self._channel
+
+    def __iter__(self):
+        if not self.dataset_sink_mode:
+            for batch in self.dataset:
+                self.steps_done += 1
+                yield batch
+            return
+        sink = Sink(self._open(), self._sink_size if self._sink_size > 0 else None)
+        yield (sink,)
+
+    def release(self) -> None:
+        """Stop the background producer (training ended or was stopped)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def __del__(self):
+        self.release()
+
+
+class SinkNetwork(nn.Module):
+    """Runs a whole sink through a step network; returns the last step's outputs (on device)."""
+
+    def __init__(self, network: nn.Module, helper: DatasetHelper):
+        super().__init__()
+        self.network = network
+        self._helper = helper
+
+    def forward(self, sink: Sink):
+        outputs = None
+        for batch in sink:
+            args, kwargs = unpack(batch)
+            outputs = self.network(*args, **kwargs)
+        self._helper.steps_done += sink.count
+        return outputs
+
+
+def connect_network_with_dataset(network: nn.Module, dataset_helper: DatasetHelper) -> nn.Module:
+    """In sink mode, a network that consumes one `Sink` per call; otherwise `network` itself."""
+    if not isinstance(dataset_helper, DatasetHelper):
+        raise TypeError(f"'dataset_helper' must be a DatasetHelper, got {type(dataset_helper).__name__}")
+    return SinkNetwork(network, dataset_helper) if dataset_helper.dataset_sink_mode else network
+
+
+def check_sink_size(sink_size) -> None:
+    if isinstance(sink_size, bool) or not isinstance(sink_size, int) or sink_size == 0 or sink_size < -1:
+        raise ValueError(f"'sink_size' must be -1 (a full pass per epoch) or a positive int, got {sink_size!r}")
