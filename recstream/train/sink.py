@@ -187,6 +187,7 @@ class DatasetHelper:
 
     def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
                  epoch_num: int | None = 1, device=None, prefetch: int = 2):
+        self._channel: DataChannel | None = None
         if not isinstance(dataset_sink_mode, bool):
             raise TypeError(f"'dataset_sink_mode' must be a bool, got {dataset_sink_mode!r}")
         check_sink_size(sink_size)
@@ -197,7 +198,6 @@ class DatasetHelper:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.prefetch = prefetch
         self.steps_done = 0
-        self._channel: DataChannel | None = None
         if dataset_sink_mode and sink_size == -1 and dataset_size(dataset) is None:
             raise ValueError("'sink_size' must be > 0 in sink mode when the dataset cannot report its size "
                              f"(got sink_size=-1 for a {type(dataset).__name__} without len()/get_dataset_size())")
