@@ -1,0 +1,184 @@
+"""Time one training step of the embedding layer: lookup + backward + optimizer update.
+
+Workload: batch ``--batch`` (1024) x ``--features`` (26) single-hot categorical features,
+embedding dim ``--dim`` (16), ``--vocab`` (100_000) rows per feature, ids drawn from a power
+law (``P(id = k) ~ 1/(k+1)``, log-uniform ranks) so a few ids are hot and most are rare.
+Variants, all starting from the same pre-generated batches:
+
+- ``dense_adam``  (baseline): 26 separate ``nn.Embedding`` tables, dense gradients,
+  ``torch.optim.Adam`` (touches every row of every table every step).
+- ``fused_lazyadam`` / ``fused_rowwise``: one ``recstream.nn.EmbeddingBagCollection``
+  (``sparse=True``, all tables fused) with ``LazyAdam`` / ``RowWiseAdagrad``.
+- ``hash_lazyadam``: ``recstream.nn.HashEmbedding`` with capacity ``features * vocab``
+  (same number of rows), keys ``feature * vocab + id``, with ``LazyAdam``.
+
+The loss is ``mean(out ** 2)`` on the ``[batch, features * dim]`` output. Repetitions of the
+variants are interleaved in one process (round-robin, after warm-up steps) so load on a shared
+machine hits all of them alike; the table shows medians and the ratios. Memory per row is
+computed from tensor sizes: values + optimizer state (+ hash metadata, + the dense gradient
+buffer the baseline allocates each step).
+
+    python benchmarks/bench_embeddings.py --reps 15
+    python benchmarks/bench_embeddings.py --vocab 20000 --reps 5   # quick check
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from typing import Callable, Dict, List
+
+import torch
+from torch import nn
+
+from recstream.nn import EmbeddingBagCollection, EmbeddingTableConfig, HashEmbedding
+from recstream.optim import LazyAdam, RowWiseAdagrad
+
+
+def power_law_ids(gen: torch.Generator, shape, vocab: int) -> torch.Tensor:
+    """Ids in [0, vocab) with P(k) ~ 1/(k+1): exponentiate a uniform over log(vocab+1)."""
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    return (torch.exp(u * math.log(vocab + 1)) - 1).long().clamp_(0, vocab - 1)
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    return nbytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+
+
+class Variant:
+    """One model + optimizer + a ``step(batch)`` closure, and its memory accounting."""
+
+    def __init__(self, name: str, module: nn.Module, opt: torch.optim.Optimizer,
+                 forward: Callable[[dict], torch.Tensor], rows: int) -> None:
+        self.name, self.module, self.opt, self.forward, self.rows = name, module, opt, forward, rows
+        self.times: List[float] = []
+
+    def step(self, batch: dict) -> None:
+        out = self.forward(batch)
+        loss = out.pow(2).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def memory_per_row(self) -> Dict[str, float]:
+        params = list(self.module.parameters())
+        mem = {"values": nbytes(params) / self.rows,
+               "opt_state": state_bytes(self.opt) / self.rows,
+               "metadata": nbytes(self.module.buffers()) / self.rows,
+               # The dense baseline materialises a full gradient every step.
+               "dense_grad": nbytes(p.grad for p in params
+                                    if p.grad is not None and not p.grad.is_sparse) / self.rows}
+        mem["total"] = sum(mem.values())
+        return mem
+
+
+def build_variants(args, device) -> List[Variant]:
+    F, D, V = args.features, args.dim, args.vocab
+    torch.manual_seed(0)
+    variants = []
+    if "dense_adam" in args.variants:
+        tables = nn.ModuleList(nn.Embedding(V, D) for _ in range(F)).to(device)
+        variants.append(Variant(
+            "dense_adam", tables, torch.optim.Adam(tables.parameters(), lr=1e-3),
+            lambda b: torch.cat([t(b["ids"][:, f]) for f, t in enumerate(tables)], dim=1), F * V))
+    cfgs = [EmbeddingTableConfig(f"t{f}", V, D) for f in range(F)]
+    for name, opt_cls in (("fused_lazyadam", LazyAdam), ("fused_rowwise", RowWiseAdagrad)):
+        if name in args.variants:
+            ebc = EmbeddingBagCollection(cfgs, sparse=True, device=device)
+            # Trusted benchmark input: skip per-call validation (it costs host syncs).
+            fwd = (lambda e: lambda b: e(b["values"], b["offsets"], b["batch"], validate=False))(ebc)
+            variants.append(Variant(name, ebc, opt_cls(ebc.parameters(), lr=1e-2), fwd, F * V))
+    if "hash_lazyadam" in args.variants:
+        emb = HashEmbedding(D, capacity=F * V, device=device)
+        variants.append(Variant(
+            "hash_lazyadam", emb, LazyAdam(emb.parameters(), lr=1e-3),
+            lambda b: emb(b["keys"]).reshape(b["batch"], F * D), F * V))
+    return variants
+
+
+def make_batches(args, device) -> List[dict]:
+    gen = torch.Generator().manual_seed(args.seed)
+    B, F, V = args.batch, args.features, args.vocab
+    batches = []
+    for _ in range(args.num_batches):
+        ids = power_law_ids(gen, (B, F), V)
+        batches.append({
+            "batch": B,
+            "ids": ids.to(device),
+            # Feature-major flat layout of EmbeddingBagCollection: one id per bag.
+            "values": ids.t().reshape(-1).to(device),
+            "offsets": torch.arange(F * B + 1, device=device),
+            "keys": (ids + torch.arange(F) * V).to(device),
+        })
+    return batches
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--features", type=int, default=26)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=100_000, help="rows per feature table")
+    p.add_argument("--reps", type=int, default=15, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first")
+    p.add_argument("--num-batches", type=int, default=16, help="distinct batches cycled through")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variants", nargs="+",
+                   default=["dense_adam", "fused_lazyadam", "fused_rowwise", "hash_lazyadam"],
+                   choices=["dense_adam", "fused_lazyadam", "fused_rowwise", "hash_lazyadam"])
+    args = p.parse_args(argv)
+    for name in ("batch", "features", "dim", "vocab", "reps", "num_batches", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    batches = make_batches(args, device)
+    variants = build_variants(args, device)
+    print(f"batch={args.batch} features={args.features} dim={args.dim} vocab/table={args.vocab} "
+          f"rows={args.features * args.vocab:,} threads={torch.get_num_threads()} device={device}")
+    for i in range(args.warmup):
+        for v in variants:
+            v.step(batches[i % len(batches)])
+    for i in range(args.reps):  # round-robin: each round times every variant once
+        b = batches[(args.warmup + i) % len(batches)]
+        for v in variants:
+            sync(device)
+            t0 = time.perf_counter()
+            v.step(b)
+            sync(device)
+            v.times.append(time.perf_counter() - t0)
+
+    med = {v.name: statistics.median(v.times) for v in variants}
+    print(f"\n{'variant':16s} {'median ms':>10s} {'min ms':>8s} {'max ms':>8s} | bytes/row: "
+          f"{'values':>6s} {'opt':>6s} {'meta':>6s} {'dgrad':>6s} {'total':>6s}")
+    for v in variants:
+        m = v.memory_per_row()
+        print(f"{v.name:16s} {med[v.name] * 1e3:10.2f} {min(v.times) * 1e3:8.2f} "
+              f"{max(v.times) * 1e3:8.2f} |            {m['values']:6.1f} {m['opt_state']:6.1f} "
+              f"{m['metadata']:6.1f} {m['dense_grad']:6.1f} {m['total']:6.1f}")
+    print()
+    if "dense_adam" in med:
+        for name in ("fused_lazyadam", "fused_rowwise"):
+            if name in med:
+                print(f"speedup {name} vs dense_adam: {med['dense_adam'] / med[name]:.2f}x "
+                      "(goal >= 3x)")
+    if "hash_lazyadam" in med and "fused_lazyadam" in med:
+        print(f"hash_lazyadam / fused_lazyadam time: "
+              f"{med['hash_lazyadam'] / med['fused_lazyadam']:.2f}x (goal <= 3x)")
+
+
+if __name__ == "__main__":
+    main()

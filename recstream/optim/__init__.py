@@ -1,0 +1,37 @@
+"""Optimizers for recommendation models.
+
+Row-sparse optimizers (accept sparse COO or dense gradients, update only the
+rows present in the gradient, honour ``param.pop_reset_rows``):
+
+* :class:`RowWiseAdagrad` - one accumulator per row, for embedding tables;
+* :class:`LazyAdam` - Adam moving only touched rows (TF LazyAdam semantics);
+* :class:`FTRL` - FTRL-Proximal with L1/L2, for the wide part.
+
+:class:`CombinedOptimizer` / :func:`sparse_and_dense` pair a sparse optimizer
+for embeddings with a dense one for the rest as a single ``Optimizer``.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from recstream.optim import sparse_and_dense
+    >>> model = nn.Sequential(nn.EmbeddingBag(50, 4, sparse=True), nn.Linear(4, 1))
+    >>> opt = sparse_and_dense(model)       # LazyAdam + torch.optim.Adam
+    >>> sorted(opt.optimizers)
+    ['dense', 'sparse']
+"""
+
+from .combined import CombinedOptimizer, sparse_and_dense, split_sparse_dense
+from .ftrl import FTRL
+from .lazy_adam import LazyAdam
+from .rowwise_adagrad import RowWiseAdagrad
+from ._base import SparseRowOptimizer
+
+__all__ = [
+    "CombinedOptimizer",
+    "FTRL",
+    "LazyAdam",
+    "RowWiseAdagrad",
+    "SparseRowOptimizer",
+    "sparse_and_dense",
+    "split_sparse_dense",
+]

@@ -1,0 +1,194 @@
+"""Shared machinery for the row-sparse optimizers.
+
+All optimizers in this package treat dimension 0 of a parameter as the *row*
+dimension (one embedding vector per row) and update only the rows present in
+the current gradient:
+
+* a sparse COO gradient (``nn.Embedding(sparse=True)`` and friends) is
+  coalesced first, so duplicate row indices are summed, and only its rows are
+  read, updated and written back (``index_select`` / ``index_copy_``);
+* a dense gradient counts as touching every row, and the update then runs
+  in place on the whole tensors, which is exactly the dense optimizer.
+
+Example:
+    >>> import torch
+    >>> from recstream.optim import LazyAdam
+    >>> emb = torch.nn.Embedding(10, 4, sparse=True)
+    >>> opt = LazyAdam(emb.parameters(), lr=0.1)
+    >>> before = emb.weight.detach().clone()
+    >>> emb(torch.tensor([1, 1, 3])).sum().backward()
+    >>> opt.step()
+    >>> changed = (emb.weight != before).any(dim=1).nonzero().flatten().tolist()
+    >>> changed
+    [1, 3]
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+__all__ = ["SparseRowOptimizer"]
+
+
+def take_rows(t: Tensor, rows: Tensor | None) -> Tensor:
+    """Rows ``rows`` of ``t`` (a copy), or ``t`` itself when every row counts.
+
+    Returning the tensor itself on the dense path lets the kernels update
+    optimizer state in place with no gather/scatter cost.
+    """
+    return t if rows is None else t.index_select(0, rows)
+
+
+def put_rows(t: Tensor, rows: Tensor | None, values: Tensor) -> None:
+    """Write ``values`` back into rows ``rows`` of ``t`` (no-op if in place)."""
+    if rows is None:
+        if values is not t:
+            t.copy_(values)
+    else:
+        # Rows are unique after coalesce(), so index_copy_ is deterministic.
+        t.index_copy_(0, rows, values)
+
+
+def row_broadcast(v: Tensor, like: Tensor) -> Tensor:
+    """View a per-row vector ``[n]`` so it broadcasts against ``like`` ``[n, ...]``."""
+    return v.view(-1, *([1] * (like.dim() - 1)))
+
+
+def check_number(name: str, value: Any, low: float | None = None, *, strict: bool = False,
+                 high: float | None = None) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``value`` is a
+    finite real in ``[low, high)`` (``(low, high)`` if ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} "
+                        f"({type(value).__name__})")
+    bad = not math.isfinite(value)  # also rejects NaN
+    if low is not None:
+        bad = bad or (value <= low if strict else value < low)
+    if high is not None:
+        bad = bad or value >= high
+    if bad:
+        allowed = ["finite"]
+        if low is not None:
+            allowed.append(f"{'>' if strict else '>='} {low}")
+        if high is not None:
+            allowed.append(f"< {high}")
+        raise ValueError(f"{name} must be {' and '.join(allowed)}, got {value!r}")
+
+
+class SparseRowOptimizer(Optimizer):
+    """Base class: row extraction, row-reset protocol, validation.
+
+    Subclasses implement:
+
+    * ``_validate_group(group)`` - raise on bad hyper-parameters;
+    * ``_init_state(p, state, group)`` - allocate per-parameter state;
+    * ``_reset_rows(state, rows, group)`` - restore rows of the state to
+      their initial value (used by the row-reset protocol);
+    * ``_update(p, rows, grad, state, group)`` - apply one step to the rows
+      ``rows`` (``None`` = all rows) of ``p`` with row gradients ``grad``.
+      ``p`` and ``grad`` always have at least one dimension (0-d parameters
+      are viewed as a single row).
+
+    Row-reset protocol: if a parameter carries a callable attribute
+    ``pop_reset_rows`` (e.g. the weight of ``recstream.nn.HashEmbedding``,
+    which reassigns rows to new keys), it is called once per step before the
+    parameter is updated and the returned rows get fresh optimizer state, so
+    a new key does not inherit the moments/accumulators of the evicted one.
+    """
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        self._validate_group(defaults)
+        super().__init__(params, defaults)
+
+    # ------------------------------------------------------------ hooks
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        check_number("lr", group["lr"], 0.0)
+
+    def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _reset_rows(self, state: dict[str, Any], rows: Tensor, group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _update(self, p: Tensor, rows: Tensor | None, grad: Tensor,
+                state: dict[str, Any], group: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ API
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group, validating its hyper-parameters before it is stored."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        self._validate_group(merged)
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Update the touched rows of every parameter that has a gradient.
+
+        Adds no host synchronisation of its own; on CUDA the only one is the
+        one ``coalesce()`` needs to size its output (inherent to COO grads).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.is_sparse:
+                    raise TypeError("sparse parameters are not supported; the parameter "
+                                    "must be dense (only its gradient may be sparse)")
+                state = self.state[p]
+                reset = self._pop_reset_rows(p)
+                if not state:
+                    # Fresh state is already "reset"; popping above still
+                    # clears the pending list on the module.
+                    self._init_state(p, state, group)
+                elif reset is not None:
+                    self._reset_rows(state, reset, group)
+                rows, grad = _rows_and_values(p, p.grad)
+                # 0-d parameters are treated as a single row; unsqueeze is a
+                # view, so in-place updates still land in ``p``.
+                target = p if p.dim() > 0 else p.unsqueeze(0)
+                self._update(target, rows, grad, state, group)
+        return loss
+
+    @staticmethod
+    def _pop_reset_rows(p: Tensor) -> Tensor | None:
+        pop = getattr(p, "pop_reset_rows", None)
+        if pop is None:
+            return None
+        if not callable(pop):
+            raise TypeError(f"param.pop_reset_rows must be callable, got {type(pop).__name__}")
+        rows = pop()
+        if not isinstance(rows, Tensor) or rows.is_floating_point() or rows.is_complex() \
+                or rows.dtype == torch.bool:
+            raise TypeError("param.pop_reset_rows() must return an integer tensor of row "
+                            f"indices, got {rows!r}")
+        return rows.reshape(-1).to(device=p.device, dtype=torch.long)
+
+
+def _rows_and_values(p: Tensor, grad: Tensor) -> tuple[Tensor | None, Tensor]:
+    """Split a gradient into (unique touched rows or None, per-row values)."""
+    if grad.layout == torch.strided:
+        return None, (grad if grad.dim() > 0 else grad.unsqueeze(0))
+    if grad.layout != torch.sparse_coo:
+        raise TypeError(f"gradient layout must be torch.strided or torch.sparse_coo, "
+                        f"got {grad.layout}")
+    if grad.sparse_dim() != 1:
+        raise ValueError("sparse gradients must be row-sparse (sparse_dim() == 1, as "
+                         f"produced by embeddings), got sparse_dim()={grad.sparse_dim()} "
+                         f"for a parameter of shape {tuple(p.shape)}")
+    # coalesce() sorts the rows and sums duplicates, which makes the rows
+    # unique: needed for a correct read-modify-write of per-row state.
+    g = grad if grad.is_coalesced() else grad.coalesce()
+    return g._indices()[0], g._values()

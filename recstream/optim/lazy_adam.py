@@ -1,0 +1,104 @@
+"""LazyAdam: Adam whose moments and weights move only for touched rows.
+
+For every touched row ``r`` (``t`` = the parameter's global step count)::
+
+    m_r <- beta1 * m_r + (1 - beta1) * g_r
+    v_r <- beta2 * v_r + (1 - beta2) * g_r ** 2
+    w_r <- w_r - lr / (1 - beta1**t) * m_r / (sqrt(v_r) / sqrt(1 - beta2**t) + eps)
+
+Rows absent from the batch keep their weights *and* moments unchanged (plain
+Adam would decay their moments and keep moving them). This is the semantics
+of TF's ``LazyAdamOptimizer`` and ``torch.optim.SparseAdam``; unlike
+``SparseAdam`` it also accepts dense gradients (then every row is touched and
+the update is exactly ``torch.optim.Adam`` without weight decay).
+
+Bias correction uses a *global* step count ``t`` per parameter, incremented
+on every ``step()`` in which the parameter has a gradient - not a per-row
+count. This is what TF LazyAdam and SparseAdam do, keeps state at two floats
+per coordinate (no per-row counters) and makes a rarely seen row take steps
+of the same order as a frequent one (its correction terms are ~1 once ``t``
+is large). Rows reset through ``pop_reset_rows`` get zero moments and also
+follow the global ``t``.
+
+Example:
+    >>> import torch
+    >>> from recstream.optim import LazyAdam
+    >>> emb = torch.nn.Embedding(1000, 16, sparse=True)
+    >>> opt = LazyAdam(emb.parameters(), lr=1e-2)
+    >>> emb(torch.tensor([3, 7])).pow(2).sum().backward()
+    >>> opt.step()
+    >>> opt.state[emb.weight]["step"]
+    1
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+from ._base import SparseRowOptimizer, check_number, put_rows, take_rows
+
+__all__ = ["LazyAdam"]
+
+
+class LazyAdam(SparseRowOptimizer):
+    """Adam for row-sparse gradients (also accepts dense gradients).
+
+    Args:
+        params: iterable of parameters or parameter-group dicts.
+        lr: learning rate (>= 0).
+        betas: ``(beta1, beta2)``, each in ``[0, 1)``.
+        eps: added to the bias-corrected ``sqrt(v)`` (>= 0).
+
+    State per parameter: ``"step"`` (int), ``"exp_avg"`` and ``"exp_avg_sq"``
+    (same shape as the parameter).
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+
+    def _validate_group(self, group: dict[str, Any]) -> None:
+        check_number("lr", group["lr"], 0.0)
+        check_number("eps", group["eps"], 0.0)
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        check_number("betas[0]", betas[0], 0.0, high=1.0)
+        check_number("betas[1]", betas[1], 0.0, high=1.0)
+
+    def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _reset_rows(self, state: dict[str, Any], rows: Tensor, group: dict[str, Any]) -> None:
+        for key in ("exp_avg", "exp_avg_sq"):
+            buf = state[key]
+            (buf if buf.dim() > 0 else buf.unsqueeze(0)).index_fill_(0, rows, 0.0)
+
+    def _update(self, p: Tensor, rows: Tensor | None, grad: Tensor,
+                state: dict[str, Any], group: dict[str, Any]) -> None:
+        lr, eps = group["lr"], group["eps"]
+        beta1, beta2 = group["betas"]
+        state["step"] += 1
+        t = state["step"]
+        # Python floats: the step count lives on the host, so no device sync.
+        step_size = lr / (1.0 - beta1 ** t)
+        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
+
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        if exp_avg.dim() == 0:
+            exp_avg, exp_avg_sq = exp_avg.unsqueeze(0), exp_avg_sq.unsqueeze(0)
+        # Same op sequence as torch.optim.Adam so dense results match it.
+        m = take_rows(exp_avg, rows).lerp_(grad, 1.0 - beta1)
+        v = take_rows(exp_avg_sq, rows).mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        put_rows(exp_avg, rows, m)
+        put_rows(exp_avg_sq, rows, v)
+        denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
+        w = take_rows(p, rows)
+        w.addcdiv_(m, denom, value=-step_size)
+        put_rows(p, rows, w)
