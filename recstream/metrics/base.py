@@ -1,0 +1,172 @@
+"""The :class:`Metric` base class: MindSpore's clear/update/eval protocol on torch tensors."""
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from recstream.metrics._inputs import accumulator_dtype
+
+
+def _copy(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
+
+
+class Metric(abc.ABC):
+    """Base class of all metrics, following ``mindspore.train.Metric``.
+
+    ``clear()`` resets the accumulators, ``update(*inputs)`` adds one batch and
+    ``eval()`` returns the result; calling the metric does all three on one batch.
+
+    ``update`` never synchronises with the device: built-in metrics accumulate into
+    tensors on the inputs' device and only ``eval`` reads values back. Value checks
+    that would need a read-back (labels outside {0, 1}, NaN scores...) are counted on
+    the device during ``update`` and raised as ``ValueError`` by ``eval``.
+
+    Subclasses list their accumulator attributes (without the leading underscore)
+    in ``_state_names`` to get ``state_dict``/``load_state_dict`` for free.
+
+    Example:
+        >>> import torch
+        >>> from recstream.metrics import Metric
+        >>> class Mean(Metric):
+        ...     _state_names = ("total", "count")
+        ...     def clear(self):
+        ...         self._total, self._count = None, 0
+        ...     def update(self, *inputs):
+        ...         self._accumulate("_total", inputs[0].sum())
+        ...         self._count += inputs[0].numel()
+        ...     def eval(self):
+        ...         return float(self._total) / self._count
+        >>> m = Mean()
+        >>> m.clear()
+        >>> m.update(torch.tensor([1.0, 2.0]))
+        >>> m.update(torch.tensor([6.0]))
+        >>> m.eval()
+        3.0
+        >>> m(torch.tensor([4.0]))
+        4.0
+    """
+
+    _state_names: tuple[str, ...] = ()
+
+    def __init__(self):
+        self._indexes = None
+        self._invalid = {}
+
+    # -- MindSpore's input re-ordering -------------------------------------------------
+    @property
+    def indexes(self):
+        """Positions of the network outputs that ``update`` receives (None: all, in order)."""
+        return getattr(self, "_indexes", None)
+
+    def set_indexes(self, indexes):
+        """Make ``update(*outputs)`` use ``outputs[i] for i in indexes``; returns ``self``."""
+        if not isinstance(indexes, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in indexes
+        ):
+            raise ValueError(f"set_indexes: indexes must be a list of int, got {indexes!r}.")
+        self._indexes = indexes
+        return self
+
+    def _select(self, inputs: tuple) -> tuple:
+        indexes = self.indexes
+        if not indexes:
+            return inputs
+        if max(indexes) >= len(inputs) or min(indexes) < -len(inputs):
+            raise ValueError(
+                f"{type(self).__name__}.update: indexes {indexes} do not fit the "
+                f"{len(inputs)} input(s) received."
+            )
+        return tuple(inputs[i] for i in indexes)
+
+    # -- protocol ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def clear(self):
+        """Reset all accumulated state."""
+
+    @abc.abstractmethod
+    def update(self, *inputs):
+        """Accumulate one batch (no device synchronisation)."""
+
+    @abc.abstractmethod
+    def eval(self):
+        """Compute the metric from the accumulated state."""
+
+    def __call__(self, *inputs):
+        """Evaluate one batch on its own: ``clear()``, ``update(*inputs)``, ``eval()``."""
+        self.clear()
+        self.update(*inputs)
+        return self.eval()
+
+    # -- helpers for subclasses ----------------------------------------------------------
+    def _accumulate(self, attr: str, value: torch.Tensor) -> None:
+        current = getattr(self, attr)
+        setattr(self, attr, value if current is None else current + value.to(current.device))
+
+    def _reset_invalid(self) -> None:
+        self._invalid = {}
+
+    def _flag_invalid(self, key: str, values: torch.Tensor, bad: torch.Tensor, rule: str) -> None:
+        """Count ``bad`` entries of ``values`` on the device and keep the first one seen.
+
+        ``rule`` names the argument and what it allows, e.g. "y must be 0 or 1".
+        """
+        flat_bad = bad.reshape(-1)
+        if flat_bad.numel() == 0:
+            return
+        count = flat_bad.sum()
+        # argmax of a 0/1 vector is the first True position (0 when none): no read-back.
+        first = flat_bad.to(torch.uint8).argmax().reshape(1)
+        example = values.reshape(-1).gather(0, first)[0].to(accumulator_dtype(values.device))
+        if key in self._invalid:
+            old_count, old_example, _ = self._invalid[key]
+            example = torch.where(old_count > 0, old_example, example.to(old_example.device))
+            count = old_count + count.to(old_count.device)
+        self._invalid[key] = (count, example, rule)
+
+    def _raise_invalid(self) -> None:
+        """Raise the ValueError deferred from ``update`` (reads the counters back)."""
+        for count, example, rule in self._invalid.values():
+            n = int(count)
+            if n:
+                raise ValueError(
+                    f"{type(self).__name__}: {rule}; update() received {n} value(s) that are not, "
+                    f"first one: {example.item()!r}."
+                )
+
+    # -- checkpointing -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Copies of the accumulators (tensors stay on their device) and plain values."""
+        state = {name: _copy(getattr(self, "_" + name)) for name in self._state_names}
+        state["invalid"] = _copy(getattr(self, "_invalid", {}))
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore accumulators saved by :meth:`state_dict` of the same metric type."""
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"{type(self).__name__}.load_state_dict: state must be a dict, got {type(state).__name__}."
+            )
+        expected = set(self._state_names) | {"invalid"}
+        missing, unexpected = expected - set(state), set(state) - expected
+        if missing or unexpected:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: state keys must be {sorted(expected)}, "
+                f"missing {sorted(missing)}, unexpected {sorted(unexpected)}."
+            )
+        self._check_state(state)
+        for name in self._state_names:
+            setattr(self, "_" + name, _copy(state[name]))
+        self._invalid = _copy(state["invalid"])
+
+    def _check_state(self, state: dict) -> None:
+        """Hook: subclasses reject states that do not fit their configuration."""

@@ -1,0 +1,76 @@
+"""Build metrics from names, as ``mindspore.train.get_metric_fn`` / ``get_metrics``."""
+from __future__ import annotations
+
+from recstream.metrics.accuracy import Accuracy
+from recstream.metrics.auc import AUC
+from recstream.metrics.base import Metric
+from recstream.metrics.error import MAE, MSE
+from recstream.metrics.fbeta import F1
+from recstream.metrics.logloss import LogLoss
+from recstream.metrics.loss import Loss
+from recstream.metrics.precision import Precision
+from recstream.metrics.recall import Recall
+from recstream.metrics.topk import Top1CategoricalAccuracy, Top5CategoricalAccuracy
+
+_METRICS = {
+    "accuracy": Accuracy,
+    "acc": Accuracy,
+    "precision": Precision,
+    "recall": Recall,
+    "F1": F1,
+    "f1": F1,
+    "auc": AUC,
+    "loss": Loss,
+    "logloss": LogLoss,
+    "mae": MAE,
+    "mse": MSE,
+    "top_1_accuracy": Top1CategoricalAccuracy,
+    "top_5_accuracy": Top5CategoricalAccuracy,
+}
+
+
+def get_metric_fn(name: str, *args, **kwargs) -> Metric:
+    """Instantiate the metric registered under ``name`` with ``*args, **kwargs``.
+
+    Example:
+        >>> from recstream.metrics import get_metric_fn
+        >>> get_metric_fn("auc", from_logits=True).from_logits
+        True
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"get_metric_fn: name must be a str, got {type(name).__name__}: {name!r}.")
+    if name not in _METRICS:
+        raise ValueError(f"get_metric_fn: unknown metric name {name!r}; known names: {sorted(_METRICS)}.")
+    return _METRICS[name](*args, **kwargs)
+
+
+def get_metrics(metrics) -> dict[str, Metric]:
+    """Normalise ``Model(metrics=...)`` into a ``{name: Metric}`` dict.
+
+    ``metrics`` may be None (no metrics), a set/list/tuple of registered names, or a
+    dict mapping any name to a :class:`Metric` instance. Keys are the user's names.
+
+    Example:
+        >>> from recstream.metrics import AUC, get_metrics
+        >>> sorted(get_metrics({"acc", "loss"}))
+        ['acc', 'loss']
+        >>> list(get_metrics({"my_auc": AUC()}))
+        ['my_auc']
+    """
+    if metrics is None:
+        return {}
+    if isinstance(metrics, dict):
+        for key, metric in metrics.items():
+            if not isinstance(metric, Metric):
+                raise TypeError(
+                    f"get_metrics: metrics[{key!r}] must be a recstream.metrics.Metric instance, "
+                    f"got {type(metric).__name__}: {metric!r:.80}."
+                )
+        return dict(metrics)
+    if isinstance(metrics, (set, frozenset, list, tuple)):
+        return {name: get_metric_fn(name) for name in metrics}
+    hint = f" (wrap a single name in a set: {{{metrics!r}}})" if isinstance(metrics, str) else ""
+    raise TypeError(
+        "get_metrics: metrics must be None, a set/list/tuple of names or a dict of name -> Metric, "
+        f"got {type(metrics).__name__}: {metrics!r:.80}{hint}."
+    )

@@ -1,0 +1,108 @@
+"""Top-k categorical accuracy."""
+from __future__ import annotations
+
+import torch
+
+from recstream.metrics._inputs import check_num_inputs, class_labels, to_tensor
+from recstream.metrics.base import Metric
+
+
+class TopKCategoricalAccuracy(Metric):
+    """Share of samples whose true class is among the k highest scores.
+
+    As ``mindspore.train.TopKCategoricalAccuracy``: y_pred (N, C) scores, y class
+    indices (N,) / (N, 1) or one-hot (N, C). Among equal scores the lower class
+    index ranks first (stable sort), so results do not depend on the device.
+
+    Args:
+        k: how many top classes count as a hit, >= 1 (k >= C always hits).
+
+    Example:
+        >>> from recstream.metrics import TopKCategoricalAccuracy
+        >>> x = [[0.2, 0.5, 0.3, 0.6, 0.2], [0.1, 0.35, 0.5, 0.2, 0.0], [0.9, 0.6, 0.2, 0.01, 0.3]]
+        >>> round(TopKCategoricalAccuracy(3)(x, [2, 0, 1]), 4)
+        0.6667
+    """
+
+    _state_names = ("correct", "count")
+    _name = "TopKCategoricalAccuracy"
+
+    def __init__(self, k: int):
+        super().__init__()
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise TypeError(f"{self._name}: k must be an int, got {type(k).__name__}: {k!r}.")
+        if k < 1:
+            raise ValueError(f"{self._name}: k must be >= 1, got {k}.")
+        self.k = k
+        self.clear()
+
+    def clear(self):
+        """Reset the hit and sample counts."""
+        self._correct = None  # int64 tensor on the inputs' device
+        self._count = 0
+        self._reset_invalid()
+
+    def update(self, *inputs):
+        """Add one batch ``(y_pred, y)``."""
+        inputs = self._select(inputs)
+        check_num_inputs(inputs, 2, self._name, "(y_pred, y)")
+        y_pred = to_tensor(inputs[0], "y_pred", self._name)
+        y = to_tensor(inputs[1], "y", self._name).to(y_pred.device)
+        if y_pred.ndim != 2:
+            raise ValueError(f"{self._name}.update: y_pred must have shape (N, C), got {tuple(y_pred.shape)}.")
+        n, num_classes = y_pred.shape
+        if tuple(y.shape) == (n, num_classes):
+            y = y.argmax(dim=1)  # one-hot
+        elif tuple(y.shape) in ((n,), (n, 1)):
+            y = y.reshape(-1)
+        else:
+            raise ValueError(
+                f"{self._name}.update: y must have shape ({n},), ({n}, 1) or one-hot ({n}, {num_classes}), "
+                f"got {tuple(y.shape)}."
+            )
+        labels, bad = class_labels(y, num_classes)
+        self._flag_invalid("y", y, bad, f"y must be class indices in [0, {num_classes})")
+        top = torch.argsort(y_pred, dim=1, descending=True, stable=True)[:, : self.k]
+        self._accumulate("_correct", (top == labels[:, None]).any(dim=1).sum())
+        self._count += n
+
+    def eval(self) -> float:
+        """Hits / samples since the last ``clear()``."""
+        if self._count == 0:
+            raise RuntimeError(
+                f"{self._name} can not be calculated, because the number of samples is 0; "
+                "call update() with a non-empty batch before eval()."
+            )
+        self._raise_invalid()
+        return int(self._correct) / self._count
+
+
+class Top1CategoricalAccuracy(TopKCategoricalAccuracy):
+    """Top-1 categorical accuracy: :class:`TopKCategoricalAccuracy` with ``k = 1``.
+
+    Example:
+        >>> from recstream.metrics import Top1CategoricalAccuracy
+        >>> Top1CategoricalAccuracy()([[0.1, 0.9], [0.8, 0.2]], [1, 1])
+        0.5
+    """
+
+    _name = "Top1CategoricalAccuracy"
+
+    def __init__(self):
+        super().__init__(1)
+
+
+class Top5CategoricalAccuracy(TopKCategoricalAccuracy):
+    """Top-5 categorical accuracy: :class:`TopKCategoricalAccuracy` with ``k = 5``.
+
+    Example:
+        >>> from recstream.metrics import Top5CategoricalAccuracy
+        >>> x = [[0.2, 0.5, 0.3, 0.6, 0.2, 0.9], [0.9, 0.6, 0.2, 0.01, 0.3, 0.4]]
+        >>> Top5CategoricalAccuracy()(x, [4, 2])  # class 4 ties class 0 at 0.2 and loses
+        0.5
+    """
+
+    _name = "Top5CategoricalAccuracy"
+
+    def __init__(self):
+        super().__init__(5)
