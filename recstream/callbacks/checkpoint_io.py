@@ -1,0 +1,247 @@
+"""save_checkpoint / load_checkpoint: one safetensors file with everything needed to resume.
+
+File layout (format version 1):
+
+- tensors ``network.<name>``: the network's ``state_dict()`` (parameters and persistent buffers,
+  e.g. a hash table's variable-size rows);
+- tensors ``optimizer.state.<pid>.<key>`` (and ``optimizer.param_groups.<i>.<key>`` for tensor
+  hyper-parameters such as a tensor ``lr``): the optimizer's tensors;
+- tensors ``rng.torch_cpu``, ``rng.torch_cuda.<i>``, ``rng.numpy.1``: RNG states (so dropout and
+  sampling continue exactly as in an uninterrupted run);
+- tensors ``extra.<key>``: tensor values given in `extra`;
+- metadata (safetensors' ``str -> str`` map): ``format`` = ``recstream.checkpoint``,
+  ``format_version``, and JSON documents ``network``, ``optimizer`` (param_groups, python scalars),
+  ``rng`` (python/numpy scalars), ``meta`` (``format_version``, ``time`` and the `extra` entries,
+  e.g. epoch, step_in_epoch, cur_step_num, batch_num), ``aliases`` (tied tensors stored once) and
+  ``checksums`` (CRC32 per tensor). In the JSON documents tensors appear as references
+  ``{"__tensor__": "<name>"}``. Nothing is ever pickled.
+
+Writes are atomic (temp file, fsync, rename, fsync dir): a crash leaves the previous file intact.
+
+>>> import os, tempfile, torch
+>>> net = torch.nn.Linear(3, 1)
+>>> opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+>>> path = os.path.join(tempfile.mkdtemp(), "ckpt.safetensors")
+>>> _ = save_checkpoint(path, net, opt, extra={"epoch": 3})
+>>> load_checkpoint(path, torch.nn.Linear(3, 1), restore_rng=False)["epoch"]
+3
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from ._atomic import atomic_write
+from ._state_codec import checksum, decode, encode, prepare_for_save, tensor_refs
+
+FORMAT = "recstream.checkpoint"
+FORMAT_VERSION = 1
+RESERVED_META = frozenset({"format_version"})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable, corrupt, or does not match the network/optimizer."""
+
+
+def _is_optimizer(obj) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()  # legacy global generator: ('MT19937', keys, pos, has_gauss, gauss)
+    state = {
+        "torch_cpu": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (np_state[0], np_state[1].astype(np.int64), *np_state[2:]),
+    }
+    # Only when CUDA is already in use: querying its RNG would otherwise initialise a CUDA
+    # context (seconds, GPU memory) in a CPU-only run, and nothing consumed CUDA randomness yet.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    cuda = state.get("torch_cuda")
+    if cuda and torch.cuda.is_available():
+        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
+
+
+def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, optimizer=None, extra: dict | None = None,
+                    *, rng: bool = True, crc: bool = True) -> str:
+    """Write network (+ optimizer, RNG states, `extra`) to `path` atomically; return the path.
+
+    `extra` maps str keys to JSON values (None/bool/int/float/str, lists, tuples, dicts) or
+    tensors; `load_checkpoint` returns them. `crc` stores a CRC32 per tensor so that silent data
+    corruption is detected at load time.
+    """
+    if not isinstance(network, torch.nn.Module):
+        raise TypeError(f"save_checkpoint: 'network' must be a torch.nn.Module, got {type(network).__name__}")
+    if optimizer is not None and not _is_optimizer(optimizer):
+        raise TypeError(f"save_checkpoint: 'optimizer' must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    extra = {} if extra is None else extra
+    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+        raise TypeError(f"save_checkpoint: 'extra' must be a dict with str keys or None, got {extra!r}")
+    if RESERVED_META & extra.keys():
+        raise ValueError(f"save_checkpoint: 'extra' must not use the reserved keys {sorted(RESERVED_META)}, got {sorted(extra)}")
+    path = os.fspath(path)
+
+    tensors: dict[str, torch.Tensor] = {}
+    docs = {"network": encode(dict(network.state_dict()), "network", tensors)}
+    if optimizer is not None:
+        docs["optimizer"] = encode(optimizer.state_dict(), "optimizer", tensors)
+    docs["meta"] = encode({"format_version": FORMAT_VERSION, "time": time.time(), **extra}, "extra", tensors)
+    if rng:
+        docs["rng"] = encode(_rng_state(), "rng", tensors)
+    stored, aliases = prepare_for_save(tensors)
+    metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "aliases": json.dumps(aliases)}
+    metadata.update({k: json.dumps(v, allow_nan=False) for k, v in docs.items()})
+    if crc:
+        metadata["checksums"] = json.dumps({k: checksum(v) for k, v in stored.items()})
+    atomic_write(path, lambda tmp: save_file(stored, tmp, metadata=metadata))
+    return path
+
+
+class _Reader:
+    """Header parsing, tensor lookup (aliases, checksums) and error wrapping for one open file."""
+
+    def __init__(self, path: str, handle):
+        self.path, self.handle = path, handle
+        meta = handle.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"load_checkpoint: '{path}' is not a recstream checkpoint "
+                                  f"(metadata 'format' is {meta.get('format')!r}, expected {FORMAT!r})")
+        version = meta.get("format_version", "")
+        if not version.isdigit() or int(version) > FORMAT_VERSION:
+            raise CheckpointError(f"load_checkpoint: '{path}' has format_version {version!r}; this recstream "
+                                  f"reads versions 1..{FORMAT_VERSION} (upgrade recstream)")
+        try:
+            self.docs = {k: json.loads(meta[k]) for k in ("network", "optimizer", "meta", "rng") if k in meta}
+            self.aliases = json.loads(meta.get("aliases", "{}"))
+            self.checksums = json.loads(meta.get("checksums", "{}"))
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"load_checkpoint: '{path}' has corrupt metadata: {e}") from e
+        if "network" not in self.docs or "meta" not in self.docs:
+            raise CheckpointError(f"load_checkpoint: '{path}' is corrupt: metadata lacks 'network' or 'meta'")
+        names = set(handle.keys())
+        for doc in self.docs.values():
+            missing = [r for r in tensor_refs(doc) if self.aliases.get(r, r) not in names]
+            if missing:
+                raise CheckpointError(f"load_checkpoint: '{path}' is corrupt: tensors {missing[:5]} are referenced "
+                                      "in the metadata but absent from the file")
+
+    def tensor(self, name: str) -> torch.Tensor:
+        stored = self.aliases.get(name, name)
+        t = self.handle.get_tensor(stored)
+        expected = self.checksums.get(stored)
+        if expected is not None and checksum(t) != expected:
+            raise CheckpointError(f"load_checkpoint: '{self.path}' is corrupt: tensor {stored!r} fails its checksum")
+        return t
+
+    def value(self, doc_name: str) -> Any:
+        return decode(self.docs[doc_name], self.tensor)
+
+
+def _check_optimizer_shape(path: str, optimizer, state: dict) -> None:
+    # torch validates groups only inside load_state_dict; checking first keeps loading all-or-nothing.
+    have = [len(g["params"]) for g in optimizer.param_groups]
+    saved = [len(g["params"]) for g in state.get("param_groups", [])]
+    if have != saved:
+        raise CheckpointError(f"load_checkpoint: '{path}': optimizer has parameter groups of sizes {have}, "
+                              f"the checkpoint has {saved}")
+
+
+def _shape_mismatches(network: torch.nn.Module, state: dict) -> list[str]:
+    """Tensors whose shape cannot load. Modules with their own loading logic (e.g. a hash table
+    that resizes its buffers, lazy modules) are trusted; plain modules would fail half-way."""
+    modules = dict(network.named_modules())
+    bad = []
+    for name, t in network.state_dict().items():
+        saved = state.get(name)
+        if not (isinstance(t, torch.Tensor) and isinstance(saved, torch.Tensor)):
+            continue
+        if isinstance(t, torch.nn.parameter.UninitializedTensorMixin) or t.shape == saved.shape:
+            continue
+        owner = modules.get(name.rpartition(".")[0])
+        if owner is not None and type(owner)._load_from_state_dict is torch.nn.Module._load_from_state_dict \
+                and not owner._load_state_dict_pre_hooks:
+            bad.append(f"{name}: file {tuple(saved.shape)} vs network {tuple(t.shape)}")
+    return bad
+
+
+def load_checkpoint(path: str | os.PathLike, network: torch.nn.Module | None = None, optimizer=None,
+                    strict: bool = True, restore_rng: bool = True) -> dict:
+    """Load `path` into `network` / `optimizer` (when given), restore RNG states; return the metadata.
+
+    The returned dict holds ``format_version``, ``time`` and the saved `extra` entries (for files
+    written by `ModelCheckpoint`: ``epoch``, ``step_in_epoch``, ``cur_step_num``, ``batch_num`` and
+    the ``append_info`` entries). Everything is read and verified before anything is modified.
+    `strict=False` tolerates network key mismatches (with a warning). Raises `CheckpointError` (a
+    ValueError) naming the file when it is truncated, corrupt or does not match.
+    """
+    if network is not None and not isinstance(network, torch.nn.Module):
+        raise TypeError(f"load_checkpoint: 'network' must be a torch.nn.Module or None, got {type(network).__name__}")
+    if optimizer is not None and not _is_optimizer(optimizer):
+        raise TypeError(f"load_checkpoint: 'optimizer' must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"load_checkpoint: no checkpoint file at '{path}'")
+    try:
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            reader = _Reader(path, handle)
+            meta = reader.value("meta")
+            net_state = reader.value("network") if network is not None else None
+            opt_state = None
+            if optimizer is not None:
+                if "optimizer" not in reader.docs:
+                    raise CheckpointError(f"load_checkpoint: '{path}' holds no optimizer state; pass optimizer=None")
+                opt_state = reader.value("optimizer")
+            rng_state = reader.value("rng") if restore_rng and "rng" in reader.docs else None
+    except CheckpointError:
+        raise
+    except SafetensorError as e:
+        raise CheckpointError(f"load_checkpoint: '{path}' is truncated or corrupt: {e}") from e
+    except (KeyError, TypeError, ValueError) as e:  # well-formed JSON with a broken structure
+        raise CheckpointError(f"load_checkpoint: '{path}' has corrupt metadata: {e!r}") from e
+
+    # Everything is read and verified; check the fit before modifying anything.
+    if optimizer is not None:
+        _check_optimizer_shape(path, optimizer, opt_state)
+    if network is not None:
+        expected, found = set(network.state_dict()), set(net_state)
+        missing, unexpected = sorted(expected - found), sorted(found - expected)
+        if (missing or unexpected) and strict:
+            raise CheckpointError(f"load_checkpoint: '{path}' does not match the network: missing keys "
+                                  f"{missing[:10]}, unexpected keys {unexpected[:10]} (strict=True)")
+        bad = _shape_mismatches(network, net_state)
+        if bad:
+            raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: shape mismatch {bad[:10]}")
+        try:
+            network.load_state_dict(net_state, strict=strict)
+        except RuntimeError as e:
+            raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: {e}") from e
+        if missing or unexpected:
+            warnings.warn(f"load_checkpoint: '{path}': missing keys {missing}, unexpected keys {unexpected}",
+                          RuntimeWarning, stacklevel=2)
+    if optimizer is not None:
+        try:
+            optimizer.load_state_dict(opt_state)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"load_checkpoint: '{path}': optimizer state does not fit: {e}") from e
+    if rng_state is not None:
+        _set_rng_state(rng_state)
+    return meta

@@ -1,0 +1,90 @@
+"""LearningRateScheduler: change the learning rate during training.
+
+Two forms:
+
+- MindSpore's: ``LearningRateScheduler(fn)`` where ``fn(lr, cur_step_num) -> new_lr`` is called at
+  each ``on_train_step_end`` (once per sink in sink mode, with the advanced step count). It is
+  applied to every optimizer param group (with that group's current lr); a group is only written
+  when the value changes. With ``interval="epoch"`` it is called at ``on_train_epoch_end`` as
+  ``fn(lr, cur_epoch_num)``.
+- A ``torch.optim.lr_scheduler.LRScheduler`` instance: ``scheduler.step()`` once per training
+  step (``interval="step"``; in sink mode as many times as the sink trained steps) or once per
+  epoch (``interval="epoch"``). Use `ReduceLROnPlateau` (the callback) for plateau schedules.
+
+>>> import torch
+>>> net = torch.nn.Linear(2, 1)
+>>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
+>>> warmup = LearningRateScheduler(lambda lr, step: 0.1 * min(1.0, step / 100))
+>>> cosine = LearningRateScheduler(torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10), interval="epoch")
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from .base import Callback
+
+INTERVALS = ("step", "epoch")
+
+
+class LearningRateScheduler(Callback):
+    """Apply a learning-rate function or a torch LR scheduler; see the module docstring."""
+
+    def __init__(self, learning_rate_function, interval: str = "step"):
+        if interval not in INTERVALS:
+            raise ValueError(f"LearningRateScheduler: 'interval' must be one of {list(INTERVALS)}, got {interval!r}")
+        plateau = getattr(torch.optim.lr_scheduler, "ReduceLROnPlateau", None)
+        if plateau is not None and isinstance(learning_rate_function, plateau):
+            raise TypeError("LearningRateScheduler: torch's ReduceLROnPlateau needs a metric at each step; "
+                            "use recstream.callbacks.ReduceLROnPlateau instead")
+        self._scheduler = learning_rate_function if isinstance(learning_rate_function, LRScheduler) else None
+        if self._scheduler is None and not callable(learning_rate_function):
+            raise TypeError("LearningRateScheduler: 'learning_rate_function' must be a callable (lr, step) -> lr or a "
+                            f"torch.optim.lr_scheduler.LRScheduler, got {type(learning_rate_function).__name__}")
+        self.learning_rate_function = learning_rate_function
+        self.interval = interval
+        self._last_step = 0
+
+    def on_train_begin(self, run_context):
+        self._last_step = run_context.original_args().cur_step_num or 0
+
+    def on_train_step_end(self, run_context):
+        if self.interval != "step":
+            return
+        p = run_context.original_args()
+        if self._scheduler is not None:
+            # Keep the schedule in units of training steps, also when a sink ran many at once.
+            for _ in range(max(1, p.cur_step_num - self._last_step)):
+                self._scheduler.step()
+            self._last_step = p.cur_step_num
+        else:
+            self._apply(p, p.cur_step_num)
+
+    def on_train_epoch_end(self, run_context):
+        if self.interval != "epoch":
+            return
+        p = run_context.original_args()
+        if self._scheduler is not None:
+            self._scheduler.step()
+        else:
+            self._apply(p, p.cur_epoch_num)
+
+    def _apply(self, p, counter) -> None:
+        optimizer = p.optimizer if p.optimizer is not None else getattr(p.train_network, "optimizer", None)
+        if optimizer is None or not hasattr(optimizer, "param_groups"):
+            raise RuntimeError("LearningRateScheduler: the run has no optimizer (cb_params.optimizer is None)")
+        for group in optimizer.param_groups:
+            lr = group["lr"]
+            old = float(lr)  # a Python float normally; a CPU tensor for tensor-lr optimizers
+            new = self.learning_rate_function(old, counter)
+            if isinstance(new, bool) or not isinstance(new, numbers.Real):
+                raise TypeError(f"LearningRateScheduler: 'learning_rate_function' must return a number, "
+                                f"got {type(new).__name__}: {new!r}")
+            if not math.isclose(old, new, rel_tol=1e-10):
+                if isinstance(lr, torch.Tensor):
+                    lr.fill_(new)
+                else:
+                    group["lr"] = float(new)

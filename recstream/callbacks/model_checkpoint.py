@@ -1,0 +1,207 @@
+"""ModelCheckpoint: save the network, optimizer and RNG states during training (MindSpore's rules).
+
+Files are named ``{prefix}-{epoch}_{step_in_epoch}.safetensors`` in `directory`. If files with
+this prefix already exist there when the callback is created, the prefix becomes
+``{prefix}_1``, ``{prefix}_2``, ... (as MindSpore), so a new run never overwrites or prunes the
+files of an earlier one. A save happens when ``save_checkpoint_steps`` global steps passed since
+the last one (in sink mode step hooks run once per sink, so saves land on sink boundaries) or
+``save_checkpoint_seconds`` elapsed, and once more at the end of training if the last step was
+not saved. Old files beyond ``keep_checkpoint_max`` are deleted, oldest first. With
+``exception_save``, an exception during training writes ``{prefix}-{epoch}_{step}_breakpoint.safetensors``.
+
+Resume: ``meta = load_checkpoint(path, net, opt)`` then ``model.train(epochs, data,
+initial_epoch=meta["epoch"])``; this continues exactly as an uninterrupted run when the file was
+written at the end of an epoch.
+
+>>> import tempfile
+>>> cb = ModelCheckpoint(prefix="ctr", directory=tempfile.mkdtemp(),
+...                      config=CheckpointConfig(save_checkpoint_steps=1000, keep_checkpoint_max=3))
+>>> cb.latest_ckpt_file_name
+''
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from time import monotonic as _monotonic
+
+import torch
+
+from .base import Callback
+from .checkpoint_config import CheckpointConfig
+from .checkpoint_io import save_checkpoint
+
+SUFFIX = ".safetensors"
+
+
+def _unique_prefix(directory: str, prefix: str) -> str:
+    """MindSpore's rule: if ``prefix-*`` or ``prefix_N-*`` checkpoints exist, use ``prefix_{max N + 1}``."""
+    suffix = 0
+    pattern = re.compile(re.escape(prefix) + r"(?:_(\d+))?-\d+_\d+" + re.escape(SUFFIX) + "$")
+    for name in os.listdir(directory):
+        m = pattern.match(name)
+        if m:
+            suffix = max(suffix, int(m.group(1)) + 1 if m.group(1) else 1)
+    return f"{prefix}_{suffix}" if suffix else prefix
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints during training; see the module docstring. `latest_ckpt_file_name`: last file written."""
+
+    def __init__(self, prefix: str = "CKP", directory: str | os.PathLike | None = None, config: CheckpointConfig | None = None):
+        if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
+            raise ValueError(f"ModelCheckpoint: 'prefix' must be a non-empty str without path separators, got {prefix!r}")
+        if config is None:
+            config = CheckpointConfig()
+        if not isinstance(config, CheckpointConfig):
+            raise TypeError(f"ModelCheckpoint: 'config' must be a CheckpointConfig or None, got {type(config).__name__}")
+        if directory is not None and not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"ModelCheckpoint: 'directory' must be a path or None, got {type(directory).__name__}")
+        self._directory = os.path.abspath(os.fspath(directory) if directory is not None else os.getcwd())
+        os.makedirs(self._directory, exist_ok=True)
+        self._config = config
+        self._exception_prefix = prefix
+        self._prefix = _unique_prefix(self._directory, prefix)
+        self._append = dict(config.append_dict or {})
+        self._append_epoch_num = self._append.get("epoch_num", 0)
+        self._append_step_num = self._append.get("step_num", 0)
+        self._latest_ckpt_file_name = ""
+        self._last_triggered_step = 0
+        self._last_time = _monotonic()
+        self._last_time_for_keep = _monotonic()
+        self._params = None
+
+    @property
+    def latest_ckpt_file_name(self) -> str:
+        return self._latest_ckpt_file_name
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    def on_train_begin(self, run_context):
+        p = run_context.original_args()
+        self._params = p
+        # A reused callback starts counting again: the loop restarts cur_step_num at 0 each run.
+        self._last_triggered_step = p.cur_step_num or 0
+        self._last_time = _monotonic()
+
+    def on_train_step_end(self, run_context):
+        self._save(run_context.original_args(), force=False)
+
+    def on_train_end(self, run_context):
+        self._save(run_context.original_args(), force=True)
+
+    def __exit__(self, exc_type, exc, tb):
+        p = self._params
+        self._params = None
+        if exc_type is None or not self._config.exception_save or p is None or p.cur_epoch_num is None:
+            return None
+        try:  # never let a failing rescue save hide the original exception
+            name = f"{self._exception_prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}_breakpoint{SUFFIX}"
+            self._write(p, os.path.join(self._directory, name))
+        except Exception as e:  # noqa: BLE001 - reported, then the original exception propagates
+            warnings.warn(f"ModelCheckpoint: could not save the exception checkpoint: {e}", RuntimeWarning)
+        return None
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _step_in_epoch(p) -> int:
+        step = p.cur_step_num or 0
+        return (step - 1) % p.batch_num + 1 if isinstance(p.batch_num, int) and p.batch_num > 0 and step > 0 else step
+
+    def _due(self, p, force: bool) -> bool:
+        steps, seconds = self._config.save_checkpoint_steps, self._config.save_checkpoint_seconds
+        if force:  # end of training: always keep the final state
+            self._last_time = _monotonic()
+            return True
+        if steps:
+            return p.cur_step_num >= self._last_triggered_step + steps
+        if seconds:
+            now = _monotonic()
+            if now - self._last_time > seconds:
+                self._last_time = now
+                return True
+        return False
+
+    def _save(self, p, force: bool) -> None:
+        if p.cur_step_num is None or p.cur_step_num == self._last_triggered_step:
+            return  # nothing trained since the last save (e.g. the final save right after a periodic one)
+        if not self._due(p, force):
+            return
+        name = f"{self._prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}{SUFFIX}"
+        path = os.path.join(self._directory, name)
+        # Write first, prune after: a failed write must not cost an old checkpoint.
+        self._write(p, path)
+        self._prune(path)
+        self._last_triggered_step = p.cur_step_num
+        self._last_time_for_keep = _monotonic()
+        self._latest_ckpt_file_name = path
+        p.latest_ckpt_file = path
+        p.last_save_ckpt_step = p.cur_step_num
+
+    def _write(self, p, path: str) -> None:
+        # Explicit None checks: an empty nn.Sequential is falsy.
+        network = next((n for n in (self._config.saved_network, p.network, p.train_network) if n is not None), None)
+        if network is None:
+            raise RuntimeError("ModelCheckpoint: run_context has no 'network' to save")
+        optimizer = p.optimizer
+        if optimizer is None:  # a custom step cell still usually carries its optimizer
+            optimizer = getattr(p.train_network, "optimizer", None)
+            optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+        extra = {"epoch": p.cur_epoch_num, "step_in_epoch": self._step_in_epoch(p),
+                 "cur_step_num": p.cur_step_num, "batch_num": p.batch_num}
+        for key, value in self._append.items():
+            if key == "epoch_num":
+                value = self._append_epoch_num + (p.cur_epoch_num or 0)
+            elif key == "step_num":
+                value = self._append_step_num + (p.cur_step_num or 0)
+            extra[key] = value
+        save_checkpoint(path, network, optimizer, extra=extra, crc=self._config.crc_check)
+
+    def _own_files(self) -> list[str]:
+        """This run's periodic checkpoints (breakpoint files and other prefixes excluded)."""
+        pattern = re.compile(re.escape(self._prefix) + r"-(\d+)_(\d+)" + re.escape(SUFFIX) + "$")
+        found = []
+        for name in os.listdir(self._directory):
+            m = pattern.match(name)
+            if m:
+                path = os.path.join(self._directory, name)
+                try:
+                    found.append((os.stat(path).st_mtime_ns, int(m.group(1)), int(m.group(2)), path))
+                except FileNotFoundError:  # removed concurrently
+                    continue
+        # Oldest first; equal mtimes (coarse clocks, fast saves) fall back to epoch/step order.
+        return [f[-1] for f in sorted(found)]
+
+    def _prune(self, new_path: str) -> None:
+        files = [f for f in self._own_files() if f != new_path]
+        keep_max, per_minutes = self._config.keep_checkpoint_max, self._config.keep_checkpoint_per_n_minutes
+        if keep_max:
+            # keep_max - 1 older files plus the one just written.
+            for path in files[: max(0, len(files) - keep_max + 1)]:
+                self._remove(path)
+        elif per_minutes:
+            now = _monotonic()
+            if now - self._last_time_for_keep < per_minutes * 60:
+                self._keep_one_per_window(files, per_minutes)
+
+    def _keep_one_per_window(self, files: list[str], minutes: int) -> None:
+        # MindSpore: of the files written in the last `minutes`, keep only the oldest one.
+        now = time.time()
+        recent = [f for f in files if now - os.path.getmtime(f) < minutes * 60]
+        for path in recent[1:]:
+            self._remove(path)
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
