@@ -139,6 +139,7 @@ class ModelCheckpoint(Callback):
         path = os.path.join(self._directory, name)
         # Write first, prune after: a failed write must not cost an old checkpoint.
         self._write(p, path)
+        self._commit_source(p)
         self._prune(path)
         self._last_triggered_step = p.cur_step_num
         self._last_time_for_keep = _monotonic()
@@ -163,7 +164,18 @@ class ModelCheckpoint(Callback):
             elif key == "step_num":
                 value = self._append_step_num + (p.cur_step_num or 0)
             extra[key] = value
+        if p.get("train_position") is not None:  # where the stream resumes: just after the last trained batch
+            extra["train_position"] = p.train_position
         save_checkpoint(path, network, optimizer, extra=extra, crc=self._config.crc_check)
+
+    @staticmethod
+    def _commit_source(p) -> None:
+        """Exactly once: tell the source (e.g. Kafka) the trained position only now that the
+        checkpoint holding it is durable (written, fsynced, renamed). A crash before this line
+        replays from the checkpoint's position, never from a later committed one."""
+        commit = getattr(p.train_dataset, "commit", None)
+        if callable(commit) and p.get("train_position") is not None:
+            commit(p.train_position)
 
     def _own_files(self) -> list[str]:
         """This run's periodic checkpoints (breakpoint files and other prefixes excluded)."""

@@ -48,6 +48,9 @@ def train_loop(model, epochs: Iterable[int], helper: DatasetHelper, callbacks: C
     device = helper.device
     move = device.type != "cpu"  # CPU batches are used in place; sink batches arrive moved
     sink_mode = helper.dataset_sink_mode
+    helper.should_stop = ctx.get_stop_requested
+    position = getattr(helper.dataset, "position", None)  # streams: resume point after a batch
+    meta = getattr(helper.dataset, "last_batch_meta", None)
     params.cur_step_num = 0
     params.dataset_sink_mode = sink_mode
     model._set_train_mode(True)
@@ -72,6 +75,8 @@ def train_loop(model, epochs: Iterable[int], helper: DatasetHelper, callbacks: C
                     callbacks.on_train_step_begin(ctx)
                     outputs = step_net(*inputs)
                     params.cur_step_num += sink.count - expected  # a pass shorter than advertised
+                    if sink.position is not None:
+                        params.train_position, params.train_batch_metas = sink.position, sink.metas
                 else:
                     batch = to_device(inputs, device, non_blocking=True) if move else inputs
                     if not checked:
@@ -82,6 +87,9 @@ def train_loop(model, epochs: Iterable[int], helper: DatasetHelper, callbacks: C
                     callbacks.on_train_step_begin(ctx)
                     args, kwargs = unpack(batch)
                     outputs = step_net(*args, **kwargs)
+                    if callable(position):  # read in the iterating thread, right after the batch
+                        params.train_position = position()
+                        params.train_batch_metas = [meta()] if callable(meta) else []
                 params.net_outputs = outputs
                 callbacks.on_train_step_end(ctx)
                 if ctx.get_stop_requested():

@@ -38,9 +38,20 @@ _END_OF_PASS = object()  # put by the producer after a full pass when sink_size 
 _DONE = object()         # the producer has nothing more to give
 
 
+_STOPPED = object()       # the consumer asked to stop while waiting for data
+
+
 class _ProducerError:
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class _Item:
+    """A batch on its way to the device, with the source position just after it (streams)."""
+    __slots__ = ("batch", "event", "position", "meta")
+
+    def __init__(self, batch, event, position, meta):
+        self.batch, self.event, self.position, self.meta = batch, event, position, meta
 
 
 class DataChannel:
@@ -61,6 +72,11 @@ class DataChannel:
         self._stop = threading.Event()
         cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(device=self.device) if cuda else None
+        # Streams report their position after each batch; it is read here, in the thread that
+        # iterates, and travels with the batch so that a checkpoint records what was TRAINED,
+        # not what was prefetched.
+        self._position = getattr(dataset, "position", None)
+        self._meta = getattr(dataset, "last_batch_meta", None)
         self._thread = threading.Thread(target=self._produce, args=(dataset, total, passes), daemon=True,
                                         name="recstream-data-channel")
         self._thread.start()
@@ -74,16 +90,18 @@ class DataChannel:
             yield _END_OF_PASS
             reset(dataset)
 
-    def _prepare(self, batch):
+    def _prepare(self, batch) -> _Item:
+        position = self._position() if callable(self._position) else None
+        meta = self._meta() if callable(self._meta) else None
         if self._stream is None:
-            return to_device(batch, self.device), None
+            return _Item(to_device(batch, self.device), None, position, meta)
         # Pinned memory lets the copy run asynchronously on a side stream; the consumer's stream
         # waits on the event before touching the batch.
         with torch.cuda.stream(self._stream):
             moved = to_device(pin_memory(batch), self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
-        return moved, event
+        return _Item(moved, event, position, meta)
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -112,16 +130,26 @@ class DataChannel:
             return
         self._put(_DONE)
 
-    def get(self):
-        """The next batch on the device; `_END_OF_PASS` / `_DONE` markers pass through."""
-        item = self._queue.get()
+    def get(self, should_stop=None):
+        """The next `_Item` (batch on the device); `_END_OF_PASS` / `_DONE` markers pass through.
+
+        With `should_stop` (a callable), waits in short slices and returns `_STOPPED` once it is
+        true, so a stop request (e.g. SIGTERM) is honoured even while an idle stream has no data.
+        """
+        if should_stop is None:
+            item = self._queue.get()
+        else:
+            while True:
+                try:
+                    item = self._queue.get(timeout=0.05)
+                    break
+                except queue.Empty:
+                    if should_stop():
+                        return _STOPPED
         if isinstance(item, _ProducerError):
             raise item.exc
-        if isinstance(item, tuple):
-            batch, event = item
-            if event is not None:
-                torch.cuda.current_stream(self.device).wait_event(event)
-            return batch
+        if isinstance(item, _Item) and item.event is not None:
+            torch.cuda.current_stream(self.device).wait_event(item.event)
         return item
 
     def close(self) -> None:
@@ -141,39 +169,50 @@ class DataChannel:
 
 
 class Sink:
-    """The batches of one sink, pulled lazily from the channel. `first` peeks at the first one."""
+    """The batches of one sink, pulled lazily from the channel. `first` peeks at the first one.
 
-    def __init__(self, channel: DataChannel, size: int | None):
-        self._channel, self._size = channel, size
-        self._first = None
-        self.count = 0       # batches handed out so far
+    After iteration, `count` is the number of batches handed out, `position` the source position
+    just after the last of them and `metas` their per-batch metadata (for streams that give them).
+    """
+
+    def __init__(self, channel: DataChannel, size: int | None, should_stop=None):
+        self._channel, self._size, self._should_stop = channel, size, should_stop
+        self._first: _Item | None = None
+        self.count = 0
         self.exhausted = False
+        self.position = None
+        self.metas: list = []
 
     @property
     def first(self):
         if self._first is None and not self.exhausted:
             self._first = self._next()
-        return self._first
+        return None if self._first is None else self._first.batch
 
-    def _next(self):
+    def _next(self) -> _Item | None:
         if self._size is not None and self.count + (self._first is not None) >= self._size:
             return None
-        item = self._channel.get()
-        if item is _END_OF_PASS or item is _DONE:
+        item = self._channel.get(self._should_stop)
+        if not isinstance(item, _Item):  # end of pass, end of data, or a stop request
             self.exhausted = True
             return None
         return item
 
-    def __iter__(self) -> Iterator:
-        first = self.first
-        if first is None:
-            return
-        self._first = None
+    def _hand_out(self, item: _Item):
         self.count += 1
-        yield first
-        while (batch := self._next()) is not None:
-            self.count += 1
-            yield batch
+        if item.position is not None:
+            self.position = item.position
+        if item.meta is not None:
+            self.metas.append(item.meta)
+        return item.batch
+
+    def __iter__(self) -> Iterator:
+        if self.first is None:
+            return
+        first, self._first = self._first, None
+        yield self._hand_out(first)
+        while (item := self._next()) is not None:
+            yield self._hand_out(item)
 
 
 class DatasetHelper:
@@ -198,6 +237,7 @@ class DatasetHelper:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.prefetch = prefetch
         self.steps_done = 0
+        self.should_stop = None  # set by the training loop: lets a stop interrupt a wait for data
         if dataset_sink_mode and sink_size == -1 and dataset_size(dataset) is None:
             raise ValueError("'sink_size' must be > 0 in sink mode when the dataset cannot report its size "
                              f"(got sink_size=-1 for a {type(dataset).__name__} without len()/get_dataset_size())")
@@ -223,7 +263,7 @@ class DatasetHelper:
                 self.steps_done += 1
                 yield batch
             return
-        sink = Sink(self._open(), self._sink_size if self._sink_size > 0 else None)
+        sink = Sink(self._open(), self._sink_size if self._sink_size > 0 else None, self.should_stop)
         yield (sink,)
 
     def release(self) -> None:

@@ -1,0 +1,224 @@
+"""Open-addressing hash table on tensors: :class:`TensorHashTable`.
+
+Maps int64 keys to *slots* of fixed-size tensors, entirely with batched torch
+ops (CPU or CUDA), for :class:`~recstream.nn.HashEmbedding`.
+
+Design
+------
+* ``keys[num_slots]`` with ``num_slots`` a power of two; ``EMPTY = -1`` marks a
+  never-used slot, ``DELETED = -2`` a tombstone. Those two values are therefore
+  reserved and can not be keys.
+* Slot payload tensors (``rows``, ``counts``, ``last_seen``) live next to the
+  keys so a rehash moves them along.
+* Hash: a murmur-style 32-bit finaliser computed on the two 32-bit halves of
+  the key with multipliers < 2**31, so no int64 product can overflow
+  (overflow of signed ints is undefined behaviour in the C++ kernels).
+* Probing: triangular (quadratic) probing ``h, h+1, h+3, h+6, ...`` mod
+  ``num_slots``, which visits every slot of a power-of-two table.
+* Batched rounds: every unresolved key probes one slot per round, all keys
+  together; each round is a handful of gathers plus ONE compaction
+  (``nonzero``: a host sync -- unavoidable, the next round's size depends on
+  it). Rounds are bounded by ``max_rounds``.
+* Insert conflicts: keys that find the same free slot in the same round are
+  sorted by slot; the first of each run wins and is written, the others move
+  on to their next probe position. Deterministic on CPU and CUDA.
+* Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
+  default: ~1.5 probes per successful lookup). Tombstones count as used
+  (misses probe past them); when ``used`` would exceed a second, higher bound
+  (0.75 for HashEmbedding) the table is rebuilt without them (:meth:`rehash`).
+
+Example:
+    >>> import torch
+    >>> t = TensorHashTable(num_slots=16)
+    >>> slots = t.insert(torch.tensor([5, -7, 2**40]))
+    >>> bool((t.find(torch.tensor([-7, 3])) == torch.stack([slots[1], torch.tensor(-1)])).all())
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+
+__all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "hash_keys"]
+
+EMPTY = -1
+DELETED = -2
+NEVER_SEEN = torch.iinfo(torch.int64).max  # last_seen of a free slot
+_M32 = 0xFFFFFFFF
+# Multipliers < 2**31 so that (32-bit value) * multiplier < 2**63.
+_C0, _C1, _C2 = 0x5BD1E995, 0x27D4EB2F, 0x165667B1
+
+
+def hash_keys(keys: torch.Tensor) -> torch.Tensor:
+    """32-bit mix of int64 ``keys`` (non-negative int64 result, overflow-free)."""
+    k = keys.to(torch.int64)
+    lo = k & _M32
+    hi = (k >> 32) & _M32  # arithmetic shift; the mask makes it logical
+    h = lo ^ ((hi * _C0) & _M32)
+    h = ((h ^ (h >> 16)) * _C1) & _M32
+    h = ((h ^ (h >> 13)) * _C2) & _M32
+    return h ^ (h >> 16)
+
+
+def _where(mask: torch.Tensor) -> torch.Tensor:
+    """Indices of True entries (1-D). A host sync: the result size is data-dependent."""
+    return mask.nonzero().squeeze(1)
+
+
+def _after_load(module, incompatible_keys) -> None:
+    """load_state_dict post-hook: refresh the python mirrors of the 0-d buffers."""
+    module._sync_counters()
+
+
+class TensorHashTable(nn.Module):
+    """Key -> slot map with per-slot payload, all state in buffers.
+
+    Args:
+        num_slots: table size, a power of two.
+        key_dtype: storage dtype of the keys (int64 or int32).
+        max_rounds: probe rounds before giving up (RuntimeError); with the load
+            kept at 0.5 the longest probe sequence is a few dozen slots even for
+            millions of keys.
+        device: where the tensors live.
+
+    Memory: 8 (key, int64) + 8 (row) + 8 (count) + 8 (last_seen) = 32 bytes per
+    slot (28 with int32 keys).
+    """
+
+    EMPTY = EMPTY
+    DELETED = DELETED
+
+    def __init__(self, num_slots: int, key_dtype: torch.dtype = torch.int64,
+                 max_rounds: int = 128, device=None) -> None:
+        super().__init__()
+        if num_slots < 1 or num_slots & (num_slots - 1):
+            raise ValueError(f"num_slots must be a power of two, got {num_slots}")
+        self.num_slots = num_slots
+        self.max_rounds = max_rounds
+        self.register_buffer("keys", torch.full((num_slots,), EMPTY, dtype=key_dtype, device=device))
+        self.register_buffer("rows", torch.full((num_slots,), -1, dtype=torch.int64, device=device))
+        self.register_buffer("counts", torch.zeros(num_slots, dtype=torch.int64, device=device))
+        # Free slots read "seen at +inf", so `last_seen < t` alone selects old keys.
+        self.register_buffer("last_seen", torch.full((num_slots,), NEVER_SEEN, dtype=torch.int64,
+                                                     device=device))
+        # Occupancy scalars as 0-d buffers (checkpointed); the python mirrors
+        # below avoid a device->host read on every call.
+        self.register_buffer("num_used_t", torch.zeros((), dtype=torch.int64, device=device))
+        self.register_buffer("num_live_t", torch.zeros((), dtype=torch.int64, device=device))
+        self.num_used = 0  # live + tombstones
+        self.num_live = 0
+        # A module-level function (not a lambda) keeps the module picklable.
+        self.register_load_state_dict_post_hook(_after_load)
+
+    def _sync_counters(self) -> None:
+        self.num_used = int(self.num_used_t)
+        self.num_live = int(self.num_live_t)
+
+    def _set_counters(self, used: int, live: int) -> None:
+        self.num_used, self.num_live = used, live
+        self.num_used_t.fill_(used)
+        self.num_live_t.fill_(live)
+
+    def occupied(self) -> torch.Tensor:
+        """Bool mask of slots holding a key."""
+        return (self.keys != EMPTY) & (self.keys != DELETED)
+
+    def _start(self, keys: torch.Tensor) -> torch.Tensor:
+        return hash_keys(keys) & (self.num_slots - 1)
+
+    def find(self, keys: torch.Tensor) -> torch.Tensor:
+        """Slot of each of ``keys`` (1-D), ``-1`` where absent. Read-only."""
+        keys = keys.to(self.keys.dtype)
+        out = torch.full(keys.shape, -1, dtype=torch.int64, device=keys.device)
+        idx = torch.arange(keys.numel(), device=keys.device)
+        pos = self._start(keys)
+        mask = self.num_slots - 1
+        for r in range(1, self.max_rounds + 1):
+            if idx.numel() == 0:
+                return out
+            cur = self.keys.index_select(0, pos)
+            hit = cur == keys
+            # idx holds only unresolved keys, so writing -1 for misses is safe.
+            out.index_copy_(0, idx, torch.where(hit, pos, -1))
+            # Stop at the key or at an EMPTY slot (tombstones are probed past).
+            go = _where(~hit & (cur != EMPTY))  # host sync: next round's size
+            idx, keys = idx.index_select(0, go), keys.index_select(0, go)
+            pos = (pos.index_select(0, go) + r) & mask
+        if idx.numel():
+            raise RuntimeError(f"hash table probe exceeded max_rounds={self.max_rounds}")
+        return out
+
+    def insert(self, keys: torch.Tensor) -> torch.Tensor:
+        """Insert unique keys that are NOT in the table; return their slots.
+
+        The caller guarantees room (``num_used + len(keys)`` within the load
+        bound; see :meth:`needs_rehash`). Payload of the new slots is reset
+        (``last_seen`` to 0).
+        """
+        keys = keys.to(self.keys.dtype)
+        n = keys.numel()
+        out = torch.empty(n, dtype=torch.int64, device=keys.device)
+        idx = torch.arange(n, device=keys.device)
+        pos = self._start(keys)
+        mask = self.num_slots - 1
+        reused = torch.zeros((), dtype=torch.int64, device=keys.device)
+        for r in range(1, self.max_rounds + 1):
+            if idx.numel() == 0:
+                break
+            cur = self.keys.index_select(0, pos)
+            # One winner per free slot: sort candidates by slot, first of each run wins.
+            cand = _where((cur == EMPTY) | (cur == DELETED))  # host sync: candidate count
+            cpos, order = torch.sort(pos.index_select(0, cand), stable=True)
+            first = torch.ones_like(cpos, dtype=torch.bool)
+            first[1:] = cpos[1:] != cpos[:-1]
+            win = cand.index_select(0, order.index_select(0, _where(first)))
+            wpos = pos.index_select(0, win)
+            reused += (cur.index_select(0, win) == DELETED).sum()
+            self.keys.index_copy_(0, wpos, keys.index_select(0, win))
+            out.index_copy_(0, idx.index_select(0, win), wpos)
+            lost = torch.ones_like(cur, dtype=torch.bool).index_fill_(0, win, False)
+            go = _where(lost)  # host sync
+            idx, keys = idx.index_select(0, go), keys.index_select(0, go)
+            pos = (pos.index_select(0, go) + r) & mask
+        if idx.numel():
+            raise RuntimeError(f"hash table insert exceeded max_rounds={self.max_rounds}")
+        self.rows.index_fill_(0, out, -1)
+        self.counts.index_fill_(0, out, 0)
+        self.last_seen.index_fill_(0, out, 0)
+        n_reused = int(reused)  # host sync: occupancy bookkeeping
+        self._set_counters(self.num_used + n - n_reused, self.num_live + n)
+        return out
+
+    def delete(self, slots: torch.Tensor) -> None:
+        """Turn occupied ``slots`` (unique) into tombstones and clear their payload."""
+        self.keys.index_fill_(0, slots, DELETED)
+        self.rows.index_fill_(0, slots, -1)
+        self.counts.index_fill_(0, slots, 0)
+        self.last_seen.index_fill_(0, slots, NEVER_SEEN)
+        self._set_counters(self.num_used, self.num_live - slots.numel())
+
+    def needs_rehash(self, n_new: int, max_used: float) -> bool:
+        """Whether inserting ``n_new`` keys would push used slots past ``max_used`` (a fraction)."""
+        return self.num_used + n_new > max_used * self.num_slots
+
+    def rehash(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Rebuild without tombstones; return ``(old_slots, new_slots)`` of live keys."""
+        old = _where(self.occupied())
+        keys, rows = self.keys.index_select(0, old), self.rows.index_select(0, old)
+        counts, last_seen = self.counts.index_select(0, old), self.last_seen.index_select(0, old)
+        self.keys.fill_(EMPTY)
+        self.rows.fill_(-1)
+        self.counts.zero_()
+        self.last_seen.fill_(NEVER_SEEN)
+        self._set_counters(0, 0)
+        new = self.insert(keys)
+        self.rows.index_copy_(0, new, rows)
+        self.counts.index_copy_(0, new, counts)
+        self.last_seen.index_copy_(0, new, last_seen)
+        return old, new
+
+    def extra_repr(self) -> str:
+        return f"num_slots={self.num_slots}, live={self.num_live}, used={self.num_used}"

@@ -1,0 +1,220 @@
+"""EmbeddingBagCollection: fused lookups must equal per-table nn.EmbeddingBag."""
+
+import pytest
+import torch
+from torch import nn
+
+from recstream.nn import EmbeddingBagCollection, EmbeddingTableConfig
+
+B = 5
+
+
+def mixed_tables():
+    # dims interleave (4, 8, 4, 8) so the fused output needs a column permutation;
+    # "b" is shared by two features; sum and mean tables share a dim group.
+    return [
+        EmbeddingTableConfig("a", 10, 4, pooling="sum"),
+        EmbeddingTableConfig("c", 7, 8, pooling="sum", init_std=0.5),
+        EmbeddingTableConfig("b", 20, 4, pooling="mean", feature_names=("b1", "b2")),
+        EmbeddingTableConfig("d", 5, 8, pooling="mean", init_std=0.3),
+    ]
+
+
+def random_batch(ebc, gen, max_len=4):
+    """Feature-major multi-hot batch with some empty bags."""
+    rows = [t.num_embeddings for t in ebc.tables for _ in t.feature_names]
+    lengths = torch.randint(0, max_len + 1, (len(rows), B), generator=gen)
+    lengths[0, 1] = 0  # at least one empty bag per kind of table
+    lengths[-1, 3] = 0
+    vals = [torch.randint(0, rows[f], (int(lengths[f].sum()),), generator=gen) for f in range(len(rows))]
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.reshape(-1).cumsum(0)])
+    return torch.cat(vals), offsets
+
+
+def reference(ebc, values, offsets):
+    """Per-table nn.EmbeddingBag modules with the same weights, run feature by feature."""
+    refs = {}
+    for t in ebc.tables:
+        m = nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode=t.pooling, sparse=True)
+        with torch.no_grad():
+            m.weight.copy_(ebc.table_weight(t.name))
+        refs[t.name] = m
+    outs = []
+    for f, name in enumerate(ebc.feature_names):
+        lo, hi = int(offsets[f * B]), int(offsets[(f + 1) * B])
+        offs = offsets[f * B:(f + 1) * B] - lo
+        outs.append(refs[ebc.feature_table[name]](values[lo:hi], offs))
+    return torch.cat(outs, dim=1), refs
+
+
+@pytest.mark.parametrize("tables", [mixed_tables(), [
+    EmbeddingTableConfig("x", 9, 6), EmbeddingTableConfig("y", 13, 6, pooling="mean"),
+]], ids=["mixed_dims", "single_group"])
+def test_values_and_sparse_grads_match_per_table_embedding_bag(tables):
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables)
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(1))
+    out = ebc(values, offsets, B)
+    ref_out, refs = reference(ebc, values, offsets)
+    assert out.shape == (B, ebc.output_dim)
+    torch.testing.assert_close(out, ref_out)
+
+    upstream = torch.randn_like(out)
+    (out * upstream).sum().backward()
+    (ref_out * upstream).sum().backward()
+    for name, param in ebc.named_parameters():
+        assert param.grad.layout == torch.sparse_coo, name
+    for t in ebc.tables:
+        g, start, rows = ebc._table_loc[t.name]
+        fused_grad = getattr(ebc, ebc._group_param_names[g]).grad.to_dense()[start:start + rows]
+        torch.testing.assert_close(fused_grad, refs[t.name].weight.grad.to_dense())
+    if ebc._pad:  # the padding row never receives gradient
+        for name in ebc._group_param_names:
+            assert getattr(ebc, name).grad.to_dense()[-1].abs().sum() == 0
+
+
+def test_one_embedding_bag_call_per_dim_group(monkeypatch):
+    ebc = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(2))
+    calls = []
+    real = torch.nn.functional.embedding_bag
+    monkeypatch.setattr(torch.nn.functional, "embedding_bag",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    ebc(values, offsets, B)
+    assert len(calls) == 2  # dims 4 and 8
+
+
+def test_forward_dict_and_split_are_per_feature_slices():
+    ebc = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(3))
+    out = ebc(values, offsets, B)
+    parts = ebc.forward_dict(values, offsets, B)
+    assert list(parts) == ["a", "c", "b1", "b2", "d"]
+    assert [p.shape[1] for p in parts.values()] == [4, 8, 4, 4, 8]
+    torch.testing.assert_close(torch.cat(list(parts.values()), dim=1), out)
+    assert ebc.split(out)["b2"].data_ptr() == out[:, 16:20].data_ptr()  # a view
+
+
+def test_empty_bags_pool_to_zero_for_sum_and_mean():
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("s", 4, 3),
+                                  EmbeddingTableConfig("m", 4, 3, pooling="mean")])
+    values = torch.tensor([1, 2, 3])
+    offsets = torch.tensor([0, 0, 2, 2, 3])  # B=2: s=[[], [1,2]], m=[[], [3]]
+    out = ebc(values, offsets, 2)
+    assert out[0].abs().sum() == 0
+    w_s, w_m = ebc.table_weight("s"), ebc.table_weight("m")
+    torch.testing.assert_close(out[1], torch.cat([w_s[1] + w_s[2], w_m[3]]))
+
+
+def test_sgd_step_on_sparse_grads_updates_only_touched_rows():
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", 6, 2)])
+    before = ebc.table_weight("t").detach().clone()
+    opt = torch.optim.SGD(ebc.parameters(), lr=0.1)
+    ebc(torch.tensor([1, 4, 4]), torch.tensor([0, 1, 3]), 2).sum().backward()
+    opt.step()
+    after = ebc.table_weight("t").detach()
+    torch.testing.assert_close(after[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
+    torch.testing.assert_close(after[1], before[1] - 0.1)
+    torch.testing.assert_close(after[4], before[4] - 0.2)  # seen twice
+
+
+def test_dense_gradients_when_sparse_false():
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", 6, 2)], sparse=False)
+    ebc(torch.tensor([1]), torch.tensor([0, 1]), 1).sum().backward()
+    assert ebc.fused_weight_dim2.grad.layout == torch.strided
+
+
+def test_state_dict_is_per_table_and_round_trips():
+    src = EmbeddingBagCollection(mixed_tables())
+    sd = src.state_dict()
+    assert set(sd) == {"tables.a.weight", "tables.b.weight", "tables.c.weight", "tables.d.weight"}
+    assert sd["tables.b.weight"].shape == (20, 4)
+    torch.testing.assert_close(sd["tables.c.weight"], src.table_weight("c"))
+    dst = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(src, torch.Generator().manual_seed(4))
+    assert not torch.allclose(dst(values, offsets, B), src(values, offsets, B))
+    dst.load_state_dict(sd)
+    torch.testing.assert_close(dst(values, offsets, B), src(values, offsets, B))
+    # Nested under a parent module the keys get the usual prefix.
+    parent = nn.ModuleDict({"ebc": dst})
+    assert "ebc.tables.a.weight" in parent.state_dict()
+    parent.load_state_dict(nn.ModuleDict({"ebc": src}).state_dict())
+
+
+def test_state_dict_saves_with_safetensors():
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    src = EmbeddingBagCollection(mixed_tables())
+    loaded = safetensors_torch.load(safetensors_torch.save(src.state_dict()))
+    dst = EmbeddingBagCollection(mixed_tables())
+    dst.load_state_dict(loaded)
+    torch.testing.assert_close(dst.table_weight("d"), src.table_weight("d"))
+
+
+def test_load_state_dict_reports_missing_unexpected_and_mismatched():
+    ebc = EmbeddingBagCollection(mixed_tables())
+    sd = ebc.state_dict()
+    missing = {k: v for k, v in sd.items() if k != "tables.a.weight"}
+    with pytest.raises(RuntimeError, match="Missing key.*tables.a.weight"):
+        ebc.load_state_dict(missing)
+    with pytest.raises(RuntimeError, match="Unexpected key.*tables.zz.weight"):
+        ebc.load_state_dict({**sd, "tables.zz.weight": torch.zeros(1)})
+    with pytest.raises(RuntimeError, match="size mismatch for tables.c.weight"):
+        ebc.load_state_dict({**sd, "tables.c.weight": torch.zeros(3, 8)})
+    result = ebc.load_state_dict(missing, strict=False)
+    assert result.missing_keys == ["tables.a.weight"]
+
+
+def test_id_range_validation_names_feature_value_and_range():
+    ebc = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(5))
+    start_b2 = int(offsets[3 * B])  # feature index 3 is "b2" (table b, 20 rows)
+    bad = values.clone()
+    bad[start_b2] = 20
+    with pytest.raises(ValueError, match=r"=20 \(feature 'b2', table 'b'\) must be in \[0, 20\)"):
+        ebc(bad, offsets, B)
+    bad[start_b2] = -3
+    with pytest.raises(ValueError, match="=-3"):
+        ebc(bad, offsets, B)
+    # validate=False skips the check: id 20 of "b" silently reads the next table's row.
+    bad[start_b2] = 20
+    ebc(bad, offsets, B, validate=False)
+
+
+def test_input_validation():
+    ebc = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(6))
+    with pytest.raises(ValueError, match=r"offsets must have num_features\*batch_size\+1 = 5\*4\+1"):
+        ebc(values, offsets, 4)
+    with pytest.raises(TypeError, match="values must have dtype"):
+        ebc(values.int(), offsets, B)
+    with pytest.raises(TypeError, match="batch_size must be an int"):
+        ebc(values, offsets, 5.0)
+    broken = offsets.clone()
+    broken[-1] += 1
+    with pytest.raises(ValueError, match="offsets must start at 0"):
+        ebc(values, broken, B)
+    with pytest.raises(ValueError, match="pooled must have shape"):
+        ebc.split(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="name must be one of the tables"):
+        ebc.table_weight("nope")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="pooling must be one of \\('sum', 'mean'\\), got 'max'"):
+        EmbeddingTableConfig("t", 3, 2, pooling="max")
+    with pytest.raises(ValueError, match="num_embeddings must be an int >= 1, got 0"):
+        EmbeddingTableConfig("t", 0, 2)
+    with pytest.raises(TypeError, match="embedding_dim must be an int"):
+        EmbeddingTableConfig("t", 3, 2.5)
+    with pytest.raises(ValueError, match="without '.'"):
+        EmbeddingTableConfig("a.b", 3, 2)
+    with pytest.raises(ValueError, match="feature_names must be unique"):
+        EmbeddingTableConfig("t", 3, 2, feature_names=["x", "x"])
+    with pytest.raises(ValueError, match="feature names must be unique, got duplicates \\['x'\\]"):
+        EmbeddingBagCollection([EmbeddingTableConfig("t", 3, 2, feature_names=["x"]),
+                                EmbeddingTableConfig("u", 3, 2, feature_names=["x"])])
+    with pytest.raises(ValueError, match="table names must be unique"):
+        EmbeddingBagCollection([EmbeddingTableConfig("t", 3, 2), EmbeddingTableConfig("t", 4, 2,
+                                                                                      feature_names=["y"])])
+    with pytest.raises(ValueError, match="at least one"):
+        EmbeddingBagCollection([])

@@ -1,0 +1,94 @@
+"""TensorHashTable: batched open addressing, collisions, tombstones, rehash."""
+
+import pytest
+import torch
+
+from recstream.nn import tensor_hash_table as tht
+from recstream.nn.tensor_hash_table import DELETED, EMPTY, TensorHashTable, hash_keys
+
+
+def test_insert_then_find_and_miss():
+    t = TensorHashTable(64)
+    keys = torch.tensor([0, 1, -5, 2**62, -(2**63), 2**63 - 1, 123456789])
+    slots = t.insert(keys)
+    assert slots.unique().numel() == keys.numel()
+    assert torch.equal(t.keys[slots], keys)
+    assert torch.equal(t.find(keys), slots)
+    assert torch.equal(t.find(torch.tensor([7, 8, -9])), torch.tensor([-1, -1, -1]))
+    assert (t.num_live, t.num_used) == (7, 7)
+
+
+def test_hash_is_well_spread_for_structured_keys():
+    # Multiples of the table size all share their low bits; the hash must not.
+    keys = torch.arange(4096) * 1024
+    starts = hash_keys(keys) & 1023
+    assert starts.unique().numel() > 600  # ~1024*(1-e^-4) = 1005 for a random hash
+
+
+def test_many_keys_multiple_of_table_size():
+    t = TensorHashTable(1 << 12)
+    keys = torch.arange(1, 1801) * (1 << 12)
+    slots = t.insert(keys)
+    assert slots.unique().numel() == keys.numel()
+    assert torch.equal(t.find(keys), slots)
+
+
+def test_all_keys_colliding_resolve_one_per_round(monkeypatch):
+    # Worst case: every key hashes to slot 3, so each round exactly one key wins
+    # the contested slot and the others move on along the probe sequence.
+    monkeypatch.setattr(tht, "hash_keys", lambda k: torch.full_like(k, 3, dtype=torch.int64))
+    t = TensorHashTable(64)
+    keys = torch.arange(100, 140)
+    slots = t.insert(keys)
+    assert slots.unique().numel() == 40
+    assert torch.equal(t.find(keys), slots)
+    # Deterministic winner: the first key in the batch gets the home slot.
+    assert int(slots[0]) == 3
+    t.delete(slots[:10])
+    assert torch.equal(t.find(keys[10:]), slots[10:])  # probing passes tombstones
+    assert (t.find(keys[:10]) == -1).all()
+    again = t.insert(keys[:5])  # reuses tombstones
+    assert torch.equal(t.find(keys[:5]), again)
+    assert t.num_used == 40 and t.num_live == 35
+
+
+def test_probe_limit_raises(monkeypatch):
+    monkeypatch.setattr(tht, "hash_keys", lambda k: torch.zeros_like(k, dtype=torch.int64))
+    t = TensorHashTable(64, max_rounds=4)
+    with pytest.raises(RuntimeError, match="max_rounds=4"):
+        t.insert(torch.arange(10))
+
+
+def test_delete_and_rehash_keep_payload():
+    t = TensorHashTable(256)
+    keys = torch.randperm(10**6)[:100] - 500_000
+    slots = t.insert(keys)
+    t.rows[slots] = torch.arange(100)
+    t.counts[slots] = torch.arange(100) * 2
+    t.delete(slots[::2])
+    assert t.keys[slots[::2]].eq(DELETED).all()
+    assert (t.num_live, t.num_used) == (50, 100)
+    old, new = t.rehash()
+    assert (t.num_live, t.num_used) == (50, 50)
+    assert not (t.keys == DELETED).any()
+    survivors = keys[1::2]
+    s = t.find(survivors)
+    assert (s >= 0).all()
+    assert torch.equal(t.rows[s], torch.arange(1, 100, 2))
+    assert torch.equal(t.counts[s], torch.arange(1, 100, 2) * 2)
+    assert (t.find(keys[::2]) == -1).all()
+    assert int((t.keys == EMPTY).sum()) == 256 - 50
+
+
+def test_state_dict_restores_counters():
+    t = TensorHashTable(32)
+    t.delete(t.insert(torch.tensor([1, 2, 3]))[:1])
+    fresh = TensorHashTable(32)
+    fresh.load_state_dict(t.state_dict())
+    assert (fresh.num_live, fresh.num_used) == (2, 3)
+    assert torch.equal(fresh.find(torch.tensor([1, 2, 3])), t.find(torch.tensor([1, 2, 3])))
+
+
+def test_num_slots_must_be_power_of_two():
+    with pytest.raises(ValueError, match="power of two, got 48"):
+        TensorHashTable(48)
