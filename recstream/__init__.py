@@ -4,7 +4,7 @@
 >>> recstream.Model  # doctest: +ELLIPSIS
 <class 'recstream.train.model.Model'>
 """
-from .train import Model
+from .train import Model, RecModel
 
 __version__ = "0.1.0"
-__all__ = ["Model", "__version__"]
+__all__ = ["Model", "RecModel", "__version__"]

@@ -6,7 +6,8 @@ precision), `data_adapter.py` (datasets and batches), `checks.py` (argument chec
 """
 from .cells import TrainOneStepCell, WithEvalCell, WithLossCell
 from .model import Model
+from .rec_model import RecModel
 from .sink import DataChannel, DatasetHelper, connect_network_with_dataset
 
-__all__ = ["Model", "TrainOneStepCell", "WithEvalCell", "WithLossCell", "DatasetHelper",
+__all__ = ["Model", "RecModel", "TrainOneStepCell", "WithEvalCell", "WithLossCell", "DatasetHelper",
            "DataChannel", "connect_network_with_dataset"]

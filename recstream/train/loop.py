@@ -41,8 +41,11 @@ def check_first_batch(batch, needs_label: bool, name: str = "train_dataset") -> 
 
 
 def train_loop(model, epochs: Iterable[int], helper: DatasetHelper, callbacks: CallbackList,
-               params: CallbackParams, fit_eval: FitEval | None = None) -> None:
-    """Train over `epochs` (1-based numbers); see the module docstring for the contract."""
+               params: CallbackParams, fit_eval: FitEval | None = None, first_step: int = 0) -> None:
+    """Train over `epochs` (1-based numbers, possibly endless); see the module docstring.
+
+    `first_step` is where `cur_step_num` starts (0, except for an online run resumed from a checkpoint).
+    """
     ctx = RunContext(params)
     step_net = model._step_network(helper)
     device = helper.device
@@ -51,7 +54,7 @@ def train_loop(model, epochs: Iterable[int], helper: DatasetHelper, callbacks: C
     helper.should_stop = ctx.get_stop_requested
     position = getattr(helper.dataset, "position", None)  # streams: resume point after a batch
     meta = getattr(helper.dataset, "last_batch_meta", None)
-    params.cur_step_num = 0
+    params.cur_step_num = first_step
     params.dataset_sink_mode = sink_mode
     model._set_train_mode(True)
     callbacks.on_train_begin(ctx)

@@ -197,7 +197,7 @@ def unscale_grads_(grads: list[torch.Tensor], inv_scale: torch.Tensor, found_inf
         if fused is not None:
             fused(group, found, inv)
         else:
-            torch._foreach_mul_(group, inv)
+            torch._foreach_mul_(group, inv.reshape(()))
             found += (~torch.stack([torch.isfinite(g).all() for g in group]).all()).float()
         found_inf.add_(found.to(found_inf.device).reshape(found_inf.shape))
     found_inf.clamp_(max=1.0)

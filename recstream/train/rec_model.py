@@ -1,0 +1,102 @@
+"""`RecModel`: `Model` plus `online_train`, training without end on an unbounded stream.
+
+Seeds 000/001 describe `RecModel.online_train`; here it reuses the one training loop
+(`loop.train_loop`) with endless epochs, allows any positive `sink_size`, and stops cleanly on
+`request_stop()`, SIGINT or SIGTERM (the current step finishes, `ModelCheckpoint` writes the final
+checkpoint with the stream position, `on_train_end` runs, `online_train` returns).
+
+Exactly once: streams report their position after each batch; the position of the last TRAINED
+batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
+only once that checkpoint is durable. `restore` loads the newest checkpoint and seeks the stream.
+
+>>> import torch
+>>> from recstream import RecModel
+>>> from recstream.callbacks import Callback
+>>> class StopAfter(Callback):
+...     def on_train_step_end(self, ctx):
+...         if ctx.original_args().cur_step_num >= 6:
+...             ctx.request_stop()
+>>> net = torch.nn.Linear(4, 2)
+>>> model = RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1))
+>>> data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(4)]
+>>> model.online_train(data, callbacks=[StopAfter()], sink_size=2)  # cycles the 4 batches
+"""
+from __future__ import annotations
+
+import glob
+import itertools
+import logging
+import os
+
+from ..callbacks.base import CallbackList, as_callback_list
+from . import checks
+from .data_adapter import check_dataset, dataset_size
+from .loop import train_loop
+from .model import Model
+from .signals import StopOnSignal
+from .sink import DatasetHelper
+
+log = logging.getLogger("recstream.train")
+
+
+class RecModel(Model):
+    """A `Model` that can also train online (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._resume_epoch, self._resume_step = 0, 0
+
+    def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1):
+        """Train on `train_dataset` until a stop is requested (a callback, SIGINT or SIGTERM).
+
+        Without sink, an epoch is one pass of the dataset's iterator, then ``reset()``; with sink,
+        an epoch is `sink_size` batches (any positive size) and step hooks run once per sink.
+        """
+        checks.check_bool("dataset_sink_mode", dataset_sink_mode)
+        if dataset_sink_mode and (isinstance(sink_size, bool) or not isinstance(sink_size, int) or sink_size < 1):
+            raise ValueError(f"'sink_size' must be a positive int for online training in sink mode, got {sink_size!r}")
+        check_dataset(train_dataset, "train_dataset")
+        user_callbacks = as_callback_list(callbacks)
+        if not any(type(cb).__name__ == "ModelCheckpoint" for cb in user_callbacks):
+            log.warning("online_train without a ModelCheckpoint callback: no state is saved when it stops")
+        helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
+                               epoch_num=None, device=self._device)
+        params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
+        if not dataset_sink_mode:
+            params.batch_num = dataset_size(train_dataset)
+        epochs = itertools.count(self._resume_epoch + 1)
+        with CallbackList(user_callbacks + [StopOnSignal()] + self._default_callbacks(user_callbacks)) as cbs:
+            train_loop(self, epochs, helper, cbs, params, first_step=self._resume_step)
+
+    def restore(self, checkpoint, train_dataset=None) -> dict | None:
+        """Load the newest checkpoint (a file, or the newest in a directory) into the network and
+        optimizer; seek `train_dataset` to the saved position; continue numbering epochs and steps.
+
+        Returns the checkpoint's metadata, or None when the directory holds no checkpoint yet.
+        """
+        from ..callbacks import load_checkpoint
+        path = _newest_checkpoint(checkpoint)
+        if path is None:
+            return None
+        meta = load_checkpoint(path, self._network, self._optimizer)
+        self._resume_epoch = int(meta.get("epoch") or 0)
+        self._resume_step = int(meta.get("cur_step_num") or 0)
+        position = meta.get("train_position")
+        if train_dataset is not None and position is not None:
+            seek = getattr(train_dataset, "seek", None)
+            if not callable(seek):
+                raise TypeError(f"'train_dataset' ({type(train_dataset).__name__}) cannot seek to the saved "
+                                f"position {position!r}: it has no seek() method")
+            seek(position)
+        log.info("restored %s (epoch %s, step %s)", path, self._resume_epoch, self._resume_step)
+        return meta
+
+
+def _newest_checkpoint(checkpoint) -> str | None:
+    checkpoint = os.fspath(checkpoint)
+    if os.path.isfile(checkpoint):
+        return checkpoint
+    if not os.path.isdir(checkpoint):
+        raise FileNotFoundError(f"'checkpoint' {checkpoint!r} is neither a checkpoint file nor a directory")
+    files = [f for f in glob.glob(os.path.join(checkpoint, "*.safetensors")) if not os.path.basename(f).startswith(".")]
+    return max(files, key=os.path.getmtime) if files else None

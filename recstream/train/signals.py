@@ -1,0 +1,54 @@
+"""Stop training cleanly on SIGINT / SIGTERM: the current step finishes, end hooks run.
+
+`StopOnSignal` is a callback: at train begin it installs handlers that only *request* a stop (the
+loop checks after each step, and a wait for data is interrupted), so checkpoints are written by
+the normal end-of-training path. A second SIGINT restores the default handler and interrupts at
+once, an escape hatch for a stuck step. Handlers are restored when training ends.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from ..callbacks.base import Callback
+
+log = logging.getLogger("recstream.train")
+
+
+class StopOnSignal(Callback):
+    """Turn SIGINT/SIGTERM into ``run_context.request_stop()`` for the duration of training."""
+
+    def __init__(self, signals=(signal.SIGINT, signal.SIGTERM)):
+        self.signals = tuple(signals)
+        self.received: int | None = None
+        self._previous: dict = {}
+        self._context = None
+
+    def on_train_begin(self, run_context):
+        self._context = run_context
+        self.received = None
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("online training runs outside the main thread: SIGINT/SIGTERM cannot be handled there")
+            return
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.received == signal.SIGINT and signum == signal.SIGINT:
+            self._restore()
+            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        self.received = signum
+        log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
+        self._context.request_stop()
+
+    def _restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_end(self, run_context):
+        self._restore()
+
+    def __exit__(self, *exc_info):
+        self._restore()
