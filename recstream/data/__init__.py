@@ -1,0 +1,42 @@
+"""recstream.data: feature schemas, columnar batches, streaming readers and pipeline stages.
+
+* :class:`Schema`, :class:`DenseFeature`, :class:`CategoricalFeature`: what the columns
+  mean and how big each embedding table is (JSON-able, saved next to checkpoints).
+* :class:`Batch` ``(features, labels)`` and :class:`Features`: dense float32 + flat int64
+  ids with feature-major offsets, ready for ``torch.nn.EmbeddingBag``.
+* Readers, each a re-iterable stream of Batches in constant memory: :class:`ParquetReader`,
+  :class:`CSVReader`, :class:`CriteoReader`; bad rows raise :class:`BadRowError` (file
+  and row named) or, with ``on_bad_row="skip"``, are counted in ``reader.bad_rows``.
+* Data sets: :class:`SyntheticCTR` (Zipf ids, known Bayes AUC), :func:`load_adult`.
+* Pipeline: :class:`ShuffleBuffer` (row-level shuffle), :class:`Prefetcher` (background
+  thread, pinned memory, async device copies), :class:`InMemoryDataset`.
+
+>>> from recstream.data import SyntheticCTR, ShuffleBuffer
+>>> gen = SyntheticCTR(num_dense=3, num_categorical=4, batch_size=128)
+>>> for features, labels in ShuffleBuffer(gen.train_batches(2), buffer_size=256):
+...     features.validate(gen.schema).dense.shape
+torch.Size([128, 3])
+torch.Size([128, 3])
+"""
+from .adult import adult_schema, load_adult
+from .badrows import REASONS as BAD_ROW_REASONS
+from .badrows import BadRowError
+from .batch import Batch, Features
+from .criteo import CriteoReader, criteo_schema
+from .csv_reader import CSVReader
+from .hashing import hash_int64, hash_strings, to_buckets
+from .memory import InMemoryDataset
+from .parquet_reader import ParquetReader
+from .pipeline import Prefetcher, ShuffleBuffer
+from .rebatch import Rebatcher
+from .schema import CategoricalFeature, DenseFeature, Schema, num_embeddings
+from .synthetic import SyntheticCTR, roc_auc
+
+__all__ = [
+    "Schema", "DenseFeature", "CategoricalFeature", "num_embeddings",
+    "Batch", "Features",
+    "ParquetReader", "CSVReader", "CriteoReader", "criteo_schema", "BadRowError", "BAD_ROW_REASONS",
+    "InMemoryDataset", "SyntheticCTR", "roc_auc", "load_adult", "adult_schema",
+    "ShuffleBuffer", "Prefetcher", "Rebatcher",
+    "hash_int64", "hash_strings", "to_buckets",
+]

@@ -1,0 +1,100 @@
+"""What readers do with rows they cannot turn into features: raise, or skip and account.
+
+Reasons (the keys of ``reader.bad_rows``):
+
+* ``column_count``: a CSV/TSV line with the wrong number of fields;
+* ``unparsable``: text where a number was expected;
+* ``non_finite``: NaN or +-inf in a dense column;
+* ``missing_value``: an empty value where one is required (dense without a fill value,
+  label, non-hashed id without a vocabulary);
+* ``id_out_of_range``: an id outside ``[0, vocab_size)`` of a non-hashed feature;
+* ``bad_label``: a label that is not a finite number in ``[0, 1]``.
+
+Rows are numbered from 1 over the data rows of each file (the header is not a row).
+
+>>> h = BadRowHandler("skip", None, "demo")
+>>> h.start_pass(); h.handle([BadRow("f.csv", 3, "unparsable", "x", "'abc'", None)]); h.counts
+Counter({'unparsable': 1})
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+REASONS = ("column_count", "unparsable", "non_finite", "missing_value", "id_out_of_range", "bad_label")
+_POLICIES = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """One rejected row: where it is, why, and (for the log) what it held."""
+
+    path: str
+    row: int
+    reason: str
+    column: str | None
+    detail: str
+    data: Any  # dict of raw column values, or the raw line text; written to the log only
+
+    def message(self) -> str:
+        where = f"column {self.column!r}: " if self.column else ""
+        return f"{self.path}: row {self.row}: {where}{self.detail} (reason: {self.reason})"
+
+
+class BadRowError(ValueError):
+    """A data file holds a row that cannot be read; names the file, row and column."""
+
+    def __init__(self, bad: BadRow) -> None:
+        super().__init__(f"{bad.message()}; pass on_bad_row='skip' to skip and count such rows")
+        self.bad_row = bad
+        self.path, self.row, self.reason, self.column = bad.path, bad.row, bad.reason, bad.column
+
+
+def check_policy(on_bad_row: Any, owner: str) -> str:
+    if on_bad_row not in _POLICIES:
+        raise ValueError(f"{owner}: 'on_bad_row' must be one of {_POLICIES}, got {on_bad_row!r}")
+    return on_bad_row
+
+
+class BadRowHandler:
+    """Applies the ``on_bad_row`` policy; counts by reason and writes the optional JSONL log."""
+
+    def __init__(self, on_bad_row: str, bad_row_log: str | os.PathLike | None, owner: str) -> None:
+        self.policy = check_policy(on_bad_row, owner)
+        if bad_row_log is not None and not isinstance(bad_row_log, (str, os.PathLike)):
+            raise TypeError(f"{owner}: 'bad_row_log' must be a path or None, got {type(bad_row_log).__name__}")
+        if bad_row_log is not None and self.policy == "raise":
+            raise ValueError(f"{owner}: 'bad_row_log' needs on_bad_row='skip' (with 'raise' the first bad "
+                             f"row stops reading)")
+        self.log_path = bad_row_log
+        self.counts: Counter = Counter()
+        self._log = None
+
+    def start_pass(self) -> None:
+        """A new pass over the data: counts restart and the log is rewritten."""
+        self.close()
+        self.counts = Counter()
+        if self.log_path is not None:
+            self._log = open(self.log_path, "w", encoding="utf-8")
+
+    def handle(self, bad: Sequence[BadRow]) -> None:
+        """Raise for the earliest row under 'raise'; otherwise count and log every row."""
+        if not bad:
+            return
+        if self.policy == "raise":
+            raise BadRowError(min(bad, key=lambda b: b.row))
+        self.counts.update(b.reason for b in bad)
+        if self._log is not None:
+            for b in sorted(bad, key=lambda b: b.row):  # one line per rejected row, not per row read
+                rec = {"file": b.path, "row": b.row, "reason": b.reason, "column": b.column,
+                       "detail": b.detail, "data": b.data}
+                self._log.write(json.dumps(rec, default=str) + "\n")
+            self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,211 @@
+"""Arrow record batch -> :class:`~recstream.data.Batch`, with every bad row flagged.
+
+All work is vectorized per column (one pass of numpy/pyarrow per feature, never a Python
+loop per row); only rows that turn out bad get looked at one by one, to describe them.
+
+>>> import pyarrow as pa
+>>> from recstream.data.schema import Schema, CategoricalFeature
+>>> s = Schema(["x"], [CategoricalFeature("c", vocab_size=3)])
+>>> batch, bad = ColumnConverter(s).convert(pa.record_batch({"label": [1, 0], "x": [0.5, 2.0], "c": [2, 7]}))
+>>> batch.batch_size, [(b.index, b.reason) for b in bad]
+(1, [(1, 'id_out_of_range')])
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from .badrows import REASONS
+from .batch import Batch, Features
+from .hashing import hash_strings, to_buckets
+from .parse import is_text, plain, to_float, to_int, to_text
+from .schema import CategoricalFeature, Schema
+
+_CODE = {r: i + 1 for i, r in enumerate(REASONS)}  # 0 = good row
+
+
+@dataclass(frozen=True)
+class RowFault:
+    """A bad row of one record batch: its 0-based index there, why, and where."""
+
+    index: int
+    reason: str
+    column: str
+    detail: str
+
+
+class _Faults:
+    """First fault per row (columns are checked in schema order)."""
+
+    def __init__(self, n: int) -> None:
+        self.code = np.zeros(n, dtype=np.int8)
+        self.column = np.zeros(n, dtype=np.int32)
+        self.id_value = np.zeros(n, dtype=np.int64)  # the offending id, for out-of-range messages
+
+    def mark(self, mask: np.ndarray, reason: str, column: int, ids: np.ndarray | None = None) -> None:
+        new = mask & (self.code == 0)
+        if new.any():
+            self.code[new] = _CODE[reason]
+            self.column[new] = column
+            if ids is not None:
+                self.id_value[new] = ids[new]
+
+
+@contextmanager
+def _naming(column: str):
+    """Prefix a type error (a whole column of the wrong type) with the column's name."""
+    try:
+        yield
+    except TypeError as e:
+        if str(e).startswith("column "):
+            raise
+        raise TypeError(f"column {column!r}: {e}") from e
+
+
+class ColumnConverter:
+    """Converts record batches holding the `schema`'s columns (any extra columns are ignored).
+
+    fill_missing_dense: value for empty dense cells (None: such rows are bad, 'missing_value').
+    log1p_dense: apply ``log1p(max(x, 0))`` to dense values (the usual Criteo transform).
+    """
+
+    def __init__(self, schema: Schema, fill_missing_dense: float | None = None, log1p_dense: bool = False) -> None:
+        if not isinstance(schema, Schema):
+            raise TypeError(f"'schema' must be a recstream.data.Schema, got {type(schema).__name__}")
+        if fill_missing_dense is not None and not np.isfinite(float(fill_missing_dense)):
+            raise ValueError(f"'fill_missing_dense' must be a finite number or None, got {fill_missing_dense!r}")
+        self.schema = schema
+        self.fill_missing_dense = fill_missing_dense
+        self.log1p_dense = bool(log1p_dense)
+        self._vocab = {c.name: pa.array(c.vocabulary, pa.string()) for c in schema.categorical if c.vocabulary}
+
+    def convert(self, rb: pa.RecordBatch | pa.Table) -> tuple[Batch, list[RowFault]]:
+        """(Batch of the good rows in order, faults of the bad rows)."""
+        missing = [c for c in self.schema.columns if c not in rb.schema.names]
+        if missing:
+            raise ValueError(f"record batch lacks columns {missing}; it has {rb.schema.names}")
+        n = rb.num_rows
+        faults = _Faults(n)
+        cols = self.schema.columns  # label, dense..., categorical... (the column index space)
+        with _naming(self.schema.label):
+            labels = self._labels(rb.column(self.schema.label), faults)
+        dense = np.empty((n, self.schema.num_dense), dtype=np.float32)
+        for j, d in enumerate(self.schema.dense):
+            with _naming(d.name):
+                dense[:, j] = self._dense(rb.column(d.name), faults, 1 + j)
+        cats = []
+        for k, c in enumerate(self.schema.categorical):
+            with _naming(c.name):
+                cats.append(self._categorical(rb.column(c.name), c, faults, 1 + self.schema.num_dense + k))
+        bad = np.flatnonzero(faults.code)
+        if len(bad):
+            keep = faults.code == 0
+            labels, dense = labels[keep], dense[keep]
+            cats = [(ids[np.repeat(keep, lens)], lens[keep]) for ids, lens in cats]
+        batch = self._assemble(dense, labels, cats)
+        return batch, [self._describe(rb, faults, i, cols) for i in bad]
+
+    # --- columns -------------------------------------------------------------------------
+    def _labels(self, col, faults: _Faults) -> np.ndarray:
+        y, missing, bad = to_float(col)
+        faults.mark(bad, "unparsable", 0)
+        faults.mark(missing, "missing_value", 0)
+        with np.errstate(invalid="ignore"):
+            faults.mark(~(missing | bad) & ~((y >= 0) & (y <= 1)), "bad_label", 0)
+        return y.astype(np.float32)
+
+    def _dense(self, col, faults: _Faults, c: int) -> np.ndarray:
+        x, missing, bad = to_float(col)
+        faults.mark(bad, "unparsable", c)
+        if self.fill_missing_dense is None:
+            faults.mark(missing, "missing_value", c)
+        else:
+            x = np.where(missing, self.fill_missing_dense, x)
+        faults.mark(~np.isfinite(x) & ~(missing | bad), "non_finite", c)
+        if self.log1p_dense:
+            x = np.log1p(np.maximum(x, 0.0))  # negative counts (Criteo's I2) map to 0, not NaN
+        return x
+
+    def _categorical(self, col, feat: CategoricalFeature, faults: _Faults, c: int):
+        """(ids int64 flat, lengths int64 [n]) of one feature; marks bad rows."""
+        col = plain(col)
+        n = len(col)
+        if not feat.multi_hot:
+            ids, _ = self._ids(col, feat, faults, c, rows=None)
+            return ids, np.ones(n, dtype=np.int64)
+        if is_text(col.type):
+            col = pc.split_pattern(col, feat.separator)
+        if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            raise TypeError(f"column {feat.name!r}: multi-hot values must be lists or "
+                            f"{feat.separator!r}-joined strings, got type {col.type}")
+        lens = np.asarray(pc.fill_null(pc.list_value_length(col), 0), dtype=np.int64)
+        elems = plain(pc.list_flatten(col))  # null lists contribute nothing
+        rows = np.repeat(np.arange(n, dtype=np.int64), lens)
+        present = ~np.asarray(elems.is_null(), dtype=bool)
+        if is_text(elems.type):  # "1||2" and "" hold empty elements: absent, not ids
+            present &= np.asarray(pc.fill_null(pc.binary_length(elems), 0), dtype=np.int64) > 0
+        if not present.all():
+            elems, rows = elems.filter(pa.array(present)), rows[present]
+            lens = np.bincount(rows, minlength=n).astype(np.int64)
+        ids, _ = self._ids(elems, feat, faults, c, rows=rows)
+        if feat.max_len is not None and len(ids) and lens.max() > feat.max_len:
+            pos = np.arange(len(ids), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+            ids, lens = ids[pos < feat.max_len], np.minimum(lens, feat.max_len)
+        return ids, lens
+
+    def _ids(self, col: pa.Array, feat: CategoricalFeature, faults: _Faults, c: int, rows):
+        """Ids of single values; `rows` maps each value to its row (None: value i is row i)."""
+        def mark(mask, reason, ids=None):
+            if rows is None:
+                faults.mark(mask, reason, c, ids)
+            elif mask.any():
+                row_mask = np.zeros(len(faults.code), dtype=bool)
+                row_mask[rows[mask]] = True
+                row_ids = np.zeros(len(faults.code), dtype=np.int64)
+                if ids is not None:
+                    row_ids[rows[mask]] = ids[mask]
+                faults.mark(row_mask, reason, c, row_ids if ids is not None else None)
+
+        if feat.hashed:  # ids of any type hash by their text, so CSV "12" == Parquet 12
+            text = to_text(col)
+            ids = to_buckets(hash_strings(text), feat.hash_buckets)
+            if text.null_count:
+                ids[np.asarray(text.is_null(), dtype=bool)] = 0  # reserved id for missing
+            return ids, None
+        if feat.vocabulary is not None:
+            pos = pc.index_in(to_text(col), value_set=self._vocab[feat.name])
+            return np.asarray(pc.fill_null(pc.add(pos, 1), 0), dtype=np.int64), None  # 0: unknown
+        ids, missing, bad = to_int(col)
+        mark(bad, "unparsable")
+        mark(missing, "missing_value")
+        out = ~(missing | bad) & ((ids < 0) | (ids >= feat.vocab_size))
+        mark(out, "id_out_of_range", ids)
+        return ids, None
+
+    # --- output --------------------------------------------------------------------------
+    def _assemble(self, dense: np.ndarray, labels: np.ndarray, cats) -> Batch:
+        n = len(labels)
+        if cats:
+            values = torch.from_numpy(np.concatenate([ids for ids, _ in cats]).astype(np.int64, copy=False))
+            lengths = torch.from_numpy(np.stack([lens for _, lens in cats]))
+        else:
+            values, lengths = torch.zeros(0, dtype=torch.int64), torch.zeros(0, n, dtype=torch.int64)
+        return Batch(Features.from_lengths(torch.from_numpy(dense), values, lengths), torch.from_numpy(labels))
+
+    def _describe(self, rb, faults: _Faults, i: int, cols) -> RowFault:
+        reason, name = REASONS[faults.code[i] - 1], cols[faults.column[i]]
+        raw = rb.column(name)[i].as_py()  # one bad row at a time: only bad rows get here
+        if reason == "id_out_of_range":
+            size = self.schema.feature(name).vocab_size
+            detail = f"id {int(faults.id_value[i])} outside [0, {size}) (value {raw!r})"
+        else:
+            detail = {"unparsable": f"cannot parse {raw!r} as a number",
+                      "non_finite": f"non-finite value {raw!r} (dense values must be finite)",
+                      "missing_value": "missing value",
+                      "bad_label": f"label {raw!r} is not a number in [0, 1]"}[reason]
+        return RowFault(int(i), reason, name, detail)

@@ -1,0 +1,73 @@
+"""A dataset held in memory as one big :class:`~recstream.data.Batch`, served in batches.
+
+For data that fits in RAM (the Adult census set, a synthetic test split, an evaluation
+slice): each pass yields ``batch_size``-row batches, optionally in a new random order
+per pass (deterministic given ``seed``).
+
+>>> import torch
+>>> from recstream.data.batch import Batch, Features
+>>> rows = Batch(Features.from_lengths(torch.arange(5.0).view(5, 1), torch.zeros(0), torch.zeros(0, 5)), torch.zeros(5))
+>>> ds = InMemoryDataset(rows, batch_size=2)
+>>> ds.get_dataset_size(), [b.features.dense.view(-1).tolist() for b in ds]
+(3, [[0.0, 1.0], [2.0, 3.0], [4.0]])
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .batch import Batch
+from .rebatch import check_batch_size
+from .schema import Schema
+
+
+class InMemoryDataset:
+    """Batches of `data` (one Batch with all rows); re-iterable, sized; ``schema`` optional."""
+
+    def __init__(self, data: Batch, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                 drop_remainder: bool = False, schema: Schema | None = None) -> None:
+        if not isinstance(data, Batch):
+            raise TypeError(f"InMemoryDataset: 'data' must be a recstream.data.Batch, got {type(data).__name__}")
+        self.data = data
+        self.batch_size = check_batch_size(batch_size, "InMemoryDataset")
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_remainder = bool(drop_remainder)
+        self.schema = schema  # optional: the Schema the rows follow
+        self._epoch = 0
+
+    @classmethod
+    def from_batches(cls, batches: Iterable[Batch], batch_size: int | None = None, **kwargs) -> "InMemoryDataset":
+        """Collect a (finite) stream of batches; `batch_size` defaults to the stream's."""
+        parts = list(batches)
+        if not parts:
+            raise ValueError("InMemoryDataset.from_batches: the stream yielded no batches")
+        size = batch_size if batch_size is not None else getattr(batches, "batch_size", parts[0].batch_size)
+        return cls(Batch.concat(parts), size, **kwargs)
+
+    @property
+    def num_rows(self) -> int:
+        return self.data.batch_size
+
+    def get_dataset_size(self) -> int:
+        full, rest = divmod(self.num_rows, self.batch_size)
+        return full + (1 if rest and not self.drop_remainder else 0)
+
+    def __len__(self) -> int:
+        return self.get_dataset_size()
+
+    def __iter__(self) -> Iterator[Batch]:
+        n, bs = self.num_rows, self.batch_size
+        stop = n - n % bs if self.drop_remainder else n
+        if self.shuffle:  # a new order each pass, reproducible from (seed, pass number)
+            order = np.random.default_rng([self.seed, self._epoch]).permutation(n)
+            self._epoch += 1
+            for start in range(0, stop, bs):
+                yield self.data.take(order[start: start + bs])
+        else:
+            for start in range(0, stop, bs):
+                yield self.data.slice(start, start + bs)
+
+    def __repr__(self) -> str:
+        return f"InMemoryDataset(rows={self.num_rows}, batch_size={self.batch_size}, shuffle={self.shuffle})"

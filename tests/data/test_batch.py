@@ -1,0 +1,111 @@
+import numpy as np
+import pytest
+import torch
+
+from recstream.data import Batch, CategoricalFeature, Features, Rebatcher, Schema
+
+
+def random_features(b=7, sizes=(5, 9, 4), max_len=(1, 3, 2), seed=0):
+    """Features plus the per-(feature, example) id lists they should hold."""
+    rng = np.random.default_rng(seed)
+    bags = [[rng.integers(0, sizes[f], rng.integers(0 if max_len[f] > 1 else 1, max_len[f] + 1)).tolist()
+             for _ in range(b)] for f in range(len(sizes))]
+    lengths = torch.tensor([[len(x) for x in feat] for feat in bags])
+    values = torch.tensor([i for feat in bags for bag in feat for i in bag], dtype=torch.int64)
+    dense = torch.from_numpy(rng.standard_normal((b, 2)).astype(np.float32))
+    return Features.from_lengths(dense, values, lengths), bags
+
+
+def bags_of(f: Features):
+    return [[f.values[f.offsets[k * f.batch_size + i]: f.offsets[k * f.batch_size + i + 1]].tolist()
+             for i in range(f.batch_size)] for k in range(f.num_features)]
+
+
+def test_feature_major_layout():
+    f, bags = random_features()
+    assert f.offsets.shape == (3 * 7 + 1,) and f.offsets.dtype == torch.int64
+    assert bags_of(f) == bags
+    values, offsets = f.bag(1)
+    assert [values[offsets[i]:offsets[i + 1]].tolist() for i in range(7)] == bags[1]
+
+
+def test_fused_ids_match_per_table_embedding_bags():
+    f, _ = random_features()
+    sizes = [5, 9, 4]
+    tables = [torch.randn(n, 3) for n in sizes]
+    fused = torch.nn.EmbeddingBag(sum(sizes), 3, mode="sum", include_last_offset=True)
+    fused.weight.data = torch.cat(tables)
+    out = fused(f.fused_ids([0, 5, 14]), f.offsets).view(3, 7, 3)
+    for k in range(3):
+        values, offsets = f.bag(k)
+        ref = torch.nn.functional.embedding_bag(values, tables[k], offsets, mode="sum", include_last_offset=True)
+        torch.testing.assert_close(out[k], ref)
+
+
+def test_take_slice_concat_match_reference():
+    f, bags = random_features(b=9, seed=3)
+    rows = [4, 0, 8, 4]
+    t = f.take(torch.tensor(rows))
+    assert bags_of(t) == [[feat[r] for r in rows] for feat in bags]
+    torch.testing.assert_close(t.dense, f.dense[rows])
+    s = f.slice(2, 6)
+    assert bags_of(s) == [feat[2:6] for feat in bags] and s.batch_size == 4
+    g, gbags = random_features(b=4, seed=5)
+    c = Features.concat([s, g])
+    assert bags_of(c) == [a + b for a, b in zip([feat[2:6] for feat in bags], gbags)]
+    assert c.batch_size == 8 and c.dense.shape == (8, 2)
+    with pytest.raises(IndexError, match="'rows' must be in"):
+        f.take(torch.tensor([9]))
+
+
+def test_batch_is_a_two_tuple():
+    f, _ = random_features(b=3)
+    batch = Batch(f, torch.tensor([0.0, 1.0, 1.0]))
+    features, labels = batch
+    assert features is f and len(batch) == 2 and batch.batch_size == 3
+    moved = batch.to("cpu", non_blocking=True)
+    assert isinstance(moved, Batch) and torch.equal(moved.labels, batch.labels)
+    sub = Batch.concat([batch.slice(0, 1), batch.take([2])])
+    assert sub.labels.tolist() == [0.0, 1.0] and sub.features.batch_size == 2
+
+
+def schema_for(multi=(False, True, True)):
+    return Schema(["a", "b"], [CategoricalFeature(f"c{k}", vocab_size=n, multi_hot=m, max_len=3 if m else None)
+                               for k, (n, m) in enumerate(zip((5, 9, 4), multi))])
+
+
+def test_validate_accepts_good_and_names_the_problem():
+    f, _ = random_features()
+    f.validate(schema_for())
+    bad_values = f.values.clone()
+    bad_values[0] = 5  # feature c0 has vocab 5
+    with pytest.raises(ValueError, match="feature 'c0': example 0 has id 5 outside \\[0, 5\\)"):
+        Features(f.dense, bad_values, f.offsets, 7, 3).validate(schema_for())
+    with pytest.raises(ValueError, match="single-hot"):
+        f.validate(schema_for(multi=(False, False, True)))
+    with pytest.raises(ValueError, match="dense must be float32"):
+        Features(f.dense.double(), f.values, f.offsets, 7, 3).validate(schema_for())
+    with pytest.raises(ValueError, match="offsets must start at 0 and end at len"):
+        Features(f.dense, f.values[:-1], f.offsets, 7, 3).validate(schema_for())
+
+
+def test_rebatcher_exact_sizes_and_order():
+    f, _ = random_features(b=10)
+    batch = Batch(f, torch.arange(10, dtype=torch.float32))
+    r = Rebatcher(4)
+    out = list(r.add(batch.slice(0, 3))) + list(r.add(batch.slice(3, 10))) + list(r.flush())
+    assert [b.batch_size for b in out] == [4, 4, 2]
+    assert torch.cat([b.labels for b in out]).tolist() == list(range(10))
+    assert bags_of(Features.concat([b.features for b in out])) == bags_of(f)
+    r = Rebatcher(4, drop_remainder=True)
+    assert [b.batch_size for b in list(r.add(batch)) + list(r.flush())] == [4, 4]
+    with pytest.raises(ValueError, match="'batch_size' must be an int >= 1, got 0"):
+        Rebatcher(0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_cuda_and_back():
+    f, bags = random_features()
+    batch = Batch(f, torch.zeros(7)).pin_memory().to("cuda", non_blocking=True)
+    assert batch.features.values.is_cuda and batch.labels.is_cuda
+    assert bags_of(batch.features.take(torch.tensor([1, 0])).to("cpu")) == [[x[1], x[0]] for x in bags]
