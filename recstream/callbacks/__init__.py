@@ -12,6 +12,8 @@
 - `LambdaCallback`: a callback made of plain functions.
 - `ProgressBar`: tqdm bars with steps/s, ETA and the loss (`progress_bar_default()`: show it?).
 - `TensorBoard`: write loss, learning rates and metrics for TensorBoard.
+- `ModelPublisher`: publish versioned full/delta model snapshots for serving (online training).
+- `PrequentialMonitor`: score each batch before training on it; rolling AUC and log loss.
 
 `BUILTIN_CALLBACK_NAMES`: class names of the built-in callbacks; as in MindSpore, the evaluation
 inside `fit` does not call them, except `TimeMonitor`.
@@ -28,6 +30,8 @@ from .lambda_callback import LambdaCallback
 from .loss_monitor import LossMonitor
 from .lr_scheduler import LearningRateScheduler
 from .model_checkpoint import ModelCheckpoint
+from .prequential import PrequentialMonitor
+from .publisher import ModelPublisher
 from .progress_bar import ProgressBar, progress_bar_default
 from .reduce_lr_on_plateau import ReduceLROnPlateau
 from .tensorboard import TensorBoard
@@ -42,5 +46,6 @@ __all__ = [
     "Callback", "CallbackList", "RunContext", "CallbackParams", "LossMonitor", "TimeMonitor",
     "ModelCheckpoint", "CheckpointConfig", "save_checkpoint", "load_checkpoint", "CheckpointError",
     "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
-    "ProgressBar", "progress_bar_default", "TensorBoard", "BUILTIN_CALLBACK_NAMES",
+    "ProgressBar", "progress_bar_default", "TensorBoard", "ModelPublisher", "PrequentialMonitor",
+    "BUILTIN_CALLBACK_NAMES",
 ]

@@ -9,14 +9,13 @@
 """
 from __future__ import annotations
 
-import queue
-import threading
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from .batch import Batch, Features
+from .channel import DataChannel, Item
 from .rebatch import Rebatcher, check_batch_size
 
 
@@ -77,22 +76,6 @@ class ShuffleBuffer:
 _END = object()
 
 
-def _map_tensors(obj: Any, fn) -> Any:
-    """Apply `fn` to every tensor of a (nested) batch; Batch/Features keep their types."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, Features):
-        return Features(fn(obj.dense), fn(obj.values), fn(obj.offsets), obj.batch_size, obj.num_features)
-    if isinstance(obj, tuple):
-        items = [_map_tensors(x, fn) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, list):
-        return [_map_tensors(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    return obj
-
-
 class Prefetcher:
     """Pull batches from `iterable` in a background thread, `depth` ahead of the consumer.
 
@@ -101,9 +84,9 @@ class Prefetcher:
     stream waits on an event, so the copy of batch i+1 overlaps the step on batch i.
     ``pin_memory`` defaults to True exactly when `device` is a CUDA device.
 
-    Each ``iter()`` starts a fresh pass (and thread). The thread stops when the pass ends,
-    when the consumer stops iterating (the generator is closed), on :meth:`close` or on
-    leaving a ``with`` block; an exception in the producer is re-raised in the consumer.
+    Each ``iter()`` starts a fresh pass (and thread) of a `DataChannel`. The thread stops when
+    the pass ends, when the consumer stops iterating (the generator is closed), on
+    :meth:`close` or on leaving a ``with`` block; a producer exception is re-raised in the consumer.
     """
 
     def __init__(self, iterable: Iterable, depth: int = 2, device: torch.device | str | None = None,
@@ -118,107 +101,29 @@ class Prefetcher:
         self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
         self.batch_size = getattr(iterable, "batch_size", None)
         self.schema = getattr(iterable, "schema", None)
-        self._stop: threading.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._queue: queue.Queue | None = None
+        self._channel: DataChannel | None = None
 
     def get_dataset_size(self) -> int | None:
         get = getattr(self.iterable, "get_dataset_size", None)
         return get() if callable(get) else None
 
-    # --- producer ------------------------------------------------------------------------
-    def _prepare(self, item: Any, stream) -> tuple[Any, Any]:
-        if self.pin_memory:
-            item = _map_tensors(item, lambda t: t.pin_memory() if t.device.type == "cpu" else t)
-        if self.device is None:
-            return item, None
-        if stream is None:
-            return _map_tensors(item, lambda t: t.to(self.device, non_blocking=True)), None
-        with torch.cuda.stream(stream):
-            item = _map_tensors(item, lambda t: t.to(self.device, non_blocking=True))
-            event = torch.cuda.Event()
-            event.record(stream)
-        return item, event
-
-    def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
-        def put(msg) -> bool:  # blocks while the queue is full, but gives up once stopped
-            while not stop.is_set():
-                try:
-                    q.put(msg, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        source = None
-        try:
-            stream = (torch.cuda.Stream(self.device)
-                      if self.device is not None and self.device.type == "cuda" else None)
-            source = iter(self.iterable)
-            for item in source:
-                if stop.is_set() or not put(("item", self._prepare(item, stream))):
-                    return
-            put(("end", None))
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            put(("error", e))
-        finally:  # a reader's generator closes its files now, not whenever GC gets to it
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
-
-    # --- consumer ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # a generator: the thread starts on the first next() and is stopped in `finally`,
         # which also runs when the consumer breaks out of its loop or raises
         self.close()  # one pass at a time
-        q: queue.Queue = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(q, stop), name="recstream-prefetch", daemon=True)
-        self._stop, self._thread, self._queue = stop, thread, q
-        thread.start()
+        channel = DataChannel(self.iterable, self.device, self.depth, passes=1, reset_after_pass=False,
+                              pin_memory=self.pin_memory, name="recstream-prefetch")
+        self._channel = channel
         try:
-            while True:
-                kind, payload = self._get(q, thread, stop)
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise payload
-                item, event = payload
-                if event is not None:  # the consumer's stream waits for the copy and keeps
-                    current = torch.cuda.current_stream(self.device)  # its memory alive
-                    current.wait_event(event)
-                    _map_tensors(item, lambda t: t.record_stream(current) if t.is_cuda else None)
-                yield item
+            while isinstance(item := channel.get(), Item):
+                yield item.batch
         finally:
-            self._shutdown(stop, thread, q)
-
-    @staticmethod
-    def _get(q: queue.Queue, thread: threading.Thread, stop: threading.Event) -> tuple[str, Any]:
-        while True:
-            if stop.is_set():  # stopped by close(), a with-block exit or a newer pass
-                raise RuntimeError("Prefetcher: this pass was closed (close(), a with-block exit "
-                                   "or a newer iter() on the same Prefetcher)")
-            try:
-                return q.get(timeout=0.1)
-            except queue.Empty:
-                if not thread.is_alive() and q.empty():
-                    raise RuntimeError("Prefetcher: the producer thread died without a message")
-
-    def _shutdown(self, stop: threading.Event, thread: threading.Thread, q: queue.Queue) -> None:
-        stop.set()
-        while thread.is_alive():  # drain so a producer blocked on put() sees the stop flag
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.05)
-        if self._thread is thread:
-            self._stop = self._thread = self._queue = None
+            channel.close()
 
     def close(self) -> None:
         """Stop the current pass's thread (if any) and wait for it."""
-        stop, thread, q = self._stop, self._thread, self._queue
-        if thread is not None:
-            self._shutdown(stop, thread, q)
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> Iterator[Any]:
         return iter(self)

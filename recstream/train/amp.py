@@ -37,7 +37,31 @@ from recstream.train.loss_scale import DynamicLossScaleManager, LossScaleManager
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
+_LOOKUP_TYPES: list[type] = [nn.Embedding, nn.EmbeddingBag]
+_project_lookups_added = False
+
+
+def register_lookup_module(cls: type) -> type:
+    """Mark `cls` as a table lookup: under O2 its tables stay as stored (no per-step cast of a
+    large table) and only its floating outputs are cast. Works as a class decorator.
+    recstream.nn's EmbeddingBagCollection and HashEmbedding are registered already."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"'cls' must be a torch.nn.Module subclass, got {cls!r}")
+    if cls not in _LOOKUP_TYPES:
+        _LOOKUP_TYPES.append(cls)
+    return cls
+
+
+def _lookup_types() -> tuple[type, ...]:
+    global _project_lookups_added
+    if not _project_lookups_added:  # imported late: recstream.nn is optional for this module
+        _project_lookups_added = True
+        try:
+            from recstream.nn import EmbeddingBagCollection, HashEmbedding
+            _LOOKUP_TYPES.extend([EmbeddingBagCollection, HashEmbedding])
+        except ImportError:
+            pass
+    return tuple(_LOOKUP_TYPES)
 
 
 def check_amp_level(level) -> str:
@@ -135,7 +159,8 @@ class CastNetwork(nn.Module):
 
     Weights are cast to the low dtype for the forward only (fp32 masters keep receiving fp32
     gradients); batch norm computes in fp32 when `keep_batchnorm_fp32`, else on low-precision
-    inputs with its stored weights; embedding lookups run at the table's dtype and are then cast.
+    inputs with its stored weights; lookups (`register_lookup_module`) read their tables as
+    stored and their results are cast.
     """
 
     def __init__(self, network: nn.Module, dtype: torch.dtype = torch.bfloat16,
@@ -146,14 +171,14 @@ class CastNetwork(nn.Module):
         self.network, self.dtype = network, dtype
         self.keep_batchnorm_fp32, self.cast_outputs = keep_batchnorm_fp32, cast_outputs
 
-    def compute_dtypes(self, module: nn.Module) -> tuple[torch.dtype, torch.dtype | None]:
+    def compute_dtypes(self, module: nn.Module, stored: torch.dtype) -> tuple[torch.dtype, torch.dtype | None]:
         """(dtype of the module's floating inputs, dtype its weights are cast to; None: as stored)."""
         if isinstance(module, _BatchNorm):
             # Not kept: low-precision inputs with weights and statistics as stored; PyTorch's
             # mixed batch-norm kernels accept that, and the running statistics keep updating.
             return (torch.float32, torch.float32) if self.keep_batchnorm_fp32 else (self.dtype, None)
-        if isinstance(module, _EMBEDDINGS):
-            return module.weight.dtype, None
+        if isinstance(module, _lookup_types()):  # e.g. per-sample weights must match the table
+            return stored, None
         return self.dtype, self.dtype
 
     def forward(self, *inputs, **kwargs):
@@ -166,7 +191,7 @@ class CastNetwork(nn.Module):
                 own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.is_floating_point()]
                 if not own:
                     continue
-                target, weights = self.compute_dtypes(module)
+                target, weights = self.compute_dtypes(module, own[0][1].dtype)
                 for name, p in own:
                     if weights is not None and p.dtype != weights:
                         low_weights[f"{prefix}.{name}" if prefix else name] = p.to(weights)
@@ -222,7 +247,7 @@ def _precision_network(network: nn.Module, level: str, device, keep_batchnorm_fp
         return network
     if level == "O1":
         return _ContextCell(network, autocast_factory(level, device, dtype))
-    keep = False if keep_batchnorm_fp32 is None else keep_batchnorm_fp32
+    keep = (level == "O2") if keep_batchnorm_fp32 is None else keep_batchnorm_fp32
     return CastNetwork(network, resolve_amp_dtype(device, dtype), keep_batchnorm_fp32=keep)
 
 
@@ -233,10 +258,11 @@ def build_train_network(network: nn.Module, loss_fn: Callable | None = None, opt
 
     `TrainOneStepCell` (returns the loss) unless a loss-scale manager applies (given, or the
     default dynamic one of "O2"): then `TrainOneStepWithLossScaleCell` (returns
-    ``(loss, overflow, scale)``). `keep_batchnorm_fp32` (O2/O3) defaults to True for O2, False for
-    O3. `device` defaults to the network's; `dtype` picks bf16 on CUDA (see `resolve_amp_dtype`).
-    With ``optimizer=None`` (only at "O0") `network` is itself the step (with `loss_fn` attached).
-    "O3" casts the network's weights in place.
+    ``(loss, overflow, scale)``). `keep_batchnorm_fp32` defaults to True for O2, False for O3,
+    and is ignored at O0/O1. `device` defaults to the network's; `dtype` picks bf16 on CUDA (see
+    `resolve_amp_dtype`). As in MindSpore, O1 has no default loss scale: with float16 on CUDA,
+    pass a `loss_scale_manager`. With ``optimizer=None`` (only at "O0") `network` is itself the
+    step (with `loss_fn` attached). "O3" casts the network's weights in place.
     """
     _check_common(network, keep_batchnorm_fp32)
     level = check_amp_level(level)
@@ -257,7 +283,7 @@ def build_train_network(network: nn.Module, loss_fn: Callable | None = None, opt
     if loss_scale_manager is None and level == "O2":
         loss_scale_manager = DynamicLossScaleManager()
     if level == "O3":
-        if optimizer.state:
+        if any(optimizer.state.values()):  # non-empty per-parameter state (moments, ...)
             raise ValueError("amp_level 'O3' casts the weights in place, but 'optimizer' already holds state; "
                              "build the train network before the first optimizer step")
         keep = bool(keep_batchnorm_fp32)

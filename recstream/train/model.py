@@ -67,7 +67,7 @@ class Model:
         self._train_network = self._build_train_network()
         self._metric_fns = get_metrics(metrics)
         self._eval_network, self._eval_indexes = self._build_eval_network(eval_network, eval_indexes)
-        self._predict_network = network
+        self._predict_network = self._build_predict_network()
 
     # ------------------------------------------------------------------ networks
     def _build_train_network(self) -> nn.Module:
@@ -94,9 +94,16 @@ class Model:
                              "got loss_fn=None and eval_network=None")
         if self._amp_level != "O0":
             from . import amp
-            return amp.build_eval_network(self._network, self._loss_fn, self._amp_level,
-                                          network_device(self._network)), [0, 1, 2]
+            return amp.build_eval_network(self._network, self._loss_fn, self._amp_level, network_device(self._network),
+                                          keep_batchnorm_fp32=self._keep_bn_fp32), [0, 1, 2]
         return WithEvalCell(self._network, self._loss_fn), [0, 1, 2]
+
+    def _build_predict_network(self) -> nn.Module:
+        if self._amp_level == "O0":
+            return self._network
+        from . import amp
+        return amp.build_predict_network(self._network, self._amp_level, network_device(self._network),
+                                         keep_batchnorm_fp32=self._keep_bn_fp32)
 
     @property
     def train_network(self) -> nn.Module:
@@ -110,7 +117,7 @@ class Model:
 
     @property
     def predict_network(self) -> nn.Module:
-        """The module `predict` calls (the network itself)."""
+        """The module `predict` calls (the network itself, or its mixed-precision wrapper)."""
         return self._predict_network
 
     # ------------------------------------------------------------------ loop services
@@ -124,7 +131,7 @@ class Model:
 
     @property
     def _eval_needs_label(self) -> bool:
-        return isinstance(self._eval_network, WithEvalCell) or type(self._eval_network).__name__ == "AmpEvalCell"
+        return isinstance(self._eval_network, WithEvalCell)
 
     def _step_network(self, helper: DatasetHelper) -> nn.Module:
         return connect_network_with_dataset(self._train_network, helper)

@@ -1,9 +1,9 @@
 """Sink execution ("数据下沉", seed 003): batches reach the device through a channel, and several
 steps run per host round-trip.
 
-- `DataChannel`: a background thread pulls batches from the dataset, pins them and copies them to
-  the device (non-blocking, on a side CUDA stream) into a bounded queue. Data preparation then
-  overlaps compute, on CPU as on GPU.
+- `recstream.data.channel.DataChannel`: a background thread pulls batches from the dataset, pins
+  them and copies them to the device (non-blocking, on a side CUDA stream) into a bounded queue.
+  Data preparation then overlaps compute, on CPU as on GPU.
 - `DatasetHelper(dataset, dataset_sink_mode, sink_size, epoch_num)`: iterating it yields one item
   per step in normal mode, and exactly ONE item per epoch in sink mode: a `Sink` of `sink_size`
   batches (the full pass when ``sink_size=-1``).
@@ -25,148 +25,13 @@ steps run per host round-trip.
 """
 from __future__ import annotations
 
-import queue
-import threading
 from typing import Iterator
 
 import torch
 from torch import nn
 
-from .data_adapter import dataset_size, pin_memory, repeat_forever, reset, to_device, unpack
-
-_END_OF_PASS = object()  # put by the producer after a full pass when sink_size == -1
-_DONE = object()         # the producer has nothing more to give
-
-
-_STOPPED = object()       # the consumer asked to stop while waiting for data
-
-
-class _ProducerError:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-class _Item:
-    """A batch on its way to the device, with the source position just after it (streams)."""
-    __slots__ = ("batch", "event", "position", "meta")
-
-    def __init__(self, batch, event, position, meta):
-        self.batch, self.event, self.position, self.meta = batch, event, position, meta
-
-
-class DataChannel:
-    """Prefetches batches on a background thread onto `device`; `get()` returns them in order.
-
-    ``total`` bounds how many batches are produced (None: until the source ends); ``passes`` > 0
-    makes the producer traverse the dataset that many times, with an end-of-pass marker after each;
-    ``passes=None`` cycles it endlessly (``reset()`` between passes). Producer exceptions are
-    re-raised in the consumer. `close()` stops the thread; the channel is a context manager.
-    """
-
-    def __init__(self, dataset, device: torch.device | str = "cpu", depth: int = 2,
-                 total: int | None = None, passes: int | None = None):
-        if depth < 1:
-            raise ValueError(f"DataChannel: 'depth' must be >= 1, got {depth}")
-        self.device = torch.device(device)
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        cuda = self.device.type == "cuda"
-        self._stream = torch.cuda.Stream(device=self.device) if cuda else None
-        # Streams report their position after each batch; it is read here, in the thread that
-        # iterates, and travels with the batch so that a checkpoint records what was TRAINED,
-        # not what was prefetched.
-        self._position = getattr(dataset, "position", None)
-        self._meta = getattr(dataset, "last_batch_meta", None)
-        self._thread = threading.Thread(target=self._produce, args=(dataset, total, passes), daemon=True,
-                                        name="recstream-data-channel")
-        self._thread.start()
-
-    def _source(self, dataset, passes):
-        if passes is None:
-            yield from repeat_forever(dataset)
-            return
-        for _ in range(passes):
-            yield from dataset
-            yield _END_OF_PASS
-            reset(dataset)
-
-    def _prepare(self, batch) -> _Item:
-        position = self._position() if callable(self._position) else None
-        meta = self._meta() if callable(self._meta) else None
-        if self._stream is None:
-            return _Item(to_device(batch, self.device), None, position, meta)
-        # Pinned memory lets the copy run asynchronously on a side stream; the consumer's stream
-        # waits on the event before touching the batch.
-        with torch.cuda.stream(self._stream):
-            moved = to_device(pin_memory(batch), self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        return _Item(moved, event, position, meta)
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _produce(self, dataset, total, passes):
-        produced = 0
-        try:
-            for batch in self._source(dataset, passes):
-                if total is not None and produced >= total:
-                    break
-                if batch is _END_OF_PASS:
-                    item = _END_OF_PASS
-                else:
-                    item = self._prepare(batch)
-                    produced += 1
-                if not self._put(item):
-                    return
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._put(_ProducerError(exc))
-            return
-        self._put(_DONE)
-
-    def get(self, should_stop=None):
-        """The next `_Item` (batch on the device); `_END_OF_PASS` / `_DONE` markers pass through.
-
-        With `should_stop` (a callable), waits in short slices and returns `_STOPPED` once it is
-        true, so a stop request (e.g. SIGTERM) is honoured even while an idle stream has no data.
-        """
-        if should_stop is None:
-            item = self._queue.get()
-        else:
-            while True:
-                try:
-                    item = self._queue.get(timeout=0.05)
-                    break
-                except queue.Empty:
-                    if should_stop():
-                        return _STOPPED
-        if isinstance(item, _ProducerError):
-            raise item.exc
-        if isinstance(item, _Item) and item.event is not None:
-            torch.cuda.current_stream(self.device).wait_event(item.event)
-        return item
-
-    def close(self) -> None:
-        self._stop.set()
-        while True:  # drain so a producer blocked on put() sees the stop flag
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._thread.join(timeout=5)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
+from ..data.channel import DataChannel, Item
+from .data_adapter import dataset_size, unpack
 
 class Sink:
     """The batches of one sink, pulled lazily from the channel. `first` peeks at the first one.
@@ -177,7 +42,7 @@ class Sink:
 
     def __init__(self, channel: DataChannel, size: int | None, should_stop=None):
         self._channel, self._size, self._should_stop = channel, size, should_stop
-        self._first: _Item | None = None
+        self._first: Item | None = None
         self.count = 0
         self.exhausted = False
         self.position = None
@@ -189,16 +54,16 @@ class Sink:
             self._first = self._next()
         return None if self._first is None else self._first.batch
 
-    def _next(self) -> _Item | None:
+    def _next(self) -> Item | None:
         if self._size is not None and self.count + (self._first is not None) >= self._size:
             return None
         item = self._channel.get(self._should_stop)
-        if not isinstance(item, _Item):  # end of pass, end of data, or a stop request
+        if not isinstance(item, Item):  # end of pass, end of data, or a stop request
             self.exhausted = True
             return None
         return item
 
-    def _hand_out(self, item: _Item):
+    def _hand_out(self, item: Item):
         self.count += 1
         if item.position is not None:
             self.position = item.position

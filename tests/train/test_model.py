@@ -204,3 +204,18 @@ def test_legacy_hook_names_still_called():
 
     linear_model().train(1, batches(2), callbacks=Old())
     assert calls == ["begin", "step_end", "step_end", "end"]
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3", "auto"])
+def test_model_trains_under_mixed_precision(level):
+    from recstream.train.loss_scale import DynamicLossScaleManager
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    kwargs = {"loss_scale_manager": DynamicLossScaleManager(2 ** 8)} if level == "O2" else {}
+    model = Model(net, torch.nn.CrossEntropyLoss(), torch.optim.Adam(net.parameters(), lr=0.02),
+                  metrics={"loss"}, amp_level=level, progress_bar=False, **kwargs)
+    data = batches(8)
+    before = model.eval(data)["loss"]
+    model.train(10, data)
+    assert model.eval(data)["loss"] < 0.7 * before
+    assert model.predict(data[0][0]).dtype == torch.float32

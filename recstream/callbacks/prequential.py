@@ -1,0 +1,191 @@
+"""PrequentialMonitor: "test, then train" quality of an online model, over a rolling window.
+
+At ``on_train_step_begin`` -- before the step trains on ``cb_params.train_dataset_element`` --
+the network scores that batch in eval mode under ``torch.no_grad()``; the scores and labels
+go into a ring buffer of the last ``window`` events. Every ``log_every`` steps (and at the end
+of training) AUC and log loss over the window are computed and reported in
+``cb_params.prequential`` (``{"auc", "logloss", "window_events", "events", "step"}``), the log
+(``logging``, INFO) and TensorBoard (``prequential/auc``, ``prequential/logloss``) when a
+``SummaryWriter`` or a log directory is given. Each event is scored by a model that has not
+trained on it yet, so this is an honest online estimate with no held-out set.
+
+Conventions: ``network(*inputs)`` returns LOGITS (as every ``recstream.models`` model), turned
+into probabilities with a sigmoid; pass ``output="probabilities"`` if the network already
+returns them. A batch is ``(inputs..., labels)`` (e.g. ``recstream.data.Batch``) or a dict
+with a ``"label"`` key; pass ``unpack=fn(batch) -> (args, kwargs, labels)`` for anything else.
+Labels must be 0/1 for the AUC (it is None while the window holds one class only).
+
+Metrics: the window's AUC is the exact sort-based one (:func:`recstream.metrics.exact_auc`,
+O(window log window) per report, not per step: the streaming :class:`~recstream.metrics.AUC`
+cannot forget old events); the log loss is :class:`recstream.metrics.LogLoss` on the window.
+Cost per step: one extra eval-mode forward and one device-to-host copy of the scores. In sink
+mode only the first batch of each sink is visible to callbacks, so use ``sink_size=1``.
+
+>>> import torch
+>>> from recstream.callbacks.base import CallbackParams, RunContext
+>>> net = torch.nn.Linear(1, 1)
+>>> p = CallbackParams(network=net, cur_step_num=1,
+...                    train_dataset_element=(torch.tensor([[1.0], [-1.0]]), torch.tensor([1.0, 0.0])))
+>>> mon = PrequentialMonitor(window=100, log_every=1)
+>>> mon.on_train_step_begin(RunContext(p))
+>>> sorted(p.prequential), p.prequential["window_events"]
+(['auc', 'events', 'logloss', 'step', 'window_events'], 2)
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..metrics import LogLoss, exact_auc
+from .base import Callback
+
+log = logging.getLogger(__name__)
+
+
+def default_unpack(batch: Any) -> tuple[tuple, dict, Any]:
+    """``(args, kwargs, labels)`` of a training batch: ``(inputs..., labels)`` or ``{..., "label": y}``."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return tuple(batch[:-1]), {}, batch[-1]
+    if isinstance(batch, dict) and "label" in batch:
+        return (), {k: v for k, v in batch.items() if k != "label"}, batch["label"]
+    raise ValueError("PrequentialMonitor: a training batch must be (inputs..., labels) or a dict with a 'label' "
+                     f"key, got {type(batch).__name__}; pass unpack=fn(batch) -> (args, kwargs, labels)")
+
+
+class _Window:
+    """Ring buffer of the last `size` (score, label) pairs."""
+
+    def __init__(self, size: int):
+        self.scores = np.zeros(size, dtype=np.float64)
+        self.labels = np.zeros(size, dtype=np.float64)
+        self.pos, self.count, self.total = 0, 0, 0
+
+    def add(self, scores: np.ndarray, labels: np.ndarray) -> None:
+        n, size = len(scores), len(self.scores)
+        self.total += n
+        if n >= size:  # the batch alone fills the window: keep its last `size` events
+            scores, labels, n = scores[-size:], labels[-size:], size
+        end = self.pos + n
+        first = min(end, size) - self.pos
+        self.scores[self.pos:self.pos + first], self.labels[self.pos:self.pos + first] = scores[:first], labels[:first]
+        self.scores[:n - first], self.labels[:n - first] = scores[first:], labels[first:]
+        self.pos, self.count = end % size, min(self.count + n, size)
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.scores[:self.count], self.labels[:self.count]  # order does not matter to the metrics
+
+
+class PrequentialMonitor(Callback):
+    """Rolling test-then-train AUC and log loss (see module docstring).
+
+    Args:
+        window: number of most recent events the metrics cover.
+        log_every: report every this many steps (metrics are computed only then).
+        tensorboard: None, a ``SummaryWriter``-like object (``add_scalar``), or a log directory.
+        output: what the network returns, ``"logits"`` or ``"probabilities"``.
+        unpack: ``fn(batch) -> (args, kwargs, labels)``; default :func:`default_unpack`.
+        eps: log-loss clipping of probabilities.
+    """
+
+    def __init__(self, window: int = 10_000, log_every: int = 100, tensorboard: Any = None, *,
+                 output: str = "logits", unpack: Callable | None = None, eps: float = 1e-7):
+        for name, value in (("window", window), ("log_every", log_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PrequentialMonitor: '{name}' must be an int >= 1, got {value!r}")
+        if output not in ("logits", "probabilities"):
+            raise ValueError(f"PrequentialMonitor: 'output' must be 'logits' or 'probabilities', got {output!r}")
+        if unpack is not None and not callable(unpack):
+            raise TypeError(f"PrequentialMonitor: 'unpack' must be callable, got {type(unpack).__name__}")
+        if not (tensorboard is None or isinstance(tensorboard, (str, os.PathLike))
+                or callable(getattr(tensorboard, "add_scalar", None))):
+            raise TypeError("PrequentialMonitor: 'tensorboard' must be None, a log directory or a SummaryWriter, "
+                            f"got {type(tensorboard).__name__}")
+        self.window, self.log_every, self.output = window, log_every, output
+        self.unpack = unpack or default_unpack
+        self.eps = eps
+        self._tb = tensorboard
+        self._own_writer = None
+        self._buf = _Window(window)
+        self._steps = 0
+        self.last: dict | None = None
+
+    @property
+    def writer(self):
+        """The SummaryWriter in use (created on first use from a directory), or None."""
+        if isinstance(self._tb, (str, os.PathLike)):
+            if self._own_writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+                self._own_writer = SummaryWriter(log_dir=os.fspath(self._tb))
+            return self._own_writer
+        return self._tb
+
+    @torch.no_grad()
+    def _score(self, network: torch.nn.Module, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        args, kwargs, labels = self.unpack(batch)
+        was_training = network.training
+        network.eval()  # dropout off, batch-norm statistics frozen, HashEmbedding read-only
+        try:
+            out = network(*args, **kwargs)
+        finally:
+            network.train(was_training)
+        out = out.detach().reshape(-1).float()
+        probs = torch.sigmoid(out) if self.output == "logits" else out
+        labels = torch.as_tensor(labels).detach().reshape(-1).float()
+        if labels.numel() != probs.numel():
+            raise ValueError(f"PrequentialMonitor: {probs.numel()} scores for {labels.numel()} labels")
+        return probs.cpu().double().numpy(), labels.cpu().double().numpy()
+
+    def on_train_step_begin(self, run_context):
+        p = run_context.original_args()
+        batch = p.train_dataset_element
+        if batch is None or p.network is None:
+            return
+        self._buf.add(*self._score(p.network, batch))
+        self._steps += 1
+        if self._steps % self.log_every == 0:
+            self._report(p)
+
+    def on_train_end(self, run_context):
+        p = run_context.original_args()
+        if self._buf.count and self._steps % self.log_every:
+            self._report(p)
+        self._close()
+
+    def __exit__(self, *exc_info):
+        self._close()  # also when training raised
+        return None
+
+    def _close(self) -> None:
+        if self._own_writer is not None:
+            self._own_writer.close()
+            self._own_writer = None
+
+    def compute(self) -> dict:
+        """Metrics over the current window (``auc`` None with one class only, both None when empty)."""
+        scores, labels = self._buf.view()
+        auc = logloss = None
+        if len(scores):
+            binary = bool(np.all((labels == 0) | (labels == 1)))
+            if binary and 0 < labels.sum() < len(labels):
+                auc = exact_auc(scores, labels)
+            metric = LogLoss(eps=self.eps)
+            metric.update(scores, labels)
+            logloss = float(metric.eval())
+        return {"auc": auc, "logloss": logloss, "window_events": int(len(scores)), "events": self._buf.total}
+
+    def _report(self, p) -> None:
+        step = p.cur_step_num or self._steps
+        result = dict(self.compute(), step=step)
+        self.last = p.prequential = result
+        fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+        log.info("prequential step %d: auc %s logloss %s over the last %d events", step, fmt(result["auc"]),
+                 fmt(result["logloss"]), result["window_events"])
+        writer = self.writer
+        if writer is not None:
+            for name in ("auc", "logloss"):
+                if result[name] is not None:
+                    writer.add_scalar(f"prequential/{name}", result[name], step)

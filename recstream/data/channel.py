@@ -1,0 +1,210 @@
+"""DataChannel: the one background prefetcher of recstream (sink mode and `Prefetcher` use it).
+
+A producer thread iterates the dataset, optionally pins each batch and copies it to the device
+(non-blocking, on a side CUDA stream, with an event the consumer's stream waits on), and puts it
+in a bounded queue; the consumer `get()`s batches in order. Data preparation thus overlaps
+compute. Streams report their position after each batch (``dataset.position()``, read in the
+producer thread right after the batch) and it travels with the batch, so a checkpoint records
+what was trained, not what was prefetched.
+
+>>> channel = DataChannel([1, 2, 3], passes=1)
+>>> [channel.get().batch for _ in range(3)], channel.get() is END_OF_PASS
+([1, 2, 3], True)
+>>> channel.close()
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Iterator
+
+import torch
+
+from .transfer import pin_memory as pin, record_stream, to_device
+
+log = logging.getLogger("recstream.data")
+
+END_OF_PASS = object()  # after each full pass (when `passes` is given)
+DONE = object()         # the producer has nothing more to give
+STOPPED = object()      # the consumer's `should_stop()` became true while it waited
+
+
+class _ProducerError:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Item:
+    """A batch on its way to the device, with the source position just after it and its metadata."""
+    __slots__ = ("batch", "event", "position", "meta")
+
+    def __init__(self, batch, event, position, meta):
+        self.batch, self.event, self.position, self.meta = batch, event, position, meta
+
+
+def reset(dataset) -> None:
+    """Rewind a dataset that keeps its own position (MindSpore-style datasets, streams)."""
+    fn = getattr(dataset, "reset", None)
+    if callable(fn):
+        fn()
+
+
+def _one_pass(dataset) -> Iterator:
+    it = iter(dataset)
+    try:
+        yield from it
+    finally:  # a reader's generator closes its files now, not whenever GC gets to it
+        close = getattr(it, "close", None)
+        if callable(close):
+            close()
+
+
+def repeat_forever(dataset, name: str = "train_dataset") -> Iterator:
+    """Traverse `dataset` endlessly, ``reset()`` between passes; a pass yielding nothing is an
+    error (an empty dataset, or a one-shot iterator already consumed) rather than a busy loop."""
+    while True:
+        empty = True
+        for batch in _one_pass(dataset):
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError(f"'{name}' yielded no batch in a pass: it is empty, or a one-shot iterator "
+                             "(e.g. a generator) that cannot be traversed again; pass a re-iterable dataset")
+        reset(dataset)
+
+
+class DataChannel:
+    """Prefetch `dataset` on a background thread (see the module docstring).
+
+    Args:
+        device: where batches go (None: left where they are).
+        depth: batches ready ahead of the consumer.
+        total: stop after this many batches (None: when the source ends).
+        passes: traverse the dataset this many times with `END_OF_PASS` after each
+            (None: endlessly, ``reset()`` between passes).
+        reset_after_pass: call ``dataset.reset()`` after each counted pass.
+        pin_memory: page-lock batches before copying (default: when `device` is CUDA).
+    """
+
+    def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
+                 passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
+                 name: str = "recstream-data-channel"):
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"DataChannel: 'depth' must be an int >= 1, got {depth!r}")
+        self.device = torch.device(device) if device is not None else None
+        cuda = self.device is not None and self.device.type == "cuda"
+        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
+        self._side_stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._position = getattr(dataset, "position", None)
+        self._meta = getattr(dataset, "last_batch_meta", None)
+        self._thread = threading.Thread(target=self._produce, args=(dataset, total, passes, reset_after_pass),
+                                        daemon=True, name=name)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ producer
+    def _source(self, dataset, passes, reset_after_pass):
+        if passes is None:
+            yield from repeat_forever(dataset)
+            return
+        for _ in range(passes):
+            yield from _one_pass(dataset)
+            yield END_OF_PASS
+            if reset_after_pass:
+                reset(dataset)
+
+    def _prepare(self, batch) -> Item:
+        position = self._position() if callable(self._position) else None
+        meta = self._meta() if callable(self._meta) else None
+        if self.pin_memory:
+            batch = pin(batch)
+        if self.device is None:
+            return Item(batch, None, position, meta)
+        if self._side_stream is None:
+            return Item(to_device(batch, self.device), None, position, meta)
+        with torch.cuda.stream(self._side_stream):
+            moved = to_device(batch, self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._side_stream)
+        return Item(moved, event, position, meta)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, dataset, total, passes, reset_after_pass):
+        produced = 0
+        try:
+            if total is not None and total <= 0:
+                self._put(DONE)
+                return
+            for batch in self._source(dataset, passes, reset_after_pass):
+                if batch is END_OF_PASS:
+                    item = END_OF_PASS
+                else:
+                    item = self._prepare(batch)
+                    produced += 1
+                if not self._put(item):
+                    return
+                if total is not None and produced >= total:
+                    break  # stop before pulling a batch nobody will train on
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put(_ProducerError(exc))
+            return
+        self._put(DONE)
+
+    # ------------------------------------------------------------------ consumer
+    def get(self, should_stop=None):
+        """The next `Item`, or a marker (`END_OF_PASS`, `DONE`, `STOPPED`). Re-raises producer errors.
+
+        Waits in short slices, so that `should_stop()` (e.g. a SIGTERM's stop request) is honoured
+        while an idle stream has no data, and a closed channel or a dead producer is reported.
+        """
+        while True:
+            if self._stop.is_set():
+                raise RuntimeError("DataChannel: this pass was closed (close(), a with-block exit, "
+                                   "or a newer iter())")
+            try:
+                item = self._queue.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if should_stop is not None and should_stop():
+                    return STOPPED
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("DataChannel: the producer thread died without a message")
+        if isinstance(item, _ProducerError):
+            raise item.exc
+        if isinstance(item, Item) and item.event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(item.event)
+            record_stream(item.batch, current)
+        return item
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the producer and wait up to `timeout` s for it (draining the queue so a blocked
+        put sees the flag). A producer blocked inside an idle source cannot see the flag until
+        the source yields; it is a daemon thread, so it is left to end then, with a warning."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                self._thread.join(timeout=0.05)
+        if self._thread.is_alive():
+            log.warning("%s: the producer is still blocked in its source; it stops when the source yields",
+                        self._thread.name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()

@@ -1,0 +1,35 @@
+"""recstream.serving: publish fresh model versions from training and serve them over HTTP.
+
+* Publishing: :class:`SnapshotWriter` (used by ``recstream.callbacks.publisher.ModelPublisher``)
+  writes versioned, checksummed snapshots -- full, or HashEmbedding deltas on a full base --
+  atomically into a directory (layout: :mod:`recstream.serving.layout`).
+* Loading: :func:`load_latest` returns the newest usable version with its manifest, skipping
+  (and reporting) torn or corrupt ones; :func:`load_version` loads one exactly.
+* Serving: :class:`ModelHolder` hot-swaps new versions; :func:`make_server` /
+  ``recstream serve DIR --port P`` answer ``POST /predict``, ``GET /health``, ``GET /version``.
+* Freshness: :func:`event_freshness`, :func:`staleness`.
+
+>>> import tempfile
+>>> from recstream.data import Schema, CategoricalFeature
+>>> from recstream.models import WideDeep
+>>> schema = Schema(["x"], [CategoricalFeature("c", vocab_size=5)])
+>>> d = tempfile.mkdtemp()
+>>> _ = publish_version(d, WideDeep(schema, hidden=(8,)), model_config={"hidden": [8]})
+>>> net, manifest = load_latest(d)
+>>> manifest["version"], manifest["schema"] == schema.to_dict()
+(1, True)
+"""
+from .freshness import FreshnessReport, event_freshness, staleness
+from .layout import SnapshotError, list_versions, read_latest, read_manifest
+from .loader import load_latest, load_version
+from .model_holder import ModelHolder, Served
+from .publish import SnapshotWriter, publish_version
+from .request import RequestError, InstanceParser
+from .retention import prune
+from .http import make_server
+
+__all__ = [
+    "SnapshotWriter", "publish_version", "load_latest", "load_version", "SnapshotError",
+    "list_versions", "read_latest", "read_manifest", "prune", "ModelHolder", "Served",
+    "InstanceParser", "RequestError", "make_server", "event_freshness", "staleness", "FreshnessReport",
+]

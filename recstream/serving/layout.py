@@ -1,0 +1,187 @@
+"""On-disk layout of published model versions, and verified reading of their files.
+
+A publish directory holds one sub-directory per version plus a pointer file::
+
+    DIR/
+      LATEST                     "v00000012" + newline: the newest version (written atomically)
+      v00000010/                 kind "full"
+        model.safetensors        the network's state_dict minus HashEmbedding row storage
+        hash/<module>.safetensors  every admitted row of that HashEmbedding (keys, values, counts, last_seen)
+        manifest.json            written last; lists a sha256 per file and its own digest
+      v00000011/                 kind "delta" (base 10, parent 10): model.safetensors in full (it is
+        ...                      small), hash files hold only rows changed since the parent + evicted_keys
+      .tmp-v00000013-1a2b3c4d/   a version being written: readers never look at dot-names
+
+A version directory only ever appears complete: it is written under a hidden temporary name,
+fsynced, and renamed into place (``rename`` of a directory is atomic on POSIX). Readers scan
+for ``v########`` names and do not trust ``LATEST`` for correctness (it lags the rename by one
+write); it is there for people and shell tools (``cat DIR/LATEST``).
+
+>>> import tempfile
+>>> d = tempfile.mkdtemp()
+>>> write_latest(d, 3); read_latest(d), version_dirname(3), list_versions(d)
+(3, 'v00000003', [])
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from typing import Any
+
+from ..callbacks._atomic import atomic_write
+
+FORMAT = "recstream.serving.snapshot"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LATEST = "LATEST"
+MODEL_FILE = "model.safetensors"
+HASH_DIR = "hash"
+TMP_PREFIX = ".tmp-"
+TRASH_PREFIX = ".trash-"
+_VERSION_RE = re.compile(r"^v(\d{8})$")
+_CHUNK = 1 << 20
+
+
+class SnapshotError(ValueError):
+    """A version is missing, incomplete, corrupt, or does not match the network rebuilt for it."""
+
+
+def version_dirname(version: int) -> str:
+    """Directory name of `version` (``v`` + 8 digits, so names sort like numbers)."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < 10 ** 8:
+        raise ValueError(f"version must be an int in [1, 1e8), got {version!r}")
+    return f"v{version:08d}"
+
+
+def version_path(directory: str | os.PathLike, version: int) -> str:
+    return os.path.join(os.fspath(directory), version_dirname(version))
+
+
+def list_versions(directory: str | os.PathLike) -> list[int]:
+    """Version numbers present in `directory`, ascending (complete or not: see :func:`read_manifest`)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_VERSION_RE.match, names) if m)
+
+
+def read_latest(directory: str | os.PathLike) -> int | None:
+    """The version named by ``LATEST``, or None when there is no (readable) pointer."""
+    try:
+        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
+            m = _VERSION_RE.match(f.read().strip())
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return int(m.group(1)) if m else None
+
+
+def write_latest(directory: str | os.PathLike, version: int) -> None:
+    """Point ``LATEST`` at `version` (atomic replace: readers see the old or the new name)."""
+    text = version_dirname(version) + "\n"
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(os.path.join(directory, LATEST), write)
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON without its own ``manifest_sha256`` field."""
+    return hashlib.sha256(_canonical({k: v for k, v in manifest.items() if k != "manifest_sha256"})).hexdigest()
+
+
+def sha256_file(path: str) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of a file, read in 1 MiB chunks."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def fsync_file(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def write_manifest(version_dir: str, manifest: dict) -> dict:
+    """Add ``manifest_sha256`` and write ``manifest.json`` durably; returns the stored dict."""
+    for key in ("created", "max_event_time"):
+        value = manifest.get(key)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"manifest field {key!r} must be finite, got {value!r}")
+    manifest = dict(manifest, manifest_sha256=manifest_digest(manifest))
+    path = os.path.join(version_dir, MANIFEST)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    return manifest
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name} is not valid JSON here")
+
+
+def read_manifest(directory: str | os.PathLike, version: int) -> dict:
+    """The verified manifest of `version`; SnapshotError if absent, unparsable or inconsistent."""
+    path = os.path.join(version_path(directory, version), MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"), parse_constant=_reject_constant)
+    except FileNotFoundError:
+        raise SnapshotError(f"version {version}: {MANIFEST} is missing (incomplete version)") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SnapshotError(f"version {version}: {MANIFEST} is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise SnapshotError(f"version {version}: {MANIFEST} must hold a JSON object")
+    if manifest.get("manifest_sha256") != manifest_digest(manifest):
+        raise SnapshotError(f"version {version}: {MANIFEST} digest mismatch (corrupt manifest)")
+    if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
+        raise SnapshotError(f"version {version}: unsupported format {manifest.get('format')!r} "
+                            f"v{manifest.get('format_version')!r}; this reader knows {FORMAT} v{FORMAT_VERSION}")
+    if manifest.get("version") != version:
+        raise SnapshotError(f"version {version}: manifest says version {manifest.get('version')!r}")
+    kind = manifest.get("kind")
+    if kind not in ("full", "delta"):
+        raise SnapshotError(f"version {version}: unknown kind {kind!r}")
+    if kind == "delta":
+        parent, base = manifest.get("parent"), manifest.get("base")
+        if not (isinstance(parent, int) and isinstance(base, int) and 0 < base <= parent < version):
+            raise SnapshotError(f"version {version}: delta needs 0 < base <= parent < version, "
+                                f"got base={base!r} parent={parent!r}")
+    if not isinstance(manifest.get("files"), dict):
+        raise SnapshotError(f"version {version}: manifest has no 'files' table")
+    return manifest
+
+
+def read_verified(directory: str | os.PathLike, manifest: dict, relpath: str) -> bytes:
+    """Bytes of one file of a version, checked against the manifest's size and sha256.
+
+    The check and the parse use the same bytes (read once), so a file replaced between
+    verification and use cannot slip through.
+    """
+    version = manifest["version"]
+    entry = manifest["files"].get(relpath)
+    if not isinstance(entry, dict):
+        raise SnapshotError(f"version {version}: manifest does not list {relpath!r}")
+    path = os.path.join(version_path(directory, version), relpath)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SnapshotError(f"version {version}: {relpath} is missing") from None
+    if len(data) != entry.get("bytes") or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise SnapshotError(f"version {version}: {relpath} fails its checksum "
+                            f"({len(data)} bytes, manifest says {entry.get('bytes')}): corrupt or truncated")
+    return data

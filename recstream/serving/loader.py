@@ -1,0 +1,132 @@
+"""Load a published version for serving: newest complete one, chain of deltas applied, verified.
+
+:func:`load_latest` tries versions newest first. A version is usable when its manifest is
+intact and every file it needs -- its own ``model.safetensors`` and the row files of its
+whole chain ``base (full) -> ... -> itself`` -- matches the manifest's size and sha256. An
+unusable version is skipped with a logged warning and reported in the returned manifest's
+``skipped`` list (``[{"version": N, "reason": "..."}]``); the next older one is tried.
+
+Rebuild steps of version V (chain ``[B, ..., V]``):
+
+1. ``net = build_model(manifest_V, model_factory)`` (see :mod:`recstream.serving.model_spec`);
+2. load V's ``model.safetensors`` (dense weights and HashEmbedding default values, all
+   complete in every version); any other missing or unexpected name is an error;
+3. for each HashEmbedding: start from B's full rows, apply each delta of the chain (deletes,
+   then upserts), sort by key and ``import_`` into the empty table;
+4. ``net.eval()``, gradients off.
+
+Errors from your own ``model_factory`` propagate (a bug there must not look like a corrupt
+snapshot), and so does :class:`~recstream.serving.model_spec.RebuildError` (no way to rebuild
+the network without a factory); data problems are :class:`~recstream.serving.layout.SnapshotError`.
+
+>>> import tempfile, torch
+>>> from recstream.data import Schema, CategoricalFeature
+>>> from recstream.models import WideDeep
+>>> from recstream.serving.publish import publish_version
+>>> schema = Schema(["x"], [CategoricalFeature("c", vocab_size=5)])
+>>> d = tempfile.mkdtemp()
+>>> _ = publish_version(d, WideDeep(schema, hidden=(8,)), schema=schema, model_config={"hidden": [8]})
+>>> net, manifest = load_latest(d)
+>>> type(net).__name__, manifest["version"], manifest["kind"], manifest["skipped"]
+('WideDeep', 1, 'full', [])
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_bytes
+from torch import nn
+
+from .layout import MODEL_FILE, SnapshotError, list_versions, read_manifest, read_verified
+from .model_spec import build_model
+from .retention import chain_of
+from .state_split import ROW_FIELDS, apply_delta, hash_embeddings, hash_file, hash_owned_keys, sort_rows
+
+log = logging.getLogger(__name__)
+
+
+def _tensors(directory, manifest: dict, relpath: str) -> dict[str, torch.Tensor]:
+    data = read_verified(directory, manifest, relpath)
+    try:
+        return load_bytes(data)
+    except (SafetensorError, ValueError) as e:  # checksum matched but content is not safetensors
+        raise SnapshotError(f"version {manifest['version']}: {relpath} is not a valid safetensors file ({e})") from None
+
+
+def _rows(directory, manifests: list[dict], path: str) -> dict[str, torch.Tensor]:
+    rows = None
+    for m in manifests:
+        rel = hash_file(path)
+        t = _tensors(directory, m, rel)
+        need = ROW_FIELDS + (("evicted_keys",) if m["kind"] == "delta" else ())
+        missing = [f for f in need if f not in t]
+        if missing:
+            raise SnapshotError(f"version {m['version']}: {rel} lacks {missing}")
+        rows = {f: t[f] for f in ROW_FIELDS} if m["kind"] == "full" else apply_delta(rows, t)
+    return sort_rows(rows)
+
+
+def _load_dense(net: nn.Module, manifest: dict, state: dict[str, torch.Tensor]) -> None:
+    owned = hash_owned_keys(net)
+    try:
+        result = net.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatch
+        raise SnapshotError(f"version {manifest['version']}: {MODEL_FILE} does not fit the rebuilt network: {e}") from None
+    missing = sorted(set(result.missing_keys) - owned)
+    if missing or result.unexpected_keys:
+        raise SnapshotError(f"version {manifest['version']}: {MODEL_FILE} does not fit the rebuilt network "
+                            f"(missing {missing[:5]}, unexpected {sorted(result.unexpected_keys)[:5]})")
+
+
+def load_version(directory: str | os.PathLike, version: int, model_factory: Any = None) -> tuple[nn.Module, dict]:
+    """Load exactly `version` (and its chain); SnapshotError if it is unusable."""
+    chain = chain_of(directory, version)
+    manifests = [read_manifest(directory, v) for v in chain]
+    manifest = manifests[-1]
+    recorded = sorted(manifest.get("hash_embeddings", {}))
+    for m in manifests:
+        if sorted(m.get("hash_embeddings", {})) != recorded:
+            raise SnapshotError(f"version {version}: HashEmbedding modules change along the chain "
+                                f"({sorted(m.get('hash_embeddings', {}))} at {m['version']}, {recorded} at {version})")
+    dense = _tensors(directory, manifest, MODEL_FILE)
+    net = build_model(manifest, model_factory)
+    tables = hash_embeddings(net)
+    if sorted(tables) != recorded:
+        raise SnapshotError(f"version {version}: the rebuilt network's HashEmbedding modules {sorted(tables)} "
+                            f"differ from the published {recorded}")
+    _load_dense(net, manifest, dense)
+    for path, emb in tables.items():
+        rows = _rows(directory, manifests, path)
+        try:
+            emb.import_(rows)
+        except ValueError as e:  # e.g. the rebuilt table's capacity is too small
+            raise SnapshotError(f"version {version}: cannot import rows of HashEmbedding {path!r}: {e}") from None
+    net.eval()
+    net.requires_grad_(False)
+    return net, manifest
+
+
+def load_latest(directory: str | os.PathLike, model_factory: Any = None) -> tuple[nn.Module, dict]:
+    """``(network, manifest)`` of the newest usable version (see module docstring).
+
+    Raises FileNotFoundError when `directory` holds no version at all, SnapshotError when
+    none is usable (the message lists why each was skipped).
+    """
+    versions = list_versions(directory)
+    if not versions:
+        raise FileNotFoundError(f"no published version in {os.fspath(directory)!r}")
+    skipped = []
+    for v in reversed(versions):
+        try:
+            net, manifest = load_version(directory, v, model_factory)
+        except SnapshotError as e:
+            log.warning("skipping model version %d in %s: %s", v, os.fspath(directory), e)
+            skipped.append({"version": v, "reason": str(e)})
+            continue
+        return net, dict(manifest, skipped=skipped)
+    raise SnapshotError(f"no usable version in {os.fspath(directory)!r}: "
+                        + "; ".join(f"v{s['version']}: {s['reason']}" for s in skipped))

@@ -1,0 +1,164 @@
+"""Publishing versions of a live network: full snapshots and HashEmbedding deltas.
+
+:class:`SnapshotWriter` holds what must persist between versions of one training run: the
+version it wrote last and how many deltas follow the last full version. A version is
+
+* ``full`` -- always for networks without HashEmbedding; else the first one of a writer,
+  every ``full_every``-th one (so a loader applies at most ``full_every - 1`` deltas), after
+  any failed publish, or when the directory's newest version is not the writer's own
+  (another writer, or a deleted directory);
+* ``delta`` otherwise: dense weights in full (small) plus, per HashEmbedding, the rows
+  changed since the previous version and the keys evicted since then
+  (:meth:`~recstream.nn.HashEmbedding.export_delta`).
+
+The writer must be the only caller of ``export()`` / ``export_delta()`` on the network's
+tables: those calls move the delta baseline.
+
+Manifest fields (``manifest.json``; see :mod:`recstream.serving.layout` for the files):
+``format``, ``format_version``, ``version``, ``kind`` (``full``/``delta``), ``base`` (the full
+version the chain starts at; itself for a full one), ``parent`` (previous version; null for
+full), ``created`` (unix seconds when it became visible), ``step``, ``epoch``,
+``max_event_time`` (newest event trained on, unix seconds, or null), ``schema``
+(``Schema.to_dict()`` or null), ``model`` (see :mod:`recstream.serving.model_spec`),
+``preprocessing`` (``ColumnConverter`` options a server applies to requests),
+``hash_embeddings`` (``{path: {"file", "rows", "evicted"}}``), ``files``
+(``{path: {"sha256", "bytes"}}``) and ``manifest_sha256``.
+
+>>> import tempfile, torch
+>>> from recstream.nn import HashEmbedding
+>>> net = torch.nn.ModuleDict({"emb": HashEmbedding(2, capacity=8)})
+>>> w = SnapshotWriter(tempfile.mkdtemp(), full_every=3)
+>>> _ = net["emb"](torch.tensor([1, 2]))
+>>> [w.publish(net)["kind"] for _ in range(4)]
+['full', 'delta', 'delta', 'full']
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from torch import nn
+
+from ..data.schema import Schema
+from .layout import MODEL_FILE, list_versions, write_latest
+from .model_spec import OUTPUTS, check_rebuild, describe_model
+from .retention import prune
+from .state_split import dense_state, for_saving, hash_embeddings, hash_file
+from .writer import write_version
+
+log = logging.getLogger(__name__)
+PREPROCESSING_KEYS = ("fill_missing_dense", "log1p_dense")
+
+
+def _check_preprocessing(pre: dict | None) -> dict:
+    pre = dict(pre or {})
+    unknown = sorted(set(pre) - set(PREPROCESSING_KEYS))
+    if unknown:
+        raise ValueError(f"preprocessing: unknown option(s) {unknown}; allowed {list(PREPROCESSING_KEYS)}")
+    return pre
+
+
+class SnapshotWriter:
+    """Writes successive versions of one network into `directory` (see module docstring).
+
+    Args:
+        directory: the publish directory (created if missing).
+        schema: the feature schema (default: ``network.schema`` when the network has one).
+        keep: versions kept by retention after each publish (plus the chains they need).
+        full_every: a full version at least every this many versions.
+        model_factory / model_config / output: how a server rebuilds and reads the network
+            (:mod:`recstream.serving.model_spec`); ``output`` is what ``network(features)``
+            returns, ``"logits"`` (servers apply sigmoid) or ``"probabilities"``.
+        preprocessing: ``fill_missing_dense`` / ``log1p_dense`` as given to the training
+            reader's ``ColumnConverter``, so requests are transformed the same way.
+        verify_rebuild: check once (on the ``meta`` device) that the manifest rebuilds this network.
+    """
+
+    def __init__(self, directory: str | os.PathLike, schema: Schema | None = None, keep: int = 5,
+                 full_every: int = 10, model_factory: Any = None, model_config: dict | None = None,
+                 output: str = "logits", preprocessing: dict | None = None, verify_rebuild: bool = True):
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise TypeError(f"directory must be a non-empty path, got {directory!r}")
+        if schema is not None and not isinstance(schema, Schema):
+            raise TypeError(f"schema must be a recstream.data.Schema or None, got {type(schema).__name__}")
+        for name, value in (("keep", keep), ("full_every", full_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        self.directory = os.fspath(directory)
+        self.schema, self.keep, self.full_every = schema, keep, full_every
+        self.model_factory, self.model_config, self.output = model_factory, model_config, output
+        self.preprocessing = _check_preprocessing(preprocessing)
+        if model_config is not None:
+            try:
+                json.dumps(model_config, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"model_config must be a JSON-able dict of constructor kwargs: {e}") from None
+        self.verify_rebuild = bool(verify_rebuild)
+        self.last_version: int | None = None
+        self._base: int | None = None  # full version the current delta chain starts at
+        self._deltas = 0
+        self._checked = False
+
+    def invalidate(self) -> None:
+        """Make the next version full (call after anything that may have lost a delta)."""
+        self.last_version = None
+
+    def _spec(self, network: nn.Module) -> tuple[dict | None, dict]:
+        schema = self.schema if self.schema is not None else getattr(network, "schema", None)
+        schema = schema if isinstance(schema, Schema) else None
+        spec = describe_model(network, schema, self.model_config, self.model_factory, self.output)
+        return (schema.to_dict() if schema is not None else None), spec
+
+    def publish(self, network: nn.Module, step: int | None = None, epoch: int | None = None,
+                max_event_time: float | None = None, full: bool = False) -> dict:
+        """Write the next version of `network`; returns its manifest."""
+        if not isinstance(network, nn.Module):
+            raise TypeError(f"network must be a torch.nn.Module, got {type(network).__name__}")
+        os.makedirs(self.directory, exist_ok=True)
+        existing = list_versions(self.directory)
+        newest = existing[-1] if existing else 0
+        tables_of = hash_embeddings(network)
+        full = (full or not tables_of  # without HashEmbedding a delta would hold everything anyway
+                or self.last_version is None or self.last_version != newest or self._deltas >= self.full_every - 1)
+        version = newest + 1
+        schema, spec = self._spec(network)
+        base = version if full else self._base
+        manifest = {"kind": "full" if full else "delta", "base": base, "parent": None if full else newest,
+                    "step": step, "epoch": epoch, "max_event_time": max_event_time, "schema": schema,
+                    "model": spec, "preprocessing": self.preprocessing}
+        if self.verify_rebuild and not self._checked:
+            check_rebuild(network, dict(manifest, version=version), self.model_factory)
+            self._checked = True
+        files = {MODEL_FILE: for_saving(dense_state(network))}
+        tables = {}
+        self.last_version = None  # any failure from here on: the exports below moved the baseline
+        for path, emb in tables_of.items():
+            rows = emb.export() if full else emb.export_delta()
+            rel = hash_file(path)
+            files[rel] = for_saving(rows)
+            tables[path] = {"file": rel, "rows": int(rows["keys"].numel()),
+                            "evicted": int(rows["evicted_keys"].numel()) if "evicted_keys" in rows else 0}
+        manifest["hash_embeddings"] = tables
+        stored = write_version(self.directory, version, files, manifest)
+        self.last_version, self._base = version, base
+        self._deltas = 0 if full else self._deltas + 1
+        write_latest(self.directory, version)
+        removed = prune(self.directory, self.keep)
+        if removed:
+            log.debug("retention removed versions %s from %s", removed, self.directory)
+        return stored
+
+
+def publish_version(directory: str | os.PathLike, network: nn.Module, **kwargs) -> dict:
+    """Publish `network` once as a full version (a one-shot :class:`SnapshotWriter`).
+
+    Keyword arguments are those of :class:`SnapshotWriter` and of its ``publish``
+    (``step``, ``epoch``, ``max_event_time``).
+    """
+    publish_keys = ("step", "epoch", "max_event_time")
+    pub = {k: kwargs.pop(k) for k in publish_keys if k in kwargs}
+    return SnapshotWriter(directory, **kwargs).publish(network, full=True, **pub)

@@ -1,0 +1,48 @@
+"""InstanceParser: the training reader's transforms applied to JSON instances, and the docstring examples."""
+import doctest
+import importlib
+
+import pyarrow as pa
+import pytest
+
+from recstream.data import CategoricalFeature, Schema
+from recstream.data.hashing import hash_strings, to_buckets
+from recstream.serving import InstanceParser, RequestError
+
+SCHEMA = Schema(["n"], [CategoricalFeature("color", vocabulary=["red", "green"]),
+                        CategoricalFeature("city", hash_buckets=100, multi_hot=True, max_len=2)])
+
+
+def test_vocabulary_hashing_nulls_and_max_len():
+    f = InstanceParser(SCHEMA).parse({"instances": [
+        {"n": 1.0, "color": "green", "city": ["paris", 75, "rome"]},
+        {"n": 2.0, "color": "blue", "city": []},
+        {"n": 3.0, "color": None, "city": ["x"]},
+    ]})
+    city = to_buckets(hash_strings(pa.array(["paris", "75", "x"])), 100).tolist()
+    # color: "green" -> 2, unknown "blue" -> 0, null -> 0; city cut to max_len=2, ints hash by their text
+    assert f.values.tolist() == [2, 0, 0] + city
+    assert f.lengths().tolist() == [[1, 1, 1], [2, 0, 1]]
+    assert f.dense.tolist() == [[1.0], [2.0], [3.0]]
+
+
+def test_preprocessing_matches_the_reader():
+    p = InstanceParser(SCHEMA, {"fill_missing_dense": 0.0, "log1p_dense": True})
+    f = p.parse({"instances": [{"n": None, "color": "red", "city": []}, {"n": -5, "color": "red", "city": []}]})
+    assert f.dense.flatten().tolist() == [0.0, 0.0]  # null filled, negatives clipped by log1p(max(x, 0))
+    with pytest.raises(RequestError, match="'n' must be a number"):
+        InstanceParser(SCHEMA).parse({"instances": [{"n": None, "color": "red", "city": []}]})
+    with pytest.raises(RequestError, match="must not contain null"):
+        p.parse({"instances": [{"n": 1, "color": "red", "city": [None]}]})
+
+
+@pytest.mark.parametrize("module", [
+    "recstream.serving", "recstream.serving.layout", "recstream.serving.state_split",
+    "recstream.serving.model_spec", "recstream.serving.writer", "recstream.serving.retention",
+    "recstream.serving.loader", "recstream.serving.publish", "recstream.serving.freshness",
+    "recstream.serving.request", "recstream.serving.model_holder", "recstream.serving.http",
+    "recstream.callbacks.publisher", "recstream.callbacks.prequential", "recstream.cli.serve",
+])
+def test_docstring_examples_run(module):
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
