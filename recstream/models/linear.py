@@ -1,0 +1,64 @@
+"""First-order (linear / "wide") term over categorical ids and dense values.
+
+:class:`LinearTerm` computes ``bias + sum_f w_f(ids of f) + dense @ v``: one scalar
+weight per id, held as width-1 tables of its own :class:`~recstream.nn.EmbeddingBagCollection`
+(sparse gradients, zero-initialised as a logistic regression should be). This is the
+wide part of Wide&Deep (train it with FTRL: its L1 drives unused weights to exactly 0)
+and the first-order term of DeepFM.
+
+>>> import torch
+>>> from recstream.data import CategoricalFeature, Schema
+>>> from recstream.data import Features
+>>> lin = LinearTerm(Schema(["x"], [CategoricalFeature("c", vocab_size=5)]))
+>>> lin(Features.from_lengths(torch.ones(3, 1), torch.tensor([0, 1, 4]), torch.ones(1, 3))).tolist()
+[0.0, 0.0, 0.0]
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..data.batch import Features
+from ..data.schema import Schema
+from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
+from ._checks import check_bool, check_schema
+from .embedding import check_features, table_name
+
+
+class LinearTerm(nn.Module):
+    """Logistic-regression logit ``[B]`` of `schema`'s features.
+
+    Args:
+        schema: the feature schema.
+        use_dense: include a weight per dense feature (else ids and bias only).
+        sparse: sparse COO gradients for the id weights.
+        validate: check ids on every call (see :class:`FeatureEmbedding`).
+    """
+
+    def __init__(self, schema: Schema, *, use_dense: bool = True, sparse: bool = True,
+                 validate: bool = True) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        self.schema = check_schema(owner, schema, need_categorical=False)
+        check_bool(owner, "use_dense", use_dense)
+        check_bool(owner, "sparse", sparse)
+        check_bool(owner, "validate", validate)
+        self.ebc = None
+        if schema.num_categorical:
+            tables = [EmbeddingTableConfig(table_name(f.name), f.num_embeddings, 1, pooling=f.pooling, init_std=0.0)
+                      for f in schema.categorical]
+            self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate)
+        self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
+        if self.dense is not None:
+            nn.init.zeros_(self.dense.weight)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, features: Features) -> torch.Tensor:
+        check_features(type(self).__name__, features, self.schema)
+        logit = self.bias.expand(features.batch_size)
+        if self.ebc is not None:
+            # Width-1 tables: the [B, F] output holds one pooled weight per feature.
+            logit = logit + self.ebc(features.values, features.offsets, features.batch_size).sum(dim=1)
+        if self.dense is not None:
+            logit = logit + self.dense(features.dense).squeeze(1)
+        return logit

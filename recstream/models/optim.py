@@ -1,0 +1,89 @@
+"""The recommended optimizer of a model: :func:`default_optimizer`.
+
+Three kinds of parameters want three optimizers:
+
+* embedding tables (sparse COO gradients, a few rows touched per step): a row-sparse
+  optimizer, :class:`~recstream.optim.LazyAdam` (default) or
+  :class:`~recstream.optim.RowWiseAdagrad` (one accumulator per row: least memory);
+* the wide part of :class:`~recstream.models.WideDeep`: :class:`~recstream.optim.FTRL`
+  (per-coordinate rates, L1 keeps rare ids at exactly zero), as in the paper;
+* everything else (MLPs, cross layers, biases): ``torch.optim.Adam``.
+
+They are driven as one ``torch.optim.Optimizer`` by a
+:class:`~recstream.optim.CombinedOptimizer` (children ``"wide"``, ``"embedding"``,
+``"dense"``; a child with no parameter is left out), usable as ``Model(optimizer=...)``
+and by LR schedulers.
+
+>>> from recstream.data import CategoricalFeature, Schema
+>>> from recstream.models import WideDeep
+>>> net = WideDeep(Schema(["x"], [CategoricalFeature("c", vocab_size=5)]), hidden=(8,))
+>>> sorted(default_optimizer(net).optimizers)
+['dense', 'embedding', 'wide']
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..optim import FTRL, CombinedOptimizer, LazyAdam, RowWiseAdagrad, split_sparse_dense
+from ._checks import check_choice, check_float
+from .linear import LinearTerm
+
+EMBEDDING_OPTIMIZERS = ("lazy_adam", "rowwise_adagrad")
+WIDE_OPTIMIZERS = ("ftrl", "same")
+# RowWiseAdagrad's step is lr / sqrt(accumulated mean g^2): it needs a much larger lr than Adam.
+_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
+
+
+def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "lazy_adam",
+                      embedding_lr: float | None = None, wide: str = "ftrl", wide_lr: float = 0.05,
+                      wide_l1: float = 0.0, wide_l2: float = 0.0, weight_decay: float = 0.0) -> CombinedOptimizer:
+    """A :class:`~recstream.optim.CombinedOptimizer` for `model` (see the module doc).
+
+    Args:
+        model: any module; sparse-gradient parameters are found by
+            :func:`recstream.optim.split_sparse_dense`.
+        lr: Adam learning rate of the dense parameters.
+        embedding: "lazy_adam" or "rowwise_adagrad", for the embedding tables.
+        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad.
+        wide: "ftrl" trains a ``model.wide`` :class:`LinearTerm` (WideDeep) with FTRL;
+            "same" trains it like the rest (tables with ``embedding``, weights with Adam).
+        wide_lr, wide_l1, wide_l2: FTRL's alpha, L1 and L2 (paper convention).
+        weight_decay: Adam's (coupled L2) weight decay on the dense parameters.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"default_optimizer: 'model' must be a torch.nn.Module, got {type(model).__name__}")
+    owner = "default_optimizer"
+    lr = check_float(owner, "lr", lr, 0.0, float("inf"))
+    check_choice(owner, "embedding", embedding, EMBEDDING_OPTIMIZERS)
+    check_choice(owner, "wide", wide, WIDE_OPTIMIZERS)
+    if embedding_lr is None:
+        embedding_lr = _DEFAULT_EMBEDDING_LR[embedding] or lr
+    embedding_lr = check_float(owner, "embedding_lr", embedding_lr, 0.0, float("inf"))
+    wide_lr = check_float(owner, "wide_lr", wide_lr, 0.0, float("inf"))
+    if wide_lr == 0.0:  # FTRL divides by its learning rate
+        raise ValueError(f"{owner}: 'wide_lr' must be > 0, got {wide_lr!r}")
+    wide_l1 = check_float(owner, "wide_l1", wide_l1, 0.0, float("inf"))
+    wide_l2 = check_float(owner, "wide_l2", wide_l2, 0.0, float("inf"))
+    weight_decay = check_float(owner, "weight_decay", weight_decay, 0.0, float("inf"))
+
+    wide_part = getattr(model, "wide", None)
+    wide_params: list[nn.Parameter] = []
+    if wide == "ftrl" and isinstance(wide_part, LinearTerm):
+        wide_params = [p for p in wide_part.parameters() if p.requires_grad]
+    taken = {id(p) for p in wide_params}
+    sparse, dense = split_sparse_dense(model)
+    sparse = [p for p in sparse if id(p) not in taken]
+    dense = [p for p in dense if id(p) not in taken]
+    if not (wide_params or sparse or dense):
+        raise ValueError(f"{owner}: model {type(model).__name__} has no parameter with requires_grad")
+
+    children: dict[str, torch.optim.Optimizer] = {}
+    if wide_params:
+        children["wide"] = FTRL(wide_params, lr=wide_lr, l1=wide_l1, l2=wide_l2)
+    if sparse:
+        cls = LazyAdam if embedding == "lazy_adam" else RowWiseAdagrad
+        children["embedding"] = cls(sparse, lr=embedding_lr)
+    if dense:
+        children["dense"] = torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay)
+    return CombinedOptimizer(children)

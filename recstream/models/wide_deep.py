@@ -1,0 +1,71 @@
+"""Wide & Deep (Cheng et al., 2016): a linear model and an MLP trained jointly.
+
+``logit = wide(x) + deep(x)`` where
+
+* wide = :class:`~recstream.models.LinearTerm`: bias + one weight per categorical id
+  (+ one per dense value), in its OWN width-1 sparse tables, so it can be trained by a
+  different optimizer than the deep part (the paper uses FTRL with L1 for the wide part;
+  :func:`~recstream.models.default_optimizer` does the same);
+* deep = MLP over the concatenated feature embeddings (one fused
+  :class:`~recstream.nn.EmbeddingBagCollection`) and the dense values.
+
+Returns logits ``[B]`` (see :mod:`recstream.models.base` for the convention).
+
+>>> import torch
+>>> from torch import nn
+>>> from recstream import Model
+>>> from recstream.data import SyntheticCTR
+>>> from recstream.models import WideDeep, ctr_metrics, default_optimizer
+>>> gen = SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 20, 30], batch_size=64)
+>>> net = WideDeep(gen.schema, hidden=(16,), embedding_dim=4)
+>>> model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), metrics=ctr_metrics(), progress_bar=False)
+>>> model.train(1, gen.train_batches(5))
+>>> sorted(model.eval(gen.test_split(256)))
+['auc', 'logloss']
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..data.batch import Features
+from ..data.schema import Schema
+from ._checks import check_bool, check_schema
+from .base import CTRModel
+from .embedding import FeatureEmbedding
+from .linear import LinearTerm
+from .mlp import MLP
+
+
+class WideDeep(CTRModel):
+    """Wide & Deep CTR model.
+
+    Args:
+        schema: features (at least one categorical).
+        hidden: widths of the deep MLP's hidden layers (a final Linear(., 1) follows).
+        embedding_dim: width of every deep table; None keeps each feature's own width.
+        wide_dense: feed dense values to the wide part too (they always go to the deep part).
+        dropout / batch_norm / activation: of the deep MLP (see :class:`MLP`).
+        init_std: initial std of the deep tables.
+        validate: check ids on every step (see :class:`FeatureEmbedding`).
+
+    Submodules: ``wide`` (:class:`LinearTerm`), ``embedding`` (:class:`FeatureEmbedding`),
+    ``deep`` (:class:`MLP`).
+    """
+
+    def __init__(self, schema: Schema, hidden: Sequence[int] = (256, 128), *, embedding_dim: int | None = None,
+                 wide_dense: bool = True, dropout: float = 0.0, batch_norm: bool = False,
+                 activation: str = "relu", init_std: float = 0.01, validate: bool = True) -> None:
+        super().__init__()
+        self.schema = check_schema(type(self).__name__, schema)
+        check_bool(type(self).__name__, "wide_dense", wide_dense)
+        self.wide = LinearTerm(schema, use_dense=wide_dense, validate=validate)
+        self.embedding = FeatureEmbedding(schema, embedding_dim, init_std=init_std, validate=validate)
+        self.deep = MLP(self.embedding.output_dim + schema.num_dense, hidden, out_features=1,
+                        activation=activation, dropout=dropout, batch_norm=batch_norm)
+
+    def forward(self, features: Features) -> torch.Tensor:
+        emb = self.embedding(features)
+        deep = self.deep(torch.cat([emb, features.dense], dim=1)).squeeze(1)
+        return self.wide(features) + deep
