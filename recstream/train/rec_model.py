@@ -28,7 +28,7 @@ import itertools
 import logging
 import os
 
-from ..callbacks.base import CallbackList, as_callback_list
+from ..callbacks.base import Callback, CallbackList, as_callback_list
 from . import checks
 from .data_adapter import check_dataset, dataset_size
 from .loop import train_loop
@@ -37,6 +37,18 @@ from .signals import StopOnSignal
 from .sink import DatasetHelper
 
 log = logging.getLogger("recstream.train")
+
+
+class EventTimeTracker(Callback):
+    """Keeps ``cb_params.max_event_time``: the newest event time trained on so far, from the
+    stream's per-batch metadata; `ModelPublisher` records it so freshness can be measured."""
+
+    def on_train_step_end(self, run_context):
+        p = run_context.original_args()
+        times = [m["event_time"] for m in p.get("train_batch_metas") or () if m.get("event_time") is not None]
+        if times:  # stream metadata lives on the host: no device sync
+            newest = max(float(t.max()) for t in times if len(t))
+            p.max_event_time = max(newest, p.get("max_event_time") or newest)
 
 
 class RecModel(Model):
@@ -65,7 +77,9 @@ class RecModel(Model):
         if not dataset_sink_mode:
             params.batch_num = dataset_size(train_dataset)
         epochs = itertools.count(self._resume_epoch + 1)
-        with CallbackList(user_callbacks + [StopOnSignal()] + self._default_callbacks(user_callbacks)) as cbs:
+        # Tracking first, so user callbacks (publishers) see this step's event time.
+        internal = [EventTimeTracker(), StopOnSignal()]
+        with CallbackList(internal + user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
             train_loop(self, epochs, helper, cbs, params, first_step=self._resume_step)
 
     def restore(self, checkpoint, train_dataset=None) -> dict | None:

@@ -151,3 +151,16 @@ def test_signal_stops_cleanly_with_a_final_checkpoint(tmp_path, signum):
     assert len(files) == 1
     meta = load_checkpoint(files[0], SeenNet(100000))
     assert meta["cur_step_num"] == steps and meta["train_position"] == {"next": steps}
+
+
+def test_max_event_time_tracks_the_newest_trained_event():
+    class Timed(CountingStream):
+        def last_batch_meta(self):
+            return {"ids": None, "event_time": torch.tensor([100.0 + self.next, 50.0])}
+
+    seen = []
+    rec = Recorder(stop_at=("step_end", 3, 3))
+    rec.on_train_step_end = lambda ctx: (seen.append(ctx.original_args().max_event_time),
+                                         Recorder.on_train_step_end(rec, ctx))
+    _model()[1].online_train(Timed(), callbacks=[rec], sink_size=1)
+    assert seen == [101.0, 102.0, 103.0]
