@@ -17,3 +17,11 @@ def test_lenet_custom_loop_learns(capsys):
     out = capsys.readouterr().out
     assert out.count("losses:") == 4 and "epoch: 4/4" in out
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_online_training_example_serves_a_trained_version(tmp_path):
+    online = _load("online_training")
+    answer = online.main(["--seconds", "4", "--rate", "3000", "--workdir", str(tmp_path)])
+    assert answer["version"] >= 1 and 0.0 < answer["scores"][0] < 1.0
+    again = online.main(["--seconds", "2", "--rate", "3000", "--workdir", str(tmp_path)])  # resumes
+    assert again["version"] > answer["version"]

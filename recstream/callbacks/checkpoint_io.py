@@ -156,10 +156,21 @@ class _Reader:
         return decode(self.docs[doc_name], self.tensor)
 
 
+def _group_sizes(state: dict, prefix: str = "") -> dict[str, list[int]]:
+    """Parameter-group sizes wherever ``param_groups`` appear in an optimizer state dict
+    (nested ones too, e.g. a CombinedOptimizer's per-child states)."""
+    sizes = {}
+    if "param_groups" in state:
+        sizes[prefix] = [len(g["params"]) for g in state["param_groups"]]
+    for key, value in state.items():
+        if key not in ("state", "param_groups") and isinstance(value, dict):
+            sizes.update(_group_sizes(value, f"{prefix}{key}."))
+    return sizes
+
+
 def _check_optimizer_shape(path: str, optimizer, state: dict) -> None:
     # torch validates groups only inside load_state_dict; checking first keeps loading all-or-nothing.
-    have = [len(g["params"]) for g in optimizer.param_groups]
-    saved = [len(g["params"]) for g in state.get("param_groups", [])]
+    have, saved = _group_sizes(optimizer.state_dict()), _group_sizes(state)
     if have != saved:
         raise CheckpointError(f"load_checkpoint: '{path}': optimizer has parameter groups of sizes {have}, "
                               f"the checkpoint has {saved}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo, serve
+from . import demo, produce, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo.add_parser(sub)
     serve.add_parser(sub)
+    produce.add_parser(sub)
     return parser
 
 

@@ -86,7 +86,7 @@ class RecModel(Model):
         """Load the newest checkpoint (a file, or the newest in a directory) into the network and
         optimizer; seek `train_dataset` to the saved position; continue numbering epochs and steps.
 
-        Returns the checkpoint's metadata, or None when the directory holds no checkpoint yet.
+        Returns the checkpoint's metadata, or None when there is no checkpoint there yet.
         """
         from ..callbacks import load_checkpoint
         path = _newest_checkpoint(checkpoint)
@@ -110,7 +110,10 @@ def _newest_checkpoint(checkpoint) -> str | None:
     checkpoint = os.fspath(checkpoint)
     if os.path.isfile(checkpoint):
         return checkpoint
+    if not os.path.exists(checkpoint):  # a first run: nothing to resume from yet
+        log.warning("no checkpoint at %r yet: starting from the initial weights", checkpoint)
+        return None
     if not os.path.isdir(checkpoint):
-        raise FileNotFoundError(f"'checkpoint' {checkpoint!r} is neither a checkpoint file nor a directory")
+        raise ValueError(f"'checkpoint' {checkpoint!r} is neither a checkpoint file nor a directory")
     files = [f for f in glob.glob(os.path.join(checkpoint, "*.safetensors")) if not os.path.basename(f).startswith(".")]
     return max(files, key=os.path.getmtime) if files else None

@@ -231,3 +231,24 @@ def test_optimizer_mismatch_is_checked_before_loading_anything(tmp_path):
     no_opt = save_checkpoint(tmp_path / "n.safetensors", net)
     with pytest.raises(CheckpointError, match="holds no optimizer state"):
         load_checkpoint(no_opt, optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+
+
+def test_combined_optimizer_round_trip(tmp_path):
+    """A composite optimizer (sparse tables + dense) saves and loads through the checkpoint."""
+    from recstream.optim import LazyAdam, sparse_and_dense
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.EmbeddingBag(10, 4, sparse=True), torch.nn.Linear(4, 1))
+    opt = sparse_and_dense(net, sparse=lambda p: LazyAdam(p, lr=0.1), dense=lambda p: torch.optim.Adam(p, lr=0.1))
+    ids, offsets = torch.tensor([1, 2, 3]), torch.tensor([0, 2])
+    net[1](net[0](ids, offsets)).sum().backward()
+    opt.step()
+    path = save_checkpoint(tmp_path / "c.safetensors", net, opt)
+    net2 = torch.nn.Sequential(torch.nn.EmbeddingBag(10, 4, sparse=True), torch.nn.Linear(4, 1))
+    opt2 = sparse_and_dense(net2, sparse=lambda p: LazyAdam(p, lr=0.1), dense=lambda p: torch.optim.Adam(p, lr=0.1))
+    load_checkpoint(path, net2, opt2)
+    for a, b in zip(opt.state_dict()["optimizers"].values(), opt2.state_dict()["optimizers"].values()):
+        for (ka, sa), (kb, sb) in zip(a["state"].items(), b["state"].items()):
+            assert all(torch.equal(sa[k], sb[k]) for k in sa if isinstance(sa[k], torch.Tensor))
+    wrong = torch.optim.SGD(net2.parameters(), lr=0.1)
+    with pytest.raises(CheckpointError, match="parameter groups"):
+        load_checkpoint(path, net2, wrong)
