@@ -131,7 +131,11 @@ class ProgressBar(Callback):
         bar.advance(p.cur_step_num)
         if bar.due(self.refresh_interval):
             loss = loss_value(p.net_outputs)  # the only device sync, at most once per interval
-            bar.draw(None if loss is None else f"loss={loss:.4f}")
+            parts = [] if loss is None else [f"loss={loss:.4f}"]
+            bad = sum(p.bad_records.values()) if p.get("bad_records") else 0
+            if bad:  # online training: malformed records skipped by the stream
+                parts.append(f"bad={bad}")
+            bar.draw(", ".join(parts) if parts else None)
 
     def on_train_epoch_end(self, run_context):
         bar = self._train

@@ -27,6 +27,7 @@ import glob
 import itertools
 import logging
 import os
+import time
 
 from ..callbacks.base import Callback, CallbackList, as_callback_list
 from . import checks
@@ -39,9 +40,20 @@ from .sink import DatasetHelper
 log = logging.getLogger("recstream.train")
 
 
-class EventTimeTracker(Callback):
-    """Keeps ``cb_params.max_event_time``: the newest event time trained on so far, from the
-    stream's per-batch metadata; `ModelPublisher` records it so freshness can be measured."""
+class StreamStats(Callback):
+    """Stream facts for other callbacks: ``cb_params.max_event_time`` (the newest event time trained
+    on, from the stream's per-batch metadata; `ModelPublisher` records it for freshness) and
+    ``cb_params.bad_records`` (the stream's live counter of rejected records by reason, also
+    logged, at most every `log_every` seconds, when it grows)."""
+
+    def __init__(self, log_every: float = 10.0):
+        self.log_every, self._logged_total, self._logged_at = log_every, 0, 0.0
+
+    def on_train_begin(self, run_context):
+        p = run_context.original_args()
+        counter = getattr(p.train_dataset, "bad_records", None)
+        if counter is not None:
+            p.bad_records = counter
 
     def on_train_step_end(self, run_context):
         p = run_context.original_args()
@@ -49,6 +61,13 @@ class EventTimeTracker(Callback):
         if times:  # stream metadata lives on the host: no device sync
             newest = max(float(t.max()) for t in times if len(t))
             p.max_event_time = max(newest, p.get("max_event_time") or newest)
+        bad = p.get("bad_records")
+        if bad:
+            total, now = sum(bad.values()), time.monotonic()
+            if total > self._logged_total and now - self._logged_at >= self.log_every:
+                log.warning("%d malformed records skipped so far (%s); see the stream's dead-letter file",
+                            total, ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())))
+                self._logged_total, self._logged_at = total, now
 
 
 class RecModel(Model):
@@ -78,7 +97,7 @@ class RecModel(Model):
             params.batch_num = dataset_size(train_dataset)
         epochs = itertools.count(self._resume_epoch + 1)
         # Tracking first, so user callbacks (publishers) see this step's event time.
-        internal = [EventTimeTracker(), StopOnSignal()]
+        internal = [StreamStats(), StopOnSignal()]
         with CallbackList(internal + user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
             train_loop(self, epochs, helper, cbs, params, first_step=self._resume_step)
 

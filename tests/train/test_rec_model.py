@@ -164,3 +164,25 @@ def test_max_event_time_tracks_the_newest_trained_event():
                                          Recorder.on_train_step_end(rec, ctx))
     _model()[1].online_train(Timed(), callbacks=[rec], sink_size=1)
     assert seen == [101.0, 102.0, 103.0]
+
+
+def test_bad_record_counts_reach_cb_params_and_the_log(caplog):
+    from collections import Counter
+
+    class Dirty(CountingStream):
+        def __init__(self):
+            super().__init__()
+            self.bad_records = Counter()
+
+        def last_batch_meta(self):
+            self.bad_records["unparsable"] += 2  # the stream skipped two records around this batch
+            return {"ids": None, "event_time": None}
+
+    counts = []
+    rec = Recorder(stop_at=("step_end", 3, 3))
+    rec.on_train_step_end = lambda ctx: (counts.append(dict(ctx.original_args().bad_records)),
+                                         Recorder.on_train_step_end(rec, ctx))
+    with caplog.at_level("WARNING", logger="recstream.train"):
+        _model()[1].online_train(Dirty(), callbacks=[rec], sink_size=1)
+    assert counts[-1]["unparsable"] >= 6 and all(c["unparsable"] >= 2 for c in counts)
+    assert any("malformed records skipped" in r.message for r in caplog.records)
