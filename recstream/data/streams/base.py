@@ -84,8 +84,11 @@ class Stream:
         raise NotImplementedError
 
     def _rewind(self) -> None:
-        """Make the source continue right after the last yielded batch (drop read-ahead)."""
-        self._apply_seek(self._position)
+        """Make the source continue right after the last yielded batch (drop read-ahead).
+
+        The cursor, not the position: it may be ahead only over bad records, which need not
+        be read (and dead-lettered) again."""
+        self._apply_seek(self._cursor)
 
     # --- public protocol -------------------------------------------------------------------
     @property

@@ -1,7 +1,9 @@
 """`KafkaStream`: batches from Kafka topics (confluent-kafka), with exact positions.
 
 Each message value is one record (a CSV/TSV line, a JSON object, a Criteo line: the
-`decoder`). Messages are polled in blocks and decoded in one pyarrow call per block.
+`decoder`). Each poll asks for what the next batch still needs (so read-ahead stays under
+one batch and the consumer polls once per batch, which keeps group rebalances quick) and
+is decoded in one pyarrow call. ``poll_timeout``: seconds one poll waits for messages.
 
 * Partitions: a consumer group (``subscribe``; partitions are spread over the members)
   or, with ``assignment=[(topic, partition), ...]``, an explicit ``assign`` (instant, no
@@ -9,7 +11,9 @@ Each message value is one record (a CSV/TSV line, a JSON object, a Criteo line: 
 * Position: ``{"topic:partition": next_offset}`` for the partitions this consumer reads
   (after the last batch yielded). ``seek`` works for assigned partitions and for ones the
   group has not assigned yet (applied when they are). ``commit(position)`` commits those
-  offsets for the group, synchronously (retried with backoff while the broker is away);
+  offsets for the group, synchronously (retried with backoff while the broker is away,
+  up to ``commit_timeout``; called from the iterating thread while the member is rejoining
+  its group it is skipped with a warning instead of deadlocking, the next one covers it);
   auto-commit is off, so offsets move only when the trainer says its checkpoint is durable.
 * Rebalance: positions of revoked or lost partitions leave ``position()`` (another member
   may own them now) and their unyielded rows are dropped; if such a partition comes back,
@@ -49,12 +53,13 @@ from .decoder_base import DEFAULT_MAX_RECORD_BYTES
 from .deadletter import DeadLetter
 from .decoders import CSVLineDecoder
 from .json_decoder import JSONDecoder
+from .kafka_rebalance import RebalanceCallbacks
 from .kafka_support import Backoff, commit_sync, consumer_config as make_config, parse_position
 
 log = logging.getLogger("recstream.data.streams")
 
 
-class KafkaStream(Stream):
+class KafkaStream(RebalanceCallbacks, Stream):
     """Batches from Kafka (see the module docstring)."""
 
     def __init__(self, topics: str | Sequence[str], bootstrap_servers: str, group_id: str,
@@ -83,7 +88,10 @@ class KafkaStream(Stream):
         self._config = make_config(bootstrap_servers, group_id, start, consumer_config)
         self._config.setdefault("error_cb", self._on_client_error)
         self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
-        self._lock = threading.Lock()  # commit() may come from another thread than the iteration
+        # guards the consumer's life (close() vs a running poll); commit() and committed() do not
+        # take it: librdkafka handles are thread-safe, and a commit blocked by an unresponsive
+        # broker must not stop the iterating thread from polling (rejoining, draining fetches)
+        self._lock = threading.Lock()
         self._keys: dict[tuple[str, int], int] = {}  # (topic, partition) -> small int key
         self._tps: list[tuple[str, int]] = []
         self._owned: set[int] = set()
@@ -95,15 +103,11 @@ class KafkaStream(Stream):
         self._producer = None
         self._closing = False
         self._iter_thread = None
-        sink = None
+        self._dead_topic = dead_letter_topic
         if dead_letter_topic:
             self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 50})
-
-            def sink(line: bytes) -> None:
-                self._producer.produce(dead_letter_topic, line)
-                self._producer.poll(0)  # serve delivery reports so they do not pile up
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout, drop_remainder=drop_remainder,
-                         dead_letter=DeadLetter(dead_letter, sink))
+                         dead_letter=DeadLetter(dead_letter, self._to_dead_topic if dead_letter_topic else None))
         self._consumer = Consumer(self._config)
         if self.assignment is None:
             self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -111,6 +115,10 @@ class KafkaStream(Stream):
         else:  # assigned when iteration starts, once, at the offsets known by then
             self._owned = {self._key(t, p) for t, p in self.assignment}
         self._need_assign = self.assignment is not None
+
+    def _to_dead_topic(self, line: bytes) -> None:
+        self._producer.produce(self._dead_topic, line)
+        self._producer.poll(0)  # serve delivery reports so they do not pile up
 
     # --- keys and offsets --------------------------------------------------------------------
     def _key(self, topic: str, partition: int) -> int:
@@ -181,13 +189,12 @@ class KafkaStream(Stream):
             log.info("KafkaStream.commit: %d partition(s) no longer assigned here, not committed", skipped)
         if offsets:  # from the iterating thread itself, waiting for a rejoin would deadlock
             same_thread = self._iterating and threading.get_ident() == self._iter_thread
-            commit_sync(self._consumer, offsets, self.commit_timeout, self._lock, wait_rejoin=not same_thread)
+            commit_sync(self._consumer, offsets, self.commit_timeout, wait_rejoin=not same_thread)
 
     def committed(self) -> dict:
         """The group's committed offsets of the owned partitions, as a position dict."""
         tps = [TopicPartition(*self._tps[k]) for k in sorted(self._owned)]
-        with self._lock:
-            got = self._consumer.committed(tps, timeout=10) if tps else []
+        got = self._consumer.committed(tps, timeout=10) if tps else []
         return {f"{tp.topic}:{tp.partition}": tp.offset for tp in got if tp.offset >= 0}
 
     def close(self) -> None:
@@ -199,67 +206,6 @@ class KafkaStream(Stream):
                 self._producer.flush(10)
         super().close()
 
-    # --- rebalance callbacks (run inside consume(), in the iterating thread) ------------------
-    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
-        keys = [self._key(tp.topic, tp.partition) for tp in partitions]
-        back = [tp for tp, k in zip(partitions, keys) if k not in self._targets and k in self._stash]
-        committed = {}
-        if back:  # coming back to us: someone else may have moved on and committed meanwhile
-            try:
-                committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(back, timeout=10)}
-            except KafkaException as e:
-                log.warning("KafkaStream: could not read committed offsets (%s); resuming at own positions", e)
-        for tp, key in zip(partitions, keys):
-            if key in self._targets:
-                tp.offset = self._targets.pop(key)
-            elif key in self._stash:
-                tp.offset = max(self._stash.pop(key), committed.get((tp.topic, tp.partition), -1))
-            else:
-                continue
-            self._cursor[self._name(key)] = tp.offset
-        if not self._cooperative:  # eager: the assignment is complete; other targets went elsewhere
-            for key in list(self._targets):
-                self._targets.pop(key)
-                self._cursor.pop(self._name(key), None)
-                self._position.pop(self._name(key), None)
-        self._owned |= set(keys)
-        self._assigned_at = time.monotonic()
-        log.info("KafkaStream: assigned %s", [f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions])
-        if self._cooperative:
-            consumer.incremental_assign(partitions)
-        else:
-            consumer.assign(partitions)
-
-    def _on_revoke(self, consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
-        if self._closing:
-            return consumer.unassign()
-        keys = {self._key(tp.topic, tp.partition) for tp in partitions}
-        for key in keys:
-            if self._name(key) in self._cursor:
-                self._stash[key] = self._cursor.pop(self._name(key))
-            self._position.pop(self._name(key), None)
-        self._owned -= keys
-        if not self._owned:  # waiting for a new assignment: no data can come, so no idling
-            self._assigned_at = None
-        self._assembler.drop_keys(keys)
-        log.warning("KafkaStream: partitions %s %s", sorted(self._name(k) for k in keys), "lost" if lost else "revoked")
-        if self._cooperative:
-            consumer.incremental_unassign(partitions)
-        else:
-            consumer.unassign()
-
-    def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
-        self._on_revoke(consumer, partitions, lost=True)
-
-    def _on_client_error(self, error: KafkaError) -> None:
-        """librdkafka's own errors (broker down, ...): logged, at most every 10 s per message."""
-        msg, last = self._last_error
-        if error.str() != msg or time.monotonic() - last > 10:
-            log.warning("KafkaStream: %s (librdkafka retries with backoff)", error.str())
-            self._last_error = (error.str(), time.monotonic())
-        if error.fatal():
-            raise KafkaException(error)
-
     # --- reading -----------------------------------------------------------------------------
     def _generate(self) -> Iterator:
         self._iter_thread = threading.get_ident()
@@ -269,10 +215,11 @@ class KafkaStream(Stream):
             self._assigned_at = time.monotonic()
         last_data = time.monotonic()
         backoff = Backoff()
-        want = max(4 * self.batch_size, 1024)  # bigger polls decode faster; a poll returns early when idle
         while True:
             with self._lock:
-                msgs = self._consumer.consume(want, self.poll_timeout)
+                # only what the next batch still needs: read-ahead stays under one batch, and the
+                # consumer polls once per batch, which serves rebalances (callbacks run in consume)
+                msgs = self._consumer.consume(self.batch_size - self._assembler.rows, self.poll_timeout)
             if msgs and self._take(msgs, backoff):
                 last_data = time.monotonic()
                 yield from self._full_batches()

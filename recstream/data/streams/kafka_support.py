@@ -82,7 +82,7 @@ def parse_position(position: dict) -> dict[tuple[str, int], int]:
     return out
 
 
-def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, lock, wait_rejoin: bool = True) -> bool:
+def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_rejoin: bool = True) -> bool:
     """Commit `offsets` synchronously; retry retriable failures with backoff until `timeout`.
 
     While the member is rejoining its group the commit can only succeed once the iterating
@@ -95,8 +95,7 @@ def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, lock, w
     backoff = Backoff(cap=2.0)
     while True:
         try:
-            with lock:
-                result = consumer.commit(offsets=offsets, asynchronous=False)
+            result = consumer.commit(offsets=offsets, asynchronous=False)
             failed = [tp for tp in (result or []) if tp.error is not None]
             if not failed:
                 return True

@@ -10,7 +10,7 @@ import torch
 
 from recstream.cli import produce
 from recstream.data import Batch
-from recstream.data.streams import CriteoTSVDecoder, DirectoryStream, KafkaStream
+from recstream.data.streams import CriteoTSVDecoder, DirectoryStream
 
 from .events import assert_same_batch, decoder, records, take_ids
 
@@ -50,6 +50,7 @@ def test_rate_limit_paces_the_events(tmp_path):
 
 
 def test_a_file_into_kafka_with_ids_and_times(broker, topic, tmp_path):
+    from recstream.data.streams import KafkaStream  # needs confluent-kafka (the broker fixture checks)
     t = topic(2)
     src = tmp_path / "events.jsonl"
     src.write_bytes(b"\n".join(records(300, fmt="jsonl", meta=False)) + b"\n")
