@@ -66,20 +66,21 @@ class Meter(Callback):
 
 
 def source_rate(make_stream, events: int, batch_size: int) -> float:
-    stream = make_stream()
-    it = iter(stream)
-    next(it)
-    start, n = time.perf_counter(), 0
-    while n < events:
-        n += len(next(it)[1])
-    return n / (time.perf_counter() - start)
+    with make_stream() as stream:
+        it = iter(stream)
+        next(it)
+        start, n = time.perf_counter(), 0
+        while n < events:
+            n += len(next(it)[1])
+        return n / (time.perf_counter() - start)
 
 
 def trainer_rate(make_stream, events: int, schema) -> float:
     net = WideDeep(schema, hidden=(256, 128))
     model = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False)
     meter = Meter(limit=events)
-    model.online_train(make_stream(), callbacks=[meter], sink_size=1)
+    with make_stream() as stream:
+        model.online_train(stream, callbacks=[meter], sink_size=1)
     return meter.rate()
 
 
