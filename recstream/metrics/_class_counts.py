@@ -5,12 +5,11 @@ import numpy as np
 import torch
 
 from recstream.metrics._inputs import (
+    prediction_pair,
     check_eval_type,
-    check_num_inputs,
     check_threshold,
     decode_classification,
     decode_multilabel,
-    to_tensor,
 )
 from recstream.metrics.base import Metric
 
@@ -53,10 +52,7 @@ class ClassCountMetric(Metric):
 
     def update(self, *inputs):
         """Add one batch ``(y_pred, y)``: scores (N, C) or binary (N,)/(N, 1), labels as for Accuracy."""
-        inputs = self._select(inputs)
-        check_num_inputs(inputs, 2, self._name, "(y_pred, y)")
-        y_pred = to_tensor(inputs[0], "y_pred", self._name)
-        y = to_tensor(inputs[1], "y", self._name).to(y_pred.device)
+        y_pred, y = prediction_pair(self, inputs, self._name)
         if self.eval_type == "multilabel":
             pred, labels, bad, layout = decode_multilabel(y_pred, y, self.threshold, self._name)
             self._set_layout(layout)

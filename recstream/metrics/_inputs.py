@@ -67,6 +67,15 @@ def check_num_inputs(inputs: tuple, expected: int, owner: str, names: str) -> No
         )
 
 
+def prediction_pair(metric, inputs: tuple, owner: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(y_pred, y)`` of an ``update`` call (after the metric's `indexes`) as tensors, with
+    ``y`` moved to ``y_pred``'s device; the prologue every two-input metric shares."""
+    inputs = metric._select(inputs)
+    check_num_inputs(inputs, 2, owner, "(y_pred, y)")
+    y_pred = to_tensor(inputs[0], "y_pred", owner)
+    return y_pred, to_tensor(inputs[1], "y", owner).to(y_pred.device)
+
+
 def binary_labels(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (labels as bool, mask of values that are neither 0 nor 1)."""
     if y.dtype == torch.bool:

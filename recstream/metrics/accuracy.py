@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from recstream.metrics._inputs import (
+    prediction_pair,
     check_eval_type,
-    check_num_inputs,
     check_threshold,
     decode_classification,
     decode_multilabel,
-    to_tensor,
 )
 from recstream.metrics.base import Metric
 
@@ -57,9 +56,7 @@ class Accuracy(Metric):
 
     def update(self, *inputs):
         """Add one batch ``(y_pred, y)``; see the class docstring for the shapes."""
-        check_num_inputs(inputs := self._select(inputs), 2, "Accuracy", "(y_pred, y)")
-        y_pred = to_tensor(inputs[0], "y_pred", "Accuracy")
-        y = to_tensor(inputs[1], "y", "Accuracy").to(y_pred.device)
+        y_pred, y = prediction_pair(self, inputs, "Accuracy")
         if self.eval_type == "classification":
             pred, labels, bad, layout = decode_classification(y_pred, y, self.threshold, "Accuracy")
             correct = pred == labels

@@ -5,11 +5,10 @@ import numpy as np
 import torch
 
 from recstream.metrics._inputs import (
+    prediction_pair,
     binary_labels,
     binary_scores,
-    check_num_inputs,
     to_float,
-    to_tensor,
 )
 from recstream.metrics.base import Metric
 
@@ -117,10 +116,7 @@ class AUC(Metric):
 
     def update(self, *inputs):
         """Add one batch ``(y_pred, y)`` to the histograms (no device synchronisation)."""
-        inputs = self._select(inputs)
-        check_num_inputs(inputs, 2, "AUC", "(y_pred, y)")
-        y_pred = to_tensor(inputs[0], "y_pred", "AUC")
-        y = to_tensor(inputs[1], "y", "AUC").to(y_pred.device)
+        y_pred, y = prediction_pair(self, inputs, "AUC")
         scores, labels = binary_scores(y_pred, y, "AUC")
         scores = to_float(scores)
         positive, bad_labels = binary_labels(labels)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from recstream.metrics._inputs import accumulator_dtype, check_num_inputs, to_float, to_tensor
+from recstream.metrics._inputs import prediction_pair, accumulator_dtype, to_float
 from recstream.metrics.base import Metric
 
 
@@ -28,10 +28,8 @@ class _ErrorSum(Metric):
 
     def update(self, *inputs):
         """Add one batch ``(y_pred, y)``; y is reshaped to y_pred's shape."""
-        inputs = self._select(inputs)
-        check_num_inputs(inputs, 2, self._name, "(y_pred, y)")
-        y_pred = to_float(to_tensor(inputs[0], "y_pred", self._name))
-        y = to_float(to_tensor(inputs[1], "y", self._name)).to(y_pred.device)
+        y_pred, y = prediction_pair(self, inputs, self._name)
+        y_pred, y = to_float(y_pred), to_float(y)
         if y.ndim == 0:
             raise ValueError(f"{self._name}.update: y must have a sample dimension, got a scalar.")
         if y.numel() != y_pred.numel():

@@ -4,10 +4,9 @@ from __future__ import annotations
 import torch
 
 from recstream.metrics._inputs import (
+    prediction_pair,
     accumulator_dtype,
     binary_scores,
-    check_num_inputs,
-    to_tensor,
 )
 from recstream.metrics.base import Metric
 
@@ -53,10 +52,7 @@ class LogLoss(Metric):
 
     def update(self, *inputs):
         """Add one batch ``(y_pred, y)`` of probabilities and 0/1 (or soft) targets."""
-        inputs = self._select(inputs)
-        check_num_inputs(inputs, 2, "LogLoss", "(y_pred, y)")
-        y_pred = to_tensor(inputs[0], "y_pred", "LogLoss")
-        y = to_tensor(inputs[1], "y", "LogLoss").to(y_pred.device)
+        y_pred, y = prediction_pair(self, inputs, "LogLoss")
         p, t = binary_scores(y_pred, y, "LogLoss", two_columns=False)
         dtype = accumulator_dtype(p.device)
         p, t = p.to(dtype), t.to(dtype)

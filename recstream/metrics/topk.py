@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from recstream.metrics._inputs import check_num_inputs, class_labels, to_tensor
+from recstream.metrics._inputs import prediction_pair, class_labels
 from recstream.metrics.base import Metric
 
 
@@ -44,10 +44,7 @@ class TopKCategoricalAccuracy(Metric):
 
     def update(self, *inputs):
         """Add one batch ``(y_pred, y)``."""
-        inputs = self._select(inputs)
-        check_num_inputs(inputs, 2, self._name, "(y_pred, y)")
-        y_pred = to_tensor(inputs[0], "y_pred", self._name)
-        y = to_tensor(inputs[1], "y", self._name).to(y_pred.device)
+        y_pred, y = prediction_pair(self, inputs, self._name)
         if y_pred.ndim != 2:
             raise ValueError(f"{self._name}.update: y_pred must have shape (N, C), got {tuple(y_pred.shape)}.")
         n, num_classes = y_pred.shape
