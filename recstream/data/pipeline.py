@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from .batch import Batch, Features
+from .batch import Batch
 from .channel import DataChannel, Item
 from .rebatch import Rebatcher, check_batch_size
 

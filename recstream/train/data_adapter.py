@@ -11,9 +11,6 @@ from typing import Iterable
 
 import torch
 
-from ..data.channel import repeat_forever, reset  # noqa: F401  (re-exported for the loops)
-from ..data.transfer import pin_memory, to_device  # noqa: F401
-
 
 def dataset_size(dataset) -> int | None:
     """Number of batches per pass, or None when the dataset cannot say (a stream, a generator)."""

@@ -15,7 +15,9 @@ from typing import Iterable
 import torch
 
 from ..callbacks.base import CallbackList, CallbackParams, RunContext
-from .data_adapter import dataset_size, reset, to_device, unpack
+from ..data.channel import reset
+from ..data.transfer import to_device
+from .data_adapter import dataset_size, unpack
 from .sink import DatasetHelper, Sink
 
 

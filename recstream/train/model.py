@@ -26,7 +26,8 @@ from ..callbacks.base import CallbackList, CallbackParams, as_callback_list
 from ..metrics import get_metrics
 from . import checks
 from .cells import TrainOneStepCell, WithEvalCell, WithLossCell
-from .data_adapter import check_dataset, dataset_size, network_device, to_device
+from ..data.transfer import to_device
+from .data_adapter import check_dataset, dataset_size, network_device
 from .loop import FitEval, eval_loop, train_loop
 from .sink import DatasetHelper, connect_network_with_dataset
 
