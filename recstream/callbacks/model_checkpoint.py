@@ -28,6 +28,7 @@ import warnings
 from time import monotonic as _monotonic
 
 import torch
+from safetensors import SafetensorError
 
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
@@ -138,7 +139,13 @@ class ModelCheckpoint(Callback):
         name = f"{self._prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}{SUFFIX}"
         path = os.path.join(self._directory, name)
         # Write first, prune after: a failed write must not cost an old checkpoint.
-        self._write(p, path)
+        try:
+            self._write(p, path)
+        except (OSError, SafetensorError) as e:  # a full disk, an unwritable directory, a size limit
+            # (safetensors reports its own I/O failures as SafetensorError, not OSError)
+            last = self._latest_ckpt_file_name or "none yet"
+            raise OSError(getattr(e, "errno", None), f"ModelCheckpoint: could not write checkpoint {path!r}: "
+                          f"{getattr(e, 'strerror', None) or e}; nothing was replaced (last good checkpoint: {last})") from e
         self._commit_source(p)
         self._prune(path)
         self._last_triggered_step = p.cur_step_num

@@ -183,3 +183,41 @@ def test_failed_save_does_not_prune_the_last_good_file(tmp_path, driver, monkeyp
     assert _files(tmp_path) == ["f-1_2.safetensors"]
     assert checkpoint_io.save_file is not real_save
     load_checkpoint(tmp_path / "f-1_2.safetensors", restore_rng=False)
+
+
+FULL_DISK_WORKER = """
+import resource, signal, sys, torch
+sys.path.insert(0, {repo!r})
+from recstream import Model
+from recstream.callbacks import CheckpointConfig, ModelCheckpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+net = torch.nn.Linear(64, 64)
+model = Model(net, torch.nn.MSELoss(), torch.optim.Adam(net.parameters()), progress_bar=False)
+data = [(torch.randn(4, 64), torch.randn(4, 64))] * 4
+ckpt = ModelCheckpoint("run", {directory!r}, CheckpointConfig(save_checkpoint_steps=4, keep_checkpoint_max=5))
+model.train(1, data, callbacks=[ckpt])          # one good checkpoint (~50 KB)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))  # now the "disk" is full
+try:
+    model.train(2, data, callbacks=[ckpt], initial_epoch=1)
+except OSError as e:
+    print("ERROR", e)
+"""
+
+
+def test_full_disk_gives_a_clear_error_and_keeps_the_last_checkpoint(tmp_path):
+    """A real write that fails (file-size limit: EFBIG, as a full disk's ENOSPC would) is reported
+    with the file and the cause, leaves no partial file, and the previous checkpoint loads."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = str(Path(__file__).resolve().parents[2])
+    script = tmp_path / "worker.py"
+    script.write_text(FULL_DISK_WORKER.format(repo=repo, directory=str(tmp_path / "ckpt")))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("ERROR"))
+    assert "could not write checkpoint" in line and "File too large" in line and "run-1_4.safetensors" in line
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert files == ["run-1_4.safetensors"]  # no temp file left behind
+    meta = load_checkpoint(tmp_path / "ckpt" / files[0], torch.nn.Linear(64, 64))
+    assert meta["cur_step_num"] == 4
