@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
         publisher = ModelPublisher(models, schema=schema, model_config={"hidden": [64, 32]}, every_seconds=5)
         model.online_train(stream, callbacks=[
             StopAfter(args.seconds), PrequentialMonitor(window=20_000, log_every=10_000),
-            ModelCheckpoint("online", ckpt, CheckpointConfig(save_checkpoint_seconds=10)), publisher], sink_size=1)
+            ModelCheckpoint("online", ckpt, CheckpointConfig(save_checkpoint_steps=None, save_checkpoint_seconds=10)), publisher], sink_size=1)
         instance = {f.name: 0.5 for f in schema.dense} | {f.name: 3 for f in schema.categorical}
         answer = ask_server(port, [instance], publisher.manifests[-1]["version"])
         print("served version", answer["version"], "score", answer["scores"][0])
