@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from recstream import RecModel
 from recstream.callbacks import (Callback, CheckpointConfig, ModelCheckpoint, ModelPublisher,
                                  PrequentialMonitor)
 from recstream.data import SyntheticCTR
+from recstream.data.streams.broker import free_port
 from recstream.models import WideDeep, default_optimizer
 
 DENSE, CATEGORICAL = 4, 6
@@ -65,12 +65,6 @@ def make_stream(args, schema, incoming):
     while not os.path.isdir(incoming):
         time.sleep(0.05)
     return DirectoryStream(incoming, schema, batch_size=256, id_column="event_id", time_column="event_time")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ask_server(port: int, instances, version: int) -> dict:
