@@ -18,16 +18,10 @@ Example:
     >>> metrics["auc"].eval()
     1.0
 """
-from recstream.metrics.accuracy import Accuracy
-from recstream.metrics.auc import AUC
+from recstream.metrics.auc import AUC, exact_auc
 from recstream.metrics.base import Metric
-from recstream.metrics.error import MAE, MSE
-from recstream.metrics.exact_auc import exact_auc
-from recstream.metrics.fbeta import F1, Fbeta
-from recstream.metrics.logloss import LogLoss
-from recstream.metrics.loss import Loss
-from recstream.metrics.precision import Precision
-from recstream.metrics.recall import Recall
+from recstream.metrics.classification import F1, Accuracy, Fbeta, Precision, Recall
+from recstream.metrics.losses import MAE, MSE, LogLoss, Loss
 from recstream.metrics.registry import get_metric_fn, get_metrics
 from recstream.metrics.topk import (
     Top1CategoricalAccuracy,

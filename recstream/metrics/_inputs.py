@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-EVAL_TYPES = ("classification", "multilabel")
+EVAL_TYPES = ("classification", "multilabel")  # the ``eval_type`` choices of classification metrics
 
 
 def to_tensor(data, name: str, owner: str, allow_scalar: bool = False) -> torch.Tensor:
@@ -46,18 +46,6 @@ def to_float(t: torch.Tensor) -> torch.Tensor:
 def accumulator_dtype(device: torch.device) -> torch.dtype:
     """float64 for running sums (no drift over millions of rows); MPS has no float64."""
     return torch.float32 if device.type == "mps" else torch.float64
-
-
-def check_eval_type(eval_type, owner: str) -> str:
-    if eval_type not in EVAL_TYPES:
-        raise ValueError(f"{owner}: eval_type must be one of {EVAL_TYPES}, got {eval_type!r}.")
-    return eval_type
-
-
-def check_threshold(threshold, owner: str) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise TypeError(f"{owner}: threshold must be a float, got {type(threshold).__name__}.")
-    return float(threshold)
 
 
 def check_num_inputs(inputs: tuple, expected: int, owner: str, names: str) -> None:

@@ -1,16 +1,34 @@
-"""Streaming ROC AUC for binary labels in constant memory, with a proven error bound."""
+"""ROC AUC of binary labels: streaming :class:`AUC` in constant memory with a proven error bound,
+and :func:`exact_auc`, the sort-based reference it is tested against.
+
+Both count, per score group (a histogram bin or one distinct score), the positives and the
+negatives, and share :func:`_auc_from_counts`: pairs across groups are ordered by the groups,
+pairs inside one group count 1/2.
+"""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from recstream.metrics._inputs import (
-    prediction_pair,
     binary_labels,
     binary_scores,
+    prediction_pair,
     to_float,
+    to_tensor,
 )
 from recstream.metrics.base import Metric
+from recstream.validation import check_bool, check_int
+
+
+def _auc_from_counts(pos: np.ndarray, neg: np.ndarray, n_pos: float, n_neg: float) -> float:
+    """AUC from positive/negative counts per score group, groups in increasing score order.
+
+    A positive beats every negative of a lower group and half of those in its own group.
+    """
+    negatives_below = np.cumsum(neg) - neg
+    return float((pos * (negatives_below + 0.5 * neg)).sum() / (n_pos * n_neg))
+
 
 # Each half of the score axis spans 31 octaves (powers of two) of the binned quantity:
 # probabilities use q = min(p, 1 - p) in [2**-32, 2**-1]; logits use |z| in [2**-25, 2**6].
@@ -85,12 +103,8 @@ class AUC(Metric):
 
     def __init__(self, num_bins: int = 2**20, from_logits: bool = False):
         super().__init__()
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int):
-            raise TypeError(f"AUC: num_bins must be an int, got {type(num_bins).__name__}.")
-        if num_bins < 2 * _OCTAVES + 1:
-            raise ValueError(f"AUC: num_bins must be >= {2 * _OCTAVES + 1}, got {num_bins}.")
-        if not isinstance(from_logits, bool):
-            raise TypeError(f"AUC: from_logits must be a bool, got {from_logits!r}.")
+        num_bins = check_int("AUC", "num_bins", num_bins, minimum=2 * _OCTAVES + 1)
+        from_logits = check_bool("AUC", "from_logits", from_logits)
         # Largest m with 2 * 31 * 2**m + 1 <= num_bins, capped by float32's 23 mantissa bits.
         self.mantissa_bits = min((num_bins - 1) // (2 * _OCTAVES), 1 << 23).bit_length() - 1
         self.num_bins = 2 * (_OCTAVES << self.mantissa_bits) + 1
@@ -152,8 +166,7 @@ class AUC(Metric):
     def eval(self) -> float:
         """P(score of a positive > score of a negative), ties (same bin) counting 1/2."""
         neg, pos, n_pos, n_neg = self._class_histograms()
-        negatives_below = np.cumsum(neg) - neg
-        return float((pos * (negatives_below + 0.5 * neg)).sum() / (n_pos * n_neg))
+        return _auc_from_counts(pos, neg, n_pos, n_neg)
 
     def error_bound(self) -> float:
         """Proven bound on ``|eval() - exact AUC|``: half the share of same-bin pos/neg pairs."""
@@ -168,3 +181,44 @@ class AUC(Metric):
                 f"AUC.load_state_dict: state['hist'] must be None or a tensor of shape "
                 f"({2 * self.num_bins},) for num_bins={self.num_bins}, got {shape}."
             )
+
+
+def exact_auc(scores, labels) -> float:
+    """Exact ROC AUC of binary ``labels`` given ``scores``; tied scores count 1/2.
+
+    Equals the Mann-Whitney U statistic over P * N: the share of (positive, negative)
+    pairs where the positive scores higher, ties counting one half. Sorts all scores
+    (O(n log n) time, O(n) memory), in float64 on the CPU.
+
+    Args:
+        scores: (N,), (N, 1) or (N, 2) (column 1 is used); tensor, numpy array or list.
+        labels: 0/1 labels of shape (N,), (N, 1) or one-hot (N, 2).
+
+    Example:
+        >>> from recstream.metrics import exact_auc
+        >>> exact_auc([0.1, 0.5, 0.5, 0.9], [0, 0, 1, 1])  # the 0.5/0.5 tie counts 1/2
+        0.875
+    """
+    s_t = to_tensor(scores, "scores", "exact_auc")
+    l_t = to_tensor(labels, "labels", "exact_auc")
+    s_t, l_t = binary_scores(s_t, l_t, "exact_auc")
+    s = s_t.detach().cpu().to(torch.float64).numpy()
+    y = l_t.detach().cpu().to(torch.float64).numpy()
+    if np.isnan(s).any():
+        raise ValueError(f"exact_auc: scores must not be NaN, got {int(np.isnan(s).sum())} NaN value(s).")
+    bad = (y != 0) & (y != 1)
+    if bad.any():
+        raise ValueError(f"exact_auc: labels must be 0 or 1, got {float(y[bad][0])!r} (and {int(bad.sum())} in all).")
+    n_pos = float(y.sum())
+    n_neg = float(y.size - n_pos)
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(
+            f"exact_auc: labels must contain both classes, got {int(n_pos)} positive and "
+            f"{int(n_neg)} negative."
+        )
+    # One group per distinct score (sorted): pairs across groups are strictly ordered,
+    # pairs inside a group are ties.
+    distinct, group = np.unique(s, return_inverse=True)
+    pos = np.bincount(group, weights=y, minlength=distinct.size)
+    neg = np.bincount(group, minlength=distinct.size) - pos
+    return _auc_from_counts(pos, neg, n_pos, n_neg)

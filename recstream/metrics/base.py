@@ -6,6 +6,7 @@ import abc
 import torch
 
 from recstream.metrics._inputs import accumulator_dtype
+from recstream.validation import check_int, check_type
 
 
 def _copy(value):
@@ -70,10 +71,10 @@ class Metric(abc.ABC):
 
     def set_indexes(self, indexes):
         """Make ``update(*outputs)`` use ``outputs[i] for i in indexes``; returns ``self``."""
-        if not isinstance(indexes, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in indexes
-        ):
-            raise ValueError(f"set_indexes: indexes must be a list of int, got {indexes!r}.")
+        owner = f"{type(self).__name__}.set_indexes"
+        check_type(owner, "indexes", indexes, list, allowed="a list of int")
+        for position, index in enumerate(indexes):
+            check_int(owner, f"indexes[{position}]", index)
         self._indexes = indexes
         return self
 
@@ -152,10 +153,7 @@ class Metric(abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         """Restore accumulators saved by :meth:`state_dict` of the same metric type."""
-        if not isinstance(state, dict):
-            raise TypeError(
-                f"{type(self).__name__}.load_state_dict: state must be a dict, got {type(state).__name__}."
-            )
+        check_type(f"{type(self).__name__}.load_state_dict", "state", state, dict)
         expected = set(self._state_names) | {"invalid"}
         missing, unexpected = expected - set(state), set(state) - expected
         if missing or unexpected:
@@ -168,5 +166,5 @@ class Metric(abc.ABC):
             setattr(self, "_" + name, _copy(state[name]))
         self._invalid = _copy(state["invalid"])
 
-    def _check_state(self, state: dict) -> None:
-        """Hook: subclasses reject states that do not fit their configuration."""
+    def _check_state(self, state: dict) -> None:  # noqa: B027 - optional hook, not abstract
+        """Hook: subclasses reject states that do not fit their configuration (default: accept)."""

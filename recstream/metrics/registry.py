@@ -1,16 +1,12 @@
 """Build metrics from names, as ``mindspore.train.get_metric_fn`` / ``get_metrics``."""
 from __future__ import annotations
 
-from recstream.metrics.accuracy import Accuracy
 from recstream.metrics.auc import AUC
 from recstream.metrics.base import Metric
-from recstream.metrics.error import MAE, MSE
-from recstream.metrics.fbeta import F1
-from recstream.metrics.logloss import LogLoss
-from recstream.metrics.loss import Loss
-from recstream.metrics.precision import Precision
-from recstream.metrics.recall import Recall
+from recstream.metrics.classification import F1, Accuracy, Precision, Recall
+from recstream.metrics.losses import MAE, MSE, LogLoss, Loss
 from recstream.metrics.topk import Top1CategoricalAccuracy, Top5CategoricalAccuracy
+from recstream.validation import check_choice, check_type, describe
 
 _METRICS = {
     "accuracy": Accuracy,
@@ -37,10 +33,7 @@ def get_metric_fn(name: str, *args, **kwargs) -> Metric:
         >>> get_metric_fn("auc", from_logits=True).from_logits
         True
     """
-    if not isinstance(name, str):
-        raise TypeError(f"get_metric_fn: name must be a str, got {type(name).__name__}: {name!r}.")
-    if name not in _METRICS:
-        raise ValueError(f"get_metric_fn: unknown metric name {name!r}; known names: {sorted(_METRICS)}.")
+    check_choice("get_metric_fn", "name", name, sorted(_METRICS))
     return _METRICS[name](*args, **kwargs)
 
 
@@ -61,16 +54,13 @@ def get_metrics(metrics) -> dict[str, Metric]:
         return {}
     if isinstance(metrics, dict):
         for key, metric in metrics.items():
-            if not isinstance(metric, Metric):
-                raise TypeError(
-                    f"get_metrics: metrics[{key!r}] must be a recstream.metrics.Metric instance, "
-                    f"got {type(metric).__name__}: {metric!r:.80}."
-                )
+            check_type("get_metrics", f"metrics[{key!r}]", metric, Metric,
+                       allowed="a recstream.metrics.Metric instance")
         return dict(metrics)
     if isinstance(metrics, (set, frozenset, list, tuple)):
         return {name: get_metric_fn(name) for name in metrics}
     hint = f" (wrap a single name in a set: {{{metrics!r}}})" if isinstance(metrics, str) else ""
     raise TypeError(
-        "get_metrics: metrics must be None, a set/list/tuple of names or a dict of name -> Metric, "
-        f"got {type(metrics).__name__}: {metrics!r:.80}{hint}."
+        "get_metrics: 'metrics' must be None, a set/list/tuple of names or a dict of name -> Metric, "
+        f"got {describe(metrics)}{hint}"
     )

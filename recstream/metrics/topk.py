@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from recstream.metrics._inputs import prediction_pair, class_labels
+from recstream.metrics._inputs import class_labels, prediction_pair
 from recstream.metrics.base import Metric
+from recstream.validation import check_int
 
 
 class TopKCategoricalAccuracy(Metric):
@@ -29,11 +30,7 @@ class TopKCategoricalAccuracy(Metric):
 
     def __init__(self, k: int):
         super().__init__()
-        if isinstance(k, bool) or not isinstance(k, int):
-            raise TypeError(f"{self._name}: k must be an int, got {type(k).__name__}: {k!r}.")
-        if k < 1:
-            raise ValueError(f"{self._name}: k must be >= 1, got {k}.")
-        self.k = k
+        self.k = check_int(self._name, "k", k, minimum=1)
         self.clear()
 
     def clear(self):

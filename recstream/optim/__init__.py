@@ -20,11 +20,11 @@ Example:
     ['dense', 'sparse']
 """
 
+from ._base import SparseRowOptimizer
 from .combined import CombinedOptimizer, sparse_and_dense, split_sparse_dense
 from .ftrl import FTRL
 from .lazy_adam import LazyAdam
 from .rowwise_adagrad import RowWiseAdagrad
-from ._base import SparseRowOptimizer
 
 __all__ = [
     "CombinedOptimizer",

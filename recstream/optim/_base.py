@@ -25,13 +25,14 @@ Example:
 
 from __future__ import annotations
 
-import math
-import numbers
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+
+from recstream.validation import check_number, check_type
 
 __all__ = ["SparseRowOptimizer"]
 
@@ -60,33 +61,13 @@ def row_broadcast(v: Tensor, like: Tensor) -> Tensor:
     return v.view(-1, *([1] * (like.dim() - 1)))
 
 
-def check_number(name: str, value: Any, low: float | None = None, *, strict: bool = False,
-                 high: float | None = None) -> None:
-    """Raise ``TypeError``/``ValueError`` naming ``name`` unless ``value`` is a
-    finite real in ``[low, high)`` (``(low, high)`` if ``strict``)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r} "
-                        f"({type(value).__name__})")
-    bad = not math.isfinite(value)  # also rejects NaN
-    if low is not None:
-        bad = bad or (value <= low if strict else value < low)
-    if high is not None:
-        bad = bad or value >= high
-    if bad:
-        allowed = ["finite"]
-        if low is not None:
-            allowed.append(f"{'>' if strict else '>='} {low}")
-        if high is not None:
-            allowed.append(f"< {high}")
-        raise ValueError(f"{name} must be {' and '.join(allowed)}, got {value!r}")
-
-
 class SparseRowOptimizer(Optimizer):
     """Base class: row extraction, row-reset protocol, validation.
 
     Subclasses implement:
 
-    * ``_validate_group(group)`` - raise on bad hyper-parameters;
+    * ``_validate_group(group)`` - raise on bad hyper-parameters (with
+      :mod:`recstream.validation`, the class name as owner);
     * ``_init_state(p, state, group)`` - allocate per-parameter state;
     * ``_reset_rows(state, rows, group)`` - restore rows of the state to
       their initial value (used by the row-reset protocol);
@@ -108,7 +89,7 @@ class SparseRowOptimizer(Optimizer):
 
     # ------------------------------------------------------------ hooks
     def _validate_group(self, group: dict[str, Any]) -> None:
-        check_number("lr", group["lr"], 0.0)
+        check_number(type(self).__name__, "lr", group["lr"], minimum=0.0)
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -123,8 +104,7 @@ class SparseRowOptimizer(Optimizer):
     # ------------------------------------------------------------ API
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group, validating its hyper-parameters before it is stored."""
-        if not isinstance(param_group, dict):
-            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        check_type(f"{type(self).__name__}.add_param_group", "param_group", param_group, dict)
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         self._validate_group(merged)
         super().add_param_group(param_group)

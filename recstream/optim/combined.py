@@ -30,12 +30,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+
+from recstream.validation import check_callable, check_choice, check_module, check_type
 
 from .lazy_adam import LazyAdam
 
@@ -58,26 +61,23 @@ class CombinedOptimizer(Optimizer):
     """
 
     def __init__(self, optimizers: Mapping[str, Optimizer] | Sequence[Optimizer]) -> None:
+        owner = "CombinedOptimizer"
+        check_type(owner, "optimizers", optimizers, (Mapping, list, tuple),
+                   allowed="a mapping name -> Optimizer or a list of optimizers")
         if isinstance(optimizers, Mapping):
             named = dict(optimizers)
-        elif isinstance(optimizers, (list, tuple)):
-            named = {str(i): o for i, o in enumerate(optimizers)}
         else:
-            raise TypeError("optimizers must be a mapping name -> Optimizer or a list of "
-                            f"optimizers, got {type(optimizers).__name__}")
+            named = {str(i): o for i, o in enumerate(optimizers)}
         if not named:
-            raise ValueError("optimizers must hold at least one optimizer, got none")
+            raise ValueError(f"{owner}: 'optimizers' must hold at least one optimizer, got none")
         seen: dict[int, str] = {}
         for name, opt in named.items():
-            if not isinstance(name, str):
-                raise TypeError(f"optimizer names must be str, got {name!r}")
-            if not isinstance(opt, Optimizer):
-                raise TypeError(f"optimizers[{name!r}] must be a torch.optim.Optimizer, "
-                                f"got {type(opt).__name__}")
+            check_type(owner, "optimizer name", name, str)
+            check_type(owner, f"optimizers[{name!r}]", opt, Optimizer, allowed="a torch.optim.Optimizer")
             for group in opt.param_groups:
                 for p in group["params"]:
                     if id(p) in seen and seen[id(p)] != name:
-                        raise ValueError(f"a parameter of shape {tuple(p.shape)} is in both "
+                        raise ValueError(f"{owner}: a parameter of shape {tuple(p.shape)} is in both "
                                          f"optimizers {seen[id(p)]!r} and {name!r}; each "
                                          "parameter must belong to exactly one optimizer")
                     seen[id(p)] = name
@@ -124,22 +124,23 @@ class CombinedOptimizer(Optimizer):
 
         The key may be omitted when there is a single child.
         """
-        if not isinstance(param_group, dict):
-            raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
+        owner = "CombinedOptimizer.add_param_group"
+        check_type(owner, "param_group", param_group, dict)
         group = dict(param_group)
         name = group.pop("optimizer", None)
         if name is None and len(self._optimizers) == 1:
             name = next(iter(self._optimizers))
-        if name not in self._optimizers:
-            raise ValueError(f"param_group['optimizer'] must name the target optimizer, one of "
-                             f"{sorted(self._optimizers)}; got {name!r}")
+        if name is None:
+            raise ValueError(f"{owner}: 'param_group' must name the target optimizer under the key "
+                             f"'optimizer', one of {sorted(self._optimizers)}, got None")
+        check_choice(owner, "param_group['optimizer']", name, sorted(self._optimizers))
         params = group.get("params")
         params = [params] if isinstance(params, Tensor) else list(params or [])
         owned = {id(p): n for n, o in self._optimizers.items() if n != name
                  for g in o.param_groups for p in g["params"]}
         for p in params:
             if id(p) in owned:
-                raise ValueError(f"a parameter of shape {tuple(p.shape)} already belongs to "
+                raise ValueError(f"{owner}: a parameter of shape {tuple(p.shape)} already belongs to "
                                  f"optimizer {owned[id(p)]!r}; cannot add it to {name!r}")
         self._optimizers[name].add_param_group(group)
 
@@ -154,17 +155,17 @@ class CombinedOptimizer(Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("optimizers"), dict):
-            raise ValueError("state_dict must be a dict {'optimizers': {name: state}} as "
-                             "returned by CombinedOptimizer.state_dict(), got "
-                             f"{type(state_dict).__name__} with keys "
-                             f"{sorted(state_dict) if isinstance(state_dict, dict) else None}")
+        owner = "CombinedOptimizer.load_state_dict"
+        check_type(owner, "state_dict", state_dict, dict)
+        if not isinstance(state_dict.get("optimizers"), dict):
+            raise ValueError(f"{owner}: 'state_dict' must be a dict {{'optimizers': {{name: state}}}} as "
+                             f"returned by CombinedOptimizer.state_dict(), got keys {sorted(state_dict)}")
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             out = pre_hook(self, state_dict)
             state_dict = state_dict if out is None else out
         got, want = sorted(state_dict["optimizers"]), sorted(self._optimizers)
         if got != want:
-            raise ValueError(f"state_dict['optimizers'] has optimizers {got}, "
+            raise ValueError(f"{owner}: state_dict['optimizers'] has optimizers {got}, "
                              f"this CombinedOptimizer has {want}")
         for name, opt in self._optimizers.items():
             opt.load_state_dict(state_dict["optimizers"][name])
@@ -190,8 +191,12 @@ def split_sparse_dense(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Pa
     Dense: every other parameter with ``requires_grad``. Order follows
     discovery, so it is deterministic.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_module("split_sparse_dense", "model", model)
+    return _split(model)
+
+
+def _split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """:func:`split_sparse_dense` for a model already checked to be a module."""
     sparse: dict[int, nn.Parameter] = {}
     for module in model.modules():
         provider = getattr(module, "sparse_parameters", None)
@@ -222,19 +227,19 @@ def sparse_and_dense(model: nn.Module,
     an optimizer class or e.g. ``functools.partial(RowWiseAdagrad, lr=0.05)``.
     A side with no parameters is left out.
     """
-    for arg, fn in (("sparse", sparse), ("dense", dense)):
-        if not callable(fn):
-            raise TypeError(f"{arg} must be a callable params -> Optimizer (e.g. an optimizer "
-                            f"class or functools.partial), got {fn!r}")
-    sparse_params, dense_params = split_sparse_dense(model)
+    owner = "sparse_and_dense"
+    check_module(owner, "model", model)
+    check_callable(owner, "sparse", sparse)
+    check_callable(owner, "dense", dense)
+    sparse_params, dense_params = _split(model)
     if not sparse_params and not dense_params:
-        raise ValueError(f"model {type(model).__name__} has no parameters with requires_grad")
+        raise ValueError(f"{owner}: 'model' {type(model).__name__} has no parameters with requires_grad")
     children: dict[str, Optimizer] = {}
     for name, fn, params in (("sparse", sparse, sparse_params), ("dense", dense, dense_params)):
         if params:
             opt = fn(params)
             if not isinstance(opt, Optimizer):
-                raise TypeError(f"{name}(params) must return a torch.optim.Optimizer, "
+                raise TypeError(f"{owner}: {name}(params) must return a torch.optim.Optimizer, "
                                 f"got {type(opt).__name__}")
             children[name] = opt
     return CombinedOptimizer(children)

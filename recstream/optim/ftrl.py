@@ -33,12 +33,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._base import SparseRowOptimizer, check_number, put_rows, take_rows
+from recstream.validation import check_number
+
+from ._base import SparseRowOptimizer, put_rows, take_rows
 
 __all__ = ["FTRL"]
 
@@ -68,14 +71,11 @@ class FTRL(SparseRowOptimizer):
         super().__init__(params, defaults)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        check_number("lr", group["lr"], 0.0, strict=True)
-        lr_power = group["lr_power"]
-        check_number("lr_power", lr_power)
-        if lr_power > 0:
-            raise ValueError(f"lr_power must be <= 0, got {lr_power!r}")
-        check_number("l1", group["l1"], 0.0)
-        check_number("l2", group["l2"], 0.0)
-        check_number("initial_accumulator_value", group["initial_accumulator_value"], 0.0)
+        owner = type(self).__name__
+        check_number(owner, "lr", group["lr"], minimum=0.0, min_open=True)
+        check_number(owner, "lr_power", group["lr_power"], maximum=0.0)
+        for name in ("l1", "l2", "initial_accumulator_value"):
+            check_number(owner, name, group[name], minimum=0.0)
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] = 0

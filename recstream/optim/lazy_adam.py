@@ -34,12 +34,15 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._base import SparseRowOptimizer, check_number, put_rows, take_rows
+from recstream.validation import check_number, check_type
+
+from ._base import SparseRowOptimizer, put_rows, take_rows
 
 __all__ = ["LazyAdam"]
 
@@ -62,13 +65,14 @@ class LazyAdam(SparseRowOptimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        check_number("lr", group["lr"], 0.0)
-        check_number("eps", group["eps"], 0.0)
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        check_number("betas[0]", betas[0], 0.0, high=1.0)
-        check_number("betas[1]", betas[1], 0.0, high=1.0)
+        owner = type(self).__name__
+        check_number(owner, "lr", group["lr"], minimum=0.0)
+        check_number(owner, "eps", group["eps"], minimum=0.0)
+        betas = check_type(owner, "betas", group["betas"], (tuple, list), allowed="a pair (beta1, beta2)")
+        if len(betas) != 2:
+            raise ValueError(f"{owner}: 'betas' must be a pair (beta1, beta2), got {betas!r}")
+        for i, beta in enumerate(betas):
+            check_number(owner, f"betas[{i}]", beta, minimum=0.0, maximum=1.0, max_open=True)
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         state["step"] = 0

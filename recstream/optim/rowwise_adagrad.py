@@ -26,12 +26,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._base import SparseRowOptimizer, check_number, put_rows, row_broadcast, take_rows
+from recstream.validation import check_number
+
+from ._base import SparseRowOptimizer, put_rows, row_broadcast, take_rows
 
 __all__ = ["RowWiseAdagrad"]
 
@@ -59,10 +62,8 @@ class RowWiseAdagrad(SparseRowOptimizer):
         super().__init__(params, defaults)
 
     def _validate_group(self, group: dict[str, Any]) -> None:
-        check_number("lr", group["lr"], 0.0)
-        check_number("eps", group["eps"], 0.0)
-        check_number("initial_accumulator_value", group["initial_accumulator_value"], 0.0)
-        check_number("weight_decay", group["weight_decay"], 0.0)
+        for name in ("lr", "eps", "initial_accumulator_value", "weight_decay"):
+            check_number(type(self).__name__, name, group[name], minimum=0.0)
 
     def _init_state(self, p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         num_rows = p.shape[0] if p.dim() > 0 else 1

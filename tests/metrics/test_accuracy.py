@@ -116,9 +116,11 @@ def test_invalid_labels_are_reported_by_eval_with_value():
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    ({"eval_type": "regression"}, ValueError, "eval_type must be one of.*'regression'"),
-    ({"threshold": "0.5"}, TypeError, "threshold must be a float, got str"),
-    ({"threshold": True}, TypeError, "threshold must be a float, got bool"),
+    ({"eval_type": "regression"}, ValueError, r"Accuracy: 'eval_type' must be one of .*got 'regression'"),
+    ({"eval_type": 1}, TypeError, r"Accuracy: 'eval_type' must be one of .*got 1 \(int\)"),
+    ({"threshold": "0.5"}, TypeError, r"Accuracy: 'threshold' must be a finite number, got '0.5' \(str\)"),
+    ({"threshold": True}, TypeError, r"'threshold' must be a finite number, got True \(bool\)"),
+    ({"threshold": float("nan")}, ValueError, "'threshold' must be a finite number, got nan"),
 ])
 def test_bad_constructor_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):

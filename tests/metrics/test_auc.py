@@ -119,7 +119,7 @@ def test_bound_is_attained_by_adversarial_ordering_within_a_bin():
 @pytest.mark.parametrize("num_bins", [63, 200, 5000])
 def test_bound_holds_for_coarse_histograms(num_bins):
     rng = np.random.default_rng(num_bins)
-    for trial in range(20):
+    for _ in range(20):
         s, y = logit_normal(rng, 3000, rng.normal(-2, 1), rng.uniform(0.1, 2), rng.uniform(-1, 2), 0.3)
         metric = AUC(num_bins=num_bins)
         metric.update(s, y)
@@ -170,11 +170,11 @@ def test_histogram_lives_on_input_device_and_is_constant_size():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="num_bins must be >= 63, got 10"):
+    with pytest.raises(ValueError, match="AUC: 'num_bins' must be an int >= 63, got 10"):
         AUC(num_bins=10)
-    with pytest.raises(TypeError, match="num_bins must be an int, got float"):
+    with pytest.raises(TypeError, match=r"AUC: 'num_bins' must be an int >= 63, got 1000000.0 \(float\)"):
         AUC(num_bins=1e6)
-    with pytest.raises(TypeError, match="from_logits must be a bool, got 1"):
+    with pytest.raises(TypeError, match=r"AUC: 'from_logits' must be a bool, got 1 \(int\)"):
         AUC(from_logits=1)
     with pytest.raises(RuntimeError, match="number of samples is 0"):
         AUC().eval()

@@ -31,7 +31,8 @@ def test_accumulates_over_batches_and_dtypes():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match=r"y must have as many elements as y_pred to be reshaped to \(2,\), got y of shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"y must have as many elements as y_pred to be reshaped to \(2,\), "
+                                         r"got y of shape \(3,\)"):
         MAE().update([1.0, 2.0], [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="y must have a sample dimension"):
         MSE().update(torch.tensor(1.0), torch.tensor(1.0))

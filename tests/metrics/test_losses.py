@@ -37,9 +37,11 @@ def test_logloss_soft_targets_and_low_precision():
 
 
 def test_logloss_bad_inputs():
-    with pytest.raises(ValueError, match=r"eps must be in \(0, 0.5\), got 0"):
+    with pytest.raises(ValueError, match="LogLoss: 'eps' must be a finite number > 0 and < 0.5, got 0"):
         LogLoss(eps=0)
-    with pytest.raises(TypeError, match="eps must be a float, got str"):
+    with pytest.raises(ValueError, match="'eps' must be a finite number > 0 and < 0.5, got 0.5"):
+        LogLoss(eps=0.5)
+    with pytest.raises(TypeError, match=r"LogLoss: 'eps' must be a finite number > 0 and < 0.5, got '1e-7' \(str\)"):
         LogLoss(eps="1e-7")
     with pytest.raises(ValueError, match=r"y_pred must have shape \(N,\), \(N, 1\), got \(2, 2\)"):
         LogLoss().update([[0.1, 0.9], [0.2, 0.8]], [1, 0])

@@ -29,7 +29,7 @@ def test_average_returns_float_mean():
     m = Precision()
     m.update(SCORES, LABELS)
     assert m.eval(average=True) == 0.75 and type(m.eval(average=True)) is float
-    with pytest.raises(TypeError, match="average must be a bool, got 'yes'"):
+    with pytest.raises(TypeError, match=r"Precision.eval: 'average' must be a bool, got 'yes' \(str\)"):
         m.eval(average="yes")
 
 
@@ -87,12 +87,16 @@ def test_eval_before_update():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="beta must be > 0, got 0"):
+    with pytest.raises(ValueError, match="Fbeta: 'beta' must be a finite number > 0, got 0"):
         Fbeta(0)
-    with pytest.raises(TypeError, match="beta must be a number > 0, got str"):
+    with pytest.raises(TypeError, match=r"Fbeta: 'beta' must be a finite number > 0, got '1' \(str\)"):
         Fbeta("1")
-    with pytest.raises(ValueError, match="eval_type must be one of"):
+    with pytest.raises(ValueError, match="Recall: 'eval_type' must be one of"):
         Recall("binary")
+    with pytest.raises(TypeError, match="Precision: 'eval_type' must be one of"):
+        Precision(None)
+    with pytest.raises(TypeError, match="F1: 'threshold' must be a finite number"):
+        F1("0.5")
     with pytest.raises(ValueError, match=r"expects 2 input\(s\)"):
         Precision().update(SCORES)
     m = Recall()

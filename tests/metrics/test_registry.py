@@ -47,9 +47,10 @@ def test_arguments_are_forwarded():
 
 
 def test_unknown_name_lists_known_names():
-    with pytest.raises(ValueError, match=r"unknown metric name 'roc_auc'.*'acc'.*'top_5_accuracy'"):
+    with pytest.raises(ValueError, match=r"get_metric_fn: 'name' must be one of \[.*'acc'.*'top_5_accuracy'\], "
+                                         "got 'roc_auc'"):
         get_metric_fn("roc_auc")
-    with pytest.raises(TypeError, match="name must be a str, got int"):
+    with pytest.raises(TypeError, match=r"get_metric_fn: 'name' must be one of .*got 3 \(int\)"):
         get_metric_fn(3)
 
 
@@ -68,18 +69,20 @@ def test_get_metrics_from_dict():
     auc = AUC(num_bins=1000)
     out = get_metrics({"my auc": auc, "acc": Accuracy()})
     assert out["my auc"] is auc and list(out) == ["my auc", "acc"]
-    with pytest.raises(TypeError, match=r"metrics\['bad'\] must be a recstream.metrics.Metric instance, got str"):
+    with pytest.raises(TypeError, match=r"get_metrics: 'metrics\['bad'\]' must be a recstream.metrics.Metric instance, "
+                                        r"got 'accuracy' \(str\)"):
         get_metrics({"ok": Accuracy(), "bad": "accuracy"})
-    with pytest.raises(TypeError, match=r"metrics\['cls'\].*got ABCMeta"):
+    with pytest.raises(TypeError, match=r"'metrics\['cls'\]'.*got <class .*Accuracy'> \(ABCMeta\)"):
         get_metrics({"cls": Accuracy})
 
 
 def test_get_metrics_rejects_other_types():
-    with pytest.raises(TypeError, match=r"got str: 'acc' \(wrap a single name in a set: \{'acc'\}\)"):
+    with pytest.raises(TypeError, match=r"get_metrics: 'metrics' must be .*got 'acc' \(str\) "
+                                        r"\(wrap a single name in a set: \{'acc'\}\)"):
         get_metrics("acc")
-    with pytest.raises(TypeError, match="got int"):
+    with pytest.raises(TypeError, match=r"got 5 \(int\)"):
         get_metrics(5)
-    with pytest.raises(ValueError, match="unknown metric name 'nope'"):
+    with pytest.raises(ValueError, match="'name' must be one of .*got 'nope'"):
         get_metrics({"acc", "nope"})
 
 

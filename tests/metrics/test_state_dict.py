@@ -66,7 +66,7 @@ def test_state_contents_are_plain():
 
 
 def test_bad_states():
-    with pytest.raises(TypeError, match="state must be a dict, got list"):
+    with pytest.raises(TypeError, match=r"Accuracy.load_state_dict: 'state' must be a dict, got \[\] \(list\)"):
         Accuracy().load_state_dict([])
     with pytest.raises(ValueError, match=r"missing \['total'\], unexpected \['bogus'\]"):
         state = Accuracy().state_dict()
@@ -75,7 +75,8 @@ def test_bad_states():
         Accuracy().load_state_dict(state)
     small = AUC(num_bins=100)
     small.update([0.1, 0.9], [0, 1])
-    with pytest.raises(ValueError, match=r"state\['hist'\] must be None or a tensor of shape \(63490,\) for num_bins=31745.*got \(126,\)"):
+    with pytest.raises(ValueError, match=r"state\['hist'\] must be None or a tensor of shape \(63490,\) "
+                                         r"for num_bins=31745.*got \(126,\)"):
         AUC(num_bins=2**15).load_state_dict(small.state_dict())
     with pytest.raises(TypeError, match=r"state\['rows'\] must be a list, got int"):
         state = Precision().state_dict()

@@ -37,11 +37,11 @@ def test_k_larger_than_classes_always_hits():
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="TopKCategoricalAccuracy: 'k' must be an int >= 1, got 0"):
         TopKCategoricalAccuracy(0)
-    with pytest.raises(TypeError, match="k must be an int, got float"):
+    with pytest.raises(TypeError, match=r"'k' must be an int >= 1, got 1.5 \(float\)"):
         TopKCategoricalAccuracy(1.5)
-    with pytest.raises(TypeError, match="k must be an int, got bool"):
+    with pytest.raises(TypeError, match=r"'k' must be an int >= 1, got True \(bool\)"):
         TopKCategoricalAccuracy(True)
     with pytest.raises(ValueError, match=r"y_pred must have shape \(N, C\), got \(3,\)"):
         Top1CategoricalAccuracy().update([0.1, 0.2, 0.3], [0, 1, 2])

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from recstream.optim import (CombinedOptimizer, LazyAdam, RowWiseAdagrad, sparse_and_dense,
-                             split_sparse_dense)
+from recstream.optim import CombinedOptimizer, LazyAdam, RowWiseAdagrad, sparse_and_dense, split_sparse_dense
 
 
 class WithSparseParams(nn.Module):
@@ -124,7 +123,7 @@ def test_state_dict_round_trip_with_scheduler_resumes_identically():
     opt2.load_state_dict(ckpt["opt"])
     sched2.load_state_dict(ckpt["sched"])
     assert _train(net, opt, batches[3:], sched) == _train(net2, opt2, batches[3:], sched2)
-    for a, b in zip(net.parameters(), net2.parameters()):
+    for a, b in zip(net.parameters(), net2.parameters(), strict=True):
         assert torch.equal(a, b)
     assert opt2.param_groups[0]["lr"] == pytest.approx(0.05 * 0.9 ** 6)
 
@@ -166,16 +165,25 @@ def test_add_param_group_routes_by_name():
     opt.add_param_group({"params": [extra], "lr": 0.5, "optimizer": "dense"})
     assert opt.optimizers["dense"].param_groups[-1]["params"][0] is extra
     assert opt.param_groups[-1]["lr"] == 0.5
-    with pytest.raises(ValueError, match=r"one of \['dense', 'sparse'\]; got None"):
+    with pytest.raises(ValueError, match=r"one of \['dense', 'sparse'\], got None"):
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+    with pytest.raises(ValueError, match=r"'param_group\['optimizer'\]' must be one of \['dense', 'sparse'\], "
+                                         "got 'wide'"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))], "optimizer": "wide"})
+    with pytest.raises(TypeError, match=r"'param_group\['optimizer'\]' must be one of .*got 0 \(int\)"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))], "optimizer": 0})
     with pytest.raises(ValueError, match="already belongs to optimizer 'sparse'"):
         opt.add_param_group({"params": [a], "optimizer": "dense"})
 
 
 def test_bad_arguments():
     p = nn.Parameter(torch.zeros(2))
-    with pytest.raises(TypeError, match=r"optimizers\['0'\] must be a torch.optim.Optimizer"):
+    with pytest.raises(TypeError, match=r"CombinedOptimizer: 'optimizers\['0'\]' must be a torch.optim.Optimizer"):
         CombinedOptimizer([object()])
+    with pytest.raises(TypeError, match=r"'optimizers' must be a mapping name -> Optimizer .*got 3 \(int\)"):
+        CombinedOptimizer(3)
+    with pytest.raises(TypeError, match=r"'optimizer name' must be a str, got 0 \(int\)"):
+        CombinedOptimizer({0: LazyAdam([p])})
     with pytest.raises(ValueError, match="at least one"):
         CombinedOptimizer([])
     with pytest.raises(ValueError, match="in both optimizers '0' and '1'"):
@@ -183,11 +191,15 @@ def test_bad_arguments():
     opt = CombinedOptimizer({"a": LazyAdam([p])})
     with pytest.raises(ValueError, match=r"has optimizers \['b'\], this CombinedOptimizer has"):
         opt.load_state_dict({"optimizers": {"b": {}}})
-    with pytest.raises(ValueError, match="state_dict must be a dict"):
+    with pytest.raises(ValueError, match=r"'state_dict' must be a dict \{'optimizers'.*got keys \['param_groups'"):
         opt.load_state_dict({"state": {}, "param_groups": []})
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"CombinedOptimizer.load_state_dict: 'state_dict' must be a dict, got \[\]"):
+        opt.load_state_dict([])
+    with pytest.raises(TypeError, match="sparse_and_dense: 'model' must be a torch.nn.Module"):
         sparse_and_dense("not a model")
-    with pytest.raises(TypeError, match="sparse must be a callable"):
+    with pytest.raises(TypeError, match="split_sparse_dense: 'model' must be a torch.nn.Module"):
+        split_sparse_dense(None)
+    with pytest.raises(TypeError, match=r"sparse_and_dense: 'sparse' must be callable, got 0\.1 \(float\)"):
         sparse_and_dense(Net(), sparse=0.1)
     with pytest.raises(TypeError, match=r"dense\(params\) must return"):
         sparse_and_dense(Net(), dense=lambda ps: None)

@@ -39,7 +39,7 @@ def test_matches_scalar_reference_on_touched_rows(lr_power, l1, l2):
         vals = torch.randn(8, d, dtype=torch.float64, generator=gen)
         p.grad = sparse_grad(rows, vals, p.shape)
         opt.step()
-        for r, gr in zip(rows.tolist(), vals.tolist()):
+        for r, gr in zip(rows.tolist(), vals.tolist(), strict=True):
             for c in range(d):
                 w[r][c], n[r][c], z[r][c] = ftrl_coordinate(
                     w[r][c], n[r][c], z[r][c], gr[c], alpha, -lr_power, l1, l2)

@@ -89,20 +89,24 @@ def test_pop_reset_rows_must_return_integer_tensor(bad):
 
 
 @pytest.mark.parametrize("cls,kwargs,exc,match", [
-    (RowWiseAdagrad, {"lr": -0.1}, ValueError, r"lr must be .*>= 0.*-0\.1"),
-    (RowWiseAdagrad, {"eps": float("nan")}, ValueError, "eps must be finite"),
-    (RowWiseAdagrad, {"weight_decay": -1}, ValueError, "weight_decay"),
-    (RowWiseAdagrad, {"initial_accumulator_value": -1.0}, ValueError, "initial_accumulator"),
-    (RowWiseAdagrad, {"lr": "0.1"}, TypeError, r"lr must be a real number, got '0\.1'"),
-    (LazyAdam, {"betas": (0.9, 1.0)}, ValueError, r"betas\[1\] must be .*< 1\.0, got 1\.0"),
-    (LazyAdam, {"betas": (-0.1, 0.9)}, ValueError, r"betas\[0\]"),
-    (LazyAdam, {"betas": 0.9}, TypeError, "betas must be a pair"),
-    (LazyAdam, {"eps": -1e-8}, ValueError, "eps"),
-    (FTRL, {"lr": 0.0}, ValueError, r"lr must be .*> 0\.0, got 0\.0"),
-    (FTRL, {"lr_power": 0.5}, ValueError, r"lr_power must be <= 0, got 0\.5"),
-    (FTRL, {"l1": -1.0}, ValueError, "l1"),
-    (FTRL, {"l2": -1.0}, ValueError, "l2"),
-    (FTRL, {"initial_accumulator_value": -0.1}, ValueError, "initial_accumulator_value"),
+    (RowWiseAdagrad, {"lr": -0.1}, ValueError, r"RowWiseAdagrad: 'lr' must be a finite number >= 0\.0, got -0\.1"),
+    (RowWiseAdagrad, {"eps": float("nan")}, ValueError, "'eps' must be a finite number >= 0.0, got nan"),
+    (RowWiseAdagrad, {"weight_decay": -1}, ValueError, "'weight_decay' must be a finite number >= 0.0, got -1"),
+    (RowWiseAdagrad, {"initial_accumulator_value": -1.0}, ValueError, "'initial_accumulator_value'"),
+    (RowWiseAdagrad, {"lr": "0.1"}, TypeError, r"RowWiseAdagrad: 'lr' must be a finite number >= 0\.0, "
+                                               r"got '0\.1' \(str\)"),
+    (LazyAdam, {"betas": (0.9, 1.0)}, ValueError, r"LazyAdam: 'betas\[1\]' must be .*< 1\.0, got 1\.0"),
+    (LazyAdam, {"betas": (-0.1, 0.9)}, ValueError, r"'betas\[0\]' must be a finite number >= 0\.0"),
+    (LazyAdam, {"betas": (0.9, True)}, TypeError, r"'betas\[1\]' must be a finite number.*got True \(bool\)"),
+    (LazyAdam, {"betas": 0.9}, TypeError, r"LazyAdam: 'betas' must be a pair \(beta1, beta2\), got 0\.9 \(float\)"),
+    (LazyAdam, {"betas": (0.9, 0.99, 0.999)}, ValueError, r"'betas' must be a pair \(beta1, beta2\)"),
+    (LazyAdam, {"eps": -1e-8}, ValueError, "LazyAdam: 'eps'"),
+    (FTRL, {"lr": 0.0}, ValueError, r"FTRL: 'lr' must be a finite number > 0\.0, got 0\.0"),
+    (FTRL, {"lr_power": 0.5}, ValueError, r"FTRL: 'lr_power' must be a finite number <= 0\.0, got 0\.5"),
+    (FTRL, {"l1": -1.0}, ValueError, "FTRL: 'l1'"),
+    (FTRL, {"l2": -1.0}, ValueError, "FTRL: 'l2'"),
+    (FTRL, {"l2": None}, TypeError, r"FTRL: 'l2' must be a finite number >= 0\.0, got None \(NoneType\)"),
+    (FTRL, {"initial_accumulator_value": -0.1}, ValueError, "'initial_accumulator_value'"),
 ])
 def test_bad_hyper_parameters_are_rejected(cls, kwargs, exc, match):
     with pytest.raises(exc, match=match):
@@ -111,9 +115,11 @@ def test_bad_hyper_parameters_are_rejected(cls, kwargs, exc, match):
 
 def test_bad_group_is_rejected_and_not_added():
     opt = LazyAdam([nn.Parameter(torch.zeros(2))])
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match="LazyAdam: 'lr'"):
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "lr": -1.0})
     assert len(opt.param_groups) == 1
+    with pytest.raises(TypeError, match=r"LazyAdam.add_param_group: 'param_group' must be a dict"):
+        opt.add_param_group([nn.Parameter(torch.zeros(2))])
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")

@@ -1,6 +1,5 @@
 """Behaviour shared by all row-sparse optimizers: laziness, duplicates, state, e2e."""
 
-import copy
 import io
 
 import pytest
