@@ -1,5 +1,6 @@
-"""Seed 003's custom training loop, on recstream: LeNet-5 trained with `WithLossCell`,
-`TrainOneStepCell`, `DatasetHelper` and `connect_network_with_dataset` in sink mode.
+"""A hand-written training loop in MindSpore's custom-loop style, on recstream: LeNet-5 trained
+with `WithLossCell`, `TrainOneStepCell`, `DatasetHelper` and `connect_network_with_dataset` in
+sink mode.
 
 The images are generated (no download): 32x32 single-channel pictures of ten classes, each
 class a different bright bar pattern plus noise, so the network has something real to learn.
@@ -23,7 +24,7 @@ class LeNet5(nn.Module):
         self.conv2 = nn.Conv2d(6, 16, 5, bias=False)
         self.fc1, self.fc2, self.fc3 = nn.Linear(16 * 5 * 5, 120), nn.Linear(120, 84), nn.Linear(84, num_class)
         self.pool = nn.MaxPool2d(2, 2)
-        for m in self.modules():  # seed 003 initialises weights with TruncatedNormal(0.02)
+        for m in self.modules():  # MindSpore's LeNet initialises weights with TruncatedNormal(0.02)
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 nn.init.trunc_normal_(m.weight, std=0.02)
 
@@ -50,7 +51,7 @@ class GeneratedImages:
         return len(self.labels)
 
     def __iter__(self):
-        return iter(zip(self.images, self.labels))
+        return iter(zip(self.images, self.labels, strict=True))
 
 
 def main(argv=None) -> list[float]:
@@ -58,7 +59,7 @@ def main(argv=None) -> list[float]:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--sink-size", type=int, default=100)
     p.add_argument("--batches", type=int, default=60)
-    p.add_argument("--lr", type=float, default=0.01, help="seed 003 uses 0.01 (slow to start, as its output shows)")
+    p.add_argument("--lr", type=float, default=0.01, help="MindSpore's LeNet tutorial uses 0.01 (slow to start)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     network = LeNet5(10)

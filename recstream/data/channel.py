@@ -18,11 +18,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
-from .transfer import pin_memory as pin, record_stream, to_device
+from ..validation import check_int
+from .protocol import MetadataDataset, SeekableDataset, reset
+from .transfer import pin_memory as pin
+from .transfer import record_stream, to_device
 
 log = logging.getLogger("recstream.data")
 
@@ -42,13 +45,6 @@ class Item:
 
     def __init__(self, batch, event, position, meta):
         self.batch, self.event, self.position, self.meta = batch, event, position, meta
-
-
-def reset(dataset) -> None:
-    """Rewind a dataset that keeps its own position (MindSpore-style datasets, streams)."""
-    fn = getattr(dataset, "reset", None)
-    if callable(fn):
-        fn()
 
 
 def _one_pass(dataset) -> Iterator:
@@ -91,16 +87,16 @@ class DataChannel:
     def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
                  passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
                  name: str = "recstream-data-channel"):
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"DataChannel: 'depth' must be an int >= 1, got {depth!r}")
+        check_int("DataChannel", "depth", depth, minimum=1)
         self.device = torch.device(device) if device is not None else None
         cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
         self._side_stream = torch.cuda.Stream(device=self.device) if cuda else None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._position = getattr(dataset, "position", None)
-        self._meta = getattr(dataset, "last_batch_meta", None)
+        # Read in the producer thread right after each batch, so it travels with that batch.
+        self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
+        self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
         self._thread = threading.Thread(target=self._produce, args=(dataset, total, passes, reset_after_pass),
                                         daemon=True, name=name)
         self._thread.start()
@@ -117,8 +113,8 @@ class DataChannel:
                 reset(dataset)
 
     def _prepare(self, batch) -> Item:
-        position = self._position() if callable(self._position) else None
-        meta = self._meta() if callable(self._meta) else None
+        position = self._position() if self._position is not None else None
+        meta = self._meta() if self._meta is not None else None
         if self.pin_memory:
             batch = pin(batch)
         if self.device is None:
@@ -179,7 +175,7 @@ class DataChannel:
                 if should_stop is not None and should_stop():
                     return STOPPED
                 if not self._thread.is_alive() and self._queue.empty():
-                    raise RuntimeError("DataChannel: the producer thread died without a message")
+                    raise RuntimeError("DataChannel: the producer thread died without a message") from None
         if isinstance(item, _ProducerError):
             raise item.exc
         if isinstance(item, Item) and item.event is not None:

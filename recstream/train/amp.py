@@ -24,15 +24,16 @@ wrapper casts the inputs, and outputs go back to fp32 before the loss.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from recstream.train.cells import TrainOneStepCell, WithEvalCell, WithLossCell
-from recstream.train.loss_scale import DynamicLossScaleManager, LossScaleManager, TrainOneStepWithLossScaleCell
+from ..validation import check_bool, check_callable, check_choice, check_module, check_type
+from .cells import TrainOneStepCell, WithEvalCell, WithLossCell
+from .loss_scale import DynamicLossScaleManager, LossScaleManager, TrainOneStepWithLossScaleCell
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -64,13 +65,9 @@ def _lookup_types() -> tuple[type, ...]:
     return tuple(_LOOKUP_TYPES)
 
 
-def check_amp_level(level) -> str:
+def check_amp_level(level, owner: str = "amp") -> str:
     """Return `level` if it is one of `AMP_LEVELS`, else raise."""
-    if not isinstance(level, str):
-        raise TypeError(f"'amp_level' must be a str, one of {list(AMP_LEVELS)}, got {type(level).__name__}")
-    if level not in AMP_LEVELS:
-        raise ValueError(f"'amp_level' must be one of {list(AMP_LEVELS)}, got {level!r}")
-    return level
+    return check_choice(owner, "amp_level", level, AMP_LEVELS)
 
 
 def _as_device(device, network: nn.Module | None = None) -> torch.device:
@@ -132,7 +129,7 @@ def resolve_amp_dtype(device, dtype=None) -> torch.dtype:
     raise ValueError(f"mixed precision supports 'device' types 'cpu' and 'cuda', got {str(device)!r}")
 
 
-def autocast_factory(level: str, device=None, dtype=None) -> Callable[[], ContextManager]:
+def autocast_factory(level: str, device=None, dtype=None) -> Callable[[], AbstractContextManager]:
     """Zero-argument factory of the forward's context: ``torch.autocast`` for "O1", else a no-op."""
     if resolve_amp_level(level, device) != "O1":
         return nullcontext
@@ -213,7 +210,7 @@ class CastNetwork(nn.Module):
 class _ContextCell(nn.Module):
     """Run `network` inside ``context()``, with floating outputs cast back to fp32 (O1 eval/predict)."""
 
-    def __init__(self, network: nn.Module, context: Callable[[], ContextManager]):
+    def __init__(self, network: nn.Module, context: Callable[[], AbstractContextManager]):
         super().__init__()
         self.network, self.context = network, context
 
@@ -234,11 +231,10 @@ def cast_network_(network: nn.Module, dtype: torch.dtype, keep_batchnorm_fp32: b
     return network
 
 
-def _check_common(network, keep_batchnorm_fp32) -> None:
-    if not isinstance(network, nn.Module):
-        raise TypeError(f"'network' must be a torch.nn.Module, got {type(network).__name__}")
-    if keep_batchnorm_fp32 is not None and not isinstance(keep_batchnorm_fp32, bool):
-        raise TypeError(f"'keep_batchnorm_fp32' must be None or a bool, got {keep_batchnorm_fp32!r}")
+def _check_common(owner: str, network, loss_fn, keep_batchnorm_fp32) -> None:
+    check_module(owner, "network", network)
+    check_callable(owner, "loss_fn", loss_fn, allow_none=True)
+    check_bool(owner, "keep_batchnorm_fp32", keep_batchnorm_fp32, allow_none=True)
 
 
 def _precision_network(network: nn.Module, level: str, device, keep_batchnorm_fp32, dtype) -> nn.Module:
@@ -264,13 +260,11 @@ def build_train_network(network: nn.Module, loss_fn: Callable | None = None, opt
     pass a `loss_scale_manager`. With ``optimizer=None`` (only at "O0") `network` is itself the
     step (with `loss_fn` attached). "O3" casts the network's weights in place.
     """
-    _check_common(network, keep_batchnorm_fp32)
-    level = check_amp_level(level)
-    if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"'loss_fn' must be callable or None, got {type(loss_fn).__name__}")
-    if loss_scale_manager is not None and not isinstance(loss_scale_manager, LossScaleManager):
-        raise TypeError("'loss_scale_manager' must be a LossScaleManager (FixedLossScaleManager or "
-                        f"DynamicLossScaleManager) or None, got {type(loss_scale_manager).__name__}")
+    owner = "build_train_network"
+    _check_common(owner, network, loss_fn, keep_batchnorm_fp32)
+    check_amp_level(level, owner)
+    check_type(owner, "loss_scale_manager", loss_scale_manager, LossScaleManager, allow_none=True,
+               allowed="a LossScaleManager (FixedLossScaleManager or DynamicLossScaleManager)")
     if optimizer is None:
         if level != "O0":
             raise ValueError(f"Auto mixed precision will not work because 'optimizer' is None (amp_level={level!r}); "
@@ -278,6 +272,13 @@ def build_train_network(network: nn.Module, loss_fn: Callable | None = None, opt
         if loss_scale_manager is not None:
             raise ValueError("'loss_scale_manager' was given but 'optimizer' is None; loss scaling needs an optimizer")
         return network if loss_fn is None else WithLossCell(network, loss_fn)
+    return train_network(network, loss_fn, optimizer, level, keep_batchnorm_fp32, loss_scale_manager, device, dtype)
+
+
+def train_network(network: nn.Module, loss_fn: Callable | None, optimizer, level: str,
+                  keep_batchnorm_fp32: bool | None, loss_scale_manager: LossScaleManager | None,
+                  device=None, dtype=None) -> nn.Module:
+    """`build_train_network` for arguments validated already (by it, or by `Model`)."""
     device = _as_device(device, network)
     level = resolve_amp_level(level, device)
     if loss_scale_manager is None and level == "O2":
@@ -302,9 +303,7 @@ def build_eval_network(network: nn.Module, loss_fn: Callable | None, level: str 
                        keep_batchnorm_fp32: bool | None = None, dtype=None) -> nn.Module:
     """`WithEvalCell` returning ``(loss, outputs, label)`` with the network at `level` and fp32
     outputs; with ``loss_fn=None`` just the wrapped network. Weights are not modified."""
-    _check_common(network, keep_batchnorm_fp32)
-    if loss_fn is not None and not callable(loss_fn):
-        raise TypeError(f"'loss_fn' must be callable or None, got {type(loss_fn).__name__}")
+    _check_common("build_eval_network", network, loss_fn, keep_batchnorm_fp32)
     device = _as_device(device, network)
     level = resolve_amp_level(level, device)
     net = _precision_network(network, level, device, keep_batchnorm_fp32, dtype)
@@ -314,6 +313,6 @@ def build_eval_network(network: nn.Module, loss_fn: Callable | None, level: str 
 def build_predict_network(network: nn.Module, level: str = "O0", device=None,
                           keep_batchnorm_fp32: bool | None = None, dtype=None) -> nn.Module:
     """`network` at `level` for inference, floating outputs cast back to fp32."""
-    _check_common(network, keep_batchnorm_fp32)
+    _check_common("build_predict_network", network, None, keep_batchnorm_fp32)
     device = _as_device(device, network)
     return _precision_network(network, resolve_amp_level(level, device), device, keep_batchnorm_fp32, dtype)

@@ -1,4 +1,4 @@
-"""Training cells (seed 003): small modules that turn a network into a loss, a step or an eval.
+"""Training cells: small modules that turn a network into a loss, a step or an eval.
 
 - `WithLossCell(backbone, loss_fn)`: ``loss_fn(backbone(*data), label)``.
 - `TrainOneStepCell(network_with_loss, optimizer, sens=1.0)`: forward, backward, update; returns
@@ -16,24 +16,24 @@ False
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from ..data.protocol import split_label
+from ..validation import check_callable, check_module, check_type
 
-def split_label(inputs: tuple, kwargs: dict) -> tuple[tuple, dict, object]:
-    """Split a batch into network inputs and label: ``label=`` keyword, else the last positional."""
-    if "label" in kwargs:
-        kwargs = dict(kwargs)
-        return inputs, kwargs, kwargs.pop("label")
-    if len(inputs) < 2:
-        raise ValueError(
-            "When 'loss_fn' is given, each batch must hold the network's inputs and a label, e.g. "
-            f"(data, label) or a dict with a 'label' key; got {len(inputs)} positional element(s) "
-            f"and keys {sorted(kwargs)}")
-    return inputs[:-1], kwargs, inputs[-1]
+
+@runtime_checkable
+class OptimizerLike(Protocol):
+    """What a step cell needs of an optimizer: any ``torch.optim.Optimizer`` has it."""
+
+    def step(self, *args, **kwargs): ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
 
 
 class WithLossCell(nn.Module):
@@ -41,8 +41,8 @@ class WithLossCell(nn.Module):
 
     def __init__(self, backbone: nn.Module, loss_fn: Callable):
         super().__init__()
-        if not callable(loss_fn):
-            raise TypeError(f"WithLossCell: 'loss_fn' must be callable, got {type(loss_fn).__name__}")
+        check_module("WithLossCell", "backbone", backbone)
+        check_callable("WithLossCell", "loss_fn", loss_fn)
         self._backbone = backbone
         self._loss_fn = loss_fn
 
@@ -64,10 +64,11 @@ class TrainOneStepCell(nn.Module):
     """
 
     def __init__(self, network: nn.Module, optimizer: torch.optim.Optimizer, sens: float = 1.0,
-                 autocast: Callable[[], ContextManager] | None = None):
+                 autocast: Callable[[], AbstractContextManager] | None = None):
         super().__init__()
-        if not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
-            raise TypeError(f"TrainOneStepCell: 'optimizer' must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_module("TrainOneStepCell", "network", network)
+        check_type("TrainOneStepCell", "optimizer", optimizer, OptimizerLike,
+                   allowed="a torch.optim.Optimizer (an object with step() and zero_grad())")
         self.network = network
         self.optimizer = optimizer
         self.sens = float(sens)
@@ -78,8 +79,8 @@ class TrainOneStepCell(nn.Module):
 
     def backward(self, loss: torch.Tensor) -> None:
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            raise TypeError("TrainOneStepCell: the network must return a loss tensor that requires grad, "
-                            f"got {type(loss).__name__}" + ("" if not isinstance(loss, torch.Tensor) else " without grad"))
+            got = "a tensor without grad" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise TypeError(f"TrainOneStepCell: the network must return a loss tensor that requires grad, got {got}")
         if self.sens == 1.0 and loss.dim() == 0:
             loss.backward()
         else:  # a non-scalar loss gets the gradient seed `sens` on every element, like MindSpore's Fill

@@ -22,32 +22,13 @@ bookkeeping never reads a value back to the host. The only host sync is the skip
 from __future__ import annotations
 
 import abc
-import math
-from contextlib import nullcontext
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
 
-
-def _check_number(name: str, value, minimum: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"'{name}' must be a number, got {type(value).__name__} ({value!r})")
-    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
-        raise ValueError(f"'{name}' must be a finite number {'>' if strict else '>='} {minimum}, got {value!r}")
-    return float(value)
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"'{name}' must be a positive int, got {value!r}")
-    return value
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"'{name}' must be a bool, got {type(value).__name__} ({value!r})")
-    return value
+from ..validation import check_bool, check_int, check_number
 
 
 class FixedLossScaleUpdateCell(nn.Module):
@@ -55,8 +36,9 @@ class FixedLossScaleUpdateCell(nn.Module):
 
     def __init__(self, loss_scale_value: float, drop_overflow_update: bool = True):
         super().__init__()
-        value = _check_number("loss_scale_value", loss_scale_value, 1.0)
-        self.drop_overflow_update = _check_bool("drop_overflow_update", drop_overflow_update)
+        value = check_number("FixedLossScaleUpdateCell", "loss_scale_value", loss_scale_value, minimum=1.0)
+        self.drop_overflow_update = check_bool("FixedLossScaleUpdateCell", "drop_overflow_update",
+                                               drop_overflow_update)
         self.register_buffer("loss_scale", torch.tensor(value, dtype=torch.float32))
 
     def forward(self, overflow: torch.Tensor) -> torch.Tensor:
@@ -70,9 +52,10 @@ class DynamicLossScaleUpdateCell(nn.Module):
 
     def __init__(self, loss_scale_value: float, scale_factor: float, scale_window: int):
         super().__init__()
-        value = _check_number("loss_scale_value", loss_scale_value, 1.0)
-        self.scale_factor = _check_number("scale_factor", scale_factor, 1.0, strict=True)
-        self.scale_window = _check_positive_int("scale_window", scale_window)
+        value = check_number("DynamicLossScaleUpdateCell", "loss_scale_value", loss_scale_value, minimum=1.0)
+        self.scale_factor = check_number("DynamicLossScaleUpdateCell", "scale_factor", scale_factor,
+                                         minimum=1.0, min_open=True)
+        self.scale_window = check_int("DynamicLossScaleUpdateCell", "scale_window", scale_window, minimum=1)
         self.register_buffer("loss_scale", torch.tensor(value, dtype=torch.float32))
         self.register_buffer("good_steps", torch.zeros((), dtype=torch.int64))
 
@@ -130,16 +113,18 @@ class FixedLossScaleManager(LossScaleManager):
     that never skips, because PyTorch optimizers cannot unscale gradients themselves.)"""
 
     def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = True):
-        value = _check_number("loss_scale", loss_scale, 1.0)
-        self._cell = FixedLossScaleUpdateCell(value, _check_bool("drop_overflow_update", drop_overflow_update))
+        value = check_number("FixedLossScaleManager", "loss_scale", loss_scale, minimum=1.0)
+        drop = check_bool("FixedLossScaleManager", "drop_overflow_update", drop_overflow_update)
+        self._cell = FixedLossScaleUpdateCell(value, drop)
 
     def state_dict(self) -> dict:
         return {"loss_scale": self.get_loss_scale(), "drop_overflow_update": self.get_drop_overflow_update()}
 
     def load_state_dict(self, state: dict) -> None:
         self._check_state(state, ("loss_scale", "drop_overflow_update"))
-        self._cell.loss_scale.fill_(_check_number("loss_scale", state["loss_scale"], 1.0))
-        self._cell.drop_overflow_update = _check_bool("drop_overflow_update", state["drop_overflow_update"])
+        owner = "FixedLossScaleManager.load_state_dict"
+        self._cell.loss_scale.fill_(check_number(owner, "loss_scale", state["loss_scale"], minimum=1.0))
+        self._cell.drop_overflow_update = check_bool(owner, "drop_overflow_update", state["drop_overflow_update"])
 
 
 class DynamicLossScaleManager(LossScaleManager):
@@ -152,7 +137,11 @@ class DynamicLossScaleManager(LossScaleManager):
                 raise ValueError(f"give either 'init_loss_scale' ({init_loss_scale!r}) or its alias "
                                  f"'init_scale' ({init_scale!r}), not both")
             init_loss_scale = init_scale
-        self._cell = DynamicLossScaleUpdateCell(init_loss_scale, scale_factor, scale_window)
+        owner = "DynamicLossScaleManager"
+        self._cell = DynamicLossScaleUpdateCell(
+            check_number(owner, "init_loss_scale", init_loss_scale, minimum=1.0),
+            check_number(owner, "scale_factor", scale_factor, minimum=1.0, min_open=True),
+            check_int(owner, "scale_window", scale_window, minimum=1))
 
     @property
     def scale_factor(self) -> float:
@@ -168,9 +157,10 @@ class DynamicLossScaleManager(LossScaleManager):
 
     def load_state_dict(self, state: dict) -> None:
         self._check_state(state, ("loss_scale", "good_steps", "scale_factor", "scale_window"))
-        self._cell.scale_factor = _check_number("scale_factor", state["scale_factor"], 1.0, strict=True)
-        self._cell.scale_window = _check_positive_int("scale_window", state["scale_window"])
-        self._cell.loss_scale.fill_(_check_number("loss_scale", state["loss_scale"], 1.0))
+        owner = "DynamicLossScaleManager.load_state_dict"
+        self._cell.scale_factor = check_number(owner, "scale_factor", state["scale_factor"], minimum=1.0, min_open=True)
+        self._cell.scale_window = check_int(owner, "scale_window", state["scale_window"], minimum=1)
+        self._cell.loss_scale.fill_(check_number(owner, "loss_scale", state["loss_scale"], minimum=1.0))
         good = state["good_steps"]
         if isinstance(good, bool) or not isinstance(good, int) or good < 0:
             raise ValueError(f"'good_steps' must be an int >= 0, got {good!r}")
@@ -213,7 +203,7 @@ class TrainOneStepWithLossScaleCell(nn.Module):
     """
 
     def __init__(self, network: Callable, optimizer: torch.optim.Optimizer, scale_sense,
-                 autocast: Callable[[], ContextManager] | None = None):
+                 autocast: Callable[[], AbstractContextManager] | None = None):
         super().__init__()
         if not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
             raise TypeError("TrainOneStepWithLossScaleCell: 'optimizer' must be a torch.optim.Optimizer, "
@@ -241,7 +231,7 @@ class TrainOneStepWithLossScaleCell(nn.Module):
 
     def set_sense_scale(self, value: float) -> None:
         """Overwrite the current scale (MindSpore's ``set_sense_scale``)."""
-        self.scale_update.loss_scale.fill_(_check_number("value", value, 1.0))
+        self.scale_update.loss_scale.fill_(check_number("TrainOneStepWithLossScaleCell", "value", value, minimum=1.0))
 
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]

@@ -1,10 +1,18 @@
 """`Model`: the high-level API (MindSpore's `mindspore.train.Model`) on PyTorch.
 
 Split of concerns:
-- data adapter (`data_adapter.py`): what a dataset and a batch may be, sizes, resets, devices;
-- dataset helper / sink (`sink.py`): how batches reach the device, one step or one sink at a time;
-- loops (`loop.py`): epochs, steps, hooks, stop checks, evaluation — the only loops;
-- this file: the networks (train step, eval, predict), metrics, argument checks and run set-up.
+
+- data adapter (`recstream.data.protocol`): what a dataset and a batch may be, sizes, resets;
+- dataset helper and sink (`sink.py`): how batches reach the device, one step or one sink of
+  steps at a time (`Sink.run` is the sink loop);
+- step cells (`cells.py`, `amp.py`): what one training step does — the extension point
+  (`TrainOneStepCell`, or any module passed as the network with ``loss_fn=None, optimizer=None``);
+- callbacks (`recstream.callbacks.CallbackList`): hook dispatch;
+- this class: the networks, the metrics, and the loops (`_train_loop`, `_eval_loop`): one
+  ``for epoch / for step`` for both execution modes, hooks and counters as in docs/semantics.md.
+
+Hot-path rules: no host sync per step (the loss stays a device tensor in ``net_outputs``;
+callbacks read it when they need to), network mode switched once per phase, not per step.
 
 >>> import torch
 >>> from recstream import Model
@@ -19,19 +27,38 @@ Split of concerns:
 """
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from ..callbacks.base import CallbackList, CallbackParams, as_callback_list
-from ..metrics import get_metrics
-from . import checks
-from .cells import TrainOneStepCell, WithEvalCell, WithLossCell
+from ..callbacks import Callback, CallbackList, CallbackParams, ProgressBar, RunContext, progress_bar_default
+from ..callbacks.base import as_callback_list
+from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
-from .data_adapter import check_dataset, dataset_size, network_device
-from .loop import FitEval, eval_loop, train_loop
-from .sink import DatasetHelper, connect_network_with_dataset
+from ..metrics import Loss, get_metrics
+from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
+from . import amp
+from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
+from .loss_scale import LossScaleManager
+from .sink import DatasetHelper, check_sink_size
 
 _KWARGS = ("loss_scale_manager", "keep_batchnorm_fp32", "boost_config_dict", "acc_level", "progress_bar")
+BOOST_LEVELS = ("O0", "O1", "O2")
+
+
+@dataclass
+class _FitEvaluation:
+    """What `fit` evaluates between epochs, how often, and with which callbacks."""
+
+    dataset: Iterable
+    frequency: int | list
+    callbacks: CallbackList | None = None
+
+    def due(self, epoch: int) -> bool:
+        return epoch % self.frequency == 0 if isinstance(self.frequency, int) else epoch in self.frequency
 
 
 class Model:
@@ -52,19 +79,23 @@ class Model:
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
                  eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs):
-        checks.check_module("network", network)
-        checks.check_kwargs(kwargs, _KWARGS)
-        if loss_fn is not None and not callable(loss_fn):
-            raise TypeError(f"'loss_fn' must be callable (e.g. an nn.Module), got {type(loss_fn).__name__}")
-        checks.check_optimizer(optimizer)
+        check_module("Model", "network", network)
+        check_kwargs("Model", kwargs, _KWARGS)
+        check_callable("Model", "loss_fn", loss_fn, allow_none=True)
+        check_type("Model", "optimizer", optimizer, OptimizerLike, allow_none=True,
+                   allowed="a torch.optim.Optimizer (an object with step() and zero_grad())")
         self._network, self._loss_fn, self._optimizer = network, loss_fn, optimizer
-        self._amp_level = checks.check_amp_level(amp_level, optimizer)
-        self._boost_level = checks.check_boost_level(kwargs.get("acc_level", boost_level), kwargs)
-        self._keep_bn_fp32 = checks.check_optional_bool("keep_batchnorm_fp32", kwargs.get("keep_batchnorm_fp32"))
+        self._amp_level = _check_amp_level(amp_level, optimizer)
+        self._boost_level = _check_boost_level(kwargs.get("acc_level", boost_level), kwargs.get("boost_config_dict"))
+        self._keep_bn_fp32 = check_bool("Model", "keep_batchnorm_fp32", kwargs.get("keep_batchnorm_fp32"),
+                                        allow_none=True)
         self._loss_scale_manager = kwargs.get("loss_scale_manager")
         if self._loss_scale_manager is not None and optimizer is None:
-            raise ValueError("'optimizer' must be set when 'loss_scale_manager' is given (got optimizer=None)")
-        self._progress_bar = checks.check_progress_bar(kwargs.get("progress_bar", "auto"))
+            raise ValueError("Model: 'optimizer' must be set when 'loss_scale_manager' is given (got optimizer=None)")
+        check_type("Model", "loss_scale_manager", self._loss_scale_manager, LossScaleManager, allow_none=True,
+                   allowed="a LossScaleManager (FixedLossScaleManager or DynamicLossScaleManager)")
+        self._progress_bar = check_choice("Model", "progress_bar", kwargs.get("progress_bar", "auto"),
+                                          ("auto", True, False))
         self._train_network = self._build_train_network()
         self._metric_fns = get_metrics(metrics)
         self._eval_network, self._eval_indexes = self._build_eval_network(eval_network, eval_indexes)
@@ -72,38 +103,34 @@ class Model:
 
     # ------------------------------------------------------------------ networks
     def _build_train_network(self) -> nn.Module:
+        net = self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
         if self._optimizer is None:
-            return self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
+            return net
         if self._amp_level == "O0" and self._loss_scale_manager is None:
-            net = self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
             return TrainOneStepCell(net, self._optimizer)
-        from . import amp  # mixed precision builds its own step cell (autocast, casts, loss scale)
-        return amp.build_train_network(self._network, self._loss_fn, self._optimizer, level=self._amp_level,
-                                       keep_batchnorm_fp32=self._keep_bn_fp32,
-                                       loss_scale_manager=self._loss_scale_manager,
-                                       device=network_device(self._network))
+        # Mixed precision builds its own step cell (autocast, casts, loss scale).
+        return amp.train_network(self._network, self._loss_fn, self._optimizer, self._amp_level,
+                                 self._keep_bn_fp32, self._loss_scale_manager, self._device)
 
     def _build_eval_network(self, eval_network, eval_indexes):
-        checks.check_eval_indexes(eval_indexes)
+        _check_eval_indexes(eval_indexes)
         if eval_network is not None:
-            checks.check_module("eval_network", eval_network)
+            check_module("Model", "eval_network", eval_network)
             return eval_network, eval_indexes
         if not self._metric_fns:
             return None, None
         if self._loss_fn is None:
-            raise ValueError("'metrics' needs either 'loss_fn' (to build the eval network) or 'eval_network'; "
-                             "got loss_fn=None and eval_network=None")
+            raise ValueError("Model: 'metrics' needs either 'loss_fn' (to build the eval network) or "
+                             "'eval_network'; got loss_fn=None and eval_network=None")
         if self._amp_level != "O0":
-            from . import amp
-            return amp.build_eval_network(self._network, self._loss_fn, self._amp_level, network_device(self._network),
+            return amp.build_eval_network(self._network, self._loss_fn, self._amp_level, self._device,
                                           keep_batchnorm_fp32=self._keep_bn_fp32), [0, 1, 2]
         return WithEvalCell(self._network, self._loss_fn), [0, 1, 2]
 
     def _build_predict_network(self) -> nn.Module:
         if self._amp_level == "O0":
             return self._network
-        from . import amp
-        return amp.build_predict_network(self._network, self._amp_level, network_device(self._network),
+        return amp.build_predict_network(self._network, self._amp_level, self._device,
                                          keep_batchnorm_fp32=self._keep_bn_fp32)
 
     @property
@@ -121,108 +148,37 @@ class Model:
         """The module `predict` calls (the network itself, or its mixed-precision wrapper)."""
         return self._predict_network
 
-    # ------------------------------------------------------------------ loop services
     @property
     def _device(self) -> torch.device:
-        return network_device(self._network)
-
-    @property
-    def _needs_label(self) -> bool:
-        return self._loss_fn is not None
-
-    @property
-    def _eval_needs_label(self) -> bool:
-        return isinstance(self._eval_network, WithEvalCell)
-
-    def _step_network(self, helper: DatasetHelper) -> nn.Module:
-        return connect_network_with_dataset(self._train_network, helper)
-
-    def _set_train_mode(self, training: bool) -> None:
-        self._train_network.train(training)
-        if self._eval_network is not None:
-            self._eval_network.train(training)
-
-    def _clear_metrics(self) -> None:
-        for metric in self._metric_fns.values():
-            metric.clear()
-
-    def _update_metrics(self, outputs) -> None:
-        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
-        if not isinstance(outputs, (tuple, list)):
-            raise TypeError(f"the eval network must return a tensor or a tuple of tensors, got {type(outputs).__name__}")
-        for name, metric in self._metric_fns.items():
-            if self._eval_indexes is None:
-                metric.update(*outputs)
-            elif _is_loss_metric(metric):
-                metric.update(outputs[self._eval_indexes[0]])
-            else:
-                metric.update(outputs[self._eval_indexes[1]], outputs[self._eval_indexes[2]])
-
-    def _get_metrics(self) -> dict:
-        return {name: metric.eval() for name, metric in self._metric_fns.items()}
-
-    def _loss_output(self, outputs):
-        if self._eval_indexes is None:
-            return None
-        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
-        return outputs[self._eval_indexes[0]]
+        """The device of the network's first parameter or buffer (CPU for a parameterless network)."""
+        for t in self._network.parameters():
+            return t.device
+        for t in self._network.buffers():
+            return t.device
+        return torch.device("cpu")
 
     # ------------------------------------------------------------------ public API
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        """Train for epochs ``initial_epoch+1 .. epoch`` (see SEMANTICS: hooks, sink mode, stop)."""
-        self._run(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, None)
+        """Train for epochs ``initial_epoch+1 .. epoch`` (hooks, sink mode, stop: docs/semantics.md)."""
+        self._run("Model.train", epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, None)
 
     def fit(self, epoch, train_dataset, valid_dataset=None, valid_frequency=1, callbacks=None,
             dataset_sink_mode=False, valid_dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
         """Train, evaluating `valid_dataset` after epochs selected by `valid_frequency`."""
-        checks.check_bool("valid_dataset_sink_mode", valid_dataset_sink_mode)
-        checks.check_valid_frequency(valid_frequency)
+        check_bool("Model.fit", "valid_dataset_sink_mode", valid_dataset_sink_mode)
+        _check_valid_frequency(valid_frequency)
         fit_eval = None
         if valid_dataset is not None:
             check_dataset(valid_dataset, "valid_dataset")
             if not self._metric_fns:
-                raise ValueError("'valid_dataset' is given but the Model has no 'metrics' to evaluate it with; "
-                                 "pass metrics=... to Model")
-            fit_eval = FitEval(valid_dataset, valid_frequency, valid_dataset_sink_mode, None)
-        self._run(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, fit_eval)
-
-    def _run(self, epoch, train_dataset, callbacks, sink_mode, sink_size, initial_epoch, fit_eval):
-        checks.check_epochs(epoch, initial_epoch)
-        checks.check_bool("dataset_sink_mode", sink_mode)
-        checks.check_int("sink_size", sink_size)
-        check_dataset(train_dataset, "train_dataset")
-        user_callbacks = as_callback_list(callbacks)
-        helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
-                               epoch_num=epoch - initial_epoch, device=self._device)
-        params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)
-        with CallbackList(user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
-            if fit_eval is not None:
-                fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if _runs_in_fit_eval(cb)])
-            train_loop(self, range(initial_epoch + 1, epoch + 1), helper, cbs, params, fit_eval)
-
-    def _train_params(self, epoch_num, dataset, sink_mode, sink_size, callbacks) -> CallbackParams:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        return CallbackParams(
-            train_network=self._train_network, network=self._network, optimizer=self._optimizer,
-            loss_fn=self._loss_fn, epoch_num=epoch_num, mode="train",
-            batch_num=sink_size if sink_mode and sink_size > 0 else dataset_size(dataset),
-            parallel_mode="data_parallel" if distributed else "stand_alone",
-            device_number=torch.distributed.get_world_size() if distributed else 1,
-            train_dataset=dataset, train_dataset_element=None, list_callback=list(callbacks),
-            cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None)
-
-    def _default_callbacks(self, user_callbacks) -> list:
-        if self._progress_bar is False:
-            return []
-        from ..callbacks import ProgressBar, progress_bar_default
-        if any(isinstance(cb, ProgressBar) for cb in user_callbacks):
-            return []
-        show = progress_bar_default() if self._progress_bar == "auto" else self._progress_bar
-        return [ProgressBar()] if show else []
+                raise ValueError("Model.fit: 'valid_dataset' is given but the Model has no 'metrics' to evaluate "
+                                 "it with; pass metrics=... to Model")
+            fit_eval = _FitEvaluation(valid_dataset, valid_frequency)
+        self._run("Model.fit", epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, fit_eval)
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False) -> dict:
         """Evaluate the metrics over `valid_dataset`; returns ``{name: value}``."""
-        checks.check_bool("dataset_sink_mode", dataset_sink_mode)
+        check_bool("Model.eval", "dataset_sink_mode", dataset_sink_mode)
         check_dataset(valid_dataset, "valid_dataset")
         if not self._metric_fns:
             raise ValueError("Model.eval needs 'metrics': pass metrics={...} to Model (got none)")
@@ -231,7 +187,7 @@ class Model:
                                 batch_num=dataset_size(valid_dataset), mode="eval", cur_step_num=0,
                                 list_callback=user_callbacks, network=self._network)
         with CallbackList(user_callbacks) as cbs:
-            return eval_loop(self, valid_dataset, cbs, params)
+            return self._eval_loop(valid_dataset, cbs, params)
 
     def predict(self, *predict_data):
         """Run `predict_network` in eval mode without gradients on the given inputs."""
@@ -252,8 +208,8 @@ class Model:
         Eager PyTorch has no graph to compile; what costs time on a first step here is
         initialising lazy parameters (``nn.LazyLinear`` ...), done now on the first batch.
         """
-        checks.check_epochs(epoch, 0)
-        checks.check_int("sink_size", sink_size)
+        _check_epochs("Model.build", epoch, 0)
+        check_int("Model.build", "sink_size", sink_size)
         if train_dataset is None and valid_dataset is None:
             raise ValueError("Model.build needs 'train_dataset' or 'valid_dataset', got neither")
         for name, dataset in (("train_dataset", train_dataset), ("valid_dataset", valid_dataset)):
@@ -261,42 +217,242 @@ class Model:
                 check_dataset(dataset, name)
                 self._warm_up(dataset)
 
-    def _warm_up(self, dataset) -> None:
-        from .data_adapter import unpack
-        from .cells import split_label
-        batch = next(iter(dataset), None)
-        if batch is None:
-            return
-        args, kwargs = unpack(to_device(batch, self._device))
-        if self._loss_fn is not None:
-            args, kwargs, _ = split_label(args, kwargs)
-        was_training = self._network.training
-        self._network.eval()
-        with torch.no_grad():
-            self._network(*args, **kwargs)
-        self._network.train(was_training)
-
     def infer_train_layout(self, train_dataset=None, dataset_sink_mode=True, sink_size=-1) -> dict:
         """Each parameter's placement: ``{name: {shape, dtype, device, placement, ranks}}``."""
-        checks.check_bool("dataset_sink_mode", dataset_sink_mode)
-        checks.check_int("sink_size", sink_size)
+        check_bool("Model.infer_train_layout", "dataset_sink_mode", dataset_sink_mode)
+        check_int("Model.infer_train_layout", "sink_size", sink_size)
         return _layout(self._network)
 
     def infer_predict_layout(self, *predict_data) -> dict:
         """Like `infer_train_layout`, for the predict network."""
         return _layout(self._predict_network)
 
+    # ------------------------------------------------------------------ the loops
+    def _run(self, owner, epoch, train_dataset, callbacks, sink_mode, sink_size, initial_epoch, fit_eval):
+        """Validate a train/fit call, set up its state and callbacks, and run the training loop."""
+        _check_epochs(owner, epoch, initial_epoch)
+        check_bool(owner, "dataset_sink_mode", sink_mode)
+        if sink_mode:
+            check_sink_size(owner, sink_size)
+        else:
+            check_int(owner, "sink_size", sink_size)  # ignored without sink, but still an int
+        check_dataset(train_dataset, "train_dataset")
+        user_callbacks = as_callback_list(callbacks)
+        helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
+                               epoch_num=epoch - initial_epoch, device=self._device)
+        params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)
+        with CallbackList(user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
+            if fit_eval is not None:  # MindSpore calls only TimeMonitor of its own callbacks there
+                fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if cb.called_in_fit_eval])
+            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, cbs, params, fit_eval)
 
-def _is_loss_metric(metric) -> bool:
-    from ..metrics import Loss
-    return isinstance(metric, Loss)
+    def _train_loop(self, epochs: Iterable[int], helper: DatasetHelper, callbacks: Callback,
+                    params: CallbackParams, fit_eval: _FitEvaluation | None = None, first_step: int = 0) -> None:
+        """Train over `epochs` (1-based numbers, possibly endless): the one training loop.
+
+        A step is one batch, or one sink of batches; either way the hooks run once per step and
+        `cur_step_num` counts batches. `first_step` is where it starts (0, except for an online run
+        resumed from a checkpoint).
+        """
+        ctx = RunContext(params)
+        helper.should_stop = ctx.get_stop_requested  # a stop request also ends a wait for data
+        params.cur_step_num = first_step
+        params.dataset_sink_mode = helper.dataset_sink_mode
+        self._set_train_mode(True)
+        callbacks.on_train_begin(ctx)
+        checked = False
+        try:
+            for epoch in epochs:
+                params.cur_epoch_num = epoch
+                callbacks.on_train_epoch_begin(ctx)
+                for step in helper.steps():
+                    if step.first is None:  # a sink whose source ran dry (a finite stream ended)
+                        break
+                    if not checked:
+                        check_batch(step.first, self._loss_fn is not None)
+                        checked = True
+                    start = params.cur_step_num
+                    params.cur_step_num = start + step.planned  # hooks see the step the sink ends on
+                    params.train_dataset_element = step.first
+                    callbacks.on_train_step_begin(ctx)
+                    params.net_outputs = step.run(self._train_network)
+                    params.cur_step_num = start + step.count  # a sink may end short of its plan
+                    if step.position is not None:
+                        params.train_position, params.train_batch_metas = step.position, step.metas
+                    callbacks.on_train_step_end(ctx)
+                    if ctx.get_stop_requested():
+                        break
+                if fit_eval is not None and fit_eval.due(epoch):
+                    self._evaluate_in_fit(fit_eval, params)
+                if not helper.dataset_sink_mode:
+                    reset(helper.dataset)
+                callbacks.on_train_epoch_end(ctx)
+                params.pop("metrics", None)
+                params.pop("eval_results", None)
+                if ctx.get_stop_requested():
+                    break
+        finally:
+            helper.release()
+        callbacks.on_train_end(ctx)
+
+    def _evaluate_in_fit(self, fit_eval: _FitEvaluation, params: CallbackParams) -> None:
+        """Evaluate between epochs with the same params; restore the training fields afterwards."""
+        saved = {k: params.get(k) for k in ("cur_step_num", "batch_num", "dataset_sink_mode", "net_outputs")}
+        params.eval_network = self._eval_network
+        params.valid_dataset = fit_eval.dataset
+        params.batch_num = dataset_size(fit_eval.dataset)
+        params.mode = "eval"
+        params.cur_step_num = 0
+        # The callbacks were entered for the whole run already: call them, do not re-enter them.
+        self._eval_loop(fit_eval.dataset, fit_eval.callbacks, params, in_fit=True)
+        params.mode = "train"
+        params.update(saved)
+        self._set_train_mode(True)
+
+    def _eval_loop(self, dataset, callbacks: Callback, params: CallbackParams, in_fit: bool = False) -> dict:
+        """Run the eval network over `dataset`, feeding the metrics: the one evaluation loop."""
+        ctx = RunContext(params)
+        device = self._device
+        move = device.type != "cpu"
+        params.dataset_sink_mode = False
+        for metric in self._metric_fns.values():
+            metric.clear()
+        self._set_train_mode(False)
+        callbacks.on_eval_begin(ctx)
+        callbacks.on_eval_epoch_begin(ctx)
+        last_loss = None
+        with torch.no_grad():
+            for i, batch in enumerate(dataset):
+                batch = to_device(batch, device, non_blocking=True) if move else batch
+                if i == 0:
+                    check_batch(batch, isinstance(self._eval_network, WithEvalCell), "valid_dataset")
+                params.cur_step_num += 1
+                params.eval_dataset_element = batch
+                callbacks.on_eval_step_begin(ctx)
+                args, kwargs = unpack(batch)
+                outputs = self._eval_network(*args, **kwargs)
+                params.net_outputs = outputs
+                callbacks.on_eval_step_end(ctx)
+                self._update_metrics(outputs)
+                if in_fit:
+                    # MindSpore builds a fresh Loss metric at every eval step, so its `eval_loss` is the
+                    # LAST batch's loss (not the mean). Reproduced for conformance; the mean is in
+                    # metrics["loss"] when a "loss" metric is configured.
+                    last_loss = self._loss_output(outputs)
+                if ctx.get_stop_requested():
+                    break
+        callbacks.on_eval_epoch_end(ctx)
+        reset(dataset)
+        metrics = {name: metric.eval() for name, metric in self._metric_fns.items()}
+        params.metrics = metrics
+        if in_fit:
+            eval_loss = None if last_loss is None else float(last_loss.float().mean())
+            params.eval_results = dict(metrics, eval_loss=eval_loss)
+        callbacks.on_eval_end(ctx)
+        self._set_train_mode(True)  # the network is back in train mode after evaluating
+        return metrics
+
+    # ------------------------------------------------------------------ loop services
+    def _set_train_mode(self, training: bool) -> None:
+        self._train_network.train(training)
+        if self._eval_network is not None:
+            self._eval_network.train(training)
+
+    def _update_metrics(self, outputs) -> None:
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
+        if not isinstance(outputs, (tuple, list)):
+            raise TypeError("the eval network must return a tensor or a tuple of tensors, "
+                            f"got {type(outputs).__name__}")
+        for metric in self._metric_fns.values():
+            if self._eval_indexes is None:
+                metric.update(*outputs)
+            elif isinstance(metric, Loss):
+                metric.update(outputs[self._eval_indexes[0]])
+            else:
+                metric.update(outputs[self._eval_indexes[1]], outputs[self._eval_indexes[2]])
+
+    def _loss_output(self, outputs):
+        if self._eval_indexes is None:
+            return None
+        outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
+        return outputs[self._eval_indexes[0]]
+
+    def _train_params(self, epoch_num, dataset, sink_mode, sink_size, callbacks) -> CallbackParams:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        return CallbackParams(
+            train_network=self._train_network, network=self._network, optimizer=self._optimizer,
+            loss_fn=self._loss_fn, epoch_num=epoch_num, mode="train",
+            batch_num=sink_size if sink_mode and sink_size > 0 else dataset_size(dataset),
+            parallel_mode="data_parallel" if distributed else "stand_alone",
+            device_number=torch.distributed.get_world_size() if distributed else 1,
+            train_dataset=dataset, train_dataset_element=None, list_callback=list(callbacks),
+            cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None)
+
+    def _default_callbacks(self, user_callbacks) -> list:
+        if self._progress_bar is False or any(isinstance(cb, ProgressBar) for cb in user_callbacks):
+            return []
+        show = progress_bar_default() if self._progress_bar == "auto" else self._progress_bar
+        return [ProgressBar()] if show else []
+
+    def _warm_up(self, dataset) -> None:
+        batch = next(iter(dataset), None)
+        if batch is None:
+            return
+        batch = to_device(batch, self._device)
+        if self._loss_fn is not None:
+            args, kwargs, _ = split_batch(batch)
+        else:
+            args, kwargs = unpack(batch)
+        was_training = self._network.training
+        self._network.eval()
+        with torch.no_grad():
+            self._network(*args, **kwargs)
+        self._network.train(was_training)
 
 
-def _runs_in_fit_eval(cb) -> bool:
-    """MindSpore skips its own callbacks, except TimeMonitor, during the evaluation inside fit."""
-    from ..callbacks import BUILTIN_CALLBACK_NAMES
-    name = type(cb).__name__
-    return name == "TimeMonitor" or name not in BUILTIN_CALLBACK_NAMES
+# ---------------------------------------------------------------------- argument checks
+def _check_amp_level(level, optimizer) -> str:
+    check_choice("Model", "amp_level", level, amp.AMP_LEVELS)
+    if level != "O0" and optimizer is None:
+        raise ValueError(f"Model: 'amp_level'={level!r} needs an 'optimizer' (mixed precision wraps the training "
+                         "step); got optimizer=None. Use amp_level='O0' or pass an optimizer")
+    return level
+
+
+def _check_boost_level(level, config) -> str:
+    check_choice("Model", "boost_level", level, BOOST_LEVELS)
+    check_type("Model", "boost_config_dict", config, dict, allowed="a dict", allow_none=True)
+    if level != "O0":
+        warnings.warn(f"boost_level={level!r} is accepted but enables no acceleration in this version", stacklevel=3)
+    return level
+
+
+def _check_eval_indexes(eval_indexes) -> None:
+    if eval_indexes is None:
+        return
+    allowed = "None or a list of 3 ints (positions of loss, outputs and label in the eval network's outputs)"
+    check_type("Model", "eval_indexes", eval_indexes, list, allowed=allowed)
+    for i in eval_indexes:
+        check_int("Model", "eval_indexes", i)
+    if len(eval_indexes) != 3:
+        raise ValueError(f"Model: 'eval_indexes' must be {allowed}, got {eval_indexes!r}")
+
+
+def _check_epochs(owner: str, epoch, initial_epoch) -> None:
+    check_int(owner, "epoch", epoch, minimum=1)
+    check_int(owner, "initial_epoch", initial_epoch, minimum=0, maximum=epoch - 1)
+
+
+def _check_valid_frequency(valid_frequency) -> None:
+    allowed = "a positive int or a non-empty list of positive ints (epochs)"
+    if isinstance(valid_frequency, list):
+        if not valid_frequency:
+            raise ValueError(f"Model.fit: 'valid_frequency' must be {allowed}, got []")
+        for value in valid_frequency:
+            check_int("Model.fit", "valid_frequency", value, minimum=1)
+        return
+    check_type("Model.fit", "valid_frequency", valid_frequency, (int, list), allowed=allowed)
+    check_int("Model.fit", "valid_frequency", valid_frequency, minimum=1)
 
 
 def _layout(network: nn.Module) -> dict:
@@ -308,4 +464,3 @@ def _layout(network: nn.Module) -> dict:
         layout[name] = own or {"shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
                                "device": str(p.device), "placement": "replicated", "ranks": ranks}
     return layout
-

@@ -1,9 +1,9 @@
 """`RecModel`: `Model` plus `online_train`, training without end on an unbounded stream.
 
-Seeds 000/001 describe `RecModel.online_train`; here it reuses the one training loop
-(`loop.train_loop`) with endless epochs, allows any positive `sink_size`, and stops cleanly on
-`request_stop()`, SIGINT or SIGTERM (the current step finishes, `ModelCheckpoint` writes the final
-checkpoint with the stream position, `on_train_end` runs, `online_train` returns).
+`online_train` reuses the one training loop (`Model._train_loop`) with endless epochs, allows any
+positive `sink_size`, and stops cleanly on `request_stop()`, SIGINT or SIGTERM (the current step
+finishes, `ModelCheckpoint` writes the final checkpoint with the stream position, `on_train_end`
+runs, `online_train` returns). The contract is in docs/semantics.md ("Online training").
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
 batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
@@ -29,10 +29,11 @@ import logging
 import os
 import time
 
-from ..callbacks.base import Callback, CallbackList, as_callback_list
-from . import checks
-from .data_adapter import check_dataset, dataset_size
-from .loop import train_loop
+from ..callbacks import Callback, CallbackList, ModelCheckpoint
+from ..callbacks.base import as_callback_list
+from ..checkpoint import load_checkpoint
+from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
+from ..validation import check_bool, check_int
 from .model import Model
 from .signals import StopOnSignal
 from .sink import DatasetHelper
@@ -51,9 +52,8 @@ class StreamStats(Callback):
 
     def on_train_begin(self, run_context):
         p = run_context.original_args()
-        counter = getattr(p.train_dataset, "bad_records", None)
-        if counter is not None:
-            p.bad_records = counter
+        if isinstance(p.train_dataset, BadRecordDataset):
+            p.bad_records = p.train_dataset.bad_records
 
     def on_train_step_end(self, run_context):
         p = run_context.original_args()
@@ -83,12 +83,12 @@ class RecModel(Model):
         Without sink, an epoch is one pass of the dataset's iterator, then ``reset()``; with sink,
         an epoch is `sink_size` batches (any positive size) and step hooks run once per sink.
         """
-        checks.check_bool("dataset_sink_mode", dataset_sink_mode)
-        if dataset_sink_mode and (isinstance(sink_size, bool) or not isinstance(sink_size, int) or sink_size < 1):
-            raise ValueError(f"'sink_size' must be a positive int for online training in sink mode, got {sink_size!r}")
+        check_bool("RecModel.online_train", "dataset_sink_mode", dataset_sink_mode)
+        if dataset_sink_mode:
+            check_int("RecModel.online_train", "sink_size", sink_size, minimum=1)
         check_dataset(train_dataset, "train_dataset")
         user_callbacks = as_callback_list(callbacks)
-        if not any(type(cb).__name__ == "ModelCheckpoint" for cb in user_callbacks):
+        if not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
             log.warning("online_train without a ModelCheckpoint callback: no state is saved when it stops")
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
                                epoch_num=None, device=self._device)
@@ -99,7 +99,7 @@ class RecModel(Model):
         # Tracking first, so user callbacks (publishers) see this step's event time.
         internal = [StreamStats(), StopOnSignal()]
         with CallbackList(internal + user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
-            train_loop(self, epochs, helper, cbs, params, first_step=self._resume_step)
+            self._train_loop(epochs, helper, cbs, params, first_step=self._resume_step)
 
     def restore(self, checkpoint, train_dataset=None) -> dict | None:
         """Load the newest checkpoint (a file, or the newest in a directory) into the network and
@@ -107,7 +107,6 @@ class RecModel(Model):
 
         Returns the checkpoint's metadata, or None when there is no checkpoint there yet.
         """
-        from ..callbacks import load_checkpoint
         path = _newest_checkpoint(checkpoint)
         if path is None:
             return None
@@ -116,11 +115,10 @@ class RecModel(Model):
         self._resume_step = int(meta.get("cur_step_num") or 0)
         position = meta.get("train_position")
         if train_dataset is not None and position is not None:
-            seek = getattr(train_dataset, "seek", None)
-            if not callable(seek):
-                raise TypeError(f"'train_dataset' ({type(train_dataset).__name__}) cannot seek to the saved "
-                                f"position {position!r}: it has no seek() method")
-            seek(position)
+            if not isinstance(train_dataset, SeekableDataset):
+                raise TypeError(f"RecModel.restore: 'train_dataset' ({type(train_dataset).__name__}) cannot seek to "
+                                f"the saved position {position!r}: it has no position()/seek() methods")
+            train_dataset.seek(position)
         log.info("restored %s (epoch %s, step %s)", path, self._resume_epoch, self._resume_step)
         return meta
 

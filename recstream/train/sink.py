@@ -1,15 +1,21 @@
-"""Sink execution ("数据下沉", seed 003): batches reach the device through a channel, and several
-steps run per host round-trip.
+"""Sink execution: batches reach the device through a channel, and several steps run per host
+round-trip (the contract is in docs/semantics.md, "Sink mode").
+
+The pieces, each in one place:
 
 - `recstream.data.channel.DataChannel`: a background thread pulls batches from the dataset, pins
-  them and copies them to the device (non-blocking, on a side CUDA stream) into a bounded queue.
-  Data preparation then overlaps compute, on CPU as on GPU.
-- `DatasetHelper(dataset, dataset_sink_mode, sink_size, epoch_num)`: iterating it yields one item
-  per step in normal mode, and exactly ONE item per epoch in sink mode: a `Sink` of `sink_size`
-  batches (the full pass when ``sink_size=-1``).
-- `connect_network_with_dataset(network, helper)`: in sink mode, wraps a step network so that
-  ``net(sink)`` runs every step of the sink and returns the last loss. The loss stays on the
-  device: the host reads it (if at all) once per sink, in a callback.
+  them and copies them to the device (non-blocking, on a side CUDA stream) into a bounded queue,
+  so data preparation overlaps compute, on CPU as on GPU.
+- `Sink`: the batches of one sink, and `Sink.run` — **the sink loop**, which runs a step network
+  on each of them and keeps only the last outputs on the device.
+- `BatchStep`: one batch as one step (normal mode), with the same surface as a `Sink`, so the
+  training loop (`Model._train_loop`) handles both modes with one code path.
+- `DatasetHelper(dataset, dataset_sink_mode, sink_size, epoch_num)`: what the loop iterates.
+  ``steps()`` yields one `BatchStep` per batch in normal mode and exactly ONE `Sink` per epoch in
+  sink mode (`sink_size` batches; the full pass when ``sink_size=-1``). Iterating the helper
+  itself gives MindSpore's view: each batch's columns, or ``(sink,)``.
+- `connect_network_with_dataset(network, helper)`: for hand-written loops, a network that
+  consumes one `Sink` per call (in sink mode) and returns the last step's outputs.
 
 >>> import torch
 >>> from recstream.train import TrainOneStepCell, WithLossCell
@@ -25,24 +31,47 @@ steps run per host round-trip.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from ..data.channel import DataChannel, Item
-from .data_adapter import dataset_size, unpack
+from ..data.protocol import MetadataDataset, SeekableDataset, dataset_size, unpack
+from ..data.transfer import to_device
+from ..validation import check_bool, check_int
+
+
+class BatchStep:
+    """One batch run as one step: the normal-mode counterpart of a `Sink`.
+
+    `position` is the source position right after this batch (streams), `metas` its metadata.
+    """
+
+    __slots__ = ("first", "position", "metas")
+    planned = 1  # batches the step is expected to train
+    count = 1    # batches it trained
+
+    def __init__(self, batch, position=None, metas=()):
+        self.first, self.position, self.metas = batch, position, metas
+
+    def run(self, network: nn.Module):
+        args, kwargs = unpack(self.first)
+        return network(*args, **kwargs)
+
 
 class Sink:
     """The batches of one sink, pulled lazily from the channel. `first` peeks at the first one.
 
-    After iteration, `count` is the number of batches handed out, `position` the source position
-    just after the last of them and `metas` their per-batch metadata (for streams that give them).
+    `planned` is the advertised number of batches (`DatasetHelper.sink_size()`); after `run` (or
+    iteration), `count` is how many were handed out — fewer when a finite source ran dry —,
+    `position` the source position just after the last of them and `metas` their metadata.
     """
 
-    def __init__(self, channel: DataChannel, size: int | None, should_stop=None):
+    def __init__(self, channel: DataChannel, size: int | None, should_stop=None, planned: int = 0):
         self._channel, self._size, self._should_stop = channel, size, should_stop
         self._first: Item | None = None
+        self.planned = planned
         self.count = 0
         self.exhausted = False
         self.position = None
@@ -79,11 +108,22 @@ class Sink:
         while (item := self._next()) is not None:
             yield self._hand_out(item)
 
+    def run(self, network: nn.Module):
+        """The sink loop: one step of `network` per batch; returns the last step's outputs.
+
+        The outputs stay on the device: nothing here reads them, so the host does not wait for
+        the device between the steps of a sink (a callback reads the loss once per sink, if at all).
+        """
+        outputs = None
+        for batch in self:
+            args, kwargs = unpack(batch)
+            outputs = network(*args, **kwargs)
+        return outputs
+
 
 class DatasetHelper:
     """Iterate a dataset the way the training loop consumes it (see the module docstring).
 
-    Normal mode yields each batch's columns; sink mode yields ``(sink,)`` once per epoch.
     ``sink_size > 0`` traverses the dataset endlessly, each epoch continuing where the last
     stopped; ``sink_size=-1`` makes each sink one full pass. `epoch_num` bounds the total
     prefetched (None: unbounded, for online training).
@@ -92,9 +132,8 @@ class DatasetHelper:
     def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
                  epoch_num: int | None = 1, device=None, prefetch: int = 2):
         self._channel: DataChannel | None = None
-        if not isinstance(dataset_sink_mode, bool):
-            raise TypeError(f"'dataset_sink_mode' must be a bool, got {dataset_sink_mode!r}")
-        check_sink_size(sink_size)
+        check_bool("DatasetHelper", "dataset_sink_mode", dataset_sink_mode)
+        check_sink_size("DatasetHelper", sink_size)
         self.dataset = dataset
         self.dataset_sink_mode = dataset_sink_mode
         self._sink_size = sink_size
@@ -104,8 +143,9 @@ class DatasetHelper:
         self.steps_done = 0
         self.should_stop = None  # set by the training loop: lets a stop interrupt a wait for data
         if dataset_sink_mode and sink_size == -1 and dataset_size(dataset) is None:
-            raise ValueError("'sink_size' must be > 0 in sink mode when the dataset cannot report its size "
-                             f"(got sink_size=-1 for a {type(dataset).__name__} without len()/get_dataset_size())")
+            raise ValueError("DatasetHelper: 'sink_size' must be > 0 in sink mode when the dataset cannot report "
+                             f"its size (got sink_size=-1 for a {type(dataset).__name__} without "
+                             "len()/get_dataset_size())")
 
     def sink_size(self) -> int:
         """Batches per sink (the dataset's size when ``sink_size=-1``)."""
@@ -122,14 +162,38 @@ class DatasetHelper:
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num)
         return self._channel
 
+    def _sink(self) -> Sink:
+        size = self._sink_size if self._sink_size > 0 else None
+        return Sink(self._open(), size, self.should_stop, planned=self.sink_size())
+
+    def steps(self) -> Iterator[BatchStep | Sink]:
+        """One epoch of steps: a `BatchStep` per batch, or one `Sink` in sink mode."""
+        if self.dataset_sink_mode:
+            sink = self._sink()
+            yield sink
+            self.steps_done += sink.count  # resumed after the loop ran the sink
+            return
+        dataset, device = self.dataset, self.device
+        move = device.type != "cpu"  # CPU batches are used in place
+        # Streams report the position after each batch; read in this thread, right after it.
+        position = dataset.position if isinstance(dataset, SeekableDataset) else None
+        meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
+        for batch in dataset:
+            self.steps_done += 1
+            batch = to_device(batch, device, non_blocking=True) if move else batch
+            if position is None:
+                yield BatchStep(batch)
+            else:
+                yield BatchStep(batch, position(), [meta()] if meta is not None else [])
+
     def __iter__(self):
+        """MindSpore's view: each batch (normal mode), or ``(sink,)`` once per epoch (sink mode)."""
         if not self.dataset_sink_mode:
             for batch in self.dataset:
                 self.steps_done += 1
                 yield batch
             return
-        sink = Sink(self._open(), self._sink_size if self._sink_size > 0 else None, self.should_stop)
-        yield (sink,)
+        yield (self._sink(),)
 
     def release(self) -> None:
         """Stop the background producer (training ended or was stopped)."""
@@ -150,10 +214,7 @@ class SinkNetwork(nn.Module):
         self._helper = helper
 
     def forward(self, sink: Sink):
-        outputs = None
-        for batch in sink:
-            args, kwargs = unpack(batch)
-            outputs = self.network(*args, **kwargs)
+        outputs = sink.run(self.network)
         self._helper.steps_done += sink.count
         return outputs
 
@@ -161,10 +222,15 @@ class SinkNetwork(nn.Module):
 def connect_network_with_dataset(network: nn.Module, dataset_helper: DatasetHelper) -> nn.Module:
     """In sink mode, a network that consumes one `Sink` per call; otherwise `network` itself."""
     if not isinstance(dataset_helper, DatasetHelper):
-        raise TypeError(f"'dataset_helper' must be a DatasetHelper, got {type(dataset_helper).__name__}")
+        raise TypeError("connect_network_with_dataset: 'dataset_helper' must be a DatasetHelper, "
+                        f"got {type(dataset_helper).__name__}")
     return SinkNetwork(network, dataset_helper) if dataset_helper.dataset_sink_mode else network
 
 
-def check_sink_size(sink_size) -> None:
-    if isinstance(sink_size, bool) or not isinstance(sink_size, int) or sink_size == 0 or sink_size < -1:
-        raise ValueError(f"'sink_size' must be -1 (a full pass per epoch) or a positive int, got {sink_size!r}")
+def check_sink_size(owner: str, sink_size) -> int:
+    """-1 (a full pass per sink) or a positive int."""
+    check_int(owner, "sink_size", sink_size)
+    if sink_size == 0 or sink_size < -1:
+        raise ValueError(f"{owner}: 'sink_size' must be -1 (a full pass per epoch) or a positive int, "
+                         f"got {sink_size!r}")
+    return sink_size

@@ -23,7 +23,12 @@ CONSTRUCTOR_CASES = [
     (dict(network=NET, loss_fn=LOSS, metrics={"acc": object()}), TypeError, "acc"),
     (dict(network=NET, metrics={"accuracy"}), ValueError, "'metrics'.*loss_fn"),
     (dict(network=NET, loss_fn=LOSS, eval_network=NET, eval_indexes=[0, 1]), ValueError, "'eval_indexes'.*\\[0, 1\\]"),
-    (dict(network=NET, loss_fn=LOSS, eval_indexes="012"), ValueError, "'eval_indexes'"),
+    (dict(network=NET, loss_fn=LOSS, eval_indexes="012"), TypeError, "'eval_indexes'"),
+    (dict(network=NET, loss_fn=LOSS, eval_indexes=[0, 1, 2.0]), TypeError, "'eval_indexes'"),
+    (dict(network=NET, loss_fn=LOSS, amp_level=1), TypeError, "'amp_level'"),
+    (dict(network=NET, loss_fn=LOSS, progress_bar=1), TypeError, "'progress_bar'"),
+    (dict(network=NET, loss_fn=LOSS, optimizer=OPT, loss_scale_manager=object()), TypeError,
+     "'loss_scale_manager'"),
     (dict(network=NET, loss_fn=LOSS, progress_bar="sometimes"), ValueError, "'progress_bar'"),
     (dict(network=NET, loss_scale_manager=object()), ValueError, "'optimizer'.*'loss_scale_manager'"),
 ]
@@ -37,8 +42,11 @@ def test_constructor_rejects(kwargs, exc, pattern):
 
 TRAIN_CASES = [
     (dict(epoch=0), ValueError, "'epoch'.*0"),
-    (dict(epoch=2.0), ValueError, "'epoch'.*2.0"),
-    (dict(epoch=True), ValueError, "'epoch'"),
+    (dict(epoch=2.0), TypeError, "'epoch'.*2.0"),
+    (dict(epoch=True), TypeError, "'epoch'"),
+    (dict(epoch=2, initial_epoch="1"), TypeError, "'initial_epoch'"),
+    (dict(epoch=1, dataset_sink_mode=True, sink_size=True), TypeError, "'sink_size'"),
+    (dict(epoch=1, dataset_sink_mode=True, sink_size=1.5), TypeError, "'sink_size'"),
     (dict(epoch=2, initial_epoch=2), ValueError, "'initial_epoch'.*2"),
     (dict(epoch=2, initial_epoch=-1), ValueError, "'initial_epoch'.*-1"),
     (dict(epoch=1, dataset_sink_mode=1), TypeError, "'dataset_sink_mode'"),
@@ -73,9 +81,10 @@ def test_wrong_arity_in_sink_mode_too():
         linear_model().train(1, [torch.randn(4, 4)], dataset_sink_mode=True)
 
 
-@pytest.mark.parametrize("freq", [0, -1, [], [0], [1, "2"], 1.5, None])
-def test_fit_rejects_valid_frequency(freq):
-    with pytest.raises(ValueError, match="'valid_frequency'"):
+@pytest.mark.parametrize("freq,exc", [(0, ValueError), (-1, ValueError), ([], ValueError), ([0], ValueError),
+                                      ([1, "2"], TypeError), (1.5, TypeError), (None, TypeError)])
+def test_fit_rejects_valid_frequency(freq, exc):
+    with pytest.raises(exc, match="'valid_frequency'"):
         linear_model({"accuracy"}).fit(2, batches(1), batches(1), valid_frequency=freq)
 
 

@@ -20,7 +20,7 @@ def _model(metrics=None):
 
 def _assert_events_match(got, expected):
     assert [e["hook"] for e in got] == [e["hook"] for e in expected]
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         for key in ("epoch", "step", "batch_num", "epoch_num"):
             assert g[key] == e[key], (e["hook"], key, g[key], e[key])
         assert ("loss" in g) == ("loss" in e)
@@ -61,7 +61,7 @@ def test_loss_monitor_per_print_2(capsys):
     lines = capsys.readouterr().out.splitlines()
     expected = REF["scenarios"]["loss_monitor_per_print_2"]["stdout"]
     assert len(lines) == len(expected)
-    for got, want in zip(lines, expected):
+    for got, want in zip(lines, expected, strict=True):
         prefix, value = want.rsplit(" ", 1)
         got_prefix, got_value = got.rsplit(" ", 1)
         assert got_prefix == prefix

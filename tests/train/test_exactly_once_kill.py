@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from recstream.callbacks import load_checkpoint
 
@@ -32,7 +31,7 @@ def _write_events(data_dir: Path) -> None:
         ids = np.arange(f * per_file, (f + 1) * per_file)
         x = rng.standard_normal((per_file, 2))
         label = (x[:, 0] > 0).astype(int)
-        lines = "".join(f"{l},{i},{a:.4f},{b:.4f}\n" for l, i, (a, b) in zip(label, ids, x))
+        lines = "".join(f"{y},{i},{a:.4f},{b:.4f}\n" for y, i, (a, b) in zip(label, ids, x, strict=True))
         tmp = data_dir / f".part-{f:04d}.csv.tmp"
         tmp.write_text(lines)
         os.rename(tmp, data_dir / f"part-{f:04d}.csv")

@@ -7,8 +7,14 @@ from torch import nn
 
 from recstream.train import loss_scale as ls
 from recstream.train.amp import CastNetwork, build_train_network
-from recstream.train.loss_scale import (DynamicLossScaleManager, DynamicLossScaleUpdateCell, FixedLossScaleManager,
-                                        FixedLossScaleUpdateCell, TrainOneStepWithLossScaleCell, unscale_grads_)
+from recstream.train.loss_scale import (
+    DynamicLossScaleManager,
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleManager,
+    FixedLossScaleUpdateCell,
+    TrainOneStepWithLossScaleCell,
+    unscale_grads_,
+)
 
 INF = float("inf")
 
@@ -135,7 +141,7 @@ def test_unscaled_grad_matches_fp32_within_bf16_tolerance():
     step = build_train_network(net, nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.0), level="O2",
                                loss_scale_manager=FixedLossScaleManager(2.0 ** 12))
     step(x, y)
-    for p, r, q in zip(net.parameters(), ref.parameters(), plain.parameters()):
+    for p, r, q in zip(net.parameters(), ref.parameters(), plain.parameters(), strict=True):
         assert p.grad.dtype == torch.float32
         assert torch.equal(p.grad, q.grad)  # a power-of-two scale unscales exactly
         assert (p.grad - r.grad).norm() <= 2e-2 * r.grad.norm()  # a few bf16 epsilons (2**-8)
@@ -191,12 +197,13 @@ def test_manager_state_dict_and_python_update():
 
 @pytest.mark.parametrize("make, exc, msg", [
     (lambda: FixedLossScaleManager(0.5), ValueError, r"'loss_scale' must be a finite number >= 1.0, got 0.5"),
-    (lambda: FixedLossScaleManager("128"), TypeError, r"'loss_scale' must be a number, got str"),
+    (lambda: FixedLossScaleManager("128"), TypeError,
+     r"'loss_scale' must be a finite number >= 1.0, got '128' \(str\)"),
     (lambda: FixedLossScaleManager(128, drop_overflow_update=1), TypeError, "'drop_overflow_update' must be a bool"),
-    (lambda: DynamicLossScaleManager(float("inf")), ValueError, "'loss_scale_value' must be a finite number"),
+    (lambda: DynamicLossScaleManager(float("inf")), ValueError, "'init_loss_scale' must be a finite number"),
     (lambda: DynamicLossScaleManager(scale_factor=1), ValueError, r"'scale_factor' must be a finite number > 1.0"),
-    (lambda: DynamicLossScaleManager(scale_window=0), ValueError, "'scale_window' must be a positive int, got 0"),
-    (lambda: DynamicLossScaleManager(scale_window=True), ValueError, "'scale_window' must be a positive int"),
+    (lambda: DynamicLossScaleManager(scale_window=0), ValueError, "'scale_window' must be an int >= 1, got 0"),
+    (lambda: DynamicLossScaleManager(scale_window=True), TypeError, "'scale_window' must be an int >= 1"),
     (lambda: DynamicLossScaleManager(4, init_scale=8), ValueError, "'init_loss_scale'.*'init_scale'.*not both"),
     (lambda: TrainOneStepWithLossScaleCell(Scaled(), "sgd", 2.0), TypeError, "'optimizer' must be"),
 ])

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _model(net=None):
     net = net or SeenNet()
-    return net, RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), progress_bar=False)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    return net, RecModel(net, torch.nn.CrossEntropyLoss(), optimizer, progress_bar=False)
 
 
 def test_sink_epochs_never_run_out_and_hooks_once_per_sink():
@@ -48,10 +49,10 @@ def test_non_sink_epoch_is_one_pass_then_reset():
     assert Resettable.resets == 3 and rec.params.train_dataset_element is not None
 
 
-@pytest.mark.parametrize("sink_size", [0, -1, 1.5, True])
-def test_sink_size_must_be_positive(sink_size):
+@pytest.mark.parametrize("sink_size,exc", [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_sink_size_must_be_positive(sink_size, exc):
     _, model = _model()
-    with pytest.raises(ValueError, match="'sink_size'"):
+    with pytest.raises(exc, match="'sink_size'"):
         model.online_train([batch(0)], sink_size=sink_size)
 
 
@@ -144,7 +145,7 @@ def test_signal_stops_cleanly_with_a_final_checkpoint(tmp_path, signum):
     out, err = proc.communicate(timeout=60)
     lines += out.splitlines()
     assert proc.returncode == 0, err
-    end = next(l for l in lines if l.startswith("train_end"))
+    end = next(line for line in lines if line.startswith("train_end"))
     assert lines[-1] == "returned"
     steps = int(end.split()[1])
     files = list((tmp_path / "ckpt").glob("*.safetensors"))
