@@ -27,7 +27,7 @@ import argparse
 import math
 import statistics
 import time
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -56,7 +56,7 @@ class Variant:
     def __init__(self, name: str, module: nn.Module, opt: torch.optim.Optimizer,
                  forward: Callable[[dict], torch.Tensor], rows: int) -> None:
         self.name, self.module, self.opt, self.forward, self.rows = name, module, opt, forward, rows
-        self.times: List[float] = []
+        self.times: list[float] = []
 
     def step(self, batch: dict) -> None:
         out = self.forward(batch)
@@ -65,7 +65,7 @@ class Variant:
         loss.backward()
         self.opt.step()
 
-    def memory_per_row(self) -> Dict[str, float]:
+    def memory_per_row(self) -> dict[str, float]:
         params = list(self.module.parameters())
         mem = {"values": nbytes(params) / self.rows,
                "opt_state": state_bytes(self.opt) / self.rows,
@@ -77,7 +77,7 @@ class Variant:
         return mem
 
 
-def build_variants(args, device) -> List[Variant]:
+def build_variants(args, device) -> list[Variant]:
     F, D, V = args.features, args.dim, args.vocab
     torch.manual_seed(0)
     variants = []
@@ -101,7 +101,7 @@ def build_variants(args, device) -> List[Variant]:
     return variants
 
 
-def make_batches(args, device) -> List[dict]:
+def make_batches(args, device) -> list[dict]:
     gen = torch.Generator().manual_seed(args.seed)
     B, F, V = args.batch, args.features, args.vocab
     batches = []

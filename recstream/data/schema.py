@@ -19,24 +19,19 @@ Id conventions, per categorical feature:
 """
 from __future__ import annotations
 
-import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..validation import check_bool, check_choice, check_int, check_str, check_type
+
+if TYPE_CHECKING:
+    from ..features import Features
 
 _POOLINGS = ("sum", "mean")
 _SCHEMA_VERSION = 1
-
-
-def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{what} name must be a non-empty str, got {name!r}")
-    return name
-
-
-def _positive_int(value: Any, arg: str, owner: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}: '{arg}' must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class DenseFeature:
     name: str
 
     def __post_init__(self) -> None:
-        _check_name(self.name, "DenseFeature")
+        check_str("DenseFeature", "name", self.name)
 
 
 @dataclass(frozen=True)
@@ -77,41 +72,32 @@ class CategoricalFeature:
     vocabulary: tuple[str, ...] | None = field(default=None, compare=True)
 
     def __post_init__(self) -> None:
+        check_str("CategoricalFeature", "name", self.name)
         owner = f"CategoricalFeature({self.name!r})"
-        _check_name(self.name, "CategoricalFeature")
-        for arg in ("vocab_size", "hash_buckets", "embedding_dim", "max_len"):
-            value = getattr(self, arg)  # numpy ints are fine; store plain ints (JSON-able)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-                object.__setattr__(self, arg, int(value))
+        # bucket 0 is reserved for missing values, so hashing needs at least one more
+        minimums = {"vocab_size": 1, "hash_buckets": 2, "embedding_dim": 1, "max_len": 1}
+        for arg, minimum in minimums.items():  # numpy ints are fine; stored as plain ints (JSON-able)
+            value = getattr(self, arg)
+            if value is not None or arg == "embedding_dim":  # None: not given (checked below)
+                object.__setattr__(self, arg, check_int(owner, arg, value, minimum=minimum))
         if self.vocabulary is not None:
             self._set_vocabulary(owner)
         if (self.vocab_size is None) == (self.hash_buckets is None):
             raise ValueError(f"{owner}: give exactly one of 'vocab_size' or 'hash_buckets' "
                              f"(got vocab_size={self.vocab_size!r}, hash_buckets={self.hash_buckets!r})")
-        if self.vocab_size is not None:
-            _positive_int(self.vocab_size, "vocab_size", owner)
-        else:  # bucket 0 is reserved for missing values, so at least one more is needed
-            _positive_int(self.hash_buckets, "hash_buckets", owner, minimum=2)
-        _positive_int(self.embedding_dim, "embedding_dim", owner)
-        if not isinstance(self.multi_hot, bool):
-            raise TypeError(f"{owner}: 'multi_hot' must be a bool, got {self.multi_hot!r}")
-        if self.max_len is not None:
-            _positive_int(self.max_len, "max_len", owner)
-            if not self.multi_hot:
-                raise ValueError(f"{owner}: 'max_len' applies to multi_hot features only")
-        if self.pooling not in _POOLINGS:
-            raise ValueError(f"{owner}: 'pooling' must be one of {_POOLINGS}, got {self.pooling!r}")
-        if not isinstance(self.separator, str) or not self.separator:
-            raise ValueError(f"{owner}: 'separator' must be a non-empty str, got {self.separator!r}")
+        check_bool(owner, "multi_hot", self.multi_hot)
+        if self.max_len is not None and not self.multi_hot:
+            raise ValueError(f"{owner}: 'max_len' applies to multi_hot features only")
+        check_choice(owner, "pooling", self.pooling, _POOLINGS)
+        check_str(owner, "separator", self.separator)
 
     def _set_vocabulary(self, owner: str) -> None:
         vocab = self.vocabulary
         if isinstance(vocab, (str, bytes)) or not isinstance(vocab, Iterable):
             raise TypeError(f"{owner}: 'vocabulary' must be a sequence of str, got {type(vocab).__name__}")
         vocab = tuple(vocab)
-        bad = [v for v in vocab if not isinstance(v, str)]
-        if bad:
-            raise TypeError(f"{owner}: 'vocabulary' entries must be str, got {bad[0]!r}")
+        for entry in vocab:
+            check_type(owner, "vocabulary[]", entry, str, allowed="a str")
         if len(set(vocab)) != len(vocab):
             raise ValueError(f"{owner}: 'vocabulary' has duplicate entries")
         if self.hash_buckets is not None:
@@ -151,9 +137,7 @@ def num_embeddings(feature: CategoricalFeature) -> int:
     >>> num_embeddings(CategoricalFeature("c", vocab_size=10))
     10
     """
-    if not isinstance(feature, CategoricalFeature):
-        raise TypeError(f"'feature' must be a CategoricalFeature, got {type(feature).__name__}")
-    return feature.num_embeddings
+    return check_type("num_embeddings", "feature", feature, CategoricalFeature).num_embeddings
 
 
 class Schema:
@@ -169,16 +153,14 @@ class Schema:
     def __init__(self, dense: Sequence[DenseFeature | str] = (),
                  categorical: Sequence[CategoricalFeature] = (), label: str = "label") -> None:
         if isinstance(dense, (str, DenseFeature)) or isinstance(categorical, CategoricalFeature):
-            raise TypeError("'dense' and 'categorical' must be sequences of features, not a single feature")
+            raise TypeError("Schema: 'dense' and 'categorical' must be sequences of features, not a single feature")
         self.dense = tuple(DenseFeature(d) if isinstance(d, str) else d for d in dense)
         self.categorical = tuple(categorical)
         for d in self.dense:
-            if not isinstance(d, DenseFeature):
-                raise TypeError(f"'dense' entries must be DenseFeature or str, got {type(d).__name__}")
+            check_type("Schema", "dense[]", d, DenseFeature, allowed="a DenseFeature or str")
         for c in self.categorical:
-            if not isinstance(c, CategoricalFeature):
-                raise TypeError(f"'categorical' entries must be CategoricalFeature, got {type(c).__name__}")
-        self.label = _check_name(label, "label")
+            check_type("Schema", "categorical[]", c, CategoricalFeature)
+        self.label = check_str("Schema", "label", label)
         names = [d.name for d in self.dense] + [c.name for c in self.categorical] + [label]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -228,6 +210,43 @@ class Schema:
         """``num_embeddings`` of every categorical feature, in schema order."""
         return [c.num_embeddings for c in self.categorical]
 
+    def check_features(self, features: Features) -> None:
+        """Raise ValueError (naming feature, example and id) unless `features` match this schema.
+
+        Checks shapes and dtypes, feature names (when ``features.keys`` is set), offsets, bag
+        lengths (single-hot, ``max_len``) and id ranges. Meant for tests and debugging: it
+        reads tensors on the host.
+
+        >>> from recstream.features import Features
+        >>> s = Schema(["x"], [CategoricalFeature("c", vocab_size=5)])
+        >>> s.check_features(Features.from_lengths(torch.zeros(2, 1), torch.tensor([4, 5]), torch.ones(1, 2)))
+        Traceback (most recent call last):
+            ...
+        ValueError: feature 'c': example 1 has id 5 outside [0, 5)
+        """
+        b, nf = features.batch_size, features.num_features
+        dense, values, offsets = features.dense, features.values, features.offsets
+        if dense.dtype != torch.float32 or tuple(dense.shape) != (b, self.num_dense):
+            raise ValueError(f"dense must be float32 [{b}, {self.num_dense}], got {dense.dtype} {list(dense.shape)}")
+        if nf != self.num_categorical:
+            raise ValueError(f"num_features={nf} but the schema has {self.num_categorical} categorical features")
+        if features.keys is not None and features.keys != self.categorical_names:
+            raise ValueError(f"feature keys {list(features.keys)} do not match the schema's categorical "
+                             f"features {list(self.categorical_names)}")
+        if values.dtype != torch.int64 or offsets.dtype != torch.int64:
+            raise ValueError(f"values/offsets must be int64, got {values.dtype}/{offsets.dtype}")
+        if values.dim() != 1 or tuple(offsets.shape) != (nf * b + 1,):
+            raise ValueError(f"values must be 1-D and offsets [{nf * b + 1}], got "
+                             f"{list(values.shape)} and {list(offsets.shape)}")
+        if int(offsets[0]) != 0 or int(offsets[-1]) != values.numel():
+            raise ValueError(f"offsets must start at 0 and end at len(values)={values.numel()}, "
+                             f"got {int(offsets[0])}..{int(offsets[-1])}")
+        lens = features.lengths()
+        if bool((lens < 0).any()):
+            raise ValueError("offsets must be non-decreasing")
+        for f, feature in enumerate(self.categorical):  # one check per feature, vectorized over rows
+            _check_bags(feature, lens[f], *features.bag(f))
+
     def to_dict(self) -> dict:
         """A JSON-able description; :meth:`from_dict` rebuilds an equal schema."""
         return {"version": _SCHEMA_VERSION, "label": self.label,
@@ -235,7 +254,7 @@ class Schema:
                 "categorical": [c.to_dict() for c in self.categorical]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Schema":
+    def from_dict(cls, d: dict) -> Schema:
         if not isinstance(d, dict):
             raise TypeError(f"Schema.from_dict: expected a dict, got {type(d).__name__}")
         if d.get("version") != _SCHEMA_VERSION:
@@ -260,3 +279,20 @@ class Schema:
     def __repr__(self) -> str:
         return (f"Schema(dense={list(self.dense_names)}, categorical={list(self.categorical_names)}, "
                 f"label={self.label!r})")
+
+
+def _check_bags(feature: CategoricalFeature, lens: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> None:
+    """Bag lengths and id range of one feature's bags (`lens`, `ids` and their `offsets`)."""
+    if not feature.multi_hot and bool((lens != 1).any()):
+        row = int((lens != 1).nonzero()[0])
+        raise ValueError(f"feature {feature.name!r} is single-hot but example {row} has {int(lens[row])} ids")
+    if feature.max_len is not None and bool((lens > feature.max_len).any()):
+        row = int((lens > feature.max_len).nonzero()[0])
+        raise ValueError(f"feature {feature.name!r}: example {row} has {int(lens[row])} ids "
+                         f"> max_len={feature.max_len}")
+    bad = (ids < 0) | (ids >= feature.num_embeddings)
+    if bool(bad.any()):
+        pos = int(bad.nonzero()[0])
+        row = int(torch.searchsorted(offsets, torch.tensor(pos, device=offsets.device), right=True)) - 1
+        raise ValueError(f"feature {feature.name!r}: example {row} has id {int(ids[pos])} outside "
+                         f"[0, {feature.num_embeddings})")

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.batch import Features
 from ..data.schema import Schema
+from ..features import Features
 
 
 class CTRModel(nn.Module):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._checks import check_int, check_optional_int
+from ..validation import check_int
 
 
 class CrossNetwork(nn.Module):
@@ -35,9 +35,9 @@ class CrossNetwork(nn.Module):
 
     def __init__(self, in_features: int, num_layers: int = 3, low_rank: int | None = None) -> None:
         super().__init__()
-        d = self.in_features = check_int("CrossNetwork", "in_features", in_features)
-        self.num_layers = check_int("CrossNetwork", "num_layers", num_layers)
-        self.low_rank = check_optional_int("CrossNetwork", "low_rank", low_rank)
+        d = self.in_features = check_int("CrossNetwork", "in_features", in_features, minimum=1)
+        self.num_layers = check_int("CrossNetwork", "num_layers", num_layers, minimum=1)
+        self.low_rank = check_int("CrossNetwork", "low_rank", low_rank, minimum=1, allow_none=True)
         shapes = [(d, d)] if low_rank is None else [(d, low_rank), (low_rank, d)]
         # One stacked tensor per factor ([L, ...]): fewer Parameters, same math per layer.
         self.kernels = nn.ParameterList(nn.Parameter(torch.empty(self.num_layers, *s)) for s in shapes)

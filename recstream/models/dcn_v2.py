@@ -20,17 +20,17 @@ torch.Size([3])
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from ..data.batch import Features
 from ..data.schema import Schema
-from ._checks import check_choice, check_schema
+from ..features import Features
+from ..validation import check_choice
 from .base import CTRModel
 from .cross import CrossNetwork
-from .embedding import FeatureEmbedding
+from .embedding import FeatureEmbedding, check_schema
 from .mlp import MLP
 
 STRUCTURES = ("stacked", "parallel")

@@ -19,16 +19,15 @@ torch.Size([3])
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from ..data.batch import Features
 from ..data.schema import Schema
-from ._checks import check_schema
+from ..features import Features
 from .base import CTRModel
-from .embedding import FeatureEmbedding
+from .embedding import FeatureEmbedding, check_schema
 from .linear import LinearTerm
 from .mlp import MLP
 

@@ -20,15 +20,15 @@ torch.Size([3])
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ..data.batch import Features
 from ..data.schema import Schema
-from ._checks import check_bool, check_schema, check_sizes
+from ..features import Features
+from ..validation import check_bool, check_sizes
 from .base import CTRModel
-from .embedding import FeatureEmbedding
+from .embedding import FeatureEmbedding, check_schema
 from .mlp import MLP
 
 

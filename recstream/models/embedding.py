@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.batch import Features
 from ..data.schema import Schema
+from ..features import Features
 from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
-from ._checks import check_bool, check_float, check_optional_int, check_schema
+from ..validation import check_bool, check_int, check_number, check_type
 
 
 def table_name(feature_name: str) -> str:
@@ -36,12 +36,22 @@ def table_name(feature_name: str) -> str:
     return feature_name.replace(".", "_")
 
 
+def check_schema(owner: str, schema: object, need_categorical: bool = True) -> Schema:
+    """`schema` if it is a Schema (with a categorical feature when `need_categorical`)."""
+    check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema")
+    if need_categorical and schema.num_categorical == 0:
+        raise ValueError(f"{owner}: 'schema' must have at least one categorical feature, got {schema!r}")
+    return schema
+
+
 def check_features(owner: str, features: object, schema: Schema) -> Features:
-    """Shape checks of model inputs against `schema` (metadata only: no device sync)."""
-    if not isinstance(features, Features):
-        raise TypeError(f"{owner}.forward: 'features' must be a recstream.data.Features, "
-                        f"got {type(features).__name__}")
-    if features.num_features != schema.num_categorical:
+    """Shape checks of model inputs against `schema` (metadata only: no device sync).
+
+    Named features (``features.keys``) are matched to the schema's by name in the embedding
+    collections, which name any missing one; unnamed ones must be the schema's, in order.
+    """
+    check_type(f"{owner}.forward", "features", features, Features, allowed="a recstream.data.Features")
+    if features.keys is None and features.num_features != schema.num_categorical:
         raise ValueError(f"{owner}.forward: 'features' has {features.num_features} categorical features, "
                          f"the schema has {schema.num_categorical} ({list(schema.categorical_names)})")
     if features.dense.dim() != 2 or features.dense.shape[1] != schema.num_dense:
@@ -70,21 +80,23 @@ class FeatureEmbedding(nn.Module):
         super().__init__()
         owner = type(self).__name__
         self.schema = check_schema(owner, schema)
-        dim = check_optional_int(owner, "embedding_dim", embedding_dim)
+        dim = check_int(owner, "embedding_dim", embedding_dim, minimum=1, allow_none=True)
         check_bool(owner, "equal_dims", equal_dims)
         check_bool(owner, "sparse", sparse)
         check_bool(owner, "validate", validate)
-        init_std = check_float(owner, "init_std", init_std, 0.0, float("inf"))
+        init_std = check_number(owner, "init_std", init_std, minimum=0.0)
         dims = [dim or f.embedding_dim for f in schema.categorical]
         if equal_dims and len(set(dims)) > 1:
             raise ValueError(f"{owner}: this model needs one embedding width for all features, the schema has "
-                             f"{dict(zip(schema.categorical_names, dims))}; pass 'embedding_dim'")
+                             f"{dict(zip(schema.categorical_names, dims, strict=True))}; pass 'embedding_dim'")
         names = [table_name(f.name) for f in schema.categorical]
         if len(set(names)) != len(names):
             raise ValueError(f"{owner}: feature names {list(schema.categorical_names)} collide once '.' "
                              "is replaced by '_' in table names")
-        tables = [EmbeddingTableConfig(n, f.num_embeddings, d, pooling=f.pooling, init_std=init_std)
-                  for n, f, d in zip(names, schema.categorical, dims)]
+        # Features are named as in the schema, so named inputs are matched by name.
+        tables = [EmbeddingTableConfig(n, f.num_embeddings, d, pooling=f.pooling, init_std=init_std,
+                                       feature_names=(f.name,))
+                  for n, f, d in zip(names, schema.categorical, dims, strict=True)]
         self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate)
         self.dims = tuple(dims)
         self.num_fields = len(dims)
@@ -100,7 +112,7 @@ class FeatureEmbedding(nn.Module):
     def forward(self, features: Features) -> torch.Tensor:
         """``[B, sum(dims)]``: the features' pooled vectors side by side, in schema order."""
         check_features(type(self).__name__, features, self.schema)
-        return self.ebc(features.values, features.offsets, features.batch_size)
+        return self.ebc(features)
 
     def fields(self, features: Features) -> torch.Tensor:
         """``[B, num_fields, dim]`` (needs equal widths): one vector per feature."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data.batch import Features
 from ..data.schema import Schema
+from ..features import Features
 from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
-from ._checks import check_bool, check_schema
-from .embedding import check_features, table_name
+from ..validation import check_bool
+from .embedding import check_features, check_schema, table_name
 
 
 class LinearTerm(nn.Module):
@@ -45,8 +45,8 @@ class LinearTerm(nn.Module):
         check_bool(owner, "validate", validate)
         self.ebc = None
         if schema.num_categorical:
-            tables = [EmbeddingTableConfig(table_name(f.name), f.num_embeddings, 1, pooling=f.pooling, init_std=0.0)
-                      for f in schema.categorical]
+            tables = [EmbeddingTableConfig(table_name(f.name), f.num_embeddings, 1, pooling=f.pooling, init_std=0.0,
+                                           feature_names=(f.name,)) for f in schema.categorical]
             self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate)
         self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
         if self.dense is not None:
@@ -58,7 +58,7 @@ class LinearTerm(nn.Module):
         logit = self.bias.expand(features.batch_size)
         if self.ebc is not None:
             # Width-1 tables: the [B, F] output holds one pooled weight per feature.
-            logit = logit + self.ebc(features.values, features.offsets, features.batch_size).sum(dim=1)
+            logit = logit + self.ebc(features).sum(dim=1)
         if self.dense is not None:
             logit = logit + self.dense(features.dense).squeeze(1)
         return logit

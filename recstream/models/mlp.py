@@ -7,12 +7,12 @@ torch.Size([3, 1])
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_float, check_int, check_optional_int, check_sizes
+from ..validation import check_bool, check_choice, check_int, check_number, check_sizes
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
@@ -35,11 +35,11 @@ class MLP(nn.Module):
     def __init__(self, in_features: int, hidden: Sequence[int] = (256, 128), out_features: int | None = None,
                  *, activation: str = "relu", dropout: float = 0.0, batch_norm: bool = False) -> None:
         super().__init__()
-        self.in_features = check_int("MLP", "in_features", in_features)
+        self.in_features = check_int("MLP", "in_features", in_features, minimum=1)
         self.hidden = check_sizes("MLP", "hidden", hidden)
-        out = check_optional_int("MLP", "out_features", out_features)
+        out = check_int("MLP", "out_features", out_features, minimum=1, allow_none=True)
         check_choice("MLP", "activation", activation, _ACTIVATIONS)
-        dropout = check_float("MLP", "dropout", dropout, 0.0, 1.0)
+        dropout = check_number("MLP", "dropout", dropout, minimum=0.0, maximum=1.0, max_open=True)
         check_bool("MLP", "batch_norm", batch_norm)
         layers: list[nn.Module] = []
         width = self.in_features

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..optim import FTRL, CombinedOptimizer, LazyAdam, RowWiseAdagrad, split_sparse_dense
-from ._checks import check_choice, check_float
+from ..validation import check_choice, check_module, check_number
 from .linear import LinearTerm
 
 EMBEDDING_OPTIMIZERS = ("lazy_adam", "rowwise_adagrad")
@@ -51,21 +51,18 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "l
         wide_lr, wide_l1, wide_l2: FTRL's alpha, L1 and L2 (paper convention).
         weight_decay: Adam's (coupled L2) weight decay on the dense parameters.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"default_optimizer: 'model' must be a torch.nn.Module, got {type(model).__name__}")
     owner = "default_optimizer"
-    lr = check_float(owner, "lr", lr, 0.0, float("inf"))
+    check_module(owner, "model", model)
+    lr = check_number(owner, "lr", lr, minimum=0.0)
     check_choice(owner, "embedding", embedding, EMBEDDING_OPTIMIZERS)
     check_choice(owner, "wide", wide, WIDE_OPTIMIZERS)
     if embedding_lr is None:
         embedding_lr = _DEFAULT_EMBEDDING_LR[embedding] or lr
-    embedding_lr = check_float(owner, "embedding_lr", embedding_lr, 0.0, float("inf"))
-    wide_lr = check_float(owner, "wide_lr", wide_lr, 0.0, float("inf"))
-    if wide_lr == 0.0:  # FTRL divides by its learning rate
-        raise ValueError(f"{owner}: 'wide_lr' must be > 0, got {wide_lr!r}")
-    wide_l1 = check_float(owner, "wide_l1", wide_l1, 0.0, float("inf"))
-    wide_l2 = check_float(owner, "wide_l2", wide_l2, 0.0, float("inf"))
-    weight_decay = check_float(owner, "weight_decay", weight_decay, 0.0, float("inf"))
+    embedding_lr = check_number(owner, "embedding_lr", embedding_lr, minimum=0.0)
+    wide_lr = check_number(owner, "wide_lr", wide_lr, minimum=0.0, min_open=True)  # FTRL divides by it
+    wide_l1 = check_number(owner, "wide_l1", wide_l1, minimum=0.0)
+    wide_l2 = check_number(owner, "wide_l2", wide_l2, minimum=0.0)
+    weight_decay = check_number(owner, "weight_decay", weight_decay, minimum=0.0)
 
     wide_part = getattr(model, "wide", None)
     wide_params: list[nn.Parameter] = []

@@ -25,15 +25,15 @@ Returns logits ``[B]`` (see :mod:`recstream.models.base` for the convention).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ..data.batch import Features
 from ..data.schema import Schema
-from ._checks import check_bool, check_schema
+from ..features import Features
+from ..validation import check_bool
 from .base import CTRModel
-from .embedding import FeatureEmbedding
+from .embedding import FeatureEmbedding, check_schema
 from .linear import LinearTerm
 from .mlp import MLP
 

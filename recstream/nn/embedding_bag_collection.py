@@ -7,10 +7,13 @@ single ``F.embedding_bag`` call per dim-group pools every feature of a batch
 (one kernel and, with ``sparse=True``, one sparse COO gradient per group
 instead of one per table).
 
-Input layout (recstream.data contract, FEATURE-MAJOR): ``values`` int64 flat
-ids, ``offsets`` int64 of length ``F*B+1``; feature ``f`` of example ``b`` is
-``values[offsets[f*B+b] : offsets[f*B+b+1]]``. Features are ordered as the
-tables' ``feature_names``, table by table.
+Input: a :class:`~recstream.features.Features` (or its raw parts ``values``, ``offsets``,
+``batch_size``). Layout, FEATURE-MAJOR: ``values`` int64 flat ids, ``offsets`` int64 of
+length ``F*B+1``; feature ``f`` of example ``b`` is ``values[offsets[f*B+b] : offsets[f*B+b+1]]``.
+When the Features carry names (``keys``), features are matched to the collection's
+``feature_names`` by name: any order works, and features the collection does not read are
+ignored. Without names (and for raw input), features are ordered as the tables'
+``feature_names``, table by table.
 
 Pooling: the kernel always runs in ``mode="sum"``; mean bags get
 ``per_sample_weights = 1/len(bag)``, so sum and mean tables share one call.
@@ -31,20 +34,53 @@ Example:
     torch.Size([2, 20])
     >>> ebc.forward_dict(values, offsets, B)["hist"].shape
     torch.Size([2, 8])
+
+    By name, from Features whose features come in another order (plus one it does not read):
+
+    >>> from recstream.features import Features
+    >>> lengths = torch.tensor([[1, 1], [3, 0], [1, 1], [1, 1]])
+    >>> x = Features.from_lengths(torch.zeros(2, 0), torch.tensor([3, 4, 5, 6, 19, 0, 0, 1, 7]), lengths,
+    ...                           keys=("item", "hist", "clicks", "user"))
+    >>> torch.equal(ebc(x), ebc(values, offsets, B))
+    True
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_int, check_int_tensor
+from ..features import Features
+from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
 
 __all__ = ["EmbeddingBagCollection"]
+
+_OWNER = "EmbeddingBagCollection"
+
+
+class _InputLayout(NamedTuple):
+    """How the features of an input, in their storage order, map onto the collection.
+
+    One entry per INPUT feature: ``shift`` (first row of its table in the dim group's fused
+    storage), ``rows`` (its table's size, the id bound), ``group`` (its dim group; -1 for a
+    feature the collection does not read), ``mean`` (mean pooling). ``group_positions[g]``
+    lists the input positions of group ``g``'s features in collection order (None: the
+    identity). ``names`` names the input features for error messages; ``owned`` masks the
+    features the collection reads (None: all of them).
+    """
+
+    shift: torch.Tensor
+    rows: torch.Tensor
+    group: torch.Tensor
+    mean: torch.Tensor
+    group_positions: list[torch.Tensor | None]
+    names: tuple[str, ...]
+    owned: torch.Tensor | None
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -63,23 +99,22 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         tables = list(tables)
         if not tables:
-            raise ValueError("tables must contain at least one EmbeddingTableConfig, got []")
+            raise ValueError(f"{_OWNER}: 'tables' must contain at least one EmbeddingTableConfig, got []")
         for t in tables:
-            if not isinstance(t, EmbeddingTableConfig):
-                raise TypeError(f"tables must contain EmbeddingTableConfig, got {type(t).__name__}")
+            check_type(_OWNER, "tables[]", t, EmbeddingTableConfig)
         for kind, names in (("table", [t.name for t in tables]),
                             ("feature", [f for t in tables for f in t.feature_names])):
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
-                raise ValueError(f"{kind} names must be unique, got duplicates {dup}")
+                raise ValueError(f"{_OWNER}: {kind} names must be unique, got duplicates {dup}")
         self.tables = tables
-        self.sparse = bool(sparse)
-        self.validate = bool(validate)
+        self.sparse = check_bool(_OWNER, "sparse", sparse)
+        self.validate = check_bool(_OWNER, "validate", validate)
 
         dims = list(dict.fromkeys(t.embedding_dim for t in tables))  # groups, first-seen order
         self._group_dims = dims
         group_rows = [0] * len(dims)
-        self._table_loc: Dict[str, tuple] = {}  # name -> (group, first row, rows)
+        self._table_loc: dict[str, tuple] = {}  # name -> (group, first row, rows)
         for t in tables:
             g = dims.index(t.embedding_dim)
             self._table_loc[t.name] = (g, group_rows[g], t.num_embeddings)
@@ -98,25 +133,36 @@ class EmbeddingBagCollection(nn.Module):
         self.reset_parameters()
 
         feats = [(f, t) for t in tables for f in t.feature_names]
-        self.feature_names: List[str] = [f for f, _ in feats]
-        self.feature_dims: List[int] = [t.embedding_dim for _, t in feats]
-        self.feature_table: Dict[str, str] = {f: t.name for f, t in feats}
+        self.feature_names: list[str] = [f for f, _ in feats]
+        self.feature_dims: list[int] = [t.embedding_dim for _, t in feats]
+        self.feature_table: dict[str, str] = {f: t.name for f, t in feats}
+        self._feature_keys = tuple(self.feature_names)
+        self._position = {f: i for i, f in enumerate(self.feature_names)}
+        # Layouts of named inputs whose feature order differs from `feature_names`, per keys
+        # tuple: derived once, so matching by name costs a dict lookup per call.
+        self._layouts: dict[tuple[str, ...], _InputLayout | list[int]] = {}
+        self._any_mean = any(t.pooling == "mean" for t in tables)
+        self._register_lookup_buffers(feats, device)
+        self.output_dim = sum(self.feature_dims)
+
+    def _register_lookup_buffers(self, feats: list[tuple[str, EmbeddingTableConfig]], device) -> None:
+        """Per-feature lookup metadata (the positional input layout) and the output column order."""
         f_group = [self._table_loc[t.name][0] for _, t in feats]
         self._buf("_f_shift", [self._table_loc[t.name][1] for _, t in feats], device)
         self._buf("_f_rows", [t.num_embeddings for _, t in feats], device)
         self._buf("_f_group", f_group, device)
         self.register_buffer("_f_mean", torch.tensor([t.pooling == "mean" for _, t in feats],
                                                      device=device), persistent=False)
-        self._any_mean = any(t.pooling == "mean" for t in tables)
-        self._group_feats = []
-        for g in range(len(dims)):
-            self._buf(f"_group_feats_{g}", [i for i, fg in enumerate(f_group) if fg == g], device)
+        groups = range(len(self._group_dims))
+        self._group_members = [[i for i, fg in enumerate(f_group) if fg == g] for g in groups]
+        for g in groups:
+            self._buf(f"_group_feats_{g}", self._group_members[g], device)
         # Output columns are produced group by group; `_col_perm` restores feature order.
         col_start, start = [], 0
         for d in self.feature_dims:
             col_start.append(start)
             start += d
-        order = [i for g in range(len(dims)) for i, fg in enumerate(f_group) if fg == g]
+        order = [i for members in self._group_members for i in members]
         perm = [c for i in order for c in range(col_start[i], col_start[i] + self.feature_dims[i])]
         self._needs_perm = perm != sorted(perm)
         if self._needs_perm:
@@ -124,7 +170,6 @@ class EmbeddingBagCollection(nn.Module):
             for pos, c in enumerate(perm):
                 inverse[c] = pos
             self._buf("_col_perm", inverse, device)
-        self.output_dim = start
 
     def _buf(self, name: str, data: list, device) -> None:
         # Lookup metadata, derived from the configs: not part of the checkpoint.
@@ -149,14 +194,19 @@ class EmbeddingBagCollection(nn.Module):
 
         Writes through the view (under ``torch.no_grad()``) change the table.
         """
-        if name not in self._table_loc:
-            raise ValueError(f"name must be one of the tables {list(self._table_loc)}, got {name!r}")
+        check_choice(f"{_OWNER}.table_weight", "name", name, self._table_loc)
         g, start, rows = self._table_loc[name]
         return getattr(self, self._group_param_names[g])[start:start + rows]
 
-    def forward(self, values: torch.Tensor, offsets: torch.Tensor, batch_size: int,
-                validate: Optional[bool] = None) -> torch.Tensor:
+    def forward(self, features: Features | torch.Tensor, offsets: torch.Tensor | None = None,
+                batch_size: int | None = None, validate: bool | None = None) -> torch.Tensor:
         """Pooled embeddings ``[batch_size, output_dim]``, features concatenated in order.
+
+        Call it with a :class:`~recstream.features.Features` (``ebc(features)``) or with its
+        raw parts (``ebc(values, offsets, batch_size)``). Named Features are matched to
+        ``feature_names`` by name, in any order, at no extra cost; features the collection
+        does not read are skipped (with a single embedding dim they are selected out first,
+        which on CUDA costs one host sync). Unnamed ones are matched by position.
 
         ``validate`` (default: the constructor's) checks ``offsets`` (starts at 0,
         non-decreasing, ends at ``len(values)``) and that every id lies in its
@@ -165,17 +215,88 @@ class EmbeddingBagCollection(nn.Module):
         cheap on CPU, a pipeline stall on CUDA; pass ``validate=False`` once the
         input pipeline is trusted.
         """
-        check_int_tensor("values", values, ndim=1, dtypes=(torch.int64,))
-        check_int_tensor("offsets", offsets, ndim=1, dtypes=(torch.int64,))
-        B = check_int("batch_size", batch_size, min_value=1)
-        nf = self.num_features
-        if offsets.numel() != nf * B + 1:
+        values, offsets, batch_size, layout = self._inputs(features, offsets, batch_size)
+        return self._pool(values, offsets, batch_size, layout, self.validate if validate is None else validate)
+
+    def _inputs(self, features, offsets, batch_size) -> tuple[torch.Tensor, torch.Tensor, int, _InputLayout]:
+        """``(values, offsets, batch_size, layout)`` of either calling convention, checked."""
+        if isinstance(features, Features):
+            if offsets is not None or batch_size is not None:
+                raise TypeError(f"{_OWNER}: pass either Features or (values, offsets, batch_size), not both "
+                                f"(give 'validate' by keyword)")
+            if features.keys is not None:
+                layout = self._layout_for(features.keys)
+                if isinstance(layout, list):  # positions of the features to keep, in collection order
+                    features = features.permute(layout)
+                    layout = self._positional_layout()
+            elif features.num_features != self.num_features:
+                raise ValueError(f"{_OWNER}: features has {features.num_features} features but the collection "
+                                 f"reads {self.num_features} {self.feature_names}; give the Features keys to "
+                                 f"match them by name")
+            else:
+                layout = self._positional_layout()
+            values, offsets, batch_size = features.values, features.offsets, features.batch_size
+        else:
+            values, layout = features, self._positional_layout()
+        check_int_tensor(_OWNER, "values", values, ndim=1, dtypes=(torch.int64,))
+        check_int_tensor(_OWNER, "offsets", offsets, ndim=1, dtypes=(torch.int64,))
+        batch_size = check_int(_OWNER, "batch_size", batch_size, minimum=1)
+        nf = layout.shift.numel()
+        if offsets.numel() != nf * batch_size + 1:
             raise ValueError(
-                f"offsets must have num_features*batch_size+1 = {nf}*{B}+1 = {nf * B + 1} "
-                f"entries (feature-major layout), got {offsets.numel()}"
+                f"{_OWNER}: offsets must have num_features*batch_size+1 = {nf}*{batch_size}+1 = "
+                f"{nf * batch_size + 1} entries (feature-major layout), got {offsets.numel()}"
             )
+        return values, offsets, batch_size, layout
+
+    def _positional_layout(self) -> _InputLayout:
+        """Input features are exactly ``feature_names``, in order."""
+        positions = [getattr(self, f"_group_feats_{g}") if self._pad else None for g in range(len(self._group_dims))]
+        return _InputLayout(self._f_shift, self._f_rows, self._f_group, self._f_mean, positions,
+                            self._feature_keys, None)
+
+    def _layout_for(self, keys: tuple[str, ...]) -> _InputLayout | list[int]:
+        """Layout of inputs named `keys` (cached per keys tuple and device).
+
+        A list instead: the positions of the collection's features among `keys`, when the
+        input has features the collection does not read and there is no padding row to send
+        their ids to (a single dim group); the caller selects those features first (on CUDA
+        that costs one host sync: the number of ids kept sizes the result).
+        """
+        if keys == self._feature_keys:
+            return self._positional_layout()
+        layout = self._layouts.get(keys)
+        if layout is None or (isinstance(layout, _InputLayout) and layout.shift.device != self._f_shift.device):
+            layout = self._layouts[keys] = self._build_layout(keys)
+        return layout
+
+    def _build_layout(self, keys: tuple[str, ...]) -> _InputLayout | list[int]:
+        missing = [f for f in self.feature_names if f not in keys]
+        if missing:
+            raise ValueError(f"{_OWNER}: the features have no {', '.join(map(repr, missing))} "
+                             f"(keys: {list(keys)}); the collection reads {self.feature_names}")
+        where = {k: i for i, k in enumerate(keys)}
+        extra = len(keys) > self.num_features
+        if extra and not self._pad:
+            return [where[f] for f in self.feature_names]
+        device = self._f_shift.device
+        # index[i]: the collection feature of input feature i; extras point at a dummy entry.
+        index = torch.tensor([self._position.get(k, self.num_features) for k in keys], device=device)
+
+        def per_input(table: torch.Tensor, dummy) -> torch.Tensor:
+            return torch.cat([table, table.new_full((1,), dummy)]).index_select(0, index)
+
+        # Pooling runs in input order; these put each group's features back in collection order.
+        positions = [torch.tensor([where[self.feature_names[i]] for i in members], dtype=torch.int64, device=device)
+                     for members in self._group_members]
+        owned = torch.tensor([k in self._position for k in keys], device=device) if extra else None
+        return _InputLayout(per_input(self._f_shift, 0), per_input(self._f_rows, 0), per_input(self._f_group, -1),
+                            per_input(self._f_mean, False), positions, keys, owned)
+
+    def _pool(self, values: torch.Tensor, offsets: torch.Tensor, B: int, layout: _InputLayout,
+              check: bool) -> torch.Tensor:
+        nf = layout.shift.numel()
         n = values.numel()
-        check = self.validate if validate is None else validate
         if check:  # before repeat_interleave, which would fail obscurely on bad offsets
             self._check_offsets(offsets, n)
         # Values per feature (feature-major => each feature is one contiguous run).
@@ -183,14 +304,14 @@ class EmbeddingBagCollection(nn.Module):
         # output_size keeps repeat_interleave free of a device->host sync.
         fid = torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=n)
         if check:
-            self._check_ids(values, fid)
-        ids = values + self._f_shift[fid]
+            self._check_ids(values, fid, layout)
+        ids = values + layout.shift[fid]
         psw = None
         if self._any_mean:
             bag_len = offsets[1:] - offsets[:-1]
             w_dtype = getattr(self, self._group_param_names[0]).dtype
             inv = 1.0 / bag_len.clamp(min=1).to(w_dtype)
-            is_mean = self._f_mean.repeat_interleave(B)
+            is_mean = layout.mean.repeat_interleave(B)
             bag_w = torch.where(is_mean, inv, torch.ones_like(inv))
             psw = torch.repeat_interleave(bag_w, bag_len, output_size=n)
         outs = []
@@ -198,15 +319,16 @@ class EmbeddingBagCollection(nn.Module):
             w = getattr(self, pname)
             if self._pad:
                 pad_row = w.shape[0] - 1
-                ids_g = torch.where(self._f_group[fid] == g, ids, pad_row)
+                ids_g = torch.where(layout.group[fid] == g, ids, pad_row)
                 pooled = F.embedding_bag(ids_g, w, offsets, mode="sum", sparse=self.sparse,
                                          per_sample_weights=psw, include_last_offset=True,
                                          padding_idx=pad_row)
-                pooled = pooled.view(nf, B, -1).index_select(0, getattr(self, f"_group_feats_{g}"))
             else:
                 pooled = F.embedding_bag(ids, w, offsets, mode="sum", sparse=self.sparse,
                                          per_sample_weights=psw, include_last_offset=True)
-                pooled = pooled.view(nf, B, -1)
+            pooled = pooled.view(nf, B, -1)
+            if layout.group_positions[g] is not None:
+                pooled = pooled.index_select(0, layout.group_positions[g])
             # [F_g, B, D] -> [B, F_g * D]: each example's features side by side.
             outs.append(pooled.transpose(0, 1).reshape(B, -1))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -219,31 +341,35 @@ class EmbeddingBagCollection(nn.Module):
         bad = (offsets[0] != 0) | (offsets[-1] != n) | (offsets[1:] < offsets[:-1]).any()
         if bool(bad):  # host sync #1 of validation
             raise ValueError(
-                f"offsets must start at 0, be non-decreasing and end at len(values)={n}, "
+                f"{_OWNER}: offsets must start at 0, be non-decreasing and end at len(values)={n}, "
                 f"got offsets[0]={int(offsets[0])}, offsets[-1]={int(offsets[-1])}"
             )
 
-    def _check_ids(self, values: torch.Tensor, fid: torch.Tensor) -> None:
-        limit = self._f_rows[fid]
+    def _check_ids(self, values: torch.Tensor, fid: torch.Tensor, layout: _InputLayout) -> None:
+        limit = layout.rows[fid]
         bad_ids = (values < 0) | (values >= limit)
+        if layout.owned is not None:  # ids of features the collection does not read are not its business
+            bad_ids &= layout.owned[fid]
         if bool(bad_ids.any()):  # host sync #2 of validation
             i = int(bad_ids.nonzero()[0, 0])
-            f = int(fid[i])
+            name = layout.names[int(fid[i])]
             raise ValueError(
-                f"values[{i}]={int(values[i])} (feature {self.feature_names[f]!r}, table "
-                f"{self.feature_table[self.feature_names[f]]!r}) must be in [0, {int(limit[i])})"
+                f"values[{i}]={int(values[i])} (feature {name!r}, table "
+                f"{self.feature_table[name]!r}) must be in [0, {int(limit[i])})"
             )
 
-    def split(self, pooled: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def split(self, pooled: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-feature ``[B, dim]`` views of a ``forward`` output."""
+        check_type(f"{_OWNER}.split", "pooled", pooled, torch.Tensor)
         if pooled.dim() != 2 or pooled.shape[1] != self.output_dim:
-            raise ValueError(f"pooled must have shape [B, {self.output_dim}], got {tuple(pooled.shape)}")
-        return dict(zip(self.feature_names, pooled.split(self.feature_dims, dim=1)))
+            raise ValueError(f"{_OWNER}.split: 'pooled' must have shape [B, {self.output_dim}], "
+                             f"got {tuple(pooled.shape)}")
+        return dict(zip(self.feature_names, pooled.split(self.feature_dims, dim=1), strict=True))
 
-    def forward_dict(self, values: torch.Tensor, offsets: torch.Tensor, batch_size: int,
-                     validate: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+    def forward_dict(self, features: Features | torch.Tensor, offsets: torch.Tensor | None = None,
+                     batch_size: int | None = None, validate: bool | None = None) -> dict[str, torch.Tensor]:
         """``forward`` followed by :meth:`split`: ``{feature: [B, dim]}``."""
-        return self.split(self.forward(values, offsets, batch_size, validate))
+        return self.split(self.forward(features, offsets, batch_size, validate))
 
     # ----- checkpoint format: one tensor per table, not the fused storage -----
     def _table_key(self, prefix: str, name: str) -> str:

@@ -4,6 +4,7 @@ A table owns ``num_embeddings`` rows of width ``embedding_dim``. One or more
 sparse *features* read from it (``feature_names``; by default the single
 feature named like the table). Sharing a table between features (e.g. "user
 clicked item" and "candidate item") shares rows and therefore gradients.
+Table names become state_dict keys and must not contain '.'; feature names may.
 
 Example:
     >>> cfg = EmbeddingTableConfig("item", num_embeddings=1000, embedding_dim=16,
@@ -14,22 +15,21 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
-from ._checks import check_choice, check_float, check_int
+from ..validation import check_choice, check_int, check_number, check_str, describe
 
 __all__ = ["EmbeddingTableConfig", "POOLINGS"]
 
 POOLINGS = ("sum", "mean")
 
 
-def _check_name(arg: str, value) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{arg} must be a str, got {value!r} ({type(value).__name__})")
+def _check_name(name: str, value) -> str:
+    check_str("EmbeddingTableConfig", name, value)
     # '.' would make the per-table state_dict key `tables.<name>.weight` ambiguous.
-    if not value or "." in value:
-        raise ValueError(f"{arg} must be a non-empty string without '.', got {value!r}")
+    if "." in value:
+        raise ValueError(f"EmbeddingTableConfig: '{name}' must be a non-empty str without '.', got {value!r}")
     return value
 
 
@@ -52,23 +52,23 @@ class EmbeddingTableConfig:
     embedding_dim: int
     pooling: str = "sum"
     init_std: float = 0.01
-    feature_names: Optional[Sequence[str]] = None
+    feature_names: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
+        owner = "EmbeddingTableConfig"
         _check_name("name", self.name)
-        check_int("num_embeddings", self.num_embeddings, min_value=1)
-        check_int("embedding_dim", self.embedding_dim, min_value=1)
-        check_choice("pooling", self.pooling, POOLINGS)
-        check_float("init_std", self.init_std, min_value=0.0)
+        # numpy ints and floats are fine; stored as plain python numbers
+        object.__setattr__(self, "num_embeddings", check_int(owner, "num_embeddings", self.num_embeddings, minimum=1))
+        object.__setattr__(self, "embedding_dim", check_int(owner, "embedding_dim", self.embedding_dim, minimum=1))
+        check_choice(owner, "pooling", self.pooling, POOLINGS)
+        object.__setattr__(self, "init_std", check_number(owner, "init_std", self.init_std, minimum=0.0))
         names = (self.name,) if self.feature_names is None else self.feature_names
         if isinstance(names, str) or not isinstance(names, Sequence):
-            raise TypeError(
-                f"feature_names must be a sequence of str, got {names!r} ({type(names).__name__})"
-            )
-        names = tuple(_check_name("feature_names[]", n) for n in names)
+            raise TypeError(f"{owner}: 'feature_names' must be a sequence of str, got {describe(names)}")
+        names = tuple(check_str(owner, "feature_names[]", n) for n in names)
         if not names:
-            raise ValueError(f"feature_names must name at least one feature, got {names!r}")
+            raise ValueError(f"{owner}: 'feature_names' must name at least one feature, got {names!r}")
         if len(set(names)) != len(names):
-            raise ValueError(f"feature_names must be unique, got {names!r}")
+            raise ValueError(f"{owner}: 'feature_names' must be unique, got {names!r}")
         # frozen dataclass: normalise list -> tuple so the config stays hashable.
         object.__setattr__(self, "feature_names", names)

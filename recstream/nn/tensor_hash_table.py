@@ -37,10 +37,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 from torch import nn
+
+from ..validation import check_choice, check_int
 
 __all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "hash_keys"]
 
@@ -94,10 +94,12 @@ class TensorHashTable(nn.Module):
     def __init__(self, num_slots: int, key_dtype: torch.dtype = torch.int64,
                  max_rounds: int = 128, device=None) -> None:
         super().__init__()
-        if num_slots < 1 or num_slots & (num_slots - 1):
-            raise ValueError(f"num_slots must be a power of two, got {num_slots}")
+        num_slots = check_int("TensorHashTable", "num_slots", num_slots, minimum=1)
+        if num_slots & (num_slots - 1):
+            raise ValueError(f"TensorHashTable: 'num_slots' must be a power of two, got {num_slots}")
+        check_choice("TensorHashTable", "key_dtype", key_dtype, (torch.int64, torch.int32))
         self.num_slots = num_slots
-        self.max_rounds = max_rounds
+        self.max_rounds = check_int("TensorHashTable", "max_rounds", max_rounds, minimum=1)
         self.register_buffer("keys", torch.full((num_slots,), EMPTY, dtype=key_dtype, device=device))
         self.register_buffer("rows", torch.full((num_slots,), -1, dtype=torch.int64, device=device))
         self.register_buffer("counts", torch.zeros(num_slots, dtype=torch.int64, device=device))
@@ -204,7 +206,7 @@ class TensorHashTable(nn.Module):
         """Whether inserting ``n_new`` keys would push used slots past ``max_used`` (a fraction)."""
         return self.num_used + n_new > max_used * self.num_slots
 
-    def rehash(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def rehash(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Rebuild without tombstones; return ``(old_slots, new_slots)`` of live keys."""
         old = _where(self.occupied())
         keys, rows = self.keys.index_select(0, old), self.rows.index_select(0, old)

@@ -52,7 +52,7 @@ def test_take_slice_concat_match_reference():
     assert bags_of(s) == [feat[2:6] for feat in bags] and s.batch_size == 4
     g, gbags = random_features(b=4, seed=5)
     c = Features.concat([s, g])
-    assert bags_of(c) == [a + b for a, b in zip([feat[2:6] for feat in bags], gbags)]
+    assert bags_of(c) == [a + b for a, b in zip([feat[2:6] for feat in bags], gbags, strict=True)]
     assert c.batch_size == 8 and c.dense.shape == (8, 2)
     with pytest.raises(IndexError, match="'rows' must be in"):
         f.take(torch.tensor([9]))
@@ -71,7 +71,7 @@ def test_batch_is_a_two_tuple():
 
 def schema_for(multi=(False, True, True)):
     return Schema(["a", "b"], [CategoricalFeature(f"c{k}", vocab_size=n, multi_hot=m, max_len=3 if m else None)
-                               for k, (n, m) in enumerate(zip((5, 9, 4), multi))])
+                               for k, (n, m) in enumerate(zip((5, 9, 4), multi, strict=True))])
 
 
 def test_validate_accepts_good_and_names_the_problem():
@@ -109,3 +109,67 @@ def test_to_cuda_and_back():
     batch = Batch(f, torch.zeros(7)).pin_memory().to("cuda", non_blocking=True)
     assert batch.features.values.is_cuda and batch.labels.is_cuda
     assert bags_of(batch.features.take(torch.tensor([1, 0])).to("cpu")) == [[x[1], x[0]] for x in bags]
+
+
+KEYS = ("c0", "c1", "c2")
+
+
+def test_keys_survive_every_row_and_device_operation():
+    f, _ = random_features()
+    named = Features(f.dense, f.values, f.offsets, f.batch_size, f.num_features, keys=list(KEYS))
+    assert named.keys == KEYS  # any sequence, stored as a tuple
+    assert Features.from_lengths(f.dense, f.values, f.lengths(), keys=KEYS).keys == KEYS
+    for g in (named.take([2, 0]), named.slice(1, 4), Features.concat([named, named]), named.to("cpu"),
+              Batch(named, torch.zeros(7)).take([1]).features):
+        assert g.keys == KEYS
+    assert f.take([0]).keys is None
+    if torch.cuda.is_available():
+        assert named.pin_memory().keys == KEYS
+
+
+def test_select_and_permute_by_name_and_position():
+    f, bags = random_features()
+    named = Features(f.dense, f.values, f.offsets, f.batch_size, f.num_features, keys=KEYS)
+    assert named.select(KEYS) is named
+    for names in (["c2", "c0"], ["c1"], ["c2", "c1", "c0"]):
+        g = named.select(names)
+        assert g.keys == tuple(names) and g.num_features == len(names) and g.dense is f.dense
+        assert bags_of(g) == [bags[KEYS.index(n)] for n in names]
+        # The on-device path (torch, no host sync for a full reordering) gives the same result.
+        idx = [KEYS.index(n) for n in names]
+        values, offsets = named._permute_on_device(idx, complete=len(idx) == 3)
+        assert torch.equal(values, g.values) and torch.equal(offsets, g.offsets)
+    assert bags_of(f.permute([2, 0])) == [bags[2], bags[0]] and f.permute([2, 0]).keys is None
+    assert named.bag("c1")[0].tolist() == named.bag(1)[0].tolist() and named.position("c2") == 2
+    with pytest.raises(KeyError, match="no feature 'nope'"):
+        named.select(["nope"])
+    with pytest.raises(KeyError, match="have no keys"):
+        f.select(["c0"])
+    with pytest.raises(TypeError, match="'names' must be a sequence of str"):
+        named.select("c0")
+    with pytest.raises(IndexError, match="out of range"):
+        f.permute([3])
+
+
+def test_keys_are_checked():
+    f, _ = random_features()
+    with pytest.raises(ValueError, match="Features: 'keys' must name all 3 features, got 2"):
+        Features(f.dense, f.values, f.offsets, 7, 3, keys=("a", "b"))
+    with pytest.raises(ValueError, match=r"Features: 'keys' must be unique, duplicated: \['a'\]"):
+        Features(f.dense, f.values, f.offsets, 7, 3, keys=("a", "b", "a"))
+    with pytest.raises(TypeError, match="Features: 'keys' must be a sequence of str or None"):
+        Features(f.dense, f.values, f.offsets, 7, 3, keys="abc")
+    with pytest.raises(TypeError, match=r"Features: 'keys\[\]' must be a non-empty str, got 1 \(int\)"):
+        Features(f.dense, f.values, f.offsets, 7, 3, keys=("a", "b", 1))
+    named = Features(f.dense, f.values, f.offsets, 7, 3, keys=KEYS)
+    with pytest.raises(ValueError, match="parts have different keys"):
+        Features.concat([named, f])
+
+
+def test_schema_checks_named_features():
+    f, _ = random_features()
+    named = Features(f.dense, f.values, f.offsets, 7, 3, keys=KEYS)
+    assert named.validate(schema_for()) is named
+    schema_for().check_features(named)
+    with pytest.raises(ValueError, match=r"feature keys \['c0', 'c2', 'c1'\] do not match the schema"):
+        named.select(["c0", "c2", "c1"]).validate(schema_for())

@@ -63,11 +63,11 @@ def test_categorical_validation(kwargs, match):
 
 
 def test_type_errors():
-    with pytest.raises(TypeError, match="vocabulary' entries must be str"):
+    with pytest.raises(TypeError, match=r"'vocabulary\[\]' must be a str"):
         CategoricalFeature("c", vocabulary=["a", 1])
-    with pytest.raises(TypeError, match="name must be a non-empty str"):
+    with pytest.raises(ValueError, match="'name' must be a non-empty str"):
         DenseFeature("")
-    with pytest.raises(TypeError, match="'categorical' entries"):
+    with pytest.raises(TypeError, match=r"'categorical\[\]' must be a CategoricalFeature"):
         Schema(["x"], ["not a feature"])
     with pytest.raises(TypeError, match="single feature"):
         Schema("x")

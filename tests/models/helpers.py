@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from recstream.data import Batch, CategoricalFeature, Features, Schema
-from recstream.models import DCNv2, DeepFM, DLRM, WideDeep
+from recstream.models import DLRM, DCNv2, DeepFM, WideDeep
 
 SMALL = dict(hidden=(16, 8), embedding_dim=4)
 BUILDERS = {

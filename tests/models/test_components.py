@@ -3,9 +3,19 @@ import pytest
 import torch
 from torch import nn
 
-from recstream.models import (DLRM, MLP, CrossNetwork, DeepFM, LinearTerm, OnProbabilities, WideDeep, ctr_metrics,
-                              default_optimizer, fm_interaction)
 from recstream.metrics import Accuracy, LogLoss
+from recstream.models import (
+    DLRM,
+    MLP,
+    CrossNetwork,
+    DeepFM,
+    LinearTerm,
+    OnProbabilities,
+    WideDeep,
+    ctr_metrics,
+    default_optimizer,
+    fm_interaction,
+)
 from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
 
 from .helpers import BUILDERS, MODEL_NAMES, mixed_schema, random_features
@@ -144,9 +154,9 @@ def test_default_optimizer_options():
     for kwargs, exc, match in [
         (dict(embedding="sgd"), ValueError, "'embedding' must be one of"),
         (dict(wide="adam"), ValueError, "'wide' must be one of"),
-        (dict(lr=-1.0), ValueError, "'lr' must be in"),
-        (dict(wide_lr=0.0), ValueError, "'wide_lr' must be > 0"),
-        (dict(embedding_lr="high"), TypeError, "'embedding_lr' must be a real number"),
+        (dict(lr=-1.0), ValueError, "'lr' must be a finite number >= 0.0, got -1.0"),
+        (dict(wide_lr=0.0), ValueError, "'wide_lr' must be a finite number > 0.0, got 0.0"),
+        (dict(embedding_lr="high"), TypeError, "'embedding_lr' must be a finite number"),
     ]:
         with pytest.raises(exc, match=match):
             default_optimizer(net, **kwargs)

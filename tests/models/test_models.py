@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from recstream.data import CategoricalFeature, Features, Schema
-from recstream.models import DCNv2, DeepFM, DLRM, FeatureEmbedding, WideDeep
+from recstream.models import DLRM, DCNv2, DeepFM, FeatureEmbedding, WideDeep
 
 from .helpers import BUILDERS, MODEL_NAMES, mixed_schema, random_features
 
@@ -132,21 +132,24 @@ def test_dotted_feature_names_become_table_names():
 @pytest.mark.parametrize("build, match, exc", [
     (lambda s: WideDeep("schema"), "'schema' must be a recstream.data.Schema", TypeError),
     (lambda s: WideDeep(Schema(["x"])), "at least one categorical", ValueError),
-    (lambda s: WideDeep(s, hidden=(16, 0)), "'hidden' must hold positive ints", ValueError),
+    (lambda s: WideDeep(s, hidden=(16, 0)), r"'hidden' must be a sequence of positive ints, got \(16, 0\)",
+     ValueError),
     (lambda s: WideDeep(s, hidden="16"), "'hidden' must be a sequence", TypeError),
-    (lambda s: WideDeep(s, embedding_dim=0), "'embedding_dim' must be an int >= 1, got 0", ValueError),
-    (lambda s: WideDeep(s, dropout=1.0), "'dropout' must be in", ValueError),
+    (lambda s: WideDeep(s, embedding_dim=0), "'embedding_dim' must be an int >= 1 or None, got 0", ValueError),
+    (lambda s: WideDeep(s, dropout=1.0), "'dropout' must be a finite number >= 0.0 and < 1.0, got 1.0",
+     ValueError),
     (lambda s: WideDeep(s, activation="swish"), "'activation' must be one of", ValueError),
     (lambda s: WideDeep(s, wide_dense=1), "'wide_dense' must be a bool", TypeError),
     (lambda s: DeepFM(s, embedding_dim=2.5), "'embedding_dim' must be an int", TypeError),
     (lambda s: DCNv2(s, num_cross_layers=0), "'num_layers' must be an int >= 1, got 0", ValueError),
-    (lambda s: DCNv2(s, structure="mixed"), r"'structure' must be one of \('stacked', 'parallel'\), got 'mixed'",
+    (lambda s: DCNv2(s, structure="mixed"), r"'structure' must be one of \['stacked', 'parallel'\], got 'mixed'",
      ValueError),
-    (lambda s: DCNv2(s, low_rank=0), "'low_rank' must be an int >= 1, got 0", ValueError),
-    (lambda s: DLRM(s, embedding_dim=4, bottom=[-1]), "'bottom' must hold positive ints", ValueError),
+    (lambda s: DCNv2(s, low_rank=0), "'low_rank' must be an int >= 1 or None, got 0", ValueError),
+    (lambda s: DLRM(s, embedding_dim=4, bottom=[-1]), "'bottom' must be a sequence of positive ints", ValueError),
     (lambda s: DLRM(Schema([], [CategoricalFeature("a", vocab_size=3)]), embedding_dim=4),
      "no pair to interact", ValueError),
-    (lambda s: FeatureEmbedding(s, init_std=-1.0), "'init_std' must be in", ValueError),
+    (lambda s: FeatureEmbedding(s, init_std=-1.0), "'init_std' must be a finite number >= 0.0, got -1.0",
+     ValueError),
 ])
 def test_bad_arguments(build, match, exc):
     with pytest.raises(exc, match=match):
@@ -175,6 +178,28 @@ def test_bad_inputs(name):
     bad.values[0] = 30  # "user" has 30 rows: id 30 would read the next table's first row
     with pytest.raises(ValueError, match="must be in \\[0, 30\\)"):
         net(bad)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_named_features_are_matched_by_name(name):
+    torch.manual_seed(3)
+    schema = mixed_schema()
+    net = BUILDERS[name](schema).eval()
+    x = random_features(schema, 6, torch.Generator().manual_seed(4))
+    keyed = Features(x.dense, x.values, x.offsets, x.batch_size, x.num_features, keys=schema.categorical_names)
+    expected = net(x)
+    torch.testing.assert_close(net(keyed), expected)
+    torch.testing.assert_close(net(keyed.select(["hist", "user", "tags", "item"])), expected)
+    with pytest.raises(ValueError, match="the features have no 'tags'"):
+        net(keyed.select(["hist", "user", "item"]))
+
+
+def test_dotted_feature_names_are_matched_by_name():
+    schema = Schema(["x"], [CategoricalFeature("user.id", vocab_size=5), CategoricalFeature("item.id", vocab_size=7)])
+    net = WideDeep(schema, hidden=(4,)).eval()
+    x = _one_example(schema, {0: [3], 1: [6]}, torch.ones(1, 1))
+    keyed = Features(x.dense, x.values, x.offsets, 1, 2, keys=("user.id", "item.id"))
+    torch.testing.assert_close(net(keyed.select(["item.id", "user.id"])), net(x))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

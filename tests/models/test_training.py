@@ -14,7 +14,7 @@ from .helpers import BUILDERS, MODEL_NAMES, LogisticData, mixed_schema, random_f
 SCHEMA = mixed_schema()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data(split: str) -> LogisticData:
     return LogisticData(SCHEMA, 30, 128, seed=0) if split == "train" else LogisticData(SCHEMA, 8, 256, seed=1)
 

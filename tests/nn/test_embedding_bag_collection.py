@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from recstream.features import Features
 from recstream.nn import EmbeddingBagCollection, EmbeddingTableConfig
 
 B = 5
@@ -185,30 +186,30 @@ def test_input_validation():
     values, offsets = random_batch(ebc, torch.Generator().manual_seed(6))
     with pytest.raises(ValueError, match=r"offsets must have num_features\*batch_size\+1 = 5\*4\+1"):
         ebc(values, offsets, 4)
-    with pytest.raises(TypeError, match="values must have dtype"):
+    with pytest.raises(TypeError, match="'values' must have a dtype"):
         ebc(values.int(), offsets, B)
-    with pytest.raises(TypeError, match="batch_size must be an int"):
+    with pytest.raises(TypeError, match="'batch_size' must be an int"):
         ebc(values, offsets, 5.0)
     broken = offsets.clone()
     broken[-1] += 1
     with pytest.raises(ValueError, match="offsets must start at 0"):
         ebc(values, broken, B)
-    with pytest.raises(ValueError, match="pooled must have shape"):
+    with pytest.raises(ValueError, match="'pooled' must have shape"):
         ebc.split(torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="name must be one of the tables"):
+    with pytest.raises(ValueError, match="'name' must be one of \\['a', 'c', 'b', 'd'\\]"):
         ebc.table_weight("nope")
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="pooling must be one of \\('sum', 'mean'\\), got 'max'"):
+    with pytest.raises(ValueError, match="'pooling' must be one of \\['sum', 'mean'\\], got 'max'"):
         EmbeddingTableConfig("t", 3, 2, pooling="max")
-    with pytest.raises(ValueError, match="num_embeddings must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="'num_embeddings' must be an int >= 1, got 0"):
         EmbeddingTableConfig("t", 0, 2)
-    with pytest.raises(TypeError, match="embedding_dim must be an int"):
+    with pytest.raises(TypeError, match="'embedding_dim' must be an int"):
         EmbeddingTableConfig("t", 3, 2.5)
     with pytest.raises(ValueError, match="without '.'"):
         EmbeddingTableConfig("a.b", 3, 2)
-    with pytest.raises(ValueError, match="feature_names must be unique"):
+    with pytest.raises(ValueError, match="'feature_names' must be unique"):
         EmbeddingTableConfig("t", 3, 2, feature_names=["x", "x"])
     with pytest.raises(ValueError, match="feature names must be unique, got duplicates \\['x'\\]"):
         EmbeddingBagCollection([EmbeddingTableConfig("t", 3, 2, feature_names=["x"]),
@@ -218,3 +219,69 @@ def test_config_validation():
                                                                                       feature_names=["y"])])
     with pytest.raises(ValueError, match="at least one"):
         EmbeddingBagCollection([])
+
+
+def named(ebc, values, offsets, order, extra=0):
+    """The batch as Features named by `ebc.feature_names`, stored in `order` (positions), plus
+    `extra` features the collection does not read (ids out of every table's range)."""
+    keys = tuple(ebc.feature_names)
+    lengths = (offsets[1:] - offsets[:-1]).view(len(keys), B)
+    parts = [values[offsets[f * B]:offsets[(f + 1) * B]] for f in range(len(keys))]
+    lengths = torch.cat([lengths[order], torch.ones(extra, B, dtype=torch.int64)])
+    vals = torch.cat([parts[f] for f in order] + [torch.full((extra * B,), -7)])
+    names = tuple(keys[f] for f in order) + tuple(f"extra{i}" for i in range(extra))
+    return Features.from_lengths(torch.zeros(B, 0), vals, lengths, keys=names)
+
+
+@pytest.mark.parametrize("tables", [mixed_tables(), [
+    EmbeddingTableConfig("x", 9, 6), EmbeddingTableConfig("y", 13, 6, pooling="mean"),
+]], ids=["mixed_dims", "single_group"])
+@pytest.mark.parametrize("extra", [0, 2], ids=["same_features", "extra_features"])
+def test_features_are_matched_by_name(tables, extra):
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection(tables)
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(7))
+    nf = ebc.num_features
+    expected = ebc(values, offsets, B)
+    unnamed = Features.from_lengths(torch.zeros(B, 0), values, (offsets[1:] - offsets[:-1]).view(nf, B))
+    torch.testing.assert_close(ebc(unnamed), expected)
+    for order in (list(range(nf)), list(reversed(range(nf)))):
+        x = named(ebc, values, offsets, order, extra)
+        out = ebc(x)
+        torch.testing.assert_close(out, expected)
+        assert ebc(x, validate=False).shape == out.shape
+        torch.testing.assert_close(torch.cat(list(ebc.forward_dict(x).values()), dim=1), expected)
+    # gradients reach the same rows as with positional input
+    ebc.zero_grad()
+    ebc(named(ebc, values, offsets, list(reversed(range(nf))), extra)).sum().backward()
+    by_name = {n: p.grad.to_dense().clone() for n, p in ebc.named_parameters()}
+    ebc.zero_grad()
+    ebc(values, offsets, B).sum().backward()
+    for n, p in ebc.named_parameters():
+        torch.testing.assert_close(by_name[n], p.grad.to_dense())
+
+
+def test_by_name_layout_is_cached_per_keys():
+    ebc = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(8))
+    x = named(ebc, values, offsets, [4, 3, 2, 1, 0])
+    ebc(x)
+    layout = ebc._layouts[x.keys]
+    ebc(named(ebc, values, offsets, [4, 3, 2, 1, 0]))
+    assert ebc._layouts[x.keys] is layout and len(ebc._layouts) == 1
+
+
+def test_features_input_errors():
+    ebc = EmbeddingBagCollection(mixed_tables())
+    values, offsets = random_batch(ebc, torch.Generator().manual_seed(9))
+    x = named(ebc, values, offsets, [0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"the features have no 'b2' \(keys: \['a', 'c', 'b1', 'd'\]\)"):
+        ebc(x.select(["a", "c", "b1", "d"]))
+    with pytest.raises(ValueError, match=r"features has 4 features but the collection reads 5"):
+        ebc(Features(x.dense, x.values, x.offsets[:4 * B + 1], B, 4))
+    with pytest.raises(TypeError, match="pass either Features or"):
+        ebc(x, offsets, B)
+    bad = named(ebc, values, offsets, [4, 3, 2, 1, 0])
+    bad.values[int(bad.offsets[B])] = 20  # first id of "b2", stored second
+    with pytest.raises(ValueError, match=r"=20 \(feature 'b2', table 'b'\) must be in \[0, 20\)"):
+        ebc(bad)

@@ -139,7 +139,7 @@ def test_reserved_keys_rejected():
         emb(k(3, -2, 4))
     with pytest.raises(ValueError, match="-1"):
         emb.eval()(k(-1))
-    with pytest.raises(TypeError, match="keys must have dtype"):
+    with pytest.raises(TypeError, match="'keys' must have a dtype"):
         emb(torch.tensor([1.0]))
     emb32 = HashEmbedding(2, key_dtype=torch.int32, capacity=8)
     with pytest.raises(ValueError, match="int32"):
@@ -149,17 +149,17 @@ def test_reserved_keys_rejected():
 
 
 def test_constructor_validation():
-    with pytest.raises(ValueError, match="embedding_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="'embedding_size' must be an int >= 1, got 0"):
         HashEmbedding(0)
-    with pytest.raises(ValueError, match="param_init must be one of"):
+    with pytest.raises(ValueError, match="'param_init' must be one of"):
         HashEmbedding(2, param_init="xavier")
-    with pytest.raises(ValueError, match="permit_filter_value must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="'permit_filter_value' must be an int >= 1, got 0"):
         HashEmbedding(2, permit_filter_value=0)
-    with pytest.raises(ValueError, match="max_norm must be a finite number > 0.0"):
+    with pytest.raises(ValueError, match="'max_norm' must be a finite number > 0.0"):
         HashEmbedding(2, max_norm=0)
-    with pytest.raises(ValueError, match="key_dtype must be"):
+    with pytest.raises(ValueError, match="'key_dtype' must be"):
         HashEmbedding(2, key_dtype=torch.float32)
-    with pytest.raises(TypeError, match="capacity must be an int"):
+    with pytest.raises(TypeError, match="'capacity' must be an int"):
         HashEmbedding(2, capacity=True)
 
 

@@ -13,7 +13,7 @@ def k(*keys):
 def as_map(exported):
     """{key: (values, count, last_seen)} for order-independent comparison."""
     return {int(key): (v.tolist(), int(c), int(s)) for key, v, c, s in zip(
-        exported["keys"], exported["values"], exported["counts"], exported["last_seen"])}
+        exported["keys"], exported["values"], exported["counts"], exported["last_seen"], strict=True)}
 
 
 def busy_module(**kw):
@@ -90,13 +90,13 @@ def test_load_rows_overwrites_admits_and_validates():
     assert got[10] == ([2.0, 2.0], 6, 1) and got[9][1] == 5  # last_seen = current step
     with pytest.raises(ValueError, match="need 2 new rows but only 1"):
         emb.load_rows(k(11, 12), torch.zeros(2, 2))
-    with pytest.raises(ValueError, match=r"values must be a tensor of shape \(1, 2\)"):
+    with pytest.raises(ValueError, match=r"'values' must be a tensor of shape \(1, 2\)"):
         emb.load_rows(k(11), torch.zeros(1, 3))
     with pytest.raises(ValueError, match="unique"):
         emb.load_rows(k(11, 11), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="-2"):
         emb.load_rows(k(-2), torch.zeros(1, 2))
-    with pytest.raises(TypeError, match="exported must be a mapping"):
+    with pytest.raises(TypeError, match="'exported' must be a mapping"):
         emb.import_([1, 2])
 
 
@@ -121,7 +121,7 @@ def test_state_dict_round_trip_is_exact():
         torch.manual_seed(step)
         b = dst(keys)
         torch.testing.assert_close(a, b)
-    for x, y in zip(src.export_delta().values(), dst.export_delta().values()):
+    for x, y in zip(src.export_delta().values(), dst.export_delta().values(), strict=True):
         assert torch.equal(x, y)
     assert torch.equal(src.values.pop_reset_rows(), dst.values.pop_reset_rows())
 
