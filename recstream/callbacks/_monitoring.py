@@ -30,35 +30,6 @@ def smaller_is_better(name: str) -> bool:
     return low in SMALLER_IS_BETTER or "loss" in low or "error" in low
 
 
-def check_mode(owner: str, mode) -> str:
-    if mode not in MODES:
-        raise ValueError(f"{owner}: 'mode' must be one of {list(MODES)}, got {mode!r}")
-    return mode
-
-
-def check_number(owner: str, name: str, value, *, allow_none: bool = False, non_negative: bool = False):
-    if value is None and allow_none:
-        return None
-    allowed = "a number" + (" >= 0" if non_negative else "") + (" or None" if allow_none else "")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{owner}: '{name}' must be {allowed}, got {value!r}")
-    if non_negative and value < 0:
-        raise ValueError(f"{owner}: '{name}' must be {allowed}, got {value!r}")
-    return value
-
-
-def check_int(owner: str, name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{owner}: '{name}' must be an int >= 0, got {value!r}")
-    return value
-
-
-def check_bool(owner: str, name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}: '{name}' must be a bool, got {value!r}")
-    return value
-
-
 def to_scalar(owner: str, name: str, value) -> float:
     """A metric value as a float; tensors/arrays must hold exactly one element."""
     if isinstance(value, (torch.Tensor, np.ndarray)):
@@ -71,14 +42,13 @@ def to_scalar(owner: str, name: str, value) -> float:
 class MonitorReader:
     """Fetches the monitored value; warns once if it is missing."""
 
-    def __init__(self, monitor, owner: str):
-        if not isinstance(monitor, str) or not monitor:
-            raise TypeError(f"{owner}: 'monitor' must be a non-empty str, got {monitor!r}")
+    def __init__(self, monitor: str, owner: str):
+        # `monitor` was validated by the owning callback, where the argument enters the API.
         self.monitor, self.owner = monitor, owner
         self._warned = False
 
     def mode(self, mode: str) -> str:
-        """Resolve ``auto`` to ``min``/``max`` from the monitored name."""
+        """Resolve ``auto`` (one of `MODES`) to ``min``/``max`` from the monitored name."""
         if mode != "auto":
             return mode
         return "min" if smaller_is_better(self.monitor) else "max"

@@ -13,8 +13,11 @@ Legacy names: as in MindSpore, `on_train_*` and `on_eval_*` fall back to `begin`
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import ExitStack
-from typing import Any, Iterable
+from typing import Any
+
+from ..validation import check_type, describe
 
 # new hook name -> legacy name it falls back to (MindSpore 2.x behaviour, both train and eval).
 LEGACY_NAMES = {
@@ -66,8 +69,7 @@ class RunContext:
     """
 
     def __init__(self, original_args: dict):
-        if not isinstance(original_args, dict):
-            raise TypeError(f"RunContext: 'original_args' must be a dict, got {type(original_args).__name__}")
+        check_type("RunContext", "original_args", original_args, dict)
         self._original_args = original_args
         self._stop_requested = False
 
@@ -88,10 +90,19 @@ class Callback:
     Callbacks are context managers: the loop enters them for the whole run, so a callback can
     open and release resources (files, writers) in ``__enter__`` / ``__exit__``.
 
+    `called_in_fit_eval` (class attribute): whether the evaluation inside ``fit`` calls this
+    callback's hooks. True for user callbacks; as in MindSpore, the built-in callbacks set it to
+    False (all but `TimeMonitor`), so that e.g. a `ProgressBar` or `History` sees training only.
+    A subclass inherits the value of the class it extends and may set its own.
+
     >>> class PrintSteps(Callback):
     ...     def on_train_step_end(self, run_context):
     ...         print("step", run_context.original_args().cur_step_num)
+    >>> PrintSteps.called_in_fit_eval
+    True
     """
+
+    called_in_fit_eval: bool = True
 
     def __enter__(self):
         return self
@@ -134,18 +145,21 @@ def _overrides(cb: Callback, hook: str) -> bool:
     return own(hook) or own(LEGACY_NAMES[hook])
 
 
-def as_callback_list(callbacks) -> list[Callback]:
-    """Normalise ``None`` / one callback / an iterable of callbacks into a list, type-checked."""
+def as_callback_list(callbacks, owner: str = "CallbackList") -> list[Callback]:
+    """Normalise ``None`` / one callback / an iterable of callbacks into a list, type-checked.
+
+    `owner` names the function whose ``callbacks`` argument this is, in error messages.
+    """
     if callbacks is None:
         return []
     if isinstance(callbacks, Callback):
         return [callbacks]
     if isinstance(callbacks, (str, bytes, dict)) or not isinstance(callbacks, Iterable):
-        raise TypeError(f"'callbacks' must be a Callback or a list of Callback, got {type(callbacks).__name__}")
+        raise TypeError(f"{owner}: 'callbacks' must be a Callback, a list of Callback or None, "
+                        f"got {describe(callbacks)}")
     items = list(callbacks)
     for i, cb in enumerate(items):
-        if not isinstance(cb, Callback):
-            raise TypeError(f"'callbacks[{i}]' must be a Callback, got {type(cb).__name__}: {cb!r}")
+        check_type(owner, f"callbacks[{i}]", cb, Callback)
     return items
 
 

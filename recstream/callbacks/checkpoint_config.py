@@ -17,40 +17,33 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_bool, check_choice, check_int, check_module, check_type, describe
+
+_OWNER = "CheckpointConfig"
 _INFO_NAMES = ("epoch_num", "step_num")
-
-
-def _non_negative_int(name: str, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"CheckpointConfig: '{name}' must be an int >= 0 or None, got {value!r}")
-    return value
+_INFO_VALUE_TYPES = (int, float, bool, str, torch.Tensor)
 
 
 def _append_dict(append_info) -> dict | None:
+    """``append_info`` as the dict stored in every file (None when empty)."""
     if append_info is None or append_info == []:
         return None
-    if not isinstance(append_info, list):
-        raise TypeError(f"CheckpointConfig: 'append_info' must be a list, got {type(append_info).__name__}: {append_info!r}")
+    check_type(_OWNER, "append_info", append_info, list)
     out: dict = {}
-    dicts = 0
-    for element in append_info:
+    dicts = [e for e in append_info if isinstance(e, dict)]
+    if len(dicts) > 1:
+        raise ValueError(f"{_OWNER}: 'append_info' may hold at most one dict, got {len(dicts)}: {append_info!r}")
+    for i, element in enumerate(append_info):
         if isinstance(element, str):
-            if element not in _INFO_NAMES:
-                raise ValueError(f"CheckpointConfig: 'append_info' strings must be one of {list(_INFO_NAMES)}, got {element!r}")
-            out[element] = 0  # filled with the running epoch/step count at each save
+            out[check_choice(_OWNER, f"append_info[{i}]", element, _INFO_NAMES)] = 0  # filled in at each save
         elif isinstance(element, dict):
-            dicts += 1
-            if dicts > 1:
-                raise TypeError("CheckpointConfig: 'append_info' may hold at most one dict, got several")
             for key, value in element.items():
-                if not isinstance(key, str) or not isinstance(value, (int, float, bool, str, torch.Tensor)):
-                    raise TypeError(f"CheckpointConfig: 'append_info' dict entries must be str -> int/float/bool/str/"
-                                    f"Tensor, got {key!r}: {type(value).__name__}")
+                if not isinstance(key, str) or not isinstance(value, _INFO_VALUE_TYPES):
+                    raise TypeError(f"{_OWNER}: 'append_info' dict entries must be str -> int/float/bool/str/Tensor, "
+                                    f"got {key!r}: {describe(value)}")
                 out[key] = value
         else:
-            raise TypeError(f"CheckpointConfig: 'append_info' elements must be str or dict, got {type(element).__name__}: {element!r}")
+            raise TypeError(f"{_OWNER}: 'append_info[{i}]' must be a str or a dict, got {describe(element)}")
     return out
 
 
@@ -60,26 +53,28 @@ class CheckpointConfig:
     `saved_network`: save this module instead of the training run's network. `crc_check`: store a
     CRC32 per tensor, verified by `load_checkpoint` (default on, unlike MindSpore, because a
     silently corrupt checkpoint is worse than the few hundred ms per GB the check costs).
+    All four counts are ints >= 0 or None.
     """
 
     def __init__(self, save_checkpoint_steps=1, save_checkpoint_seconds=0, keep_checkpoint_max=5,
                  keep_checkpoint_per_n_minutes=0, append_info=None, exception_save=False,
                  saved_network=None, crc_check=True):
-        save_checkpoint_steps = _non_negative_int("save_checkpoint_steps", save_checkpoint_steps)
-        save_checkpoint_seconds = _non_negative_int("save_checkpoint_seconds", save_checkpoint_seconds)
-        keep_checkpoint_max = _non_negative_int("keep_checkpoint_max", keep_checkpoint_max)
-        keep_checkpoint_per_n_minutes = _non_negative_int("keep_checkpoint_per_n_minutes", keep_checkpoint_per_n_minutes)
-        if not (save_checkpoint_steps or save_checkpoint_seconds or keep_checkpoint_max or keep_checkpoint_per_n_minutes):
-            raise ValueError("CheckpointConfig: 'save_checkpoint_steps', 'save_checkpoint_seconds', 'keep_checkpoint_max' "
+        def count(name, value):
+            return check_int(_OWNER, name, value, minimum=0, allow_none=True)
+
+        save_checkpoint_steps = count("save_checkpoint_steps", save_checkpoint_steps)
+        save_checkpoint_seconds = count("save_checkpoint_seconds", save_checkpoint_seconds)
+        keep_checkpoint_max = count("keep_checkpoint_max", keep_checkpoint_max)
+        keep_checkpoint_per_n_minutes = count("keep_checkpoint_per_n_minutes", keep_checkpoint_per_n_minutes)
+        counts = (save_checkpoint_steps, save_checkpoint_seconds, keep_checkpoint_max, keep_checkpoint_per_n_minutes)
+        if not any(counts):
+            raise ValueError(f"{_OWNER}: 'save_checkpoint_steps', 'save_checkpoint_seconds', 'keep_checkpoint_max' "
                              "and 'keep_checkpoint_per_n_minutes' can't all be None or 0, got "
                              f"{save_checkpoint_steps!r}, {save_checkpoint_seconds!r}, {keep_checkpoint_max!r}, "
                              f"{keep_checkpoint_per_n_minutes!r}")
-        for name, value in (("exception_save", exception_save), ("crc_check", crc_check)):
-            if not isinstance(value, bool):
-                raise TypeError(f"CheckpointConfig: '{name}' must be a bool, got {value!r}")
-        if saved_network is not None and not isinstance(saved_network, torch.nn.Module):
-            raise TypeError(f"CheckpointConfig: 'saved_network' must be a torch.nn.Module or None, "
-                            f"got {type(saved_network).__name__}")
+        check_bool(_OWNER, "exception_save", exception_save)
+        check_bool(_OWNER, "crc_check", crc_check)
+        check_module(_OWNER, "saved_network", saved_network, allow_none=True)
 
         self._save_checkpoint_steps = save_checkpoint_steps
         self._save_checkpoint_seconds = save_checkpoint_seconds

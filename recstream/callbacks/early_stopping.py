@@ -1,6 +1,6 @@
 """EarlyStopping: stop training when a monitored quantity stops improving (MindSpore's rules).
 
-At each ``on_train_epoch_end`` the monitored value (see `_monitoring`: ``"loss"`` = training loss,
+At each ``on_train_epoch_end`` the monitored value (``"loss"`` = training loss,
 otherwise ``eval_results``/``metrics`` from ``fit``) is compared with the best so far. The wait
 counter goes up by one each epoch and back to 0 on an improvement (better than best by more
 than `min_delta`, and better than `baseline` if one is given); when it reaches `patience`,
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 
+from ..validation import check_bool, check_choice, check_int, check_number, check_str
+from ._monitoring import MODES, MonitorReader, is_improvement
 from .base import Callback
-from ._monitoring import MonitorReader, check_bool, check_int, check_mode, check_number, is_improvement
 
 
 class EarlyStopping(Callback):
@@ -25,15 +26,17 @@ class EarlyStopping(Callback):
     Attributes after a run: ``best`` (best value), ``wait``, ``stopped_epoch`` (0 if not stopped).
     """
 
+    called_in_fit_eval = False
+
     def __init__(self, monitor: str = "eval_loss", min_delta: float = 0, patience: int = 0, verbose: bool = False,
                  mode: str = "auto", baseline: float | None = None, restore_best_weights: bool = False):
         owner = "EarlyStopping"
+        self.monitor = check_str(owner, "monitor", monitor)
         self._reader = MonitorReader(monitor, owner)
-        self.monitor = monitor
         self.min_delta = abs(check_number(owner, "min_delta", min_delta))
-        self.patience = check_int(owner, "patience", patience)
+        self.patience = check_int(owner, "patience", patience, minimum=0)
         self.verbose = check_bool(owner, "verbose", verbose)
-        self.mode = self._reader.mode(check_mode(owner, mode))
+        self.mode = self._reader.mode(check_choice(owner, "mode", mode, MODES))
         self.baseline = check_number(owner, "baseline", baseline, allow_none=True)
         self.restore_best_weights = check_bool(owner, "restore_best_weights", restore_best_weights)
         self._reset()

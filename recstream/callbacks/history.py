@@ -19,6 +19,8 @@ from .loss_monitor import loss_value
 class History(Callback):
     """Per-epoch training loss and evaluation results; see the module docstring."""
 
+    called_in_fit_eval = False
+
     def __init__(self):
         self.history: dict[str, list] = {}
         self.epoch: dict[str, list] | None = None

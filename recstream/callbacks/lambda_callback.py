@@ -7,6 +7,7 @@ Each argument is ``None`` or a function taking the `RunContext`.
 """
 from __future__ import annotations
 
+from ..validation import check_callable
 from .base import HOOKS, Callback
 
 
@@ -17,6 +18,8 @@ def _noop(run_context):
 class LambdaCallback(Callback):
     """Call the given function at each hook; hooks left as None do nothing."""
 
+    called_in_fit_eval = False
+
     def __init__(self, on_train_epoch_begin=None, on_train_epoch_end=None, on_train_step_begin=None,
                  on_train_step_end=None, on_train_begin=None, on_train_end=None,
                  on_eval_epoch_begin=None, on_eval_epoch_end=None, on_eval_step_begin=None,
@@ -24,10 +27,7 @@ class LambdaCallback(Callback):
         given = dict(locals())
         self._fns = {}
         for hook in HOOKS:
-            fn = given[hook]
-            if fn is not None and not callable(fn):
-                raise TypeError(f"LambdaCallback: '{hook}' must be a callable taking run_context or None, "
-                                f"got {type(fn).__name__}: {fn!r}")
+            fn = check_callable("LambdaCallback", hook, given[hook], allow_none=True)
             self._fns[hook] = fn or _noop
 
     # Defined on the class (not as instance attributes, as MindSpore does) because CallbackList

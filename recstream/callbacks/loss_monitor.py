@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from ..validation import check_int
 from .base import Callback
 
 
@@ -34,10 +35,10 @@ class LossMonitor(Callback):
     >>> monitor = LossMonitor(per_print_times=100)
     """
 
+    called_in_fit_eval = False
+
     def __init__(self, per_print_times: int = 1):
-        if isinstance(per_print_times, bool) or not isinstance(per_print_times, int) or per_print_times < 0:
-            raise ValueError(f"LossMonitor: 'per_print_times' must be an int >= 0, got {per_print_times!r}")
-        self._per_print_times = per_print_times
+        self._per_print_times = check_int("LossMonitor", "per_print_times", per_print_times, minimum=0)
         self._last_print_time = 0
 
     def on_train_step_end(self, run_context):
@@ -52,6 +53,7 @@ class LossMonitor(Callback):
             return
         loss = loss_value(p.net_outputs)
         if loss is not None and not math.isfinite(loss):
-            raise ValueError(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}. Invalid loss {loss}, terminating training.")
+            raise ValueError(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}. Invalid loss {loss}, "
+                             "terminating training.")
         self._last_print_time = p.cur_step_num
         print(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}, loss is {loss}", flush=True)

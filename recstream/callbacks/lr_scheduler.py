@@ -25,6 +25,7 @@ import numbers
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from ..validation import check_callable, check_choice
 from .base import Callback
 
 INTERVALS = ("step", "epoch")
@@ -33,19 +34,18 @@ INTERVALS = ("step", "epoch")
 class LearningRateScheduler(Callback):
     """Apply a learning-rate function or a torch LR scheduler; see the module docstring."""
 
+    called_in_fit_eval = False
+
     def __init__(self, learning_rate_function, interval: str = "step"):
-        if interval not in INTERVALS:
-            raise ValueError(f"LearningRateScheduler: 'interval' must be one of {list(INTERVALS)}, got {interval!r}")
-        plateau = getattr(torch.optim.lr_scheduler, "ReduceLROnPlateau", None)
-        if plateau is not None and isinstance(learning_rate_function, plateau):
-            raise TypeError("LearningRateScheduler: torch's ReduceLROnPlateau needs a metric at each step; "
-                            "use recstream.callbacks.ReduceLROnPlateau instead")
+        owner = "LearningRateScheduler"
+        self.interval = check_choice(owner, "interval", interval, INTERVALS)
+        if isinstance(learning_rate_function, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise TypeError(f"{owner}: 'learning_rate_function' must not be torch's ReduceLROnPlateau, which needs a "
+                            "metric at each step; use recstream.callbacks.ReduceLROnPlateau instead")
         self._scheduler = learning_rate_function if isinstance(learning_rate_function, LRScheduler) else None
-        if self._scheduler is None and not callable(learning_rate_function):
-            raise TypeError("LearningRateScheduler: 'learning_rate_function' must be a callable (lr, step) -> lr or a "
-                            f"torch.optim.lr_scheduler.LRScheduler, got {type(learning_rate_function).__name__}")
+        if self._scheduler is None:
+            check_callable(owner, "learning_rate_function", learning_rate_function)
         self.learning_rate_function = learning_rate_function
-        self.interval = interval
         self._last_step = 0
 
     def on_train_begin(self, run_context):

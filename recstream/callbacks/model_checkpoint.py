@@ -30,9 +30,11 @@ from time import monotonic as _monotonic
 import torch
 from safetensors import SafetensorError
 
+from ..checkpoint import save_checkpoint
+from ..data.protocol import CommittableDataset
+from ..validation import check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
-from .checkpoint_io import save_checkpoint
 
 SUFFIX = ".safetensors"
 
@@ -51,15 +53,16 @@ def _unique_prefix(directory: str, prefix: str) -> str:
 class ModelCheckpoint(Callback):
     """Save checkpoints during training; see the module docstring. `latest_ckpt_file_name`: last file written."""
 
-    def __init__(self, prefix: str = "CKP", directory: str | os.PathLike | None = None, config: CheckpointConfig | None = None):
-        if not isinstance(prefix, str) or not prefix or "/" in prefix or os.sep in prefix:
-            raise ValueError(f"ModelCheckpoint: 'prefix' must be a non-empty str without path separators, got {prefix!r}")
-        if config is None:
-            config = CheckpointConfig()
-        if not isinstance(config, CheckpointConfig):
-            raise TypeError(f"ModelCheckpoint: 'config' must be a CheckpointConfig or None, got {type(config).__name__}")
-        if directory is not None and not isinstance(directory, (str, os.PathLike)):
-            raise TypeError(f"ModelCheckpoint: 'directory' must be a path or None, got {type(directory).__name__}")
+    called_in_fit_eval = False
+
+    def __init__(self, prefix: str = "CKP", directory: str | os.PathLike | None = None,
+                 config: CheckpointConfig | None = None):
+        owner = "ModelCheckpoint"
+        check_str(owner, "prefix", prefix)
+        if "/" in prefix or os.sep in prefix:
+            raise ValueError(f"{owner}: 'prefix' must be a non-empty str without path separators, got {prefix!r}")
+        check_type(owner, "directory", directory, (str, os.PathLike), allowed="a path", allow_none=True)
+        config = CheckpointConfig() if config is None else check_type(owner, "config", config, CheckpointConfig)
         self._directory = os.path.abspath(os.fspath(directory) if directory is not None else os.getcwd())
         os.makedirs(self._directory, exist_ok=True)
         self._config = config
@@ -108,7 +111,8 @@ class ModelCheckpoint(Callback):
             name = f"{self._exception_prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}_breakpoint{SUFFIX}"
             self._write(p, os.path.join(self._directory, name))
         except Exception as e:  # noqa: BLE001 - reported, then the original exception propagates
-            warnings.warn(f"ModelCheckpoint: could not save the exception checkpoint: {e}", RuntimeWarning)
+            warnings.warn(f"ModelCheckpoint: could not save the exception checkpoint: {e}", RuntimeWarning,
+                          stacklevel=2)
         return None
 
     # ------------------------------------------------------------------ internals
@@ -145,7 +149,8 @@ class ModelCheckpoint(Callback):
             # (safetensors reports its own I/O failures as SafetensorError, not OSError)
             last = self._latest_ckpt_file_name or "none yet"
             raise OSError(getattr(e, "errno", None), f"ModelCheckpoint: could not write checkpoint {path!r}: "
-                          f"{getattr(e, 'strerror', None) or e}; nothing was replaced (last good checkpoint: {last})") from e
+                          f"{getattr(e, 'strerror', None) or e}; nothing was replaced "
+                          f"(last good checkpoint: {last})") from e
         self._commit_source(p)
         self._prune(path)
         self._last_triggered_step = p.cur_step_num
@@ -180,9 +185,8 @@ class ModelCheckpoint(Callback):
         """Exactly once: tell the source (e.g. Kafka) the trained position only now that the
         checkpoint holding it is durable (written, fsynced, renamed). A crash before this line
         replays from the checkpoint's position, never from a later committed one."""
-        commit = getattr(p.train_dataset, "commit", None)
-        if callable(commit) and p.get("train_position") is not None:
-            commit(p.train_position)
+        if isinstance(p.train_dataset, CommittableDataset) and p.get("train_position") is not None:
+            p.train_dataset.commit(p.train_position)
 
     def _own_files(self) -> list[str]:
         """This run's periodic checkpoints (breakpoint files and other prefixes excluded)."""

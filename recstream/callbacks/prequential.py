@@ -11,8 +11,10 @@ trained on it yet, so this is an honest online estimate with no held-out set.
 
 Conventions: ``network(*inputs)`` returns LOGITS (as every ``recstream.models`` model), turned
 into probabilities with a sigmoid; pass ``output="probabilities"`` if the network already
-returns them. A batch is ``(inputs..., labels)`` (e.g. ``recstream.data.Batch``) or a dict
-with a ``"label"`` key; pass ``unpack=fn(batch) -> (args, kwargs, labels)`` for anything else.
+returns them. The labels are found as everywhere in recstream
+(:func:`recstream.data.protocol.split_batch`): the ``"label"`` key of a dict batch, else the
+last column of ``(inputs..., labels)`` (e.g. ``recstream.data.Batch``); pass
+``unpack=fn(batch) -> (args, kwargs, labels)`` for anything else.
 Labels must be 0/1 for the AUC (it is None while the window holds one class only).
 
 Metrics: the window's AUC is the exact sort-based one (:func:`recstream.metrics.exact_auc`,
@@ -35,25 +37,28 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..data.protocol import split_batch
 from ..metrics import LogLoss, exact_auc
+from ..validation import check_callable, check_choice, check_int, check_number, describe
 from .base import Callback
 
 log = logging.getLogger(__name__)
+OUTPUTS = ("logits", "probabilities")
 
 
-def default_unpack(batch: Any) -> tuple[tuple, dict, Any]:
-    """``(args, kwargs, labels)`` of a training batch: ``(inputs..., labels)`` or ``{..., "label": y}``."""
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return tuple(batch[:-1]), {}, batch[-1]
-    if isinstance(batch, dict) and "label" in batch:
-        return (), {k: v for k, v in batch.items() if k != "label"}, batch["label"]
-    raise ValueError("PrequentialMonitor: a training batch must be (inputs..., labels) or a dict with a 'label' "
-                     f"key, got {type(batch).__name__}; pass unpack=fn(batch) -> (args, kwargs, labels)")
+def _split_batch(batch: Any) -> tuple[tuple, dict, Any]:
+    """`split_batch`, with an error that says which callback failed and how to fix it."""
+    try:
+        return split_batch(batch)
+    except ValueError as e:
+        raise ValueError(f"PrequentialMonitor: cannot find the labels of a training batch "
+                         f"({type(batch).__name__}): {e}; pass unpack=fn(batch) -> (args, kwargs, labels)") from e
 
 
 class _Window:
@@ -87,26 +92,23 @@ class PrequentialMonitor(Callback):
         log_every: report every this many steps (metrics are computed only then).
         tensorboard: None, a ``SummaryWriter``-like object (``add_scalar``), or a log directory.
         output: what the network returns, ``"logits"`` or ``"probabilities"``.
-        unpack: ``fn(batch) -> (args, kwargs, labels)``; default :func:`default_unpack`.
-        eps: log-loss clipping of probabilities.
+        unpack: ``fn(batch) -> (args, kwargs, labels)``; default
+            :func:`recstream.data.protocol.split_batch`.
+        eps: log-loss clipping of probabilities, 0 < eps < 0.5.
     """
 
     def __init__(self, window: int = 10_000, log_every: int = 100, tensorboard: Any = None, *,
                  output: str = "logits", unpack: Callable | None = None, eps: float = 1e-7):
-        for name, value in (("window", window), ("log_every", log_every)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PrequentialMonitor: '{name}' must be an int >= 1, got {value!r}")
-        if output not in ("logits", "probabilities"):
-            raise ValueError(f"PrequentialMonitor: 'output' must be 'logits' or 'probabilities', got {output!r}")
-        if unpack is not None and not callable(unpack):
-            raise TypeError(f"PrequentialMonitor: 'unpack' must be callable, got {type(unpack).__name__}")
+        owner = "PrequentialMonitor"
+        self.window = check_int(owner, "window", window, minimum=1)
+        self.log_every = check_int(owner, "log_every", log_every, minimum=1)
+        self.output = check_choice(owner, "output", output, OUTPUTS)
+        self.unpack = check_callable(owner, "unpack", unpack, allow_none=True) or _split_batch
         if not (tensorboard is None or isinstance(tensorboard, (str, os.PathLike))
                 or callable(getattr(tensorboard, "add_scalar", None))):
-            raise TypeError("PrequentialMonitor: 'tensorboard' must be None, a log directory or a SummaryWriter, "
-                            f"got {type(tensorboard).__name__}")
-        self.window, self.log_every, self.output = window, log_every, output
-        self.unpack = unpack or default_unpack
-        self.eps = eps
+            raise TypeError(f"{owner}: 'tensorboard' must be None, a log directory or a SummaryWriter (with "
+                            f"add_scalar), got {describe(tensorboard)}")
+        self.eps = check_number(owner, "eps", eps, minimum=0, maximum=0.5, min_open=True, max_open=True)
         self._tb = tensorboard
         self._own_writer = None
         self._buf = _Window(window)

@@ -20,6 +20,7 @@ import time
 
 from tqdm.auto import tqdm
 
+from ..validation import check_bool, check_number, describe
 from .base import Callback
 from .loss_monitor import loss_value
 
@@ -54,7 +55,7 @@ def _fmt(value) -> str:
 class _Bar:
     """One tqdm bar whose redraws we schedule ourselves (tqdm's own timer is switched off)."""
 
-    def __init__(self, total, desc: str, first_step: int, owner: "ProgressBar"):
+    def __init__(self, total, desc: str, first_step: int, owner: ProgressBar):
         self.first_step = first_step
         self.last_draw = time.perf_counter()
         # mininterval/maxinterval = inf: tqdm never redraws on update() nor from its monitor
@@ -92,16 +93,16 @@ class ProgressBar(Callback):
     evaluating (in ``fit`` the built-in callbacks do not see evaluation, as in MindSpore).
     """
 
+    called_in_fit_eval = False
+
     def __init__(self, refresh_interval: float = 0.1, leave: bool = True, file=None, show_eval: bool = True):
-        if isinstance(refresh_interval, bool) or not isinstance(refresh_interval, (int, float)) or refresh_interval < 0:
-            raise ValueError(f"ProgressBar: 'refresh_interval' must be a number >= 0 (seconds), got {refresh_interval!r}")
-        for name, value in (("leave", leave), ("show_eval", show_eval)):
-            if not isinstance(value, bool):
-                raise TypeError(f"ProgressBar: '{name}' must be a bool, got {value!r}")
+        owner = "ProgressBar"
+        self.refresh_interval = check_number(owner, "refresh_interval", refresh_interval, minimum=0)
+        self.leave = check_bool(owner, "leave", leave)
+        self.show_eval = check_bool(owner, "show_eval", show_eval)
         if file is not None and not callable(getattr(file, "write", None)):
-            raise TypeError(f"ProgressBar: 'file' must be a writable text stream or None, got {type(file).__name__}")
-        self.refresh_interval = float(refresh_interval)
-        self.leave, self.file, self.show_eval = leave, file, show_eval
+            raise TypeError(f"{owner}: 'file' must be a writable text stream or None, got {describe(file)}")
+        self.file = file
         self._train: _Bar | None = None
         self._eval: _Bar | None = None
         self._last_epoch: int | None = None

@@ -16,8 +16,9 @@ import math
 
 import torch
 
+from ..validation import check_bool, check_choice, check_int, check_number, check_str
+from ._monitoring import MODES, MonitorReader, is_improvement
 from .base import Callback
-from ._monitoring import MonitorReader, check_bool, check_int, check_mode, check_number, is_improvement
 
 
 def _optimizer(p):
@@ -33,21 +34,20 @@ def _optimizer(p):
 class ReduceLROnPlateau(Callback):
     """Reduce every param group's lr on a plateau of `monitor`; see the module docstring."""
 
+    called_in_fit_eval = False
+
     def __init__(self, monitor: str = "eval_loss", factor: float = 0.1, patience: int = 10, verbose: bool = False,
                  mode: str = "auto", min_delta: float = 1e-4, cooldown: int = 0, min_lr: float = 0):
         owner = "ReduceLROnPlateau"
+        self.monitor = check_str(owner, "monitor", monitor)
         self._reader = MonitorReader(monitor, owner)
-        self.monitor = monitor
-        factor = check_number(owner, "factor", factor)
-        if not 0.0 < factor < 1.0:
-            raise ValueError(f"{owner}: 'factor' must be in the open interval (0, 1), got {factor!r}")
-        self.factor = float(factor)
-        self.patience = check_int(owner, "patience", patience)
+        self.factor = check_number(owner, "factor", factor, minimum=0, maximum=1, min_open=True, max_open=True)
+        self.patience = check_int(owner, "patience", patience, minimum=0)
         self.verbose = check_bool(owner, "verbose", verbose)
-        self.mode = self._reader.mode(check_mode(owner, mode))
+        self.mode = self._reader.mode(check_choice(owner, "mode", mode, MODES))
         self.min_delta = abs(check_number(owner, "min_delta", min_delta))
-        self.cooldown = check_int(owner, "cooldown", cooldown)
-        self.min_lr = float(check_number(owner, "min_lr", min_lr, non_negative=True))
+        self.cooldown = check_int(owner, "cooldown", cooldown, minimum=0)
+        self.min_lr = check_number(owner, "min_lr", min_lr, minimum=0)
         self._reset()
 
     def _reset(self) -> None:

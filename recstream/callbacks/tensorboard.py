@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..validation import check_bool, check_choice, check_int, check_number, check_type
 from .base import Callback
 from .loss_monitor import loss_value
 
@@ -36,21 +37,21 @@ def _summary_writer_class():
 class TensorBoard(Callback):
     """Log scalars for TensorBoard; see the module docstring. `flush_secs`: SummaryWriter's flush period."""
 
+    called_in_fit_eval = False
+
     def __init__(self, log_dir: str | os.PathLike = "runs", update_freq="epoch", write_lr: bool = True,
                  flush_secs: int = 120):
-        if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
-            raise TypeError(f"TensorBoard: 'log_dir' must be a non-empty path, got {log_dir!r}")
-        if update_freq != "epoch" and (isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1):
-            raise ValueError(f"TensorBoard: 'update_freq' must be 'epoch' or an int >= 1 (steps), got {update_freq!r}")
-        if not isinstance(write_lr, bool):
-            raise TypeError(f"TensorBoard: 'write_lr' must be a bool, got {write_lr!r}")
-        if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)) or flush_secs <= 0:
-            raise ValueError(f"TensorBoard: 'flush_secs' must be a number > 0, got {flush_secs!r}")
+        owner = "TensorBoard"
+        self.log_dir = os.fspath(check_type(owner, "log_dir", log_dir, (str, os.PathLike), allowed="a path"))
+        if not self.log_dir:
+            raise ValueError(f"{owner}: 'log_dir' must be a non-empty path, got {log_dir!r}")
+        if isinstance(update_freq, str):  # "epoch", or a number of steps
+            self.update_freq = check_choice(owner, "update_freq", update_freq, ("epoch",))
+        else:
+            self.update_freq = check_int(owner, "update_freq", update_freq, minimum=1)
+        self.write_lr = check_bool(owner, "write_lr", write_lr)
+        self.flush_secs = check_number(owner, "flush_secs", flush_secs, minimum=0, min_open=True)
         self._writer_cls = _summary_writer_class()  # fail at construction, not mid-training
-        self.log_dir = os.fspath(log_dir)
-        self.update_freq = update_freq
-        self.write_lr = write_lr
-        self.flush_secs = flush_secs
         self._writer = None
         self._last_logged_step = 0
         self._global_step = 0

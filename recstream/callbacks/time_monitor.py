@@ -17,11 +17,8 @@ import time
 
 import torch
 
+from ..validation import check_bool, check_int
 from .base import Callback
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _sync_device() -> None:
@@ -47,13 +44,11 @@ class TimeMonitor(Callback):
     dataset); if neither is known the steps actually run in the epoch are counted.
     """
 
+    called_in_fit_eval = True  # as in MindSpore: it also times the evaluation inside fit
+
     def __init__(self, data_size: int | None = None, data_time: bool = False):
-        if data_size is not None and not _positive_int(data_size):
-            raise ValueError(f"TimeMonitor: 'data_size' must be a positive int or None, got {data_size!r}")
-        if not isinstance(data_time, bool):
-            raise TypeError(f"TimeMonitor: 'data_time' must be a bool, got {data_time!r}")
-        self.data_size = data_size
-        self.data_time = data_time
+        self.data_size = check_int("TimeMonitor", "data_size", data_size, minimum=1, allow_none=True)
+        self.data_time = check_bool("TimeMonitor", "data_time", data_time)
         self._train, self._eval = _Phase(), _Phase()
 
     def _begin(self, phase: _Phase, p) -> None:
@@ -65,7 +60,7 @@ class TimeMonitor(Callback):
     def _end(self, phase: _Phase, p, label: str) -> None:
         _sync_device()
         epoch_ms = (time.perf_counter() - phase.start) * 1000
-        if _positive_int(phase.batch_num):
+        if isinstance(phase.batch_num, int) and phase.batch_num > 0:  # None for an unsized dataset
             steps = phase.batch_num
         elif self.data_size is not None:
             steps = self.data_size

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("recstream.serve")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    holder = ModelHolder(args.directory, args.model_factory, args.poll_seconds, args.max_instances)
     try:
+        holder = ModelHolder(args.directory, args.model_factory, args.poll_seconds, args.max_instances)
         holder.refresh()
     except (RebuildError, ImportError, AttributeError, ValueError) as e:  # bad --model-factory or spec
         print(f"recstream serve: cannot load models from {args.directory}: {e}", file=sys.stderr)

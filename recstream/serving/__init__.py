@@ -1,8 +1,9 @@
 """recstream.serving: publish fresh model versions from training and serve them over HTTP.
 
-* Publishing: :class:`SnapshotWriter` (used by ``recstream.callbacks.publisher.ModelPublisher``)
-  writes versioned, checksummed snapshots -- full, or HashEmbedding deltas on a full base --
-  atomically into a directory (layout: :mod:`recstream.serving.layout`).
+* Publishing: :class:`ModelPublisher`, a training callback, publishes the network every N steps
+  or seconds through a :class:`SnapshotWriter`, which writes versioned, checksummed snapshots --
+  full, or HashEmbedding deltas on a full base -- atomically into a directory (layout:
+  :mod:`recstream.serving.layout`); :func:`publish_version` publishes once.
 * Loading: :func:`load_latest` returns the newest usable version with its manifest, skipping
   (and reporting) torn or corrupt ones; :func:`load_version` loads one exactly.
 * Serving: :class:`ModelHolder` hot-swaps new versions; :func:`make_server` /
@@ -20,16 +21,17 @@
 (1, True)
 """
 from .freshness import FreshnessReport, event_freshness, staleness
+from .http import make_server
 from .layout import SnapshotError, list_versions, read_latest, read_manifest
 from .loader import load_latest, load_version
 from .model_holder import ModelHolder, Served
+from .model_publisher import ModelPublisher
 from .publish import SnapshotWriter, publish_version
-from .request import RequestError, InstanceParser
+from .request import InstanceParser, RequestError
 from .retention import prune
-from .http import make_server
 
 __all__ = [
-    "SnapshotWriter", "publish_version", "load_latest", "load_version", "SnapshotError",
+    "ModelPublisher", "SnapshotWriter", "publish_version", "load_latest", "load_version", "SnapshotError",
     "list_versions", "read_latest", "read_manifest", "prune", "ModelHolder", "Served",
     "InstanceParser", "RequestError", "make_server", "event_freshness", "staleness", "FreshnessReport",
 ]

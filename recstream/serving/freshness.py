@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import numpy as np
+
+from ..validation import check_number
 
 
 @dataclass
@@ -51,11 +53,12 @@ class FreshnessReport:
         return out
 
 
-def _number(value, what: str) -> float | None:
+def _number(owner: str, value, what: str) -> float | None:
+    """A time or step read from a manifest (data, not an argument: always ValueError)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number of seconds or None, got {value!r}")
+        raise ValueError(f"{owner}: {what} must be a finite number of seconds or None, got {value!r}")
     return float(value)
 
 
@@ -74,13 +77,13 @@ def event_freshness(manifests: Iterable[Mapping], event_times, steps=None,
     key_name = "step" if steps is not None else "max_event_time"
     keys = times if steps is None else np.asarray(steps, dtype=np.float64).reshape(-1)
     if keys.shape != times.shape:
-        raise ValueError(f"steps has {keys.size} entries, event_times {times.size}")
+        raise ValueError(f"event_freshness: 'steps' has {keys.size} entries, 'event_times' {times.size}")
     rows = []
     for m in manifests:
-        key = _number(m.get(key_name), f"manifest {m.get('version')} {key_name}")
+        key = _number("event_freshness", m.get(key_name), f"manifest {m.get('version')} {key_name}")
         if key is not None:
             served = (served_at or {}).get(m["version"], m["created"])
-            rows.append((int(m["version"]), key, _number(served, "publish/serve time")))
+            rows.append((int(m["version"]), key, _number("event_freshness", served, "publish/serve time")))
     rows.sort()
     lags = np.full(times.size, np.nan)
     versions = np.zeros(times.size, dtype=np.int64)
@@ -98,5 +101,6 @@ def event_freshness(manifests: Iterable[Mapping], event_times, steps=None,
 
 def staleness(manifest: Mapping, now: float | None = None) -> float | None:
     """Seconds between the newest event in `manifest`'s version and `now` (None if unknown)."""
-    newest = _number(manifest.get("max_event_time"), "max_event_time")
+    check_number("staleness", "now", now, allow_none=True)
+    newest = _number("staleness", manifest.get("max_event_time"), "max_event_time")
     return None if newest is None else (time.time() if now is None else now) - newest

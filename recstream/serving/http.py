@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from ..validation import check_int, check_str, check_type
 from .model_holder import ModelHolder
 from .request import RequestError
 
@@ -62,7 +63,7 @@ def _scores(served, features) -> list[float]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
-    server: "PredictionServer"
+    server: PredictionServer
     timeout = 30  # seconds a connection may stall mid-request before its thread gives up
 
     def log_message(self, fmt, *args):  # route the access log through logging, quietly
@@ -156,14 +157,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class PredictionServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer serving `holder`'s current version (see module docstring)."""
+    """ThreadingHTTPServer serving `holder`'s current version (see module docstring); made by `make_server`."""
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, address, holder: ModelHolder, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
         self.holder = holder
         self.max_body_bytes = max_body_bytes
         super().__init__(address, _Handler)
@@ -172,6 +171,9 @@ class PredictionServer(ThreadingHTTPServer):
 def make_server(holder: ModelHolder, host: str = "127.0.0.1", port: int = 8080,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> PredictionServer:
     """A bound (not yet running) server; call ``serve_forever()``. ``port=0`` picks a free port."""
-    if not isinstance(holder, ModelHolder):
-        raise TypeError(f"holder must be a ModelHolder, got {type(holder).__name__}")
+    owner = "make_server"
+    check_type(owner, "holder", holder, ModelHolder)
+    check_str(owner, "host", host)
+    check_int(owner, "port", port, minimum=0, maximum=65535)
+    check_int(owner, "max_body_bytes", max_body_bytes, minimum=1)
     return PredictionServer((host, port), holder, max_body_bytes)

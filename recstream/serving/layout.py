@@ -1,5 +1,7 @@
 """On-disk layout of published model versions, and verified reading of their files.
 
+(Writing them is :mod:`recstream.serving.writer`'s job.)
+
 A publish directory holds one sub-directory per version plus a pointer file::
 
     DIR/
@@ -17,21 +19,21 @@ fsynced, and renamed into place (``rename`` of a directory is atomic on POSIX). 
 for ``v########`` names and do not trust ``LATEST`` for correctness (it lags the rename by one
 write); it is there for people and shell tools (``cat DIR/LATEST``).
 
->>> import tempfile
+>>> import os, tempfile
 >>> d = tempfile.mkdtemp()
->>> write_latest(d, 3); read_latest(d), version_dirname(3), list_versions(d)
-(3, 'v00000003', [])
+>>> os.mkdir(os.path.join(d, version_dirname(3)))
+>>> list_versions(d), read_latest(d), version_path(d, 3) == os.path.join(d, "v00000003")
+([3], None, True)
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 from typing import Any
 
-from ..callbacks._atomic import atomic_write
+from ..validation import check_int
 
 FORMAT = "recstream.serving.snapshot"
 FORMAT_VERSION = 1
@@ -41,8 +43,8 @@ MODEL_FILE = "model.safetensors"
 HASH_DIR = "hash"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
+MAX_VERSION = 10 ** 8 - 1  # eight digits
 _VERSION_RE = re.compile(r"^v(\d{8})$")
-_CHUNK = 1 << 20
 
 
 class SnapshotError(ValueError):
@@ -51,9 +53,7 @@ class SnapshotError(ValueError):
 
 def version_dirname(version: int) -> str:
     """Directory name of `version` (``v`` + 8 digits, so names sort like numbers)."""
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < 10 ** 8:
-        raise ValueError(f"version must be an int in [1, 1e8), got {version!r}")
-    return f"v{version:08d}"
+    return f"v{check_int('version_dirname', 'version', version, minimum=1, maximum=MAX_VERSION):08d}"
 
 
 def version_path(directory: str | os.PathLike, version: int) -> str:
@@ -79,17 +79,6 @@ def read_latest(directory: str | os.PathLike) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def write_latest(directory: str | os.PathLike, version: int) -> None:
-    """Point ``LATEST`` at `version` (atomic replace: readers see the old or the new name)."""
-    text = version_dirname(version) + "\n"
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    atomic_write(os.path.join(directory, LATEST), write)
-
-
 def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
@@ -97,36 +86,6 @@ def _canonical(obj: Any) -> bytes:
 def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's canonical JSON without its own ``manifest_sha256`` field."""
     return hashlib.sha256(_canonical({k: v for k, v in manifest.items() if k != "manifest_sha256"})).hexdigest()
-
-
-def sha256_file(path: str) -> tuple[str, int]:
-    """(hex sha256, size in bytes) of a file, read in 1 MiB chunks."""
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
-
-
-def fsync_file(path: str) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def write_manifest(version_dir: str, manifest: dict) -> dict:
-    """Add ``manifest_sha256`` and write ``manifest.json`` durably; returns the stored dict."""
-    for key in ("created", "max_event_time"):
-        value = manifest.get(key)
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"manifest field {key!r} must be finite, got {value!r}")
-    manifest = dict(manifest, manifest_sha256=manifest_digest(manifest))
-    path = os.path.join(version_dir, MANIFEST)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    return manifest
 
 
 def _reject_constant(name: str):

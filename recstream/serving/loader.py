@@ -41,12 +41,18 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from torch import nn
 
+from ..validation import check_int, check_type
 from .layout import MODEL_FILE, SnapshotError, list_versions, read_manifest, read_verified
-from .model_spec import build_model
+from .model_spec import build_model, check_factory
 from .retention import chain_of
 from .state_split import ROW_FIELDS, apply_delta, hash_embeddings, hash_file, hash_owned_keys, sort_rows
 
 log = logging.getLogger(__name__)
+
+
+def _check_source(owner: str, directory, model_factory) -> None:
+    check_type(owner, "directory", directory, (str, os.PathLike), allowed="a path")
+    check_factory(owner, model_factory)
 
 
 def _tensors(directory, manifest: dict, relpath: str) -> dict[str, torch.Tensor]:
@@ -75,7 +81,8 @@ def _load_dense(net: nn.Module, manifest: dict, state: dict[str, torch.Tensor]) 
     try:
         result = net.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatch
-        raise SnapshotError(f"version {manifest['version']}: {MODEL_FILE} does not fit the rebuilt network: {e}") from None
+        raise SnapshotError(f"version {manifest['version']}: {MODEL_FILE} does not fit the rebuilt network: "
+                            f"{e}") from None
     missing = sorted(set(result.missing_keys) - owned)
     if missing or result.unexpected_keys:
         raise SnapshotError(f"version {manifest['version']}: {MODEL_FILE} does not fit the rebuilt network "
@@ -84,6 +91,8 @@ def _load_dense(net: nn.Module, manifest: dict, state: dict[str, torch.Tensor]) 
 
 def load_version(directory: str | os.PathLike, version: int, model_factory: Any = None) -> tuple[nn.Module, dict]:
     """Load exactly `version` (and its chain); SnapshotError if it is unusable."""
+    _check_source("load_version", directory, model_factory)
+    check_int("load_version", "version", version, minimum=1)
     chain = chain_of(directory, version)
     manifests = [read_manifest(directory, v) for v in chain]
     manifest = manifests[-1]
@@ -116,6 +125,7 @@ def load_latest(directory: str | os.PathLike, model_factory: Any = None) -> tupl
     Raises FileNotFoundError when `directory` holds no version at all, SnapshotError when
     none is usable (the message lists why each was skipped).
     """
+    _check_source("load_latest", directory, model_factory)
     versions = list_versions(directory)
     if not versions:
         raise FileNotFoundError(f"no published version in {os.fspath(directory)!r}")

@@ -39,8 +39,10 @@ from typing import Any
 from torch import nn
 
 from ..data.schema import Schema
+from ..validation import check_int, check_number, check_type
 from .layout import SnapshotError, list_versions
 from .loader import load_latest
+from .model_spec import check_factory
 from .request import InstanceParser
 
 log = logging.getLogger(__name__)
@@ -79,12 +81,11 @@ class ModelHolder:
 
     def __init__(self, directory: str | os.PathLike, model_factory: Any = None, poll_seconds: float = 1.0,
                  max_instances: int = 1024):
-        if isinstance(poll_seconds, bool) or not isinstance(poll_seconds, (int, float)) or poll_seconds <= 0:
-            raise ValueError(f"poll_seconds must be a number > 0, got {poll_seconds!r}")
-        self.directory = os.fspath(directory)
-        self.model_factory = model_factory
-        self.poll_seconds = float(poll_seconds)
-        self.max_instances = max_instances
+        owner = "ModelHolder"
+        self.directory = os.fspath(check_type(owner, "directory", directory, (str, os.PathLike), allowed="a path"))
+        self.model_factory = check_factory(owner, model_factory)
+        self.poll_seconds = check_number(owner, "poll_seconds", poll_seconds, minimum=0, min_open=True)
+        self.max_instances = check_int(owner, "max_instances", max_instances, minimum=1)
         self._served: Served | None = None
         self._attempted = 0  # newest version number a load was attempted for
         self._refresh_lock = threading.Lock()  # one loader at a time (watcher vs. a manual refresh)
@@ -135,7 +136,7 @@ class ModelHolder:
             except Exception:  # a bug in a model_factory must not kill the watcher silently
                 log.exception("model watcher: refresh failed")
 
-    def start(self) -> "ModelHolder":
+    def start(self) -> ModelHolder:
         """Start the background watcher (a daemon thread)."""
         if self._thread is None:
             self._stop.clear()

@@ -31,12 +31,14 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..data.schema import Schema
+from ..validation import check_choice, check_module, check_type, describe
 from .layout import SnapshotError
 from .state_split import dense_state, hash_embeddings
 
@@ -57,6 +59,32 @@ def _builtin(cls: type) -> bool:
     return cls.__module__.startswith("recstream.models") and getattr(models, cls.__name__, None) is cls
 
 
+def check_factory(owner: str, factory: Any) -> Any:
+    """`factory` if it is None, a callable or a ``"package.module:function"`` string."""
+    if factory is None or callable(factory):
+        return factory
+    if not isinstance(factory, str):
+        raise TypeError(f"{owner}: 'model_factory' must be a callable, a 'package.module:function' str or None, "
+                        f"got {describe(factory)}")
+    if factory.count(":") != 1 or not all(factory.split(":")):
+        raise ValueError(f"{owner}: 'model_factory' must be a callable or a 'package.module:function' str, "
+                         f"got {factory!r}")
+    return factory
+
+
+def check_model_config(owner: str, config: Any) -> dict | None:
+    """`config` if it is None or a dict that JSON can store (the keyword arguments servers rebuild with)."""
+    check_type(owner, "model_config", config, dict, allowed="a dict of constructor keyword arguments",
+               allow_none=True)
+    try:
+        json.dumps(config, allow_nan=False)
+    except TypeError as e:
+        raise TypeError(f"{owner}: 'model_config' must be JSON-able (numbers, strings, lists, dicts): {e}") from None
+    except ValueError as e:  # NaN or infinity
+        raise ValueError(f"{owner}: 'model_config' must be JSON-able (finite numbers): {e}") from None
+    return config
+
+
 def factory_name(factory: Any) -> str | None:
     """``"module:qualname"`` of an importable callable (or the string itself), else None."""
     if factory is None:
@@ -69,31 +97,27 @@ def factory_name(factory: Any) -> str | None:
 
 def resolve_factory(factory: Any) -> Callable[[dict], nn.Module]:
     """A callable, or a ``"package.module:function"`` string imported here (caller-supplied only)."""
+    check_factory("resolve_factory", factory)
     if callable(factory):
         return factory
-    if not isinstance(factory, str) or factory.count(":") != 1:
-        raise ValueError(f"model_factory must be a callable or 'package.module:function', got {factory!r}")
     module_name, attr = factory.split(":")
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"model_factory {factory!r} is not callable")
+        raise ValueError(f"resolve_factory: 'model_factory' {factory!r} names {describe(obj)}, which is not callable")
     return obj
 
 
 def describe_model(network: nn.Module, schema: Schema | None, config: dict | None = None,
                    factory: Any = None, output: str = "logits") -> dict:
     """The manifest's ``model`` entry for `network` (see module docstring)."""
-    if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-    config = {} if config is None else config
-    if not isinstance(config, dict):
-        raise TypeError(f"model_config must be a dict of JSON-able keyword arguments, got {type(config).__name__}")
-    try:
-        config = json.loads(json.dumps(config, allow_nan=False))  # tuples -> lists, fails early if not JSON
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"model_config must be JSON-able (numbers, strings, lists, dicts): {e}") from None
+    owner = "describe_model"
+    check_module(owner, "network", network)
+    check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema", allow_none=True)
+    check_choice(owner, "output", output, OUTPUTS)
+    check_factory(owner, factory)
+    config = json.loads(json.dumps(check_model_config(owner, config) or {}))  # tuples become lists, as stored
     cls = type(network)
     rebuild = "recstream.models" if schema is not None and _builtin(cls) else None
     if factory is not None:
@@ -108,7 +132,7 @@ def build_model(manifest: dict, model_factory: Any = None) -> nn.Module:
     if model_factory is not None:
         net = resolve_factory(model_factory)(manifest)
         if not isinstance(net, nn.Module):
-            raise TypeError(f"model_factory must return a torch.nn.Module, got {type(net).__name__}")
+            raise TypeError(f"build_model: 'model_factory' must return a torch.nn.Module, got {describe(net)}")
         return net
     cls_path = spec.get("class", "")
     if spec.get("rebuild") != "recstream.models" or not cls_path.startswith("recstream.models."):

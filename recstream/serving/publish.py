@@ -34,7 +34,6 @@ full), ``created`` (unix seconds when it became visible), ``step``, ``epoch``,
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -42,21 +41,23 @@ from typing import Any
 from torch import nn
 
 from ..data.schema import Schema
-from .layout import MODEL_FILE, list_versions, write_latest
-from .model_spec import OUTPUTS, check_rebuild, describe_model
+from ..validation import check_bool, check_choice, check_int, check_module, check_number, check_type
+from .layout import MODEL_FILE, list_versions
+from .model_spec import OUTPUTS, check_factory, check_model_config, check_rebuild, describe_model
 from .retention import prune
 from .state_split import dense_state, for_saving, hash_embeddings, hash_file
-from .writer import write_version
+from .writer import write_latest, write_version
 
 log = logging.getLogger(__name__)
 PREPROCESSING_KEYS = ("fill_missing_dense", "log1p_dense")
 
 
-def _check_preprocessing(pre: dict | None) -> dict:
-    pre = dict(pre or {})
+def _check_preprocessing(owner: str, pre: dict | None) -> dict:
+    pre = dict(check_type(owner, "preprocessing", pre, dict, allow_none=True) or {})
     unknown = sorted(set(pre) - set(PREPROCESSING_KEYS))
     if unknown:
-        raise ValueError(f"preprocessing: unknown option(s) {unknown}; allowed {list(PREPROCESSING_KEYS)}")
+        raise ValueError(f"{owner}: 'preprocessing' has unknown option(s) {unknown}; allowed "
+                         f"{list(PREPROCESSING_KEYS)}, got {pre!r}")
     return pre
 
 
@@ -79,25 +80,18 @@ class SnapshotWriter:
     def __init__(self, directory: str | os.PathLike, schema: Schema | None = None, keep: int = 5,
                  full_every: int = 10, model_factory: Any = None, model_config: dict | None = None,
                  output: str = "logits", preprocessing: dict | None = None, verify_rebuild: bool = True):
-        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-            raise TypeError(f"directory must be a non-empty path, got {directory!r}")
-        if schema is not None and not isinstance(schema, Schema):
-            raise TypeError(f"schema must be a recstream.data.Schema or None, got {type(schema).__name__}")
-        for name, value in (("keep", keep), ("full_every", full_every)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        self.directory = os.fspath(directory)
-        self.schema, self.keep, self.full_every = schema, keep, full_every
-        self.model_factory, self.model_config, self.output = model_factory, model_config, output
-        self.preprocessing = _check_preprocessing(preprocessing)
-        if model_config is not None:
-            try:
-                json.dumps(model_config, allow_nan=False)
-            except (TypeError, ValueError) as e:
-                raise TypeError(f"model_config must be a JSON-able dict of constructor kwargs: {e}") from None
-        self.verify_rebuild = bool(verify_rebuild)
+        owner = "SnapshotWriter"
+        self.directory = os.fspath(check_type(owner, "directory", directory, (str, os.PathLike), allowed="a path"))
+        if not self.directory:
+            raise ValueError(f"{owner}: 'directory' must be a non-empty path, got {directory!r}")
+        self.schema = check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema", allow_none=True)
+        self.keep = check_int(owner, "keep", keep, minimum=1)
+        self.full_every = check_int(owner, "full_every", full_every, minimum=1)
+        self.model_factory = check_factory(owner, model_factory)
+        self.model_config = check_model_config(owner, model_config)
+        self.output = check_choice(owner, "output", output, OUTPUTS)
+        self.preprocessing = _check_preprocessing(owner, preprocessing)
+        self.verify_rebuild = check_bool(owner, "verify_rebuild", verify_rebuild)
         self.last_version: int | None = None
         self._base: int | None = None  # full version the current delta chain starts at
         self._deltas = 0
@@ -116,8 +110,12 @@ class SnapshotWriter:
     def publish(self, network: nn.Module, step: int | None = None, epoch: int | None = None,
                 max_event_time: float | None = None, full: bool = False) -> dict:
         """Write the next version of `network`; returns its manifest."""
-        if not isinstance(network, nn.Module):
-            raise TypeError(f"network must be a torch.nn.Module, got {type(network).__name__}")
+        owner = "SnapshotWriter.publish"
+        check_module(owner, "network", network)
+        step = check_int(owner, "step", step, minimum=0, allow_none=True)
+        epoch = check_int(owner, "epoch", epoch, minimum=0, allow_none=True)
+        max_event_time = check_number(owner, "max_event_time", max_event_time, allow_none=True)
+        check_bool(owner, "full", full)
         os.makedirs(self.directory, exist_ok=True)
         existing = list_versions(self.directory)
         newest = existing[-1] if existing else 0

@@ -35,6 +35,7 @@ import pyarrow as pa
 from ..data.batch import Features
 from ..data.convert import ColumnConverter
 from ..data.schema import CategoricalFeature, Schema
+from ..validation import check_int, check_type
 
 
 class RequestError(Exception):
@@ -66,10 +67,10 @@ class InstanceParser:
     """
 
     def __init__(self, schema: Schema, preprocessing: dict | None = None, max_instances: int = 1024):
-        if not isinstance(schema, Schema):
-            raise TypeError(f"schema must be a recstream.data.Schema, got {type(schema).__name__}")
-        self.schema = schema
-        self.max_instances = max_instances
+        owner = "InstanceParser"
+        self.schema = check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema")
+        check_type(owner, "preprocessing", preprocessing, dict, allow_none=True)
+        self.max_instances = check_int(owner, "max_instances", max_instances, minimum=1)
         self.converter = ColumnConverter(schema, **(preprocessing or {}))
         self.allow_null_dense = self.converter.fill_missing_dense is not None
         self.fields = set(schema.dense_names) | set(schema.categorical_names)

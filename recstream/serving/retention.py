@@ -22,7 +22,8 @@ import os
 import secrets
 import shutil
 
-from ..callbacks._atomic import fsync_dir
+from ..checkpoint import fsync_dir
+from ..validation import check_int
 from .layout import TRASH_PREFIX, SnapshotError, list_versions, read_manifest, version_path
 
 
@@ -77,8 +78,7 @@ def needed_versions(directory: str | os.PathLike, keep: int) -> set[int]:
 
 def prune(directory: str | os.PathLike, keep: int) -> list[int]:
     """Delete versions not needed by the newest `keep`; returns the removed version numbers."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+    check_int("prune", "keep", keep, minimum=1)
     directory = os.fspath(directory)
     needed = needed_versions(directory, keep)
     oldest_needed = min(needed) if needed else None

@@ -1,6 +1,6 @@
-"""Write one version directory atomically: files, then manifest, then one rename.
+"""Writing a publish directory: one version directory atomically, the ``LATEST`` pointer, cleanup.
 
-Order, and why:
+A version directory is written in this order (files, then manifest, then one rename):
 
 1. ``mkdir DIR/.tmp-vNNNNNNNN-<random>`` (hidden: scanners ignore it);
 2. each safetensors file written and fsynced, its sha256 computed from the bytes on disk;
@@ -12,14 +12,18 @@ A crash before step 4 leaves only a hidden temporary directory (removed by the n
 publisher via :func:`remove_stale_temps`); after it, a complete version.
 
 >>> import tempfile, torch
->>> from recstream.serving.layout import list_versions
+>>> from recstream.serving.layout import list_versions, read_latest
 >>> d = tempfile.mkdtemp()
 >>> m = write_version(d, 1, {"model.safetensors": {"w": torch.ones(2)}}, {"kind": "full"})
->>> m["version"], sorted(m["files"]), list_versions(d)
-(1, ['model.safetensors'], [1])
+>>> write_latest(d, 1)
+>>> m["version"], sorted(m["files"]), list_versions(d), read_latest(d)
+(1, ['model.safetensors'], [1], 1)
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import secrets
 import shutil
@@ -28,9 +32,46 @@ import time
 import torch
 from safetensors.torch import save_file
 
-from ..callbacks._atomic import fsync_dir
-from .layout import (FORMAT, FORMAT_VERSION, TMP_PREFIX, TRASH_PREFIX, fsync_file, sha256_file, version_dirname,
-                     write_manifest)
+from ..checkpoint import atomic_write, fsync_dir, fsync_file
+from .layout import FORMAT, FORMAT_VERSION, LATEST, MANIFEST, TMP_PREFIX, TRASH_PREFIX, manifest_digest, version_dirname
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: str) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of a file, read in 1 MiB chunks."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def write_manifest(version_dir: str, manifest: dict) -> dict:
+    """Add ``manifest_sha256`` and write ``manifest.json`` durably; returns the stored dict."""
+    for key in ("created", "max_event_time"):
+        value = manifest.get(key)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"manifest field {key!r} must be finite, got {value!r}")
+    manifest = dict(manifest, manifest_sha256=manifest_digest(manifest))
+    path = os.path.join(version_dir, MANIFEST)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    return manifest
+
+
+def write_latest(directory: str | os.PathLike, version: int) -> None:
+    """Point ``LATEST`` at `version` (atomic replace: readers see the old or the new name)."""
+    text = version_dirname(version) + "\n"
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(os.path.join(directory, LATEST), write)
 
 
 def write_version(directory: str | os.PathLike, version: int, files: dict[str, dict[str, torch.Tensor]],
@@ -52,7 +93,8 @@ def write_version(directory: str | os.PathLike, version: int, files: dict[str, d
         entries, subdirs = {}, {tmp}
         for rel, tensors in files.items():
             if os.path.isabs(rel) or ".." in rel.split("/"):
-                raise ValueError(f"file name {rel!r} must be relative and stay inside the version directory")
+                raise ValueError(f"write_version: file name {rel!r} must be relative and stay inside the version "
+                                 "directory")
             path = os.path.join(tmp, *rel.split("/"))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             subdirs.add(os.path.dirname(path))

@@ -9,8 +9,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from recstream.callbacks import CheckpointError, load_checkpoint, save_checkpoint
-from recstream.callbacks import checkpoint_io
+from recstream.checkpoint import CheckpointError, file_format, load_checkpoint, save_checkpoint
 
 
 class Net(torch.nn.Module):
@@ -146,7 +145,7 @@ def test_failed_write_keeps_previous_file_and_leaves_no_partial(tmp_path, monkey
             f.write(b"partial bytes")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint_io, "save_file", crash_midway)
+    monkeypatch.setattr(file_format, "save_file", crash_midway)
     with torch.no_grad():
         net.weight.add_(1)
     with pytest.raises(OSError, match="disk full"):
@@ -246,8 +245,8 @@ def test_combined_optimizer_round_trip(tmp_path):
     net2 = torch.nn.Sequential(torch.nn.EmbeddingBag(10, 4, sparse=True), torch.nn.Linear(4, 1))
     opt2 = sparse_and_dense(net2, sparse=lambda p: LazyAdam(p, lr=0.1), dense=lambda p: torch.optim.Adam(p, lr=0.1))
     load_checkpoint(path, net2, opt2)
-    for a, b in zip(opt.state_dict()["optimizers"].values(), opt2.state_dict()["optimizers"].values()):
-        for (ka, sa), (kb, sb) in zip(a["state"].items(), b["state"].items()):
+    for a, b in zip(opt.state_dict()["optimizers"].values(), opt2.state_dict()["optimizers"].values(), strict=True):
+        for sa, sb in zip(a["state"].values(), b["state"].values(), strict=True):
             assert all(torch.equal(sa[k], sb[k]) for k in sa if isinstance(sa[k], torch.Tensor))
     wrong = torch.optim.SGD(net2.parameters(), lr=0.1)
     with pytest.raises(CheckpointError, match="parameter groups"):

@@ -4,8 +4,8 @@ import os
 import pytest
 import torch
 
-from recstream.callbacks import (CheckpointConfig, EarlyStopping, History, LambdaCallback, ModelCheckpoint,
-                                 TensorBoard, load_checkpoint)
+from recstream.callbacks import CheckpointConfig, EarlyStopping, History, LambdaCallback, ModelCheckpoint, TensorBoard
+from recstream.checkpoint import load_checkpoint
 from recstream.train import Model
 
 

@@ -9,7 +9,7 @@ from recstream.callbacks.base import HOOKS
 
 def _opt(*lrs):
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in lrs]
-    return torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, lrs)])
+    return torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, lrs, strict=True)])
 
 
 def _lrs(opt):
@@ -116,13 +116,45 @@ def test_lambda_callback_unset_hooks_do_nothing_and_bad_args(ctx_of):
 
 
 # ---------------------------------------------------------------- package
-def test_exports_and_builtin_names():
+def test_exports():
     for name in ["Callback", "CallbackList", "RunContext", "CallbackParams", "LossMonitor", "TimeMonitor",
-                 "ModelCheckpoint", "CheckpointConfig", "save_checkpoint", "load_checkpoint", "EarlyStopping",
-                 "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback", "ProgressBar",
-                 "TensorBoard", "progress_bar_default"]:
+                 "ModelCheckpoint", "CheckpointConfig", "save_checkpoint", "load_checkpoint", "CheckpointError",
+                 "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
+                 "ProgressBar", "TensorBoard", "progress_bar_default", "PrequentialMonitor"]:
         assert hasattr(callbacks, name), name
-    builtin = callbacks.BUILTIN_CALLBACK_NAMES
-    assert isinstance(builtin, frozenset) and "TimeMonitor" in builtin and "Callback" not in builtin
-    for name in builtin:
-        assert issubclass(getattr(callbacks, name), Callback)
+        assert name in callbacks.__all__, name
+    import recstream.checkpoint as checkpoint
+    for name in ["save_checkpoint", "load_checkpoint", "CheckpointError"]:
+        assert getattr(callbacks, name) is getattr(checkpoint, name)  # re-exported, one object
+    assert not hasattr(callbacks, "BUILTIN_CALLBACK_NAMES")
+
+
+BUILTINS_SKIPPED_IN_FIT_EVAL = ["LossMonitor", "ModelCheckpoint", "EarlyStopping", "ReduceLROnPlateau",
+                                "LearningRateScheduler", "History", "LambdaCallback", "ProgressBar", "TensorBoard"]
+
+
+@pytest.mark.parametrize("name", BUILTINS_SKIPPED_IN_FIT_EVAL)
+def test_builtin_callbacks_are_skipped_in_fit_eval(name):
+    cls = getattr(callbacks, name)
+    assert issubclass(cls, Callback) and cls.called_in_fit_eval is False
+
+
+def test_callbacks_called_in_fit_eval():
+    from recstream.serving import ModelPublisher
+    # As in MindSpore, TimeMonitor also times fit's evaluation; user callbacks always see it.
+    # PrequentialMonitor and ModelPublisher have no evaluation hooks: they keep the default.
+    for cls in (Callback, callbacks.TimeMonitor, callbacks.PrequentialMonitor, ModelPublisher):
+        assert cls.called_in_fit_eval is True, cls
+
+    class History(Callback):  # a user's class that happens to share a built-in's name
+        pass
+
+    assert History.called_in_fit_eval is True and History().called_in_fit_eval is True
+
+    class Quiet(Callback):
+        called_in_fit_eval = False
+
+    class MyLossMonitor(callbacks.LossMonitor):  # a subclass inherits the built-in's choice
+        pass
+
+    assert Quiet().called_in_fit_eval is False and MyLossMonitor().called_in_fit_eval is False

@@ -34,12 +34,15 @@ def test_config_rules():
 
 @pytest.mark.parametrize("kwargs, exc, match", [
     ({"save_checkpoint_steps": -1}, ValueError, "save_checkpoint_steps.*-1"),
-    ({"save_checkpoint_steps": 1.5}, ValueError, "save_checkpoint_steps"),
-    ({"keep_checkpoint_max": True}, ValueError, "keep_checkpoint_max"),
+    ({"save_checkpoint_steps": 1.5}, TypeError, "save_checkpoint_steps"),
+    ({"save_checkpoint_steps": "abc"}, TypeError, "save_checkpoint_steps.*'abc'"),
+    ({"keep_checkpoint_max": True}, TypeError, "keep_checkpoint_max"),
     ({"save_checkpoint_steps": 0, "save_checkpoint_seconds": 0, "keep_checkpoint_max": 0}, ValueError, "can't all be"),
     ({"append_info": "epoch_num"}, TypeError, "append_info.*list"),
     ({"append_info": ["epochs"]}, ValueError, "epochs"),
-    ({"append_info": [{"a": 1}, {"b": 2}]}, TypeError, "one dict"),
+    ({"append_info": [{"a": 1}, {"b": 2}]}, ValueError, "one dict"),
+    ({"append_info": [3]}, TypeError, r"append_info\[0\]"),
+    ({"crc_check": "yes"}, TypeError, "crc_check"),
     ({"append_info": [{"a": [1]}]}, TypeError, "a"),
     ({"exception_save": 1}, TypeError, "exception_save"),
     ({"saved_network": "net"}, TypeError, "saved_network"),
@@ -52,8 +55,14 @@ def test_config_rejects(kwargs, exc, match):
 def test_model_checkpoint_rejects(tmp_path):
     with pytest.raises(ValueError, match="prefix.*'a/b'"):
         ModelCheckpoint(prefix="a/b", directory=tmp_path)
+    with pytest.raises(TypeError, match="prefix"):
+        ModelCheckpoint(prefix=3, directory=tmp_path)
+    with pytest.raises(ValueError, match="prefix"):
+        ModelCheckpoint(prefix="", directory=tmp_path)
     with pytest.raises(TypeError, match="config"):
         ModelCheckpoint(directory=tmp_path, config={"save_checkpoint_steps": 1})
+    with pytest.raises(TypeError, match="directory"):
+        ModelCheckpoint(directory=3)
 
 
 # ---------------------------------------------------------------- saving
@@ -167,21 +176,21 @@ def test_keep_one_per_n_minutes(tmp_path, driver):
 
 
 def test_failed_save_does_not_prune_the_last_good_file(tmp_path, driver, monkeypatch):
-    from recstream.callbacks import checkpoint_io
+    from recstream.checkpoint import file_format
 
     net, opt = _net_opt()
     cb = ModelCheckpoint(prefix="f", directory=tmp_path,
                          config=CheckpointConfig(save_checkpoint_steps=2, keep_checkpoint_max=1))
-    real_save = checkpoint_io.save_file
+    real_save = file_format.save_file
 
     def fail_after_first(p):
         if p.cur_step_num == 3:
-            monkeypatch.setattr(checkpoint_io, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("no space")))
+            monkeypatch.setattr(file_format, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("no space")))
 
     with pytest.raises(OSError, match="no space"):
         driver([cb], net, opt, batch_num=2, epoch_num=2).run(on_step=fail_after_first)
     assert _files(tmp_path) == ["f-1_2.safetensors"]
-    assert checkpoint_io.save_file is not real_save
+    assert file_format.save_file is not real_save
     load_checkpoint(tmp_path / "f-1_2.safetensors", restore_rng=False)
 
 
@@ -215,7 +224,7 @@ def test_full_disk_gives_a_clear_error_and_keeps_the_last_checkpoint(tmp_path):
     script.write_text(FULL_DISK_WORKER.format(repo=repo, directory=str(tmp_path / "ckpt")))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    line = next(l for l in out.stdout.splitlines() if l.startswith("ERROR"))
+    line = next(text for text in out.stdout.splitlines() if text.startswith("ERROR"))
     assert "could not write checkpoint" in line and "File too large" in line and "run-1_4.safetensors" in line
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert files == ["run-1_4.safetensors"]  # no temp file left behind

@@ -84,7 +84,7 @@ def test_early_stopping_non_scalar_metric(driver):
 # ---------------------------------------------------------------- ReduceLROnPlateau
 def _opt(*lrs):
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in lrs]
-    return torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, lrs)])
+    return torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, lrs, strict=True)])
 
 
 def test_reduce_lr_patience_factor_cooldown_and_min_lr(driver):

@@ -168,5 +168,5 @@ def test_argument_errors(kwargs, match):
 
 
 def test_unusable_batch_is_a_clear_error():
-    with pytest.raises(ValueError, match="must be \\(inputs..., labels\\)"):
+    with pytest.raises(ValueError, match=r"PrequentialMonitor: cannot find the labels.*unpack="):
         run_loop(PrequentialMonitor(), nn.Linear(2, 1), [torch.randn(3, 2)])

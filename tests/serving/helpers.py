@@ -79,7 +79,7 @@ def new_model(seed: int = 0, **config) -> tuple[HashCTR, torch.optim.Optimizer]:
 def rows_map(exported: dict) -> dict:
     """{key: (values, count, last_seen)} of an export, order-independent."""
     return {int(k): (v.tolist(), int(c), int(s)) for k, v, c, s in zip(
-        exported["keys"], exported["values"], exported["counts"], exported["last_seen"])}
+        exported["keys"], exported["values"], exported["counts"], exported["last_seen"], strict=True)}
 
 
 def predict(net: nn.Module, features: Features) -> torch.Tensor:

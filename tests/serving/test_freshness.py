@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from recstream.callbacks.base import CallbackParams, CallbackList, RunContext
-from recstream.callbacks.publisher import ModelPublisher
-from recstream.serving import event_freshness, read_manifest, staleness
+from recstream.callbacks.base import CallbackList, CallbackParams, RunContext
+from recstream.serving import ModelPublisher, event_freshness, read_manifest, staleness
 
 MANIFESTS = [
     {"version": 1, "step": 10, "max_event_time": 100.0, "created": 110.0},
@@ -36,7 +35,7 @@ def test_running_max_and_validation():
     ms = [{"version": 1, "max_event_time": 100.0, "created": 101.0},
           {"version": 2, "max_event_time": 90.0, "created": 102.0}]
     assert event_freshness(ms, [95.0]).versions.tolist() == [1]
-    with pytest.raises(ValueError, match="steps has 1 entries"):
+    with pytest.raises(ValueError, match="'steps' has 1 entries"):
         event_freshness(ms, [1.0, 2.0], steps=[1])
     with pytest.raises(ValueError, match="finite"):
         event_freshness([{"version": 1, "max_event_time": float("nan"), "created": 1.0}], [1.0])
@@ -65,4 +64,4 @@ def test_publisher_records_running_max_event_time(tmp_path):
     r = event_freshness(pub.manifests, event_times, steps=[1, 2, 3, 4, 5])
     assert r.versions.tolist() == [1, 1, 2, 2, 3]
     created = {m["version"]: m["created"] for m in pub.manifests}
-    assert r.lags.tolist() == [created[v] - t for v, t in zip(r.versions.tolist(), event_times)]
+    assert r.lags.tolist() == [created[v] - t for v, t in zip(r.versions.tolist(), event_times, strict=True)]

@@ -57,7 +57,7 @@ def server_process(tmp_path):
         line = lines.get(timeout=120)
     except queue.Empty:
         proc.kill()
-        raise AssertionError("server did not report its port: " + (tmp_path / "server.log").read_text())
+        raise AssertionError("server did not report its port: " + (tmp_path / "server.log").read_text()) from None
     assert "listening on http://127.0.0.1:" in line, line
     port = int(line.split("http://127.0.0.1:")[1].split()[0])
     yield directory, port, proc
@@ -113,7 +113,7 @@ def test_versions_swap_under_load_without_failed_requests(server_process):
         c.start()
     try:
         for version in range(2, 6):  # 4 more versions: deltas 2, 3, full 4, delta 5
-            wait_for(lambda: sum(r[0] == version - 1 for c in clients for r in c.results) >= 5, 120,
+            wait_for(lambda v=version: sum(r[0] == v - 1 for c in clients for r in c.results) >= 5, 120,
                      f"clients to be served by version {version - 1}")
             for _ in range(5):
                 train_step(net, opt, make_batch(rng))

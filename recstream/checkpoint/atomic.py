@@ -1,4 +1,5 @@
-"""Atomic file replacement: a reader sees the old file or the complete new one, never a torn one.
+"""Durable file writes: atomic replacement (a reader sees the old file or the complete new one,
+never a torn one) and the fsync calls that make files and renames survive a power loss.
 
 Recipe: write to a temporary file in the *same directory* (so ``os.replace`` is a rename within
 one filesystem, which POSIX makes atomic), flush and fsync it (the bytes are on disk before the
@@ -9,20 +10,34 @@ under the final name is untouched.
 >>> import os, tempfile
 >>> d = tempfile.mkdtemp()
 >>> p = os.path.join(d, "a.txt")
->>> atomic_write(p, lambda tmp: open(tmp, "w").write("hello"))
->>> open(p).read()
+>>> def write(tmp):
+...     with open(tmp, "w") as f:
+...         f.write("hello")
+>>> atomic_write(p, write)
+>>> with open(p) as f:
+...     f.read()
 'hello'
 """
 from __future__ import annotations
 
 import os
 import tempfile
-from typing import Callable
+from collections.abc import Callable
+
+from ..validation import check_callable, check_type
+
+__all__ = ["atomic_write", "fsync_dir", "fsync_file", "TMP_SUFFIX"]
 
 TMP_SUFFIX = ".tmp"
 
 
-def fsync_dir(directory: str) -> None:
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush a written file's bytes to disk (before a rename makes the file visible)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
     """Make a rename/unlink in `directory` durable (POSIX; a no-op where directories can't be opened)."""
     if os.name != "posix":
         return
@@ -50,15 +65,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     The temporary name is hidden (``.<name>.<random>.tmp``) so directory scans for checkpoints
     never mistake it for a finished file.
     """
-    path = os.fspath(path)
+    path = os.fspath(check_type("atomic_write", "path", path, (str, os.PathLike), allowed="a path"))
+    check_callable("atomic_write", "write", write)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=TMP_SUFFIX, dir=directory)
     os.close(fd)
     try:
         write(tmp)
-        with open(tmp, "rb+") as f:
-            f.flush()
-            os.fsync(f.fileno())
+        fsync_file(tmp)
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:

@@ -40,8 +40,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ._atomic import atomic_write
-from ._state_codec import checksum, decode, encode, prepare_for_save, tensor_refs
+from ..validation import check_bool, check_module, check_type, describe
+from .atomic import atomic_write
+from .state_codec import checksum, decode, encode, prepare_for_save, tensor_refs
 
 FORMAT = "recstream.checkpoint"
 FORMAT_VERSION = 1
@@ -52,8 +53,17 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable, corrupt, or does not match the network/optimizer."""
 
 
-def _is_optimizer(obj) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+def _check_optimizer(owner: str, optimizer) -> None:
+    # Duck-typed: wrappers that combine several torch optimizers are not Optimizer subclasses.
+    if optimizer is None:
+        return
+    if not (callable(getattr(optimizer, "state_dict", None)) and callable(getattr(optimizer, "load_state_dict", None))):
+        raise TypeError(f"{owner}: 'optimizer' must be a torch.optim.Optimizer (or an object with state_dict and "
+                        f"load_state_dict) or None, got {describe(optimizer)}")
+
+
+def _check_path(owner: str, path) -> str:
+    return os.fspath(check_type(owner, "path", path, (str, os.PathLike), allowed="a path"))
 
 
 def _rng_state() -> dict:
@@ -89,16 +99,19 @@ def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, optimizer
     tensors; `load_checkpoint` returns them. `crc` stores a CRC32 per tensor so that silent data
     corruption is detected at load time.
     """
-    if not isinstance(network, torch.nn.Module):
-        raise TypeError(f"save_checkpoint: 'network' must be a torch.nn.Module, got {type(network).__name__}")
-    if optimizer is not None and not _is_optimizer(optimizer):
-        raise TypeError(f"save_checkpoint: 'optimizer' must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-    extra = {} if extra is None else extra
-    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
-        raise TypeError(f"save_checkpoint: 'extra' must be a dict with str keys or None, got {extra!r}")
+    owner = "save_checkpoint"
+    path = _check_path(owner, path)
+    check_module(owner, "network", network)
+    _check_optimizer(owner, optimizer)
+    extra = {} if extra is None else check_type(owner, "extra", extra, dict, allowed="a dict with str keys")
+    bad_keys = [k for k in extra if not isinstance(k, str)]
+    if bad_keys:
+        raise TypeError(f"{owner}: 'extra' must be a dict with str keys or None, got the keys {bad_keys!r}")
     if RESERVED_META & extra.keys():
-        raise ValueError(f"save_checkpoint: 'extra' must not use the reserved keys {sorted(RESERVED_META)}, got {sorted(extra)}")
-    path = os.fspath(path)
+        raise ValueError(f"{owner}: 'extra' must not use the reserved keys {sorted(RESERVED_META)}, "
+                         f"got {sorted(extra)}")
+    check_bool(owner, "rng", rng)
+    check_bool(owner, "crc", crc)
 
     tensors: dict[str, torch.Tensor] = {}
     docs = {"network": encode(dict(network.state_dict()), "network", tensors)}
@@ -204,11 +217,12 @@ def load_checkpoint(path: str | os.PathLike, network: torch.nn.Module | None = N
     `strict=False` tolerates network key mismatches (with a warning). Raises `CheckpointError` (a
     ValueError) naming the file when it is truncated, corrupt or does not match.
     """
-    if network is not None and not isinstance(network, torch.nn.Module):
-        raise TypeError(f"load_checkpoint: 'network' must be a torch.nn.Module or None, got {type(network).__name__}")
-    if optimizer is not None and not _is_optimizer(optimizer):
-        raise TypeError(f"load_checkpoint: 'optimizer' must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-    path = os.fspath(path)
+    owner = "load_checkpoint"
+    path = _check_path(owner, path)
+    check_module(owner, "network", network, allow_none=True)
+    _check_optimizer(owner, optimizer)
+    check_bool(owner, "strict", strict)
+    check_bool(owner, "restore_rng", restore_rng)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"load_checkpoint: no checkpoint file at '{path}'")
     try:

@@ -2,7 +2,7 @@
 
 Every ``every_steps`` steps and/or ``every_seconds`` seconds (checked after each step), and
 once at the end of training, the network is written as a new version ``v{N:08d}/`` of
-`directory` by a :class:`~recstream.serving.SnapshotWriter`: a full snapshot, or -- for
+`directory` by a :class:`~recstream.serving.publish.SnapshotWriter`: a full snapshot, or -- for
 networks with :class:`~recstream.nn.HashEmbedding` tables -- a delta holding only the rows
 changed since the previous version (plus evicted keys), with a full one at least every
 ``full_every`` versions. Each version has a checksummed ``manifest.json`` (written last; the
@@ -36,9 +36,10 @@ from typing import Any
 
 import torch
 
-from ..serving.publish import SnapshotWriter
-from ..serving.writer import remove_stale_temps
-from .base import Callback
+from ..callbacks import Callback
+from ..validation import check_bool, check_choice, check_int, check_number
+from .publish import SnapshotWriter
+from .writer import remove_stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,6 @@ def _event_time(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"cb_params.max_event_time must be finite unix seconds, got {value!r}")
     return float(value)
-
-
-def _optional_positive(name: str, value, kind) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-        raise ValueError(f"ModelPublisher: '{name}' must be a number > 0 or None, got {value!r}")
-    return value
 
 
 class ModelPublisher(Callback):
@@ -93,13 +86,15 @@ class ModelPublisher(Callback):
                  model_config: dict | None = None, full_every: int = 10, output: str = "logits",
                  preprocessing: dict | None = None, publish_on_end: bool = True, on_error: str = "log",
                  verify_rebuild: bool = True):
-        self.every_steps = _optional_positive("every_steps", every_steps, int)
-        self.every_seconds = _optional_positive("every_seconds", every_seconds, (int, float))
-        if on_error not in ("log", "raise"):
-            raise ValueError(f"ModelPublisher: 'on_error' must be 'log' or 'raise', got {on_error!r}")
+        owner = "ModelPublisher"
+        self.every_steps = check_int(owner, "every_steps", every_steps, minimum=1, allow_none=True)
+        self.every_seconds = check_number(owner, "every_seconds", every_seconds, minimum=0, min_open=True,
+                                          allow_none=True)
+        self.publish_on_end = check_bool(owner, "publish_on_end", publish_on_end)
+        self.on_error = check_choice(owner, "on_error", on_error, ("log", "raise"))
+        # The writer validates the arguments that describe the snapshots.
         self.writer = SnapshotWriter(directory, schema, keep, full_every, model_factory, model_config, output,
                                      preprocessing, verify_rebuild)
-        self.publish_on_end, self.on_error = bool(publish_on_end), on_error
         self.manifests: list[dict] = []
         self.failures = 0
         self._max_event_time: float | None = None

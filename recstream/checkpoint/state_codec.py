@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,8 @@ def encode(obj: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
         items = []
         for k, v in obj.items():
             if not (k is None or isinstance(k, (bool, int, float, str))):
-                raise TypeError(f"cannot store {name!r}: dict key {k!r} ({type(k).__name__}) is not a str/int/float/bool/None")
+                raise TypeError(f"cannot store {name!r}: dict key {k!r} ({type(k).__name__}) is not a "
+                                "str/int/float/bool/None")
             items.append([k, encode(v, f"{name}.{k}", tensors)])
         return {ITEMS: items}
     raise TypeError(

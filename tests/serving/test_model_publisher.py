@@ -5,11 +5,10 @@ import pytest
 import torch
 
 from recstream import Model
-from recstream.callbacks import publisher as publisher_module
-from recstream.callbacks.publisher import ModelPublisher
 from recstream.data import SyntheticCTR
 from recstream.models import DeepFM, default_optimizer
-from recstream.serving import list_versions, load_latest, read_latest, read_manifest
+from recstream.serving import ModelPublisher, list_versions, load_latest, read_latest, read_manifest
+from recstream.serving import model_publisher as publisher_module
 
 
 def test_trains_and_publishes_every_n_steps_with_model_train(tmp_path):
@@ -105,7 +104,7 @@ def test_failure_is_logged_training_goes_on_and_next_version_is_full(tmp_path, m
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(publisher_module.SnapshotWriter, "publish", flaky)
-    with caplog.at_level(logging.ERROR, logger="recstream.callbacks.publisher"):
+    with caplog.at_level(logging.ERROR, logger="recstream.serving.model_publisher"):
         drive(pub, 5, lambda p: net["emb"](torch.tensor([p.cur_step_num])), network=net)
     assert pub.failures == 1 and "publishing to" in caplog.text and "No space" in caplog.text
     assert [(m["step"], m["kind"]) for m in pub.manifests] == [(1, "full"), (2, "delta"), (4, "full"), (5, "delta")]

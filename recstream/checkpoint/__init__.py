@@ -1,0 +1,20 @@
+"""recstream.checkpoint: the checkpoint file and durable file writes, below callbacks and serving.
+
+- `save_checkpoint` / `load_checkpoint` / `CheckpointError`: one safetensors file holding a
+  network, its optimizer, RNG states and extra metadata, enough to resume training exactly
+  (format: `recstream.checkpoint.file_format`; nested state is encoded by
+  `recstream.checkpoint.state_codec`, never pickled).
+- `atomic_write`, `fsync_file`, `fsync_dir`: write a file so a crash leaves the old one or the
+  complete new one (`recstream.checkpoint.atomic`); serving's snapshots use them too.
+
+When to save (every N steps, keep M files) is `recstream.callbacks.ModelCheckpoint`'s business.
+
+>>> import os, tempfile, torch
+>>> path = save_checkpoint(os.path.join(tempfile.mkdtemp(), "net.safetensors"), torch.nn.Linear(2, 1))
+>>> sorted(load_checkpoint(path, torch.nn.Linear(2, 1), restore_rng=False))
+['format_version', 'time']
+"""
+from .atomic import atomic_write, fsync_dir, fsync_file
+from .file_format import CheckpointError, load_checkpoint, save_checkpoint
+
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "atomic_write", "fsync_dir", "fsync_file"]
