@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from recstream import RecModel
-from recstream.callbacks import Callback, ModelPublisher
+from recstream.callbacks import Callback
 from recstream.cli.main import build_parser
 from recstream.data import SyntheticCTR
 from recstream.data.streams import DirectoryStream
 from recstream.models import WideDeep, default_optimizer
+from recstream.serving import ModelPublisher
 from recstream.serving.freshness import event_freshness
 
 DENSE, CATEGORICAL = 13, 26
@@ -140,7 +141,8 @@ def main(argv=None) -> None:
 
 
 def kafka_rates(args, schema):
-    from recstream.data.streams import KafkaStream, TansuBroker
+    from recstream.data.streams import KafkaStream
+    from recstream.testing import TansuBroker
     broker = TansuBroker().start()
     try:
         produce(["--kafka", broker.bootstrap_servers, "--topic", "bench"], args.events + 2 * args.batch_size)

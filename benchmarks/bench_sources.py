@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
+from recstream.cli.producers import DirectoryWriter, format_records
 from recstream.data import SyntheticCTR
-from recstream.data.streams import CriteoTSVDecoder, DirectoryStream, KafkaStream, TansuBroker
-from recstream.data.streams.formats import format_records
-from recstream.data.streams.sinks import DirectorySink
+from recstream.data.streams import CriteoTSVDecoder, DirectoryStream, KafkaStream
+from recstream.testing import TansuBroker
 
 BATCH = 1024
 
@@ -70,8 +70,8 @@ def bench_decode(records, repeats: int) -> list[float]:
 
 def bench_directory(records, repeats: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
-        with DirectorySink(tmp, "tsv", file_records=50_000) as sink:
-            sink.write(records)
+        with DirectoryWriter(tmp, "tsv", file_records=50_000) as writer:
+            writer.write(records)
         n = len(records) - len(records) % BATCH
         return [drain(DirectoryStream(tmp, batch_size=BATCH, format="criteo", decoder=decoder(), idle_timeout=5), n)
                 for _ in range(repeats)]

@@ -25,11 +25,11 @@ import urllib.request
 import torch
 
 from recstream import RecModel
-from recstream.callbacks import (Callback, CheckpointConfig, ModelCheckpoint, ModelPublisher,
-                                 PrequentialMonitor)
+from recstream.callbacks import Callback, CheckpointConfig, ModelCheckpoint, PrequentialMonitor
 from recstream.data import SyntheticCTR
-from recstream.data.streams.broker import free_port
 from recstream.models import WideDeep, default_optimizer
+from recstream.serving import ModelPublisher
+from recstream.testing import free_port
 
 DENSE, CATEGORICAL = 4, 6
 

@@ -17,11 +17,33 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
+from ..validation import check_int, check_number
+
+_OWNER = "recstream produce"
 _EXT = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "criteo": "tsv"}
+
+
+def _checked(kind: type, name: str, **bounds):
+    """An argparse ``type`` that parses `kind` and checks it with recstream.validation."""
+    check = check_int if kind is int else check_number
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_OWNER}: '{name}' must be {'an int' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        try:
+            return check(_OWNER, name, value, **bounds)
+        except (TypeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def add_parser(sub) -> None:
@@ -35,21 +57,24 @@ def add_parser(sub) -> None:
     p.add_argument("--header", action="store_true", help="--input starts with a header line (not sent)")
     p.add_argument("--format", choices=["csv", "jsonl", "criteo"], default="csv",
                    help="record format of --synthetic events (criteo needs 13 dense and 26 categorical)")
-    p.add_argument("--num-dense", type=int, default=13)
-    p.add_argument("--num-categorical", type=int, default=26)
+    p.add_argument("--num-dense", type=_checked(int, "--num-dense", minimum=0), default=13)
+    p.add_argument("--num-categorical", type=_checked(int, "--num-categorical", minimum=0), default=26)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rows", type=int, default=None,
+    p.add_argument("--rows", type=_checked(int, "--rows", minimum=0), default=None,
                    help="events to send (default: all of --input, 10000 synthetic; 0: synthetic forever)")
     dst = p.add_mutually_exclusive_group(required=True)
     dst.add_argument("--kafka", metavar="BOOTSTRAP", help="Kafka bootstrap servers, e.g. 127.0.0.1:9092")
     dst.add_argument("--directory", help="write files into this directory (atomic renames)")
     p.add_argument("--topic", help="Kafka topic (with --kafka)")
-    p.add_argument("--partitions", type=int, default=1, help="partitions if the topic has to be created")
-    p.add_argument("--file-records", type=int, default=100_000, help="records per file (with --directory)")
-    p.add_argument("--flush-interval", type=float, default=None,
+    p.add_argument("--partitions", type=_checked(int, "--partitions", minimum=1), default=1,
+                   help="partitions if the topic has to be created")
+    p.add_argument("--file-records", type=_checked(int, "--file-records", minimum=1), default=100_000,
+                   help="records per file (with --directory)")
+    p.add_argument("--flush-interval", type=_checked(float, "--flush-interval", minimum=0), default=None,
                    help="publish a file after this many seconds even if not full (with --directory)")
-    p.add_argument("--rate", type=float, default=0.0, help="events per second (0: as fast as possible)")
-    p.add_argument("--id-start", type=int, default=0, help="first event id")
+    p.add_argument("--rate", type=_checked(float, "--rate", minimum=0), default=0.0,
+                   help="events per second (0: as fast as possible)")
+    p.add_argument("--id-start", type=_checked(int, "--id-start", minimum=0), default=0, help="first event id")
     p.add_argument("--no-meta", action="store_true", help="send records without event id / time fields")
     p.set_defaults(run=run)
 
@@ -57,7 +82,7 @@ def add_parser(sub) -> None:
 def _synthetic(args) -> Iterator[list[bytes]]:
     """Blocks of synthetic records (without meta fields)."""
     from ..data import SyntheticCTR
-    from ..data.streams.formats import format_records
+    from .producers import format_records
     if args.format == "criteo" and (args.num_dense, args.num_categorical) != (13, 26):
         raise SystemExit("recstream produce: --format criteo needs --num-dense 13 --num-categorical 26")
     gen = SyntheticCTR(args.num_dense, args.num_categorical, seed=args.seed, batch_size=4096)
@@ -80,11 +105,12 @@ def _lines(args) -> Iterator[list[bytes]]:
             yield [ln.rstrip(b"\r\n") for ln in block if ln.strip()]
 
 
-def _sink(args):
-    from ..data.streams.sinks import DirectorySink, KafkaSink
+def _writer(args):
+    """Where the events go: a DirectoryWriter or a KafkaWriter (the topic created if needed)."""
+    from .producers import DirectoryWriter, KafkaWriter
     if args.directory:
         ext = _EXT[args.format if args.synthetic else args.input_format]
-        return DirectorySink(args.directory, ext, args.file_records, args.flush_interval)
+        return DirectoryWriter(args.directory, ext, args.file_records, args.flush_interval)
     if not args.topic:
         raise SystemExit("recstream produce: --kafka needs --topic")
     from confluent_kafka import KafkaError, KafkaException
@@ -96,19 +122,18 @@ def _sink(args):
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
-    return KafkaSink(args.kafka, args.topic)
+    return KafkaWriter(args.kafka, args.topic)
 
 
 def produce(args) -> tuple[int, float]:
     """Send the events; returns (events sent, seconds)."""
-    from ..data.streams.formats import append_meta
-    from ..data.streams.sinks import RateLimiter
+    from .producers import RateLimiter, append_meta
     limit = args.rows if args.rows is not None else (10_000 if args.synthetic else None)
     fmt = args.format if args.synthetic else args.input_format
     blocks = _synthetic(args) if args.synthetic else _lines(args)
     limiter = RateLimiter(args.rate)
     next_id, sent = args.id_start, 0
-    sink = _sink(args)
+    writer = _writer(args)
     start = time.monotonic()
     try:
         for block in blocks:
@@ -120,13 +145,13 @@ def produce(args) -> tuple[int, float]:
                 if not args.no_meta:  # one send time per chunk (~10 ms at most when rate-limited)
                     chunk = append_meta(chunk, fmt, np.arange(next_id, next_id + len(chunk)),
                                         np.full(len(chunk), round(now, 6)))
-                sink.write(chunk, [int(now * 1000)] * len(chunk))
+                writer.write(chunk, [int(now * 1000)] * len(chunk))
                 next_id += len(chunk)
                 sent += len(chunk)
                 limiter.wait(len(chunk))
         return sent, time.monotonic() - start
     finally:
-        sink.close()
+        writer.close()
 
 
 def run(args) -> int:

@@ -8,8 +8,8 @@
   :class:`CSVReader`, :class:`CriteoReader`; bad rows raise :class:`BadRowError` (file
   and row named) or, with ``on_bad_row="skip"``, are counted in ``reader.bad_rows``.
 * Data sets: :class:`SyntheticCTR` (Zipf ids, known Bayes AUC), :func:`load_adult`.
-* Pipeline: :class:`ShuffleBuffer` (row-level shuffle), :class:`Prefetcher` (background
-  thread, pinned memory, async device copies), :class:`InMemoryDataset`.
+* Pipeline: :class:`Rebatcher` (exact batch sizes), :class:`ShuffleBuffer` (row-level shuffle),
+  :class:`Prefetcher` (background thread, pinned memory, async device copies), :class:`InMemoryDataset`.
 
 >>> from recstream.data import SyntheticCTR, ShuffleBuffer
 >>> gen = SyntheticCTR(num_dense=3, num_categorical=4, batch_size=128)
@@ -18,17 +18,15 @@
 torch.Size([128, 3])
 torch.Size([128, 3])
 """
+from ..features import Features
 from .adult import adult_schema, load_adult
 from .badrows import REASONS as BAD_ROW_REASONS
 from .badrows import BadRowError
-from .batch import Batch, Features
-from .criteo import CriteoReader, criteo_schema
-from .csv_reader import CSVReader
+from .batch import Batch
 from .hashing import hash_int64, hash_strings, to_buckets
 from .memory import InMemoryDataset
-from .parquet_reader import ParquetReader
-from .pipeline import Prefetcher, ShuffleBuffer
-from .rebatch import Rebatcher
+from .pipeline import Prefetcher, Rebatcher, ShuffleBuffer
+from .readers import CriteoReader, CSVReader, ParquetReader, criteo_schema
 from .schema import CategoricalFeature, DenseFeature, Schema, num_embeddings
 from .synthetic import SyntheticCTR, roc_auc
 

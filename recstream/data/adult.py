@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..validation import check_bool, check_choice, check_int, check_number
 from .convert import ColumnConverter
 from .memory import InMemoryDataset
 from .schema import CategoricalFeature, DenseFeature, Schema
@@ -50,11 +51,8 @@ def adult_schema(embedding_dim: int = 8) -> Schema:
     return Schema([DenseFeature(n) for n in NUMERIC], cats, label=LABEL)
 
 
-def _split_rows(n: int, split: str, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    if split not in ("train", "test"):
-        raise ValueError(f"load_adult: 'split' must be 'train' or 'test', got {split!r}")
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
-        raise ValueError(f"load_adult: 'test_fraction' must be a number in (0, 1), got {test_fraction!r}")
+def _split_rows(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, test rows) of a seeded random partition."""
     order = np.random.default_rng(seed).permutation(n)
     n_test = int(round(n * test_fraction))
     return np.sort(order[n_test:]), np.sort(order[:n_test])  # file order inside each split
@@ -67,8 +65,13 @@ def load_adult(split: str = "train", test_fraction: float = 0.2, seed: int = 0, 
     The split is a seeded random partition; the two splits of one (test_fraction, seed)
     never overlap. ``shuffle`` defaults to True for "train" (a new order each pass).
     """
+    check_choice("load_adult", "split", split, ("train", "test"))
+    check_number("load_adult", "test_fraction", test_fraction, minimum=0, maximum=1, min_open=True, max_open=True)
+    check_int("load_adult", "seed", seed, minimum=0)
+    check_int("load_adult", "batch_size", batch_size, minimum=1)
+    check_bool("load_adult", "shuffle", shuffle, allow_none=True)
     table = _table()
-    train_rows, test_rows = _split_rows(table.num_rows, split, test_fraction, seed)
+    train_rows, test_rows = _split_rows(table.num_rows, test_fraction, seed)
     rows = train_rows if split == "train" else test_rows
     schema = adult_schema(embedding_dim)
     columns = {LABEL: pc.cast(pc.equal(table[LABEL], POSITIVE), pa.float32()).take(rows)}

@@ -21,8 +21,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+
+from ..validation import check_choice, check_type
 
 REASONS = ("column_count", "unparsable", "non_finite", "missing_value", "id_out_of_range", "bad_label")
 _POLICIES = ("raise", "skip")
@@ -53,19 +56,12 @@ class BadRowError(ValueError):
         self.path, self.row, self.reason, self.column = bad.path, bad.row, bad.reason, bad.column
 
 
-def check_policy(on_bad_row: Any, owner: str) -> str:
-    if on_bad_row not in _POLICIES:
-        raise ValueError(f"{owner}: 'on_bad_row' must be one of {_POLICIES}, got {on_bad_row!r}")
-    return on_bad_row
-
-
 class BadRowHandler:
     """Applies the ``on_bad_row`` policy; counts by reason and writes the optional JSONL log."""
 
     def __init__(self, on_bad_row: str, bad_row_log: str | os.PathLike | None, owner: str) -> None:
-        self.policy = check_policy(on_bad_row, owner)
-        if bad_row_log is not None and not isinstance(bad_row_log, (str, os.PathLike)):
-            raise TypeError(f"{owner}: 'bad_row_log' must be a path or None, got {type(bad_row_log).__name__}")
+        self.policy = check_choice(owner, "on_bad_row", on_bad_row, _POLICIES)
+        check_type(owner, "bad_row_log", bad_row_log, (str, os.PathLike), allowed="a path", allow_none=True)
         if bad_row_log is not None and self.policy == "raise":
             raise ValueError(f"{owner}: 'bad_row_log' needs on_bad_row='skip' (with 'raise' the first bad "
                              f"row stops reading)")

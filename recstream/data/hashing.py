@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ..validation import check_int
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -96,7 +98,6 @@ def hash_strings(arr: pa.Array) -> np.ndarray:
 
 def to_buckets(hashes: np.ndarray, hash_buckets: int) -> np.ndarray:
     """Map 64-bit hashes to ids in ``[1, hash_buckets)`` (id 0 stays free for missing values)."""
-    if isinstance(hash_buckets, bool) or not isinstance(hash_buckets, (int, np.integer)) or hash_buckets < 2:
-        raise ValueError(f"to_buckets: 'hash_buckets' must be an int >= 2, got {hash_buckets!r}")
+    hash_buckets = check_int("to_buckets", "hash_buckets", hash_buckets, minimum=2)
     h = np.asarray(hashes, dtype=np.uint64)
     return (h % np.uint64(hash_buckets - 1)).astype(np.int64) + 1

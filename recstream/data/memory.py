@@ -5,7 +5,8 @@ slice): each pass yields ``batch_size``-row batches, optionally in a new random 
 per pass (deterministic given ``seed``).
 
 >>> import torch
->>> from recstream.data.batch import Batch, Features
+>>> from recstream.data.batch import Batch
+>>> from recstream.features import Features
 >>> rows = Batch(Features.from_lengths(torch.arange(5.0).view(5, 1), torch.zeros(0), torch.zeros(0, 5)), torch.zeros(5))
 >>> ds = InMemoryDataset(rows, batch_size=2)
 >>> ds.get_dataset_size(), [b.features.dense.view(-1).tolist() for b in ds]
@@ -13,12 +14,12 @@ per pass (deterministic given ``seed``).
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from ..validation import check_bool, check_int, check_type
 from .batch import Batch
-from .rebatch import check_batch_size
 from .schema import Schema
 
 
@@ -27,22 +28,23 @@ class InMemoryDataset:
 
     def __init__(self, data: Batch, batch_size: int, *, shuffle: bool = False, seed: int = 0,
                  drop_remainder: bool = False, schema: Schema | None = None) -> None:
-        if not isinstance(data, Batch):
-            raise TypeError(f"InMemoryDataset: 'data' must be a recstream.data.Batch, got {type(data).__name__}")
-        self.data = data
-        self.batch_size = check_batch_size(batch_size, "InMemoryDataset")
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_remainder = bool(drop_remainder)
-        self.schema = schema  # optional: the Schema the rows follow
+        owner = "InMemoryDataset"
+        self.data = check_type(owner, "data", data, Batch, allowed="a recstream.data.Batch")
+        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
+        self.shuffle = check_bool(owner, "shuffle", shuffle)
+        self.seed = check_int(owner, "seed", seed, minimum=0)
+        self.drop_remainder = check_bool(owner, "drop_remainder", drop_remainder)
+        # optional: the Schema the rows follow
+        self.schema = check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema", allow_none=True)
         self._epoch = 0
 
     @classmethod
-    def from_batches(cls, batches: Iterable[Batch], batch_size: int | None = None, **kwargs) -> "InMemoryDataset":
+    def from_batches(cls, batches: Iterable[Batch], batch_size: int | None = None, **kwargs) -> InMemoryDataset:
         """Collect a (finite) stream of batches; `batch_size` defaults to the stream's."""
         parts = list(batches)
         if not parts:
             raise ValueError("InMemoryDataset.from_batches: the stream yielded no batches")
+        # the stream's declared batch size (a plain attribute), else that of its first batch
         size = batch_size if batch_size is not None else getattr(batches, "batch_size", parts[0].batch_size)
         return cls(Batch.concat(parts), size, **kwargs)
 

@@ -1,4 +1,12 @@
-"""Input-pipeline stages: row-level shuffling across batches, and background prefetching.
+"""Input-pipeline stages: exact re-batching, row-level shuffling across batches, background prefetching.
+
+* :class:`Rebatcher`: batches of any sizes in, batches of exactly ``batch_size`` rows out
+  (the readers' record batches follow the file layout and shrink when bad rows are skipped);
+* :class:`ShuffleBuffer`: shuffles rows across batches with a bounded buffer;
+* :class:`Prefetcher`: pulls batches in a background thread, optionally onto a device.
+
+Each keeps the dataset capabilities that still hold after it (``get_dataset_size()`` of the
+source, see :mod:`recstream.data.protocol`).
 
 >>> from recstream.data.synthetic import SyntheticCTR
 >>> data = SyntheticCTR(num_dense=2, num_categorical=2, batch_size=32).train_batches(4)
@@ -9,14 +17,63 @@
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..validation import check_bool, check_int, check_type
 from .batch import Batch
 from .channel import DataChannel, Item
-from .rebatch import Rebatcher, check_batch_size
+from .protocol import SizedDataset, dataset_size
+
+
+class Rebatcher:
+    """Accumulates batches and yields ``batch_size``-row batches (the last may be short).
+
+    Keeps at most ``batch_size`` + one incoming batch of rows in memory.
+
+    >>> import torch
+    >>> from recstream.features import Features
+    >>> def rows(n):
+    ...     return Batch(Features.from_lengths(torch.zeros(n, 1), torch.zeros(0), torch.zeros(0, n)), torch.zeros(n))
+    >>> r = Rebatcher(4, drop_remainder=False)
+    >>> [b.batch_size for b in [*r.add(rows(3)), *r.add(rows(6)), *r.flush()]]
+    [4, 4, 1]
+    """
+
+    def __init__(self, batch_size: int, drop_remainder: bool = False) -> None:
+        self.batch_size = check_int("Rebatcher", "batch_size", batch_size, minimum=1)
+        self.drop_remainder = check_bool("Rebatcher", "drop_remainder", drop_remainder)
+        self._pending: list[Batch] = []
+        self._rows = 0
+
+    def add(self, batch: Batch) -> Iterator[Batch]:
+        """Queue `batch`; yield every full batch now available."""
+        n = batch.batch_size
+        if n == 0:
+            return
+        if not self._pending and n == self.batch_size:  # the common case: pass through untouched
+            yield batch
+            return
+        self._pending.append(batch)
+        self._rows += n
+        if self._rows < self.batch_size:
+            return
+        merged = Batch.concat(self._pending)
+        full = self._rows - self._rows % self.batch_size
+        for start in range(0, full, self.batch_size):
+            yield merged.slice(start, start + self.batch_size)
+        self._pending = [merged.slice(full, self._rows)] if full < self._rows else []
+        self._rows -= full
+
+    def flush(self) -> Iterator[Batch]:
+        """End of stream: yield the short remainder unless ``drop_remainder``; then reset."""
+        pending, rows = self._pending, self._rows
+        self._pending, self._rows = [], 0
+        if rows and not self.drop_remainder:
+            yield Batch.concat(pending)
 
 
 class ShuffleBuffer:
@@ -31,23 +88,21 @@ class ShuffleBuffer:
 
     def __init__(self, dataset: Iterable[Batch], buffer_size: int, seed: int = 0, *,
                  batch_size: int | None = None, drop_remainder: bool = False) -> None:
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"ShuffleBuffer: 'buffer_size' must be an int >= 1 (rows), got {buffer_size!r}")
-        if not isinstance(dataset, Iterable):
-            raise TypeError(f"ShuffleBuffer: 'dataset' must be an iterable of Batch, got {type(dataset).__name__}")
-        self.dataset, self.buffer_size, self.seed = dataset, buffer_size, int(seed)
-        size = batch_size if batch_size is not None else getattr(dataset, "batch_size", None)
-        self.batch_size = None if size is None else check_batch_size(size, "ShuffleBuffer")
-        self.drop_remainder = bool(drop_remainder)
+        self.dataset = check_type("ShuffleBuffer", "dataset", dataset, Iterable, allowed="an iterable of Batch")
+        self.buffer_size = check_int("ShuffleBuffer", "buffer_size", buffer_size, minimum=1)  # rows
+        self.seed = check_int("ShuffleBuffer", "seed", seed, minimum=0)
+        check_int("ShuffleBuffer", "batch_size", batch_size, minimum=1, allow_none=True)
+        # batch_size and schema are plain descriptive attributes of a source, not capabilities
+        self.batch_size = batch_size if batch_size is not None else getattr(dataset, "batch_size", None)
+        self.drop_remainder = check_bool("ShuffleBuffer", "drop_remainder", drop_remainder)
         self.schema = getattr(dataset, "schema", None)
         self._epoch = 0
 
     def get_dataset_size(self) -> int | None:
         """The source's size when batch sizes match (rows are only reordered), else None."""
-        get = getattr(self.dataset, "get_dataset_size", None)
         same = self.batch_size == getattr(self.dataset, "batch_size", None)
         same &= self.drop_remainder == getattr(self.dataset, "drop_remainder", False)
-        return get() if callable(get) and same else None
+        return self.dataset.get_dataset_size() if same and isinstance(self.dataset, SizedDataset) else None
 
     def __iter__(self) -> Iterator[Batch]:
         rng = np.random.default_rng([self.seed, self._epoch])
@@ -91,21 +146,20 @@ class Prefetcher:
 
     def __init__(self, iterable: Iterable, depth: int = 2, device: torch.device | str | None = None,
                  pin_memory: bool | None = None) -> None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"Prefetcher: 'depth' must be an int >= 1, got {depth!r}")
-        if not isinstance(iterable, Iterable):
-            raise TypeError(f"Prefetcher: 'iterable' must be iterable, got {type(iterable).__name__}")
-        self.iterable, self.depth = iterable, depth
+        self.iterable = check_type("Prefetcher", "iterable", iterable, Iterable, allowed="an iterable (of batches)")
+        self.depth = check_int("Prefetcher", "depth", depth, minimum=1)
+        check_type("Prefetcher", "device", device, (torch.device, str), allowed="a torch.device or str",
+                   allow_none=True)
         self.device = torch.device(device) if device is not None else None
         cuda = self.device is not None and self.device.type == "cuda"
-        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
-        self.batch_size = getattr(iterable, "batch_size", None)
+        self.pin_memory = cuda if pin_memory is None else check_bool("Prefetcher", "pin_memory", pin_memory)
+        self.batch_size = getattr(iterable, "batch_size", None)  # descriptive attributes of the source
         self.schema = getattr(iterable, "schema", None)
         self._channel: DataChannel | None = None
 
     def get_dataset_size(self) -> int | None:
-        get = getattr(self.iterable, "get_dataset_size", None)
-        return get() if callable(get) else None
+        """The source's size: prefetching changes no batch."""
+        return dataset_size(self.iterable)
 
     def __iter__(self) -> Iterator[Any]:
         # a generator: the thread starts on the first next() and is stopped in `finally`,
@@ -136,3 +190,4 @@ class Prefetcher:
             self.close()
         except Exception:
             pass
+

@@ -31,16 +31,17 @@ split come from independent random streams, so :meth:`train_batches` can be re-i
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from .batch import Batch, Features
+from ..features import Features
+from ..validation import check_int, check_number, check_type
+from .batch import Batch
 from .hashing import hash_int64, hash_strings, splitmix64, to_buckets
 from .memory import InMemoryDataset
-from .rebatch import check_batch_size
 from .schema import CategoricalFeature, DenseFeature, Schema
 
 _DEFAULT_VOCABS = (100, 1_000, 10_000, 100_000)
@@ -75,30 +76,28 @@ class SyntheticCTR:
                  hash_buckets: int | None = None, head_size: float = 20.0, base_logit: float = -1.2,
                  dense_scale: float = 0.6, id_scale: float = 0.45, interaction_scale: float = 0.35,
                  num_interactions: int = 4) -> None:
-        for name, v, lo in (("num_dense", num_dense, 0), ("num_categorical", num_categorical, 0),
-                            ("num_interactions", num_interactions, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"SyntheticCTR: '{name}' must be an int >= {lo}, got {v!r}")
+        owner = "SyntheticCTR"
+        self.num_dense = check_int(owner, "num_dense", num_dense, minimum=0)
+        self.num_categorical = check_int(owner, "num_categorical", num_categorical, minimum=0)
+        num_interactions = check_int(owner, "num_interactions", num_interactions, minimum=0)
         if num_dense + num_categorical == 0:
             raise ValueError("SyntheticCTR: needs at least one dense or categorical feature")
         if vocab_sizes is None:
             vocab_sizes = [_DEFAULT_VOCABS[i % len(_DEFAULT_VOCABS)] for i in range(num_categorical)]
-        vocab_sizes = list(vocab_sizes)
+        vocab_sizes = list(check_type(owner, "vocab_sizes", vocab_sizes, Sequence, allowed="a sequence of ints"))
         if len(vocab_sizes) != num_categorical:
             raise ValueError(f"SyntheticCTR: 'vocab_sizes' needs {num_categorical} entries, got {len(vocab_sizes)}")
-        for v in vocab_sizes:
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= _MAX_VOCAB:
-                raise ValueError(f"SyntheticCTR: 'vocab_sizes' entries must be ints in [1, 2**31], got {v!r}")
-        if not zipf_alpha >= 0:
-            raise ValueError(f"SyntheticCTR: 'zipf_alpha' must be >= 0, got {zipf_alpha!r}")
-        if not head_size > 0:
-            raise ValueError(f"SyntheticCTR: 'head_size' must be > 0, got {head_size!r}")
-        self.num_dense, self.num_categorical = num_dense, num_categorical
-        self.vocab_sizes = [int(v) for v in vocab_sizes]
-        self.zipf_alpha, self.seed, self.head_size = float(zipf_alpha), int(seed), float(head_size)
-        self.batch_size = check_batch_size(batch_size, "SyntheticCTR")
-        self.hash_buckets = hash_buckets
-        self.base_logit = float(base_logit)
+        self.vocab_sizes = [check_int(owner, f"vocab_sizes[{i}]", v, minimum=1, maximum=_MAX_VOCAB)
+                            for i, v in enumerate(vocab_sizes)]
+        self.zipf_alpha = check_number(owner, "zipf_alpha", zipf_alpha, minimum=0)
+        self.seed = check_int(owner, "seed", seed, minimum=0)
+        self.head_size = check_number(owner, "head_size", head_size, minimum=0, min_open=True)
+        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
+        self.hash_buckets = check_int(owner, "hash_buckets", hash_buckets, minimum=2, allow_none=True)
+        self.base_logit = check_number(owner, "base_logit", base_logit)
+        for name, value in (("dense_scale", dense_scale), ("id_scale", id_scale),
+                            ("interaction_scale", interaction_scale)):
+            check_number(owner, name, value, minimum=0)
         self.schema = self._make_schema(embedding_dim, hash_buckets)
         self._make_truth(dense_scale, id_scale, interaction_scale, num_interactions)
 
@@ -146,11 +145,11 @@ class SyntheticCTR:
 
     def id_effect(self, feature: int, ids) -> np.ndarray:
         """Main effect on the logit of raw ids of categorical `feature` (any vocab size, O(len(ids)))."""
-        if not 0 <= feature < self.num_categorical:
-            raise IndexError(f"'feature' must be in [0, {self.num_categorical}), got {feature}")
+        check_int("SyntheticCTR.id_effect", "feature", feature, minimum=0, maximum=self.num_categorical - 1)
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_sizes[feature]):
-            raise ValueError(f"'ids' must be in [0, {self.vocab_sizes[feature]}) for feature {feature}")
+            raise ValueError(f"SyntheticCTR.id_effect: 'ids' must be in [0, {self.vocab_sizes[feature]}) "
+                             f"for feature {feature}")
         return self.id_scales[feature] * self._value(0, feature, ids, self._ranks(feature, ids))
 
     def _sample(self, rng: np.random.Generator, n: int) -> tuple[Batch, np.ndarray]:
@@ -179,37 +178,40 @@ class SyntheticCTR:
                 out[f] = to_buckets(hash_strings(pa.array(ids[f]).cast(pa.string())), feat.hash_buckets)
         nf, n = ids.shape
         offsets = torch.from_numpy(np.arange(nf * n + 1, dtype=np.int64))  # single-hot: one id per bag
-        return Features(torch.from_numpy(dense), torch.from_numpy(out.reshape(-1)), offsets, n, nf)
+        return Features(torch.from_numpy(dense), torch.from_numpy(out.reshape(-1)), offsets, n, nf,
+                        keys=self.schema.categorical_names)
 
     # --- public streams ------------------------------------------------------------------
-    def train_batches(self, n: int, start: int = 0) -> "SyntheticBatches":
+    def train_batches(self, n: int, start: int = 0) -> SyntheticBatches:
         """`n` training batches (batch indices ``start .. start+n-1``), re-iterable."""
-        return SyntheticBatches(self, n, start)
+        n = check_int("SyntheticCTR.train_batches", "n", n, minimum=0)
+        return SyntheticBatches(self, n, check_int("SyntheticCTR.train_batches", "start", start, minimum=0))
 
-    def _test_chunks(self, n_rows: int) -> Iterator[tuple[Batch, np.ndarray]]:
-        if isinstance(n_rows, bool) or not isinstance(n_rows, int) or n_rows < 2:
-            raise ValueError(f"'n_rows' must be an int >= 2, got {n_rows!r}")
+    def _test_chunks(self, n_rows: int, owner: str) -> Iterator[tuple[Batch, np.ndarray]]:
+        check_int(owner, "n_rows", n_rows, minimum=2)
         for i, start in enumerate(range(0, n_rows, _CHUNK)):
             yield self._sample(np.random.default_rng([self.seed, _TEST, i]), min(_CHUNK, n_rows - start))
 
     def test_split(self, n_rows: int, batch_size: int | None = None) -> InMemoryDataset:
         """A held-out set of `n_rows` (same rows for the same seed and n_rows)."""
-        batch = Batch.concat([b for b, _ in self._test_chunks(n_rows)])
+        check_int("SyntheticCTR.test_split", "batch_size", batch_size, minimum=1, allow_none=True)
+        batch = Batch.concat([b for b, _ in self._test_chunks(n_rows, "SyntheticCTR.test_split")])
         return InMemoryDataset(batch, batch_size or self.batch_size, schema=self.schema)
 
     def bayes_auc(self, n_rows: int) -> float:
         """AUC of the true probabilities on ``test_split(n_rows)``: the best any model can score."""
-        chunks = list(self._test_chunks(n_rows))
+        chunks = list(self._test_chunks(n_rows, "SyntheticCTR.bayes_auc"))
         return roc_auc(np.concatenate([p for _, p in chunks]),
                        np.concatenate([b.labels.numpy() for b, _ in chunks]))
 
 
 class SyntheticBatches:
-    """Re-iterable stream of training batches; batch i depends only on (seed, i)."""
+    """Re-iterable stream of training batches; batch i depends only on (seed, i).
+
+    Made by :meth:`SyntheticCTR.train_batches`, which checks `n` and `start`.
+    """
 
     def __init__(self, gen: SyntheticCTR, n: int, start: int = 0) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or not isinstance(start, int) or start < 0:
-            raise ValueError(f"train_batches: 'n' and 'start' must be ints >= 0, got n={n!r}, start={start!r}")
         self.gen, self.n, self.start = gen, n, start
         self.batch_size = gen.batch_size
         self.schema = gen.schema

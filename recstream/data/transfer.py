@@ -6,7 +6,8 @@ dataclasses (such as `Features`); other objects with a ``.to`` method move thems
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -182,7 +182,7 @@ class Model:
         check_dataset(valid_dataset, "valid_dataset")
         if not self._metric_fns:
             raise ValueError("Model.eval needs 'metrics': pass metrics={...} to Model (got none)")
-        user_callbacks = as_callback_list(callbacks)
+        user_callbacks = as_callback_list(callbacks, "Model.eval")
         params = CallbackParams(eval_network=self._eval_network, valid_dataset=valid_dataset,
                                 batch_num=dataset_size(valid_dataset), mode="eval", cur_step_num=0,
                                 list_callback=user_callbacks, network=self._network)
@@ -237,7 +237,7 @@ class Model:
         else:
             check_int(owner, "sink_size", sink_size)  # ignored without sink, but still an int
         check_dataset(train_dataset, "train_dataset")
-        user_callbacks = as_callback_list(callbacks)
+        user_callbacks = as_callback_list(callbacks, owner)
         helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
                                epoch_num=epoch - initial_epoch, device=self._device)
         params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)

@@ -87,7 +87,7 @@ class RecModel(Model):
         if dataset_sink_mode:
             check_int("RecModel.online_train", "sink_size", sink_size, minimum=1)
         check_dataset(train_dataset, "train_dataset")
-        user_callbacks = as_callback_list(callbacks)
+        user_callbacks = as_callback_list(callbacks, "RecModel.online_train")
         if not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
             log.warning("online_train without a ModelCheckpoint callback: no state is saved when it stops")
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,

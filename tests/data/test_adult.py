@@ -86,7 +86,7 @@ def test_linear_model_learns_it():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="'split' must be 'train' or 'test', got 'val'"):
+    with pytest.raises(ValueError, match="load_adult: 'split' must be one of \\['train', 'test'\\], got 'val'"):
         load_adult("val")
-    with pytest.raises(ValueError, match="'test_fraction' must be a number in \\(0, 1\\), got 1.5"):
+    with pytest.raises(ValueError, match="load_adult: 'test_fraction' must be a finite number > 0 and < 1, got 1.5"):
         load_adult("test", test_fraction=1.5)

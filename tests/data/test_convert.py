@@ -3,8 +3,7 @@ import pyarrow as pa
 import pytest
 
 from recstream.data import CategoricalFeature, Schema
-from recstream.data.convert import ColumnConverter
-from recstream.data.parse import to_float, to_int
+from recstream.data.convert import ColumnConverter, to_float, to_int
 
 
 def test_parse_flags_exact_rows():

@@ -52,7 +52,7 @@ def test_full_buffer_mixes_everything_and_drop_remainder():
 
 
 def test_shuffle_errors():
-    with pytest.raises(ValueError, match="'buffer_size' must be an int >= 1 \\(rows\\), got 0"):
+    with pytest.raises(ValueError, match="ShuffleBuffer: 'buffer_size' must be an int >= 1, got 0"):
         ShuffleBuffer(numbered(10, 5), buffer_size=0)
     with pytest.raises(TypeError, match="must yield recstream.data.Batch, got tuple"):
         list(ShuffleBuffer([(1, 2)], buffer_size=4))
@@ -114,7 +114,7 @@ def test_consumer_break_exception_and_close_stop_the_thread():
     assert not prefetch_threads()
     with pytest.raises(ZeroDivisionError):
         for _ in Prefetcher(numbered(10_000, 4)):
-            1 / 0
+            _ = 1 / 0
     gc.collect()
     assert not prefetch_threads()
     with Prefetcher(numbered(10_000, 4)) as batches:
@@ -128,7 +128,7 @@ def test_consumer_break_exception_and_close_stop_the_thread():
 def test_prefetcher_arguments():
     with pytest.raises(ValueError, match="'depth' must be an int >= 1, got 0"):
         Prefetcher([], depth=0)
-    with pytest.raises(TypeError, match="'iterable' must be iterable"):
+    with pytest.raises(TypeError, match="Prefetcher: 'iterable' must be an iterable"):
         Prefetcher(5)
     assert Prefetcher([], device="cpu").pin_memory is False
 

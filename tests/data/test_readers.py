@@ -194,6 +194,14 @@ def test_fill_missing_dense_and_argument_errors(tmp_path):
         CSVReader(path, SCHEMA, batch_size=4, delimiter=";;")
     with pytest.raises(TypeError, match="'schema' must be"):
         CSVReader(path, {"x": 1}, batch_size=4)
+    with pytest.raises(TypeError, match="CSVReader: 'delimiter' must be a non-empty str, got 9 \\(int\\)"):
+        CSVReader(path, SCHEMA, batch_size=4, delimiter=9)
+    with pytest.raises(TypeError, match="CSVReader: 'batch_size' must be an int >= 1, got 4.0"):
+        CSVReader(path, SCHEMA, batch_size=4.0)
+    with pytest.raises(ValueError, match="CSVReader: 'block_size' must be an int >= 1024, got 10"):
+        CSVReader(path, SCHEMA, batch_size=4, block_size=10)
+    with pytest.raises(TypeError, match="CSVReader: 'fill_missing_dense' must be a finite number or None"):
+        CSVReader(path, SCHEMA, batch_size=4, fill_missing_dense="0")
 
 
 def test_streaming_keeps_arrow_memory_bounded(tmp_path):

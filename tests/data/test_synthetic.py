@@ -18,7 +18,7 @@ def test_shapes_schema_and_determinism():
     gen = small()
     a, b = list(gen.train_batches(2)), list(gen.train_batches(2))
     assert len(a) == 2 and gen.train_batches(2).get_dataset_size() == 2
-    for x, y in zip(a, b):  # re-iterable and deterministic
+    for x, y in zip(a, b, strict=True):  # re-iterable and deterministic
         assert torch.equal(x.features.values, y.features.values) and torch.equal(x.labels, y.labels)
         x.features.validate(gen.schema)
     assert a[0].features.dense.shape == (2048, 4) and a[0].features.values.shape == (6 * 2048,)
@@ -138,11 +138,21 @@ def test_roc_auc():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(vocab_sizes=[10]), "needs 26 entries"),
-    (dict(num_categorical=1, vocab_sizes=[0]), "ints in \\[1, 2\\*\\*31\\]"),
+    (dict(num_categorical=1, vocab_sizes=[0]), "'vocab_sizes\\[0\\]' must be an int >= 1 and <= 2147483648, got 0"),
     (dict(zipf_alpha=-1), "'zipf_alpha'"),
     (dict(num_dense=-1), "'num_dense'"),
     (dict(batch_size=0), "'batch_size'"),
 ])
 def test_argument_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
+        SyntheticCTR(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_dense=2.0), "SyntheticCTR: 'num_dense' must be an int >= 0, got 2.0 \\(float\\)"),
+    (dict(vocab_sizes=10, num_categorical=1), "'vocab_sizes' must be a sequence of ints"),
+    (dict(batch_size="64"), "'batch_size'"),
+])
+def test_argument_type_errors(kwargs, match):
+    with pytest.raises(TypeError, match=match):
         SyntheticCTR(**kwargs)

@@ -223,7 +223,7 @@ def test_bad_arguments():
         build_train_network(net, nn.MSELoss(), None, loss_scale_manager=FixedLossScaleManager())
     with pytest.raises(TypeError, match="'loss_scale_manager' must be a LossScaleManager.*float"):
         build_train_network(net, nn.MSELoss(), sgd(net), level="O2", loss_scale_manager=128.0)
-    with pytest.raises(TypeError, match="'keep_batchnorm_fp32' must be None or a bool, got 'yes'"):
+    with pytest.raises(TypeError, match="'keep_batchnorm_fp32' must be a bool or None, got 'yes'"):
         build_train_network(net, nn.MSELoss(), sgd(net), level="O2", keep_batchnorm_fp32="yes")
     with pytest.raises(TypeError, match="'network' must be a torch.nn.Module"):
         build_train_network(lambda x: x, nn.MSELoss(), sgd(net), level="O1")

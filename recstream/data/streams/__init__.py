@@ -15,10 +15,12 @@ Every stream has ``position()``, ``seek(position)``, ``commit(position)``, ``res
 ``bad_records`` (by reason; each bad record also goes to ``dead_letter`` with its reason
 and source position, and the stream goes on).
 
-Decoders (records -> Batch, vectorized with pyarrow): :class:`CSVLineDecoder`,
-:class:`JSONDecoder`, :class:`CriteoTSVDecoder`, :class:`RowDecoder`,
-:class:`ArrowTableDecoder`. :class:`TansuBroker` runs a local Kafka-protocol broker for
-tests and demos; ``recstream produce`` writes events into a topic or a directory.
+Decoders (records -> Batch, vectorized with pyarrow, :mod:`.decoders`): :class:`CSVLineDecoder`,
+:class:`JSONDecoder`, :class:`CriteoTSVDecoder`, :class:`RowDecoder`, :class:`ArrowTableDecoder`.
+
+Producing events is not part of this package: ``recstream produce`` (:mod:`recstream.cli.produce`)
+writes them into a topic or a directory, and :class:`recstream.testing.TansuBroker` runs a
+local Kafka-protocol broker for tests and demos.
 
 >>> import os, tempfile
 >>> from recstream.data import Schema
@@ -29,19 +31,16 @@ tests and demos; ``recstream produce`` writes events into a topic or a directory
 ([[1.0, 0.0]], {'file': 'part-0.csv', 'offset': 12})
 """
 from .base import Stream
-from .broker import BrokerUnavailable, TansuBroker
 from .deadletter import DeadLetter
-from .decoders import CriteoTSVDecoder, CSVLineDecoder
+from .decoders import ArrowTableDecoder, CriteoTSVDecoder, CSVLineDecoder, JSONDecoder, RowDecoder
 from .directory import DirectoryStream
 from .iterable import IterableStream
-from .json_decoder import JSONDecoder
 from .records import REASONS, BadRecord, Decoded
-from .table_decoders import ArrowTableDecoder, RowDecoder
 
 __all__ = [
     "Stream", "IterableStream", "DirectoryStream", "KafkaStream",
     "CSVLineDecoder", "CriteoTSVDecoder", "JSONDecoder", "RowDecoder", "ArrowTableDecoder",
-    "DeadLetter", "BadRecord", "Decoded", "REASONS", "TansuBroker", "BrokerUnavailable",
+    "DeadLetter", "BadRecord", "Decoded", "REASONS",
 ]
 
 

@@ -22,6 +22,15 @@ Position protocol (what exactly-once training builds on):
 A new ``iter()`` resumes just after the last batch yielded (read-ahead of an unfinished
 iteration is dropped and read again), so ``for b in stream`` twice never loses rows.
 
+Batching (:class:`Assembler`): sources decode records in chunks whose sizes follow the
+source (a poll, a file block) and shrink when records are bad. The assembler queues the
+chunks and cuts exact batches; for each batch it also reports which records it
+*consumed*, as per-record ``keys`` (a Kafka partition, a file) and ``afters`` (the source
+offset just after the record), so the stream can say precisely where it stands after that
+batch. A bad record is consumed with the first batch that ends after it (or at once when
+no good row is waiting), so resuming from a batch's position neither skips a good record
+nor re-reads one.
+
 >>> from recstream.data.streams import IterableStream
 >>> s = IterableStream(lambda: iter(range(5)), max_batches=2)
 >>> list(s), s.position(), list(s), s.position()
@@ -33,12 +42,13 @@ import copy
 import logging
 import os
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
-from ..rebatch import check_batch_size
-from .assembler import Assembler
+from ...validation import check_bool, check_int, check_number, check_type
+from ..batch import Batch
 from .deadletter import DeadLetter
 from .records import Decoded, meta_tensors
 
@@ -48,18 +58,18 @@ log = logging.getLogger("recstream.data.streams")
 class Stream:
     """Base class: subclasses implement ``_generate``, ``_seek_to``, ``_rewind`` (see below)."""
 
+    _needs_batch_size = True  # False where batches may pass through as they come (IterableStream)
+
     def __init__(self, batch_size: int | None, *, max_batches: int | None = None, idle_timeout: float | None = None,
                  drop_remainder: bool = False, dead_letter: str | os.PathLike | DeadLetter | None = None) -> None:
         owner = type(self).__name__
-        self.batch_size = None if batch_size is None else check_batch_size(batch_size, owner)
-        if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int)
-                                        or max_batches < 0):
-            raise ValueError(f"{owner}: 'max_batches' must be an int >= 0 or None, got {max_batches!r}")
-        if idle_timeout is not None and not (isinstance(idle_timeout, (int, float)) and idle_timeout >= 0):
-            raise ValueError(f"{owner}: 'idle_timeout' must be seconds >= 0 or None (wait forever), "
-                             f"got {idle_timeout!r}")
-        self.max_batches, self.idle_timeout = max_batches, idle_timeout
-        self.drop_remainder = bool(drop_remainder)
+        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1, allow_none=not self._needs_batch_size)
+        self.max_batches = check_int(owner, "max_batches", max_batches, minimum=0, allow_none=True)
+        # seconds without a new record before an iteration ends; None waits forever
+        self.idle_timeout = check_number(owner, "idle_timeout", idle_timeout, minimum=0, allow_none=True)
+        self.drop_remainder = check_bool(owner, "drop_remainder", drop_remainder)
+        check_type(owner, "dead_letter", dead_letter, (str, os.PathLike, DeadLetter), allowed="a path or a DeadLetter",
+                   allow_none=True)
         self.dead_letter = dead_letter if isinstance(dead_letter, DeadLetter) else DeadLetter(dead_letter)
         self._position: dict = self._initial_position()  # after the last batch yielded
         self._cursor: dict = copy.deepcopy(self._position)  # after the last record consumed
@@ -106,9 +116,7 @@ class Stream:
 
     def seek(self, position: dict) -> None:
         """Resume at `position` (from :meth:`position`): no record lost, none repeated."""
-        if not isinstance(position, dict):
-            raise TypeError(f"{type(self).__name__}.seek: 'position' must be a dict from position(), "
-                            f"got {type(position).__name__}")
+        check_type(f"{type(self).__name__}.seek", "position", position, dict, allowed="a dict from position()")
         self._check_open()
         if self._iterating:  # applied by the running iteration before its next batch
             self._seek_request = copy.deepcopy(position)
@@ -202,3 +210,123 @@ class Stream:
     def _advance(self, keys: np.ndarray, afters: np.ndarray) -> None:
         """Fold consumed records (source keys, offsets after them) into ``self._cursor``."""
         raise NotImplementedError
+
+
+# --- batching ------------------------------------------------------------------------------
+class _Entry:
+    """One decoded chunk; records ``[rec:]`` and rows ``[row:]`` are not consumed yet."""
+
+    __slots__ = ("batch", "rows", "ids", "times", "keys", "afters", "row", "rec")
+
+    def __init__(self, d: Decoded, keys: np.ndarray, afters: np.ndarray) -> None:
+        self.batch, self.rows, self.ids, self.times = d.batch, d.rows, d.ids, d.event_time
+        self.keys, self.afters = keys, afters
+        self.row, self.rec = 0, 0
+
+    @property
+    def left(self) -> int:
+        return int(self.rows.size) - self.row
+
+
+class Assembler:
+    """Queue of decoded chunks, cut into exact batches (see the module docstring).
+
+    >>> import numpy as np, torch
+    >>> from recstream.features import Features
+    >>> def chunk(rows, n):  # n records, of which `rows` are good
+    ...     k = len(rows)
+    ...     b = Batch(Features.from_lengths(torch.zeros(k, 1), torch.zeros(0), torch.zeros(0, k)), torch.zeros(k))
+    ...     return Decoded(b, np.array(rows), None, None, [], n)
+    >>> a = Assembler(2)
+    >>> a.add(chunk([0, 2], 3), np.zeros(3, int), np.array([10, 20, 30]))
+    >>> batch, ids, times, keys, afters = a.take(2)
+    >>> batch.batch_size, afters.tolist()
+    (2, [10, 20, 30])
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self._entries: list[_Entry] = []
+        self.rows = 0  # good rows waiting
+
+    def add(self, d: Decoded, keys: np.ndarray, afters: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Queue `d` (``keys[i]``/``afters[i]``: record i's source and offset after it).
+
+        Returns the records consumed right away (a chunk of bad records only, with no good
+        row waiting before it), else None.
+        """
+        if d.n_records == 0:
+            return None
+        if len(keys) != d.n_records or len(afters) != d.n_records:
+            raise ValueError(f"Assembler.add: need one key and offset per record ({d.n_records}), "
+                             f"got {len(keys)} and {len(afters)}")
+        if d.num_rows == 0 and not self._entries:
+            return np.asarray(keys), np.asarray(afters)
+        self._entries.append(_Entry(d, np.asarray(keys), np.asarray(afters)))
+        self.rows += d.num_rows
+        return None
+
+    def take(self, n: int):
+        """(Batch of the next `n` rows, ids, times, consumed keys, consumed afters)."""
+        if not 0 < n <= self.rows:
+            raise ValueError(f"Assembler.take: {n} rows asked, {self.rows} waiting")
+        parts, ids, times, keys, afters = [], [], [], [], []
+        need = n
+        while need or (self._entries and self.rows == need == 0):
+            e = self._entries[0]
+            k = min(e.left, need)
+            if k:
+                whole = e.row == 0 and k == e.rows.size
+                parts.append(e.batch if whole else e.batch.slice(e.row, e.row + k))
+                if e.ids is not None:
+                    ids.append(e.ids[e.row:e.row + k])
+                if e.times is not None:
+                    times.append(e.times[e.row:e.row + k])
+                last = int(e.rows[e.row + k - 1])
+                e.row += k
+                need -= k
+                self.rows -= k
+            if e.left == 0:  # chunk done: its trailing bad records go with this batch
+                keys.append(e.keys[e.rec:])
+                afters.append(e.afters[e.rec:])
+                self._entries.pop(0)
+            else:
+                keys.append(e.keys[e.rec:last + 1])
+                afters.append(e.afters[e.rec:last + 1])
+                e.rec = last + 1
+        batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
+        return (batch, np.concatenate(ids) if ids else None, np.concatenate(times) if times else None,
+                np.concatenate(keys), np.concatenate(afters))
+
+    def first_pending(self) -> dict[int, int]:
+        """Per key, the ``after`` of its first record not consumed yet (for rewinding)."""
+        first: dict[int, int] = {}
+        for e in self._entries:
+            keys, afters = e.keys[e.rec:], e.afters[e.rec:]
+            uniq, idx = np.unique(keys, return_index=True)
+            for k, i in zip(uniq.tolist(), idx.tolist(), strict=True):
+                first.setdefault(k, int(afters[i]))
+        return first
+
+    def drop_keys(self, dropped) -> None:
+        """Forget every pending record of the keys in `dropped` (revoked partitions)."""
+        dropped = np.asarray(sorted(dropped))
+        kept: list[_Entry] = []
+        for e in self._entries:
+            keep_rec = ~np.isin(e.keys[e.rec:], dropped)
+            rows = e.rows[e.row:] - e.rec
+            keep_row = keep_rec[rows]
+            if keep_rec.all():
+                kept.append(e)
+                continue
+            new_index = np.cumsum(keep_rec) - 1
+            d = Decoded(e.batch.slice(e.row, e.rows.size).take(np.flatnonzero(keep_row)), new_index[rows[keep_row]],
+                        None if e.ids is None else e.ids[e.row:][keep_row],
+                        None if e.times is None else e.times[e.row:][keep_row], [], int(keep_rec.sum()))
+            if d.n_records:
+                kept.append(_Entry(d, e.keys[e.rec:][keep_rec], e.afters[e.rec:][keep_rec]))
+        self._entries = kept
+        self.rows = sum(e.left for e in kept)
+
+    def clear(self) -> None:
+        self._entries, self.rows = [], 0

@@ -8,8 +8,8 @@ Each bad record becomes one JSON line::
 
 ``record`` is the raw record decoded as UTF-8 (undecodable bytes as U+FFFD), cut to
 ``max_bytes``. Lines go to a file (appended, flushed per call, so a crash loses nothing
-already handled) and/or to any callable sink (the Kafka stream passes one that produces
-to a dead-letter topic). Counts by reason are kept in :attr:`DeadLetter.counts`.
+already handled) and/or are forwarded to a callable (the Kafka stream passes one that
+produces to a dead-letter topic). Counts by reason are kept in :attr:`DeadLetter.counts`.
 
 Delivery is at-least-once: a stream that is sought back and decodes the same bad record
 again writes it again (the ``source`` position tells duplicates apart).
@@ -29,23 +29,23 @@ import logging
 import os
 import time
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from ...validation import check_callable, check_int, check_type
 from .records import BadRecord
 
 log = logging.getLogger("recstream.data.streams")
 
 
 class DeadLetter:
-    """Counts bad records by reason and writes each to `path` (JSONL) and/or `sink`."""
+    """Counts bad records by reason and writes each to `path` (JSONL) and/or passes it to `forward`."""
 
-    def __init__(self, path: str | os.PathLike | None = None, sink: Callable[[bytes], None] | None = None,
+    def __init__(self, path: str | os.PathLike | None = None, forward: Callable[[bytes], None] | None = None,
                  max_bytes: int = 4096) -> None:
-        if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"DeadLetter: 'path' must be a path or None, got {type(path).__name__}")
+        check_type("DeadLetter", "path", path, (str, os.PathLike), allowed="a path", allow_none=True)
         self.path = None if path is None else os.fspath(path)
-        self.sink = sink
-        self.max_bytes = int(max_bytes)
+        self.forward = check_callable("DeadLetter", "forward", forward, allow_none=True)
+        self.max_bytes = check_int("DeadLetter", "max_bytes", max_bytes, minimum=1)
         self.counts: Counter = Counter()
         self._file = None
         self._warned = False
@@ -55,7 +55,7 @@ class DeadLetter:
         if not bad:
             return
         self.counts.update(b.reason for b in bad)
-        if self.path is None and self.sink is None:
+        if self.path is None and self.forward is None:
             if not self._warned:  # counted, but say once that the records themselves are not kept
                 log.warning("bad records are counted but not kept: pass dead_letter=PATH to keep them "
                             "(first: %s: %s)", bad[0].reason, bad[0].detail)
@@ -64,16 +64,16 @@ class DeadLetter:
         now = time.time()
         lines = [json.dumps({"reason": b.reason, "column": b.column, "detail": b.detail, "source": src,
                              "record": b.raw[: self.max_bytes].decode("utf-8", "replace"), "time": now},
-                            default=str).encode() for b, src in zip(bad, sources)]
+                            default=str).encode() for b, src in zip(bad, sources, strict=True)]
         if self.path is not None:
             if self._file is None:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self._file = open(self.path, "ab")
             self._file.write(b"\n".join(lines) + b"\n")
             self._file.flush()
-        if self.sink is not None:
+        if self.forward is not None:
             for line in lines:
-                self.sink(line)
+                self.forward(line)
 
     def close(self) -> None:
         if self._file is not None:

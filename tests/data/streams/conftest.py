@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from recstream.data.streams.broker import BrokerUnavailable, TansuBroker, find_tansu, free_port
+from recstream.testing import BrokerUnavailable, TansuBroker, find_tansu, free_port
 
 
 def _skip(reason: str):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recstream.cli.producers import format_records
 from recstream.data import SyntheticCTR
 from recstream.data.streams import CriteoTSVDecoder, CSVLineDecoder, JSONDecoder
-from recstream.data.streams.formats import format_records
 
 GEN = SyntheticCTR(num_dense=2, num_categorical=3, seed=1, batch_size=1)
 SCHEMA = GEN.schema  # label, I1, I2, C1 (100 ids), C2 (1000), C3 (10000)

@@ -114,3 +114,16 @@ def test_decoder_validates_its_arguments():
         CSVLineDecoder(SCHEMA, id_column="I1")  # a schema column cannot be the event id
     with pytest.raises(ValueError, match="lacks columns"):
         CSVLineDecoder(SCHEMA, column_names=["label", "I1"])
+
+
+def test_decoder_argument_types_raise_type_errors():
+    with pytest.raises(TypeError, match="CSVLineDecoder: 'delimiter' must be a non-empty str, got 44 \\(int\\)"):
+        CSVLineDecoder(SCHEMA, delimiter=44)
+    with pytest.raises(TypeError, match="CSVLineDecoder: 'schema' must be a recstream.data.Schema"):
+        CSVLineDecoder({"x": 1})
+    with pytest.raises(TypeError, match="CSVLineDecoder: 'id_column' must be a non-empty str or None"):
+        CSVLineDecoder(SCHEMA, id_column=3)
+    with pytest.raises(ValueError, match="CSVLineDecoder: 'max_record_bytes' must be an int >= 1, got 0"):
+        CSVLineDecoder(SCHEMA, max_record_bytes=0)
+    with pytest.raises(TypeError, match="CSVLineDecoder: 'log1p_dense' must be a bool"):
+        CSVLineDecoder(SCHEMA, log1p_dense="yes")

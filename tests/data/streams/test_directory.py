@@ -46,7 +46,7 @@ def test_position_seek_and_restart_are_exact(tmp_path, fmt):
     stream.seek(pos)
     again = [(b, stream.last_batch_meta()["ids"].tolist()) for b in stream]
     assert [ids for _, ids in again] == [ids for _, ids in second]
-    for (a, _), (b, _) in zip(second, again):
+    for (a, _), (b, _) in zip(second, again, strict=True):
         assert_same_batch(a, b)
     restarted = _stream(tmp_path, fmt)
     restarted.seek(pos)
@@ -186,3 +186,14 @@ def test_a_file_arriving_too_late_is_skipped_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="recstream.data.streams"):
         assert take_ids(stream) == []
     assert stream.late_files == 1 and "part-2.csv" in caplog.text
+
+
+def test_arguments_name_the_stream(tmp_path):
+    with pytest.raises(ValueError, match="DirectoryStream: 'format' must be one of .*, got 'xml'"):
+        DirectoryStream(tmp_path, SCHEMA, format="xml")
+    with pytest.raises(TypeError, match="DirectoryStream: 'poll_interval' must be a finite number > 0, got '1'"):
+        DirectoryStream(tmp_path, SCHEMA, poll_interval="1")
+    with pytest.raises(ValueError, match="DirectoryStream: 'idle_timeout' must be a finite number >= 0 or None"):
+        DirectoryStream(tmp_path, SCHEMA, idle_timeout=-1)
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        DirectoryStream(tmp_path / "missing", SCHEMA)

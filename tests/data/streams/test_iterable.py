@@ -21,13 +21,13 @@ def test_batches_position_seek_round_trip():
     assert stream.position() == {"batches": 10}
     stream.seek(mid)
     again = list(stream)
-    for a, b in zip(second, again):
+    for a, b in zip(second, again, strict=True):
         assert_same_batch(a, b)
     fresh = IterableStream(lambda: iter(gen.train_batches(20)))  # a restart from the position
     fresh.seek(mid)
     rest = list(fresh)
     assert len(first) + len(rest) == 20
-    for a, b in zip(first + rest, gen.train_batches(20)):
+    for a, b in zip(first + rest, gen.train_batches(20), strict=True):
         assert_same_batch(a, b)
     assert fresh.position() == {"batches": 20} and fresh.last_batch_meta() == {"ids": None, "event_time": None}
 
@@ -81,3 +81,25 @@ def test_rows_mode_needs_schema_and_batch_size():
         IterableStream([], SCHEMA)
     with pytest.raises(ValueError, match="schema"):
         IterableStream([], batch_size=4)
+
+
+def test_streams_offer_the_dataset_capabilities(tmp_path):
+    from recstream.data import protocol
+    from recstream.data.streams import DirectoryStream
+
+    for stream in (IterableStream([]), DirectoryStream(tmp_path, SCHEMA, batch_size=4, idle_timeout=0)):
+        for capability in (protocol.SeekableDataset, protocol.CommittableDataset, protocol.MetadataDataset,
+                           protocol.BadRecordDataset, protocol.ResettableDataset, protocol.SizedDataset):
+            assert isinstance(stream, capability), (type(stream).__name__, capability.__name__)
+        assert protocol.dataset_size(stream) is None  # unbounded
+
+
+def test_argument_types_and_values_are_told_apart():
+    with pytest.raises(TypeError, match="IterableStream: 'max_batches' must be an int >= 0 or None, got '3'"):
+        IterableStream([], max_batches="3")
+    with pytest.raises(ValueError, match="IterableStream: 'max_batches' must be an int >= 0 or None, got -1"):
+        IterableStream([], max_batches=-1)
+    with pytest.raises(TypeError, match="IterableStream: 'source' must be an iterable or a callable"):
+        IterableStream(5)
+    with pytest.raises(TypeError, match="IterableStream.seek: 'position' must be a dict from position()"):
+        IterableStream([]).seek([1])

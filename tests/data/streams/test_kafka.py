@@ -39,7 +39,7 @@ def test_one_partition_seek_replays_the_same_batches(broker, topic):
         s.seek(pos)
         again = [(b, s.last_batch_meta()["ids"].tolist()) for b in s]
         assert [i for _, i in again] == [i for _, i in ahead] == [list(range(100, 150)), list(range(150, 200))]
-        for (a, _), (b, _) in zip(ahead, again):
+        for (a, _), (b, _) in zip(ahead, again, strict=True):
             assert_same_batch(a, b)
         assert s.position() == {f"{t}:0": 200}
 
@@ -150,3 +150,18 @@ def test_rebalance_moves_partitions_without_loss_or_duplicates(broker, topic):
     assert len(ids["a"]) + len(ids["b"]) == n and sorted(ids["a"] + ids["b"]) == list(range(n))
     # in the end each owns some partitions; a revoked one is no longer in the other's position
     assert a.position() and b.position() and not set(a.position()) & set(b.position())
+
+
+def test_arguments_are_checked_before_any_client_starts():
+    with pytest.raises(TypeError, match="KafkaStream: 'topics' must be a topic name or a list of them, got 5"):
+        KafkaStream(5, "127.0.0.1:1", "g", decoder=decoder())
+    with pytest.raises(ValueError, match="KafkaStream: 'topics' must name at least one topic"):
+        KafkaStream([], "127.0.0.1:1", "g", decoder=decoder())
+    with pytest.raises(ValueError, match="KafkaStream: 'start' must be one of \\['earliest', 'latest'\\], got 'now'"):
+        KafkaStream("t", "127.0.0.1:1", "g", decoder=decoder(), start="now")
+    with pytest.raises(ValueError, match="KafkaStream: 'assignment\\[0\\]\\[1\\]' must be an int >= 0, got -1"):
+        KafkaStream("t", "127.0.0.1:1", "g", decoder=decoder(), assignment=[("t", -1)])
+    with pytest.raises(ValueError, match="KafkaStream: 'batch_size' must be an int >= 1, got 0"):
+        KafkaStream("t", "127.0.0.1:1", "g", batch_size=0, decoder=decoder(), dead_letter_topic="dead")
+    with pytest.raises(ValueError, match="pass a 'decoder', or a 'schema'"):
+        KafkaStream("t", "127.0.0.1:1", "g")

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed (pip install confluent-kafka)")
 
-from recstream.data.streams import BrokerUnavailable, KafkaStream, TansuBroker
+from recstream.data.streams import KafkaStream
+from recstream.testing import BrokerUnavailable, TansuBroker
 
 from .events import decoder, records, take_ids
 

@@ -7,13 +7,17 @@ named by ``$RECSTREAM_TANSU_BIN`` (e.g. a build with the PostgreSQL storage engi
 
 The broker listens on 127.0.0.1 only, on a free port; it is killed with its parent
 process (Linux ``PR_SET_PDEATHSIG``), so a crashed test run leaves no broker behind.
-:meth:`pause` / :meth:`resume` freeze and thaw it (SIGSTOP / SIGCONT) to simulate an
-outage; :meth:`restart` stops and starts it on the same port.
+:meth:`~TansuBroker.pause` / :meth:`~TansuBroker.resume` freeze and thaw it (SIGSTOP /
+SIGCONT) to simulate an outage; :meth:`~TansuBroker.restart` stops and starts it on the
+same port. Nothing starts before :meth:`~TansuBroker.start` (or ``with``)::
 
->>> with TansuBroker() as b:
-...     b.create_topic("t", partitions=2)
-...     sorted(b.topics())
-['t']
+    with TansuBroker() as broker:
+        broker.create_topic("clicks", partitions=2)
+        broker.produce("clicks", [b"1,0.5", b"0,1.5"])
+        stream = KafkaStream("clicks", broker.bootstrap_servers, "group", schema)
+
+>>> free_port() > 0
+True
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class BrokerUnavailable(RuntimeError):
@@ -55,6 +59,7 @@ def find_tansu() -> str:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a server about to start)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -80,7 +85,7 @@ class TansuBroker:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> "TansuBroker":
+    def start(self, timeout: float = 20.0) -> TansuBroker:
         """Start the broker and wait until it answers Kafka metadata requests."""
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
@@ -95,10 +100,11 @@ class TansuBroker:
             try:
                 self.topics(timeout=1.0)
                 return self
-            except Exception:
+            except Exception as e:  # not listening yet
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise BrokerUnavailable(f"tansu did not answer on {url} within {timeout} s: {self.log_tail()}")
+                    raise BrokerUnavailable(f"tansu did not answer on {url} within {timeout} s: "
+                                            f"{self.log_tail()}") from e
                 time.sleep(0.05)
 
     def stop(self) -> None:
@@ -167,7 +173,7 @@ class TansuBroker:
         if left or errors:
             raise RuntimeError(f"produce to {topic!r}: {left} undelivered, errors: {errors[:3]}")
 
-    def __enter__(self) -> "TansuBroker":
+    def __enter__(self) -> TansuBroker:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:

@@ -1,18 +1,22 @@
-"""`recstream produce`: events with ids and times into a directory or a topic, at a chosen rate."""
+"""`recstream produce`: events with ids and times into a directory or a topic, at a chosen rate.
+
+The Kafka test uses the stream tests' broker fixtures (tests/cli/conftest.py) and their events.
+"""
 from __future__ import annotations
 
 import argparse
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from recstream.cli import produce
+from recstream.cli.producers import DirectoryWriter, RateLimiter, append_meta, format_records
 from recstream.data import Batch
 from recstream.data.streams import CriteoTSVDecoder, DirectoryStream
-
-from .events import assert_same_batch, decoder, records, take_ids
+from tests.data.streams.events import assert_same_batch, decoder, records, take_ids
 
 
 def _run(argv: str) -> int:
@@ -75,3 +79,34 @@ def test_a_file_into_kafka_with_ids_and_times(broker, topic, tmp_path):
 def test_produce_needs_a_topic_with_kafka():
     with pytest.raises(SystemExit):
         _run("--synthetic --kafka 127.0.0.1:1")
+
+
+@pytest.mark.parametrize("argv, message", [
+    ("--rate -5", "'--rate' must be a finite number >= 0, got -5.0"),
+    ("--rows many", "'--rows' must be an int, got 'many'"),
+    ("--file-records 0", "'--file-records' must be an int >= 1, got 0"),
+])
+def test_produce_rejects_bad_numbers_naming_the_option(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        _run(f"--synthetic --directory {tmp_path} {argv}")
+    assert f"recstream produce: {message}" in capsys.readouterr().err
+
+
+def test_producers_validate_their_arguments(tmp_path):
+    with pytest.raises(ValueError, match="DirectoryWriter: 'file_records' must be an int >= 1, got 0"):
+        DirectoryWriter(tmp_path, "csv", file_records=0)
+    with pytest.raises(TypeError, match="DirectoryWriter: 'file_records' must be an int >= 1, got '10'"):
+        DirectoryWriter(tmp_path, "csv", file_records="10")
+    with pytest.raises(ValueError, match="RateLimiter: 'rate' must be a finite number >= 0, got -1"):
+        RateLimiter(-1)
+    with pytest.raises(ValueError, match="format_records: 'fmt' must be one of"):
+        format_records("xml", np.zeros(1), np.zeros((1, 0)), np.zeros((1, 0)))
+    with pytest.raises(ValueError, match="append_meta: 'fmt' must be one of"):
+        append_meta([b"1"], "xml", np.zeros(1), np.zeros(1))
+
+
+def test_directory_writer_publishes_by_count_and_by_time(tmp_path):
+    with DirectoryWriter(tmp_path, ".tsv", file_records=3, flush_interval=0) as writer:
+        writer.write([b"a", b"b", b"c", b"d"])  # 3 make a file; the 4th is published at once (interval 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part-00000000.tsv", "part-00000001.tsv"]
+    assert (tmp_path / "part-00000001.tsv").read_bytes() == b"d\n" and writer.count == 4

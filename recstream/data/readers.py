@@ -1,0 +1,360 @@
+"""File readers: each a re-iterable stream of :class:`~recstream.data.Batch` in constant memory.
+
+* :class:`CSVReader`: delimited text (CSV, TSV, plain or ``.gz``) with ``pyarrow.csv.open_csv``;
+* :class:`ParquetReader`: Parquet, one record batch in memory at a time;
+* :class:`CriteoReader`: the Criteo display-advertising TSV logs (:func:`criteo_schema`).
+
+They share :class:`FileReader`: a format only says how to stream one file as Arrow record
+batches and which data row (1-based, per file) each record-batch row came from; the shared
+part converts them (:class:`~recstream.data.convert.ColumnConverter`), applies
+``on_bad_row`` (:mod:`recstream.data.badrows`) and re-batches to exactly ``batch_size``
+rows. Each ``iter()`` is a new pass.
+
+Every column is read as text (CSV) or as stored (Parquet) and parsed by the converter, so
+one bad cell costs one row, not the whole block, and errors name the file and row.
+
+>>> import os, tempfile
+>>> import pyarrow as pa, pyarrow.parquet as pq
+>>> from recstream.data.schema import Schema, CategoricalFeature
+>>> d = tempfile.mkdtemp()
+>>> _ = open(os.path.join(d, "d.csv"), "w").write("label,x,tags\\n1,0.5,a|b\\n0,1.5,\\n")
+>>> s = Schema(["x"], [CategoricalFeature("tags", hash_buckets=100, multi_hot=True)])
+>>> [b.features.lengths().tolist() for b in CSVReader(os.path.join(d, "d.csv"), s, batch_size=8)]
+[[[2, 0]]]
+>>> path = os.path.join(d, "d.parquet")
+>>> pq.write_table(pa.table({"label": [0, 1, 1], "x": [0.1, 0.2, 0.3], "c": [3, 1, 2]}), path)
+>>> r = ParquetReader(path, Schema(["x"], [CategoricalFeature("c", vocab_size=4)]), batch_size=2)
+>>> r.get_dataset_size(), [b.batch_size for b in r]
+(2, [2, 1])
+"""
+from __future__ import annotations
+
+import numbers
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from ..validation import check_bool, check_int, check_str, check_type, describe
+from .badrows import BadRow, BadRowHandler
+from .batch import Batch
+from .convert import ColumnConverter
+from .pipeline import Rebatcher
+from .schema import CategoricalFeature, DenseFeature, Schema
+
+
+# --- shared by every reader -------------------------------------------------------------------
+def expand_paths(path_or_paths, suffixes: Sequence[str], owner: str) -> list[str]:
+    """Files named by a path, a directory (its files with `suffixes`, sorted) or a list."""
+    if isinstance(path_or_paths, (str, os.PathLike)):
+        items = [path_or_paths]
+    elif isinstance(path_or_paths, Sequence) and path_or_paths:
+        items = list(path_or_paths)
+    else:
+        raise TypeError(f"{owner}: 'path' must be a path, a directory or a non-empty list of paths, "
+                        f"got {path_or_paths!r}")
+    paths: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"{owner}: 'path' entries must be str or os.PathLike, got {type(item).__name__}")
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.iterdir() if f.is_file() and f.name.endswith(tuple(suffixes)))
+            if not found:
+                raise FileNotFoundError(f"{owner}: directory {str(p)!r} has no {'/'.join(suffixes)} files")
+            paths += found
+        elif p.is_file():
+            paths.append(str(p))
+        else:
+            raise FileNotFoundError(f"{owner}: no such file or directory: {str(p)!r}")
+    return paths
+
+
+class FileReader:
+    """Base class; subclasses implement :meth:`_record_batches`."""
+
+    _suffixes: tuple[str, ...] = ()
+
+    def __init__(self, path_or_paths, schema: Schema, batch_size: int, *, drop_remainder: bool = False,
+                 on_bad_row: str = "raise", bad_row_log: str | os.PathLike | None = None,
+                 fill_missing_dense: float | None = None, log1p_dense: bool = False) -> None:
+        owner = type(self).__name__
+        self.schema = check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema")
+        self.paths = expand_paths(path_or_paths, self._suffixes, owner)
+        self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1)
+        self.drop_remainder = check_bool(owner, "drop_remainder", drop_remainder)
+        self._converter = ColumnConverter(schema, fill_missing_dense, log1p_dense, owner=owner)
+        self._bad = BadRowHandler(on_bad_row, bad_row_log, owner)
+
+    @property
+    def on_bad_row(self) -> str:
+        return self._bad.policy
+
+    @property
+    def bad_rows(self) -> Counter:
+        """Rows skipped in the current (or last) pass, by reason."""
+        return self._bad.counts
+
+    def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
+        """Yield (record batch, 1-based data row of each of its rows, rows the format rejected)."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._bad.start_pass()
+        rebatcher = Rebatcher(self.batch_size, self.drop_remainder)
+        try:
+            for path in self.paths:
+                for rb, rows, rejected in self._record_batches(path):
+                    batch, faults = self._converter.convert(rb)
+                    bad = rejected + [BadRow(path, int(rows[f.index]), f.reason, f.column, f.detail,
+                                             _row_data(rb, f.index)) for f in faults]
+                    self._bad.handle(bad)
+                    yield from rebatcher.add(batch)
+                    del batch, rb  # keep at most one record batch alive while the consumer works
+            yield from rebatcher.flush()
+        finally:
+            self._bad.close()
+
+    def __repr__(self) -> str:
+        files = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
+        return f"{type(self).__name__}({files!r}, batch_size={self.batch_size}, on_bad_row={self.on_bad_row!r})"
+
+
+def _row_data(rb: pa.RecordBatch, i: int) -> dict:
+    """One row's raw values, for the bad-row log (called for bad rows only)."""
+    return rb.slice(i, 1).to_pylist()[0]
+
+
+# --- CSV -------------------------------------------------------------------------------------
+class _LineTracker:
+    """Maps the n-th valid row of a file to its data-row number, given the skipped lines.
+
+    pyarrow reports each rejected line (in file order, before the batch that follows it);
+    valid row k (0-based) is data row ``k + 1 + #rejected rows before it``. Rejected rows
+    that lie before every future row are folded into a counter: memory stays constant.
+    """
+
+    def __init__(self) -> None:
+        self.valid_seen = 0
+        self.rejected_total = 0
+        self.folded = 0
+        self._gaps: list[int] = []  # per pending rejected row: valid rows before it
+
+    def reject(self, data_row: int) -> None:
+        self._gaps.append(data_row - 1 - self.rejected_total)
+        self.rejected_total += 1
+
+    def rows_for(self, n: int) -> np.ndarray:
+        k = np.arange(self.valid_seen, self.valid_seen + n, dtype=np.int64)
+        gaps = np.asarray(self._gaps, dtype=np.int64)
+        rows = k + 1 + self.folded + np.searchsorted(gaps, k, side="right")
+        self.valid_seen += n
+        done = int(np.searchsorted(gaps, self.valid_seen, side="right"))  # before all later rows
+        self.folded += done
+        del self._gaps[:done]
+        return rows
+
+
+class CSVReader(FileReader):
+    """Batches from delimited text file(s), streamed block by block.
+
+    header: the first line names the columns; else `column_names` (default: the schema's
+    label, dense and categorical names, in that order) gives every column of the file.
+    Empty cells are missing values; multi-hot cells are separator-joined ids. Extra
+    columns are allowed and ignored. ``get_dataset_size()`` is None (unknown without a scan).
+    """
+
+    _suffixes = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
+
+    def __init__(self, path, schema: Schema, batch_size: int, delimiter: str = ",", header: bool = True, *,
+                 column_names: Sequence[str] | None = None, drop_remainder: bool = False,
+                 on_bad_row: str = "raise", bad_row_log: str | os.PathLike | None = None,
+                 fill_missing_dense: float | None = None, log1p_dense: bool = False,
+                 quote_char: str | bool = '"', block_size: int = 1 << 22) -> None:
+        super().__init__(path, schema, batch_size, drop_remainder=drop_remainder, on_bad_row=on_bad_row,
+                         bad_row_log=bad_row_log, fill_missing_dense=fill_missing_dense, log1p_dense=log1p_dense)
+        owner = type(self).__name__
+        if len(check_str(owner, "delimiter", delimiter)) != 1:
+            raise ValueError(f"{owner}: 'delimiter' must be one character, got {delimiter!r}")
+        self.delimiter, self.header = delimiter, check_bool(owner, "header", header)
+        self.quote_char = check_type(owner, "quote_char", quote_char, (str, bool), allowed="a str or False")
+        self.block_size = check_int(owner, "block_size", block_size, minimum=1024)  # bytes
+        if column_names is not None and self.header:
+            raise ValueError(f"{owner}: 'column_names' is for header=False files (a header names the columns)")
+        if column_names is not None:
+            check_type(owner, "column_names", column_names, Sequence, allowed="a sequence of column names")
+        self.column_names = list(column_names) if column_names is not None else (
+            None if self.header else list(schema.columns))
+        if self.column_names is not None:
+            missing = [c for c in schema.columns if c not in self.column_names]
+            if missing:
+                raise ValueError(f"{owner}: 'column_names' lacks schema columns {missing}")
+
+    def get_dataset_size(self) -> None:
+        return None
+
+    def _open(self, path: str, tracker: _LineTracker, rejected: list[BadRow]):
+        header_lines = 1 if self.header else 0
+
+        def on_invalid(row) -> str:  # called once per malformed line, in file order
+            data_row = row.number - header_lines
+            tracker.reject(data_row)
+            rejected.append(BadRow(path, data_row, "column_count", None,
+                                   f"expected {row.expected_columns} fields, got {row.actual_columns}", row.text))
+            return "skip"
+
+        needed = list(self.schema.columns)
+        try:
+            return pcsv.open_csv(
+                path,
+                read_options=pcsv.ReadOptions(use_threads=False, block_size=self.block_size,
+                                              column_names=self.column_names),
+                parse_options=pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote_char,
+                                                ignore_empty_lines=False, invalid_row_handler=on_invalid),
+                convert_options=pcsv.ConvertOptions(
+                    column_types={c: pa.string() for c in needed}, include_columns=needed,
+                    strings_can_be_null=True, quoted_strings_can_be_null=True, null_values=[""]))
+        except (pa.ArrowInvalid, KeyError) as e:
+            raise ValueError(f"CSVReader: cannot read {path!r} with columns {needed}: {e}") from e
+
+    def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
+        tracker, rejected = _LineTracker(), []
+        reader = self._open(path, tracker, rejected)
+        try:
+            while True:
+                try:
+                    rb = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except pa.ArrowInvalid as e:
+                    raise ValueError(f"CSVReader: {path!r}: {e}") from e
+                report, rejected[:] = list(rejected), []
+                yield rb, tracker.rows_for(rb.num_rows), report
+            if rejected:  # malformed lines after the last good one
+                yield _empty_like(reader.schema), np.zeros(0, dtype=np.int64), list(rejected)
+        finally:
+            reader.close()
+
+
+def _empty_like(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+
+
+# --- Parquet ---------------------------------------------------------------------------------
+class ParquetReader(FileReader):
+    """Batches from one or more Parquet files (or a directory of ``*.parquet``), in order.
+
+    Reads only the schema's columns, via ``ParquetFile.iter_batches`` (row group by row
+    group), so memory stays at about one record batch whatever the file size. Columns may
+    be numbers or strings (parsed), categorical ids integers or strings, multi-hot ids
+    lists or separator-joined strings, dictionary-encoded or not.
+
+    get_dataset_size(): batches per pass from the files' metadata (exact unless bad rows
+    are skipped, which can only make it smaller).
+    """
+
+    _suffixes = (".parquet", ".parq", ".pq")
+
+    def __init__(self, path_or_paths, schema: Schema, batch_size: int, *, drop_remainder: bool = False,
+                 on_bad_row: str = "raise", bad_row_log: str | os.PathLike | None = None,
+                 fill_missing_dense: float | None = None, log1p_dense: bool = False,
+                 use_threads: bool = True) -> None:
+        super().__init__(path_or_paths, schema, batch_size, drop_remainder=drop_remainder,
+                         on_bad_row=on_bad_row, bad_row_log=bad_row_log,
+                         fill_missing_dense=fill_missing_dense, log1p_dense=log1p_dense)
+        self.use_threads = check_bool("ParquetReader", "use_threads", use_threads)
+        self.num_rows = 0
+        for path in self.paths:  # footers only: cheap, and a wrong file fails now, not mid-epoch
+            try:
+                pf = pq.ParquetFile(path)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise ValueError(f"ParquetReader: cannot read {path!r} as Parquet: {e}") from e
+            missing = [c for c in schema.columns if c not in pf.schema_arrow.names]
+            if missing:
+                raise ValueError(f"ParquetReader: {path!r} lacks columns {missing} required by the schema; "
+                                 f"it has {pf.schema_arrow.names}")
+            self.num_rows += pf.metadata.num_rows
+            pf.close()
+
+    def get_dataset_size(self) -> int:
+        """Batches per pass (``num_rows / batch_size``, rounded by ``drop_remainder``)."""
+        full, rest = divmod(self.num_rows, self.batch_size)
+        return full + (1 if rest and not self.drop_remainder else 0)
+
+    def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
+        first = 1
+        with pq.ParquetFile(path) as pf:
+            for rb in pf.iter_batches(batch_size=self.batch_size, columns=list(self.schema.columns),
+                                      use_threads=self.use_threads):
+                n = rb.num_rows
+                yield rb, np.arange(first, first + n, dtype=np.int64), []
+                first += n
+
+
+# --- Criteo ---------------------------------------------------------------------------------
+# Each line: ``label \\t I1..I13 \\t C1..C26`` - a 0/1 click label, 13 integer counts and 26
+# categorical ids as 8-digit hex strings; any field may be empty. Empty counts become 0 and
+# then (by default) ``log1p(max(x, 0))``, the usual transform for these heavy-tailed counts;
+# hex ids are hashed into ``hash_buckets`` with id 0 reserved for an empty field.
+NUM_DENSE = 13
+NUM_CATEGORICAL = 26
+DENSE_NAMES = tuple(f"I{i}" for i in range(1, NUM_DENSE + 1))
+CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
+CRITEO_COLUMNS = ("label",) + DENSE_NAMES + CATEGORICAL_NAMES
+DEFAULT_HASH_BUCKETS = 100_000  # 26 tables x 100k x 16 floats = 166 MB: fits a CPU run
+
+
+def criteo_schema(hash_buckets: int | Sequence[int] = DEFAULT_HASH_BUCKETS, embedding_dim: int = 16) -> Schema:
+    """Schema of the Criteo columns: dense I1..I13, hashed categorical C1..C26.
+
+    `hash_buckets` is one size for all 26 features or one per feature.
+
+    >>> s = criteo_schema(1000, embedding_dim=8)
+    >>> s.num_dense, s.num_categorical, s.num_embeddings("C26")
+    (13, 26, 1000)
+    """
+    if isinstance(hash_buckets, numbers.Integral) and not isinstance(hash_buckets, bool):
+        sizes = [check_int("criteo_schema", "hash_buckets", hash_buckets, minimum=2)] * NUM_CATEGORICAL
+    elif isinstance(hash_buckets, Sequence) and not isinstance(hash_buckets, str):
+        if len(hash_buckets) != NUM_CATEGORICAL:
+            raise ValueError(f"criteo_schema: 'hash_buckets' needs {NUM_CATEGORICAL} sizes, got {len(hash_buckets)}")
+        sizes = [check_int("criteo_schema", f"hash_buckets[{i}]", n, minimum=2) for i, n in enumerate(hash_buckets)]
+    else:
+        raise TypeError(f"criteo_schema: 'hash_buckets' must be an int or a sequence of {NUM_CATEGORICAL} ints, "
+                        f"got {describe(hash_buckets)}")
+    cats = [CategoricalFeature(name, hash_buckets=n, embedding_dim=embedding_dim)
+            for name, n in zip(CATEGORICAL_NAMES, sizes, strict=True)]
+    return Schema([DenseFeature(n) for n in DENSE_NAMES], cats, label="label")
+
+
+class CriteoReader(CSVReader):
+    """Batches from Criteo TSV file(s) (plain or ``.gz``), streamed in constant memory.
+
+    Bad rows (wrong field count, non-numeric count, NaN/inf, label not 0/1) follow
+    ``on_bad_row`` like any :class:`CSVReader`. ``schema`` holds the matching schema.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "day_0.tsv")
+    >>> line = "\\t".join(["1"] + ["3"] * 13 + ["68fd1e64"] * 26)
+    >>> _ = open(path, "w").write(line + "\\n" + line.replace("\\t3\\t", "\\t\\t", 1) + "\\n")
+    >>> (features, labels), = CriteoReader(path, batch_size=4, hash_buckets=1000)
+    >>> features.dense.shape, labels.tolist(), features.values.shape
+    (torch.Size([2, 13]), [1.0, 1.0], torch.Size([52]))
+    """
+
+    _suffixes = (".tsv", ".txt", ".csv", ".tsv.gz", ".txt.gz", ".gz")
+
+    def __init__(self, path, batch_size: int, hash_buckets: int | Sequence[int] = DEFAULT_HASH_BUCKETS, *,
+                 embedding_dim: int = 16, log1p: bool = True, drop_remainder: bool = False,
+                 on_bad_row: str = "raise", bad_row_log: str | os.PathLike | None = None,
+                 block_size: int = 1 << 22) -> None:
+        super().__init__(path, criteo_schema(hash_buckets, embedding_dim), batch_size, delimiter="\t",
+                         header=False, column_names=CRITEO_COLUMNS, drop_remainder=drop_remainder,
+                         on_bad_row=on_bad_row, bad_row_log=bad_row_log, fill_missing_dense=0.0,
+                         log1p_dense=log1p, quote_char=False, block_size=block_size)
+        self.log1p = log1p  # checked by the converter
