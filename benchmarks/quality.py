@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recstream import Model  # noqa: E402
 from recstream.data import SyntheticCTR, load_adult  # noqa: E402
-from recstream.models import DCNv2, DeepFM, DLRM, WideDeep, ctr_metrics, default_optimizer  # noqa: E402
+from recstream.models import DLRM, DCNv2, DeepFM, WideDeep, ctr_metrics, default_optimizer  # noqa: E402
 
 # Model shapes used for the reported numbers (embedding width 16 throughout).
 BUILDERS = {
@@ -128,7 +128,8 @@ def main(argv=None) -> int:
         jobs += [functools.partial(run_synthetic, n) for n in names]
     if args.task in ("adult", "all"):
         jobs += [functools.partial(run_adult, n) for n in (names if args.adult_all else ["widedeep"])]
-    header = f"{'task':<10} {'model':<9} {'steps':>6} {'batch':>6} {'test AUC':>9} {'Bayes AUC':>9} {'gap':>8} {'reached at':>10} {'wall s':>7}"
+    header = (f"{'task':<10} {'model':<9} {'steps':>6} {'batch':>6} {'test AUC':>9} {'Bayes AUC':>9} "
+              f"{'gap':>8} {'reached at':>10} {'wall s':>7}")
     print(header)
     print("-" * len(header))
     for job in jobs:

@@ -105,9 +105,10 @@ def main(argv=None) -> dict:
         if model.restore(ckpt, stream):
             print("resumed from", ckpt)
         publisher = ModelPublisher(models, schema=schema, model_config={"hidden": [64, 32]}, every_seconds=5)
+        every_10s = CheckpointConfig(save_checkpoint_steps=None, save_checkpoint_seconds=10)
         model.online_train(stream, callbacks=[
             StopAfter(args.seconds), PrequentialMonitor(window=20_000, log_every=10_000),
-            ModelCheckpoint("online", ckpt, CheckpointConfig(save_checkpoint_steps=None, save_checkpoint_seconds=10)), publisher], sink_size=1)
+            ModelCheckpoint("online", ckpt, every_10s), publisher], sink_size=1)
         instance = {f.name: 0.5 for f in schema.dense} | {f.name: 3 for f in schema.categorical}
         answer = ask_server(port, [instance], publisher.manifests[-1]["version"])
         print("served version", answer["version"], "score", answer["scores"][0])

@@ -3,7 +3,7 @@
 `online_train` reuses the one training loop (`Model._train_loop`) with endless epochs, allows any
 positive `sink_size`, and stops cleanly on `request_stop()`, SIGINT or SIGTERM (the current step
 finishes, `ModelCheckpoint` writes the final checkpoint with the stream position, `on_train_end`
-runs, `online_train` returns). The contract is in docs/semantics.md ("Online training").
+runs, `online_train` returns). The contract is in docs/semantics.md, section 7.
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
 batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
