@@ -25,6 +25,7 @@ This module depends on torch, numpy and :mod:`recstream.validation` only, so eve
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,13 +95,27 @@ def _check_keys(keys, num_features: int) -> tuple[str, ...]:
     if isinstance(keys, str) or not isinstance(keys, Sequence):
         raise TypeError(f"Features: 'keys' must be a sequence of str or None, got {type(keys).__name__}")
     keys = tuple(keys)
+    try:
+        return _check_key_tuple(keys, num_features)
+    except TypeError:  # also an unhashable key, which the cache rejects before the checks run
+        for key in keys:
+            check_str("Features", "keys[]", key)
+        raise
+
+
+@functools.lru_cache(maxsize=256)
+def _check_key_tuple(keys: tuple, num_features: int) -> tuple[str, ...]:
+    """Checked once per distinct (keys, count): every batch of a stream carries the same keys,
+    and the check must not cost per batch."""
     for key in keys:
         check_str("Features", "keys[]", key)
     if len(keys) != num_features:
         raise ValueError(f"Features: 'keys' must name all {num_features} features, got {len(keys)}: {list(keys)}")
     if len(set(keys)) != len(keys):
-        dupes = sorted({k for k in keys if keys.count(k) > 1})
-        raise ValueError(f"Features: 'keys' must be unique, duplicated: {dupes}")
+        seen, dupes = set(), set()
+        for key in keys:
+            (dupes if key in seen else seen).add(key)
+        raise ValueError(f"Features: 'keys' must be unique, duplicated: {sorted(dupes)}")
     return keys
 
 
