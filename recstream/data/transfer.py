@@ -2,6 +2,11 @@
 
 Handles tensors, tuples (NamedTuples such as `Batch` keep their type), lists, dicts and
 dataclasses (such as `Features`); other objects with a ``.to`` method move themselves.
+
+>>> batch = {"x": torch.ones(2), "ids": [torch.zeros(1, dtype=torch.int64)], "note": "kept"}
+>>> moved = map_tensors(batch, lambda t: t * 2)
+>>> moved["x"].tolist(), moved["note"], to_device(batch, "cpu")["ids"][0].dtype
+([2.0, 2.0], 'kept', torch.int64)
 """
 from __future__ import annotations
 

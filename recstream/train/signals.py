@@ -4,6 +4,16 @@
 loop checks after each step, and a wait for data is interrupted), so checkpoints are written by
 the normal end-of-training path. A second SIGINT restores the default handler and interrupts at
 once, an escape hatch for a stuck step. Handlers are restored when training ends.
+
+>>> import os, signal
+>>> from recstream.callbacks import CallbackParams, RunContext
+>>> ctx = RunContext(CallbackParams())
+>>> stopper = StopOnSignal(signals=(signal.SIGUSR1,))
+>>> stopper.on_train_begin(ctx)
+>>> os.kill(os.getpid(), signal.SIGUSR1)  # handled in the main thread: only a stop request
+>>> ctx.get_stop_requested(), stopper.received == signal.SIGUSR1
+(True, True)
+>>> stopper.on_train_end(ctx)  # the previous handler is back
 """
 from __future__ import annotations
 
