@@ -13,7 +13,7 @@ LEVELS = [
     {"validation"},
     {"features", "testing"},
     {"data", "nn", "optim", "metrics"},
-    {"checkpoint"},
+    {"checkpoint", "distributed"},
     {"models"},
     {"train", "callbacks"},
     {"serving"},

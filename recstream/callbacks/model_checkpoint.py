@@ -54,6 +54,8 @@ class ModelCheckpoint(Callback):
     """Save checkpoints during training; see the module docstring. `latest_ckpt_file_name`: last file written."""
 
     called_in_fit_eval = False
+    # Under data_parallel every rank holds the same weights: rank 0 writes them.
+    rank_zero_only = True
 
     def __init__(self, prefix: str = "CKP", directory: str | os.PathLike | None = None,
                  config: CheckpointConfig | None = None):

@@ -94,6 +94,7 @@ class ProgressBar(Callback):
     """
 
     called_in_fit_eval = False
+    rank_zero_only = True
 
     def __init__(self, refresh_interval: float = 0.1, leave: bool = True, file=None, show_eval: bool = True):
         owner = "ProgressBar"

@@ -38,6 +38,7 @@ class TensorBoard(Callback):
     """Log scalars for TensorBoard; see the module docstring. `flush_secs`: SummaryWriter's flush period."""
 
     called_in_fit_eval = False
+    rank_zero_only = True
 
     def __init__(self, log_dir: str | os.PathLike = "runs", update_freq="epoch", write_lr: bool = True,
                  flush_secs: int = 120):

@@ -45,6 +45,7 @@ class TimeMonitor(Callback):
     """
 
     called_in_fit_eval = True  # as in MindSpore: it also times the evaluation inside fit
+    rank_zero_only = True
 
     def __init__(self, data_size: int | None = None, data_time: bool = False):
         self.data_size = check_int("TimeMonitor", "data_size", data_size, minimum=1, allow_none=True)

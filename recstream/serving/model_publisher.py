@@ -81,6 +81,8 @@ class ModelPublisher(Callback):
         on_error: ``"log"`` (keep training) or ``"raise"``.
     """
 
+    rank_zero_only = True  # one publisher per directory: rank 0 publishes
+
     def __init__(self, directory: str | os.PathLike, schema=None, every_steps: int | None = None,
                  every_seconds: float | None = None, keep: int = 5, model_factory=None, *,
                  model_config: dict | None = None, full_every: int = 10, output: str = "logits",

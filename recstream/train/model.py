@@ -38,6 +38,7 @@ from ..callbacks import Callback, CallbackList, CallbackParams, ProgressBar, Run
 from ..callbacks.base import as_callback_list
 from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
+from ..distributed import all_reduce_metrics, data_parallel, parallel_mode, rank, world_size
 from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
 from . import amp
@@ -96,6 +97,8 @@ class Model:
                    allowed="a LossScaleManager (FixedLossScaleManager or DynamicLossScaleManager)")
         self._progress_bar = check_choice("Model", "progress_bar", kwargs.get("progress_bar", "auto"),
                                           ("auto", True, False))
+        # The parallel context is read once, here, as MindSpore reads it when a Model is built.
+        self._parallel_mode = parallel_mode()
         self._train_network = self._build_train_network()
         self._metric_fns = get_metrics(metrics)
         self._eval_network, self._eval_indexes = self._build_eval_network(eval_network, eval_indexes)
@@ -103,13 +106,16 @@ class Model:
 
     # ------------------------------------------------------------------ networks
     def _build_train_network(self) -> nn.Module:
-        net = self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
-        if self._optimizer is None:
-            return net
+        if self._optimizer is None:  # the network is its own step: it synchronises itself, if at all
+            return self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
+        # Only training is replicated: evaluation and prediction call the network itself, so ranks
+        # may evaluate uneven shares of data without waiting for each other.
+        backbone = data_parallel(self._network) if self._parallel_mode == "data_parallel" else self._network
+        net = backbone if self._loss_fn is None else WithLossCell(backbone, self._loss_fn)
         if self._amp_level == "O0" and self._loss_scale_manager is None:
             return TrainOneStepCell(net, self._optimizer)
         # Mixed precision builds its own step cell (autocast, casts, loss scale).
-        return amp.train_network(self._network, self._loss_fn, self._optimizer, self._amp_level,
+        return amp.train_network(backbone, self._loss_fn, self._optimizer, self._amp_level,
                                  self._keep_bn_fp32, self._loss_scale_manager, self._device)
 
     def _build_eval_network(self, eval_network, eval_indexes):
@@ -241,7 +247,10 @@ class Model:
         helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
                                epoch_num=epoch - initial_epoch, device=self._device)
         params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)
-        with CallbackList(user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
+        callbacks = user_callbacks + self._default_callbacks(user_callbacks)
+        if rank() != 0:  # printing, files and publishing happen once, on rank 0
+            callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
+        with CallbackList(callbacks) as cbs:
             if fit_eval is not None:  # MindSpore calls only TimeMonitor of its own callbacks there
                 fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if cb.called_in_fit_eval])
             self._train_loop(range(initial_epoch + 1, epoch + 1), helper, cbs, params, fit_eval)
@@ -343,6 +352,7 @@ class Model:
                     break
         callbacks.on_eval_epoch_end(ctx)
         reset(dataset)
+        all_reduce_metrics(self._metric_fns.values())  # several ranks: metrics of all their data
         metrics = {name: metric.eval() for name, metric in self._metric_fns.items()}
         params.metrics = metrics
         if in_fit:
@@ -378,13 +388,11 @@ class Model:
         return outputs[self._eval_indexes[0]]
 
     def _train_params(self, epoch_num, dataset, sink_mode, sink_size, callbacks) -> CallbackParams:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         return CallbackParams(
             train_network=self._train_network, network=self._network, optimizer=self._optimizer,
             loss_fn=self._loss_fn, epoch_num=epoch_num, mode="train",
             batch_num=sink_size if sink_mode and sink_size > 0 else dataset_size(dataset),
-            parallel_mode="data_parallel" if distributed else "stand_alone",
-            device_number=torch.distributed.get_world_size() if distributed else 1,
+            parallel_mode=self._parallel_mode, device_number=world_size(), rank=rank(),
             train_dataset=dataset, train_dataset_element=None, list_callback=list(callbacks),
             cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None)
 

@@ -1,0 +1,41 @@
+"""Training on several processes with `torch.distributed` (launched by ``torchrun``).
+
+- `init()`: join the process group ``torchrun`` describes (a no-op in a plain process).
+- `set_auto_parallel_context(parallel_mode=...)`, `get_auto_parallel_context(key)`,
+  `reset_auto_parallel_context()`: how `Model` trains ("stand_alone" or "data_parallel").
+- `rank()`, `world_size()`, `is_distributed()`.
+- `shard(dataset)`: this rank's rows of each batch.
+- `data_parallel(network)`: the replicated training module `Model` builds in "data_parallel".
+- `all_reduce_metrics(metrics)`: metric accumulators merged over all ranks (AUC over all data).
+
+A training script that runs unchanged under ``python train.py`` and
+``torchrun --nproc_per_node=2 train.py``::
+
+    import recstream
+    from recstream import distributed
+    distributed.init()
+    model = recstream.Model(net, loss_fn, optimizer, metrics={"auc"})
+    model.train(epochs, distributed.shard(dataset))
+
+>>> from recstream import distributed
+>>> distributed.shard([1, 2]), distributed.world_size()
+([1, 2], 1)
+"""
+from .context import (
+    PARALLEL_MODES,
+    get_auto_parallel_context,
+    init,
+    is_distributed,
+    parallel_mode,
+    rank,
+    reset_auto_parallel_context,
+    set_auto_parallel_context,
+    world_size,
+)
+from .data_parallel import data_parallel, sparse_parameters
+from .metrics import all_reduce_metrics, merge_states
+from .sharding import RowShard, shard
+
+__all__ = ["init", "set_auto_parallel_context", "get_auto_parallel_context", "reset_auto_parallel_context",
+           "parallel_mode", "PARALLEL_MODES", "rank", "world_size", "is_distributed", "shard", "RowShard",
+           "data_parallel", "sparse_parameters", "all_reduce_metrics", "merge_states"]
