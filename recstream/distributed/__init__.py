@@ -1,11 +1,14 @@
 """Training on several processes with `torch.distributed` (launched by ``torchrun``).
 
-- `init()`: join the process group ``torchrun`` describes (a no-op in a plain process).
+- `init()` / `shutdown()`: join the process group ``torchrun`` describes, and leave it (no-ops in
+  a plain process).
 - `set_auto_parallel_context(parallel_mode=...)`, `get_auto_parallel_context(key)`,
-  `reset_auto_parallel_context()`: how `Model` trains ("stand_alone" or "data_parallel").
+  `reset_auto_parallel_context()`: how `Model` trains ("stand_alone", "data_parallel" or
+  "hybrid_parallel").
 - `rank()`, `world_size()`, `is_distributed()`.
 - `shard(dataset)`: this rank's rows of each batch.
-- `data_parallel(network)`: the replicated training module `Model` builds in "data_parallel".
+- `data_parallel(network)` / `hybrid_parallel(network)`: the training module `Model` builds in
+  those modes; `sharding_plan(network)` describes where sharded rows live.
 - `all_reduce_metrics(metrics)`: metric accumulators merged over all ranks (AUC over all data).
 
 A training script that runs unchanged under ``python train.py`` and
@@ -16,6 +19,7 @@ A training script that runs unchanged under ``python train.py`` and
     distributed.init()
     model = recstream.Model(net, loss_fn, optimizer, metrics={"auc"})
     model.train(epochs, distributed.shard(dataset))
+    distributed.shutdown()
 
 >>> from recstream import distributed
 >>> distributed.shard([1, 2]), distributed.world_size()
@@ -30,12 +34,15 @@ from .context import (
     rank,
     reset_auto_parallel_context,
     set_auto_parallel_context,
+    shutdown,
     world_size,
 )
-from .data_parallel import data_parallel, sparse_parameters
 from .metrics import all_reduce_metrics, merge_states
+from .parallelize import data_parallel, hybrid_parallel, sharding_plan, sparse_parameters
 from .sharding import RowShard, shard
 
-__all__ = ["init", "set_auto_parallel_context", "get_auto_parallel_context", "reset_auto_parallel_context",
+__all__ = ["init", "shutdown", "set_auto_parallel_context", "get_auto_parallel_context",
+           "reset_auto_parallel_context",
            "parallel_mode", "PARALLEL_MODES", "rank", "world_size", "is_distributed", "shard", "RowShard",
-           "data_parallel", "sparse_parameters", "all_reduce_metrics", "merge_states"]
+           "data_parallel", "hybrid_parallel", "sharding_plan", "sparse_parameters", "all_reduce_metrics",
+           "merge_states"]

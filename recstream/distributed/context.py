@@ -10,7 +10,10 @@ script runs unchanged under ``python`` and ``torchrun --nproc_per_node=N``.
 - ``"stand_alone"``: one process, nothing shared (the default in a plain process);
 - ``"data_parallel"``: every parameter replicated, gradients averaged across ranks after each
   backward (`torch.nn.parallel.DistributedDataParallel` for dense parameters; the sparse row
-  gradients of embedding tables are all-reduced as sparse tensors, never densified).
+  gradients of embedding tables are all-reduced as sparse tensors, never densified);
+- ``"hybrid_parallel"``: dense parameters replicated as in data_parallel, the rows of every
+  `EmbeddingBagCollection` table sharded across the ranks (each row, and its optimizer state,
+  on one rank; lookups routed there with all-to-all).
 
 >>> init()  # a plain process: nothing to join
 >>> get_auto_parallel_context("parallel_mode"), world_size(), rank()
@@ -32,7 +35,7 @@ from ..validation import check_choice, check_str
 
 log = logging.getLogger("recstream.distributed")
 
-PARALLEL_MODES = ("stand_alone", "data_parallel")
+PARALLEL_MODES = ("stand_alone", "data_parallel", "hybrid_parallel")
 _context = {"parallel_mode": None}  # None: decided by the process group (see `parallel_mode`)
 
 
@@ -64,6 +67,17 @@ def init(backend: str | None = None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend)
     log.info("rank %d of %d joined the process group (%s)", dist.get_rank(), dist.get_world_size(), backend)
+
+
+def shutdown() -> None:
+    """Leave the process group once every rank got here (a no-op in a plain process).
+
+    Call it at the end of a script run by ``torchrun``: a rank that exits while another still
+    talks to it can abort that one's communication threads.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def set_auto_parallel_context(parallel_mode: str | None = None) -> None:
@@ -98,9 +112,9 @@ def parallel_mode() -> str:
     mode = _context["parallel_mode"]
     if mode is None:
         return "data_parallel" if is_distributed() else "stand_alone"
-    if mode == "data_parallel" and not is_distributed():
+    if mode != "stand_alone" and not is_distributed():
         return "stand_alone"  # one rank: there is nothing to share (the script runs unchanged)
     if mode == "stand_alone" and is_distributed():
         raise ValueError(f"parallel_mode 'stand_alone' was set but this process is rank {rank()} of "
-                         f"{world_size()}; use 'data_parallel' or run a single process")
+                         f"{world_size()}; use 'data_parallel' or 'hybrid_parallel', or run a single process")
     return mode

@@ -21,6 +21,12 @@ Pooling: the kernel always runs in ``mode="sum"``; mean bags get
 Checkpoints hold one entry per table (``tables.<name>.weight``), not the fused
 storage, so they stay readable and survive adding a table of another dim.
 
+Row sharding (`shard_rows_`): under ``torch.distributed`` each rank can keep only its range of
+every fused table's rows; lookups are then routed to the owning ranks (see `row_sharding`).
+``state_dict()`` of a sharded collection gathers the full tables, so every rank must call it
+together; ``load_state_dict`` of full tables keeps each rank's rows, whatever the number of
+ranks that wrote them.
+
 Example:
     >>> import torch
     >>> ebc = EmbeddingBagCollection([
@@ -57,6 +63,7 @@ from torch import nn
 from ..features import Features
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
+from .row_sharding import RowSharding
 
 __all__ = ["EmbeddingBagCollection"]
 
@@ -97,6 +104,7 @@ class EmbeddingBagCollection(nn.Module):
     def __init__(self, tables: Sequence[EmbeddingTableConfig], sparse: bool = True,
                  device=None, validate: bool = True) -> None:
         super().__init__()
+        self._sharding: list[RowSharding] | None = None  # per dim group, once shard_rows_ ran
         tables = list(tables)
         if not tables:
             raise ValueError(f"{_OWNER}: 'tables' must contain at least one EmbeddingTableConfig, got []")
@@ -180,8 +188,53 @@ class EmbeddingBagCollection(nn.Module):
     def num_features(self) -> int:
         return len(self.feature_names)
 
+    # ----- row sharding over torch.distributed -----
+    @property
+    def sharded(self) -> bool:
+        return self._sharding is not None
+
+    def shard_rows_(self, group=None) -> EmbeddingBagCollection:
+        """Keep only this rank's rows of each fused table (collective: every rank of `group` calls it).
+
+        Rank 0's tables are broadcast first, so all ranks shard the same weights. The Parameter
+        objects stay the same (an optimizer built on them keeps working; build its state after).
+        """
+        if self.sharded:
+            raise RuntimeError(f"{_OWNER}: the tables are row-sharded already")
+        sharding = []
+        for name in self._group_param_names:
+            weight = getattr(self, name)
+            torch.distributed.broadcast(weight.data, src=torch.distributed.get_global_rank(group, 0)
+                                        if group is not None else 0, group=group)
+            rows = RowSharding(weight.shape[0], group)
+            weight.data = rows.local_rows(weight.data)
+            rows.scale_gradient(weight)
+            weight.recstream_layout = {  # read by Model.infer_train_layout
+                "shape": [rows.rows, weight.shape[1]], "dtype": str(weight.dtype).replace("torch.", ""),
+                "device": str(weight.device), "placement": "row_sharded",
+                "ranks": list(range(rows.world_size)), "rows": [list(r) for r in rows.ranges()]}
+            sharding.append(rows)
+        self._sharding = sharding
+        return self
+
+    def gather_tables(self) -> dict[str, torch.Tensor]:
+        """``{table name: full weight}`` assembled from all ranks' shards (collective), or the
+        local tables when not sharded."""
+        if not self.sharded:
+            return {t.name: self.table_weight(t.name).detach().clone() for t in self.tables}
+        full = [rows.gather(getattr(self, name)) for rows, name in zip(self._sharding, self._group_param_names,
+                                                                        strict=True)]
+        return {t.name: full[g][start:start + n].clone() for t in self.tables
+                for g, start, n in [self._table_loc[t.name]]}
+
+    def _refuse_if_sharded(self, what: str) -> None:
+        if self.sharded:
+            raise RuntimeError(f"{_OWNER}.{what}: the tables are row-sharded across ranks, this rank holds "
+                               "only its rows; use gather_tables() (on every rank) for the full tables")
+
     def reset_parameters(self) -> None:
         """Re-draw every table from ``N(0, init_std**2)``; padding rows stay zero."""
+        self._refuse_if_sharded("reset_parameters")
         with torch.no_grad():
             for t in self.tables:
                 self.table_weight(t.name).normal_(0.0, t.init_std)
@@ -195,6 +248,7 @@ class EmbeddingBagCollection(nn.Module):
         Writes through the view (under ``torch.no_grad()``) change the table.
         """
         check_choice(f"{_OWNER}.table_weight", "name", name, self._table_loc)
+        self._refuse_if_sharded("table_weight")
         g, start, rows = self._table_loc[name]
         return getattr(self, self._group_param_names[g])[start:start + rows]
 
@@ -317,7 +371,9 @@ class EmbeddingBagCollection(nn.Module):
         outs = []
         for g, pname in enumerate(self._group_param_names):
             w = getattr(self, pname)
-            if self._pad:
+            if self._sharding is not None:
+                pooled = self._pool_sharded(g, w, ids, fid, offsets, psw, layout, nf * B)
+            elif self._pad:
                 pad_row = w.shape[0] - 1
                 ids_g = torch.where(layout.group[fid] == g, ids, pad_row)
                 pooled = F.embedding_bag(ids_g, w, offsets, mode="sum", sparse=self.sparse,
@@ -335,6 +391,17 @@ class EmbeddingBagCollection(nn.Module):
         if self._needs_perm:
             out = out.index_select(1, self._col_perm)
         return out
+
+    def _pool_sharded(self, g: int, w: torch.Tensor, ids: torch.Tensor, fid: torch.Tensor, offsets: torch.Tensor,
+                      psw: torch.Tensor | None, layout: _InputLayout, num_bags: int) -> torch.Tensor:
+        """Group `g`'s bags, looked up on the ranks that own their rows."""
+        bag_of_id = torch.repeat_interleave(torch.arange(num_bags, device=ids.device), offsets[1:] - offsets[:-1],
+                                            output_size=ids.numel())
+        if self._pad or layout.owned is not None:  # only this group's ids (boolean selection: a host sync)
+            keep = layout.group[fid] == g
+            ids, bag_of_id = ids[keep], bag_of_id[keep]
+            psw = None if psw is None else psw[keep]
+        return self._sharding[g].pool(w, ids, bag_of_id, num_bags, psw, self.sparse)
 
     @staticmethod
     def _check_offsets(offsets: torch.Tensor, n: int) -> None:
@@ -376,6 +443,10 @@ class EmbeddingBagCollection(nn.Module):
         return f"{prefix}tables.{name}.weight"
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        if self.sharded:  # the full tables, gathered from all ranks: a collective, as FSDP's state_dict
+            for name, weight in self.gather_tables().items():
+                destination[self._table_key(prefix, name)] = weight
+            return
         for t in self.tables:
             w = self.table_weight(t.name)
             # Cloned: views of one storage would make torch.save write the whole
@@ -389,17 +460,31 @@ class EmbeddingBagCollection(nn.Module):
             if key not in state_dict:
                 missing_keys.append(key)
                 continue
-            src, dst = state_dict[key], self.table_weight(name)
+            src = state_dict[key]
+            g, start, rows = self._table_loc[name]
+            shape = (rows, self._group_dims[g])
             if not isinstance(src, torch.Tensor):
                 error_msgs.append(f'While copying "{key}", expected a tensor, got {type(src).__name__}.')
-            elif src.shape != dst.shape:
+            elif tuple(src.shape) != shape:
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape "
-                                  f"{tuple(src.shape)}, the shape in current model is {tuple(dst.shape)}.")
+                                  f"{tuple(src.shape)}, the shape in current model is {shape}.")
             else:
-                with torch.no_grad():
-                    dst.copy_(src)
+                self._load_table(g, start, src)
         if strict:
             unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in expected)
+
+    def _load_table(self, g: int, start: int, src: torch.Tensor) -> None:
+        """Copy a full table (rows ``start..`` of group `g`) into the storage this rank holds."""
+        weight = getattr(self, self._group_param_names[g])
+        first, last = start, start + src.shape[0]  # the table's rows in the group's numbering
+        if self._sharding is not None:  # a full table loads into any number of shards: keep ours
+            rows = self._sharding[g]
+            first, last = max(first, rows.start), min(last, rows.stop)
+            if first >= last:
+                return
+        offset = self._sharding[g].start if self._sharding is not None else 0
+        with torch.no_grad():
+            weight[first - offset:last - offset].copy_(src[first - start:last - start])
 
     def extra_repr(self) -> str:
         tabs = ", ".join(f"{t.name}:{t.num_embeddings}x{t.embedding_dim}/{t.pooling}" for t in self.tables)

@@ -1,5 +1,6 @@
-"""data_parallel on 2 gloo processes trains exactly what 1 process trains with the same global
-batch: the same losses, evaluation results (AUC over both ranks' data) and final weights."""
+"""data_parallel and hybrid_parallel on 2 gloo processes train exactly what 1 process trains with
+the same global batch: the same losses, evaluation results (AUC over both ranks' data) and final
+weights (sharded tables gathered back)."""
 import json
 import os
 import subprocess
@@ -16,25 +17,33 @@ WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(out: Path, kind: str, ranks: int) -> dict:
+def _run(out: Path, kind: str, ranks: int, mode: str = "data_parallel") -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     if ranks == 1:
-        cmd = [sys.executable, str(WORKER), str(out), kind]
+        cmd = [sys.executable, str(WORKER), str(out), kind, mode]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-               f"--master_port={free_port()}", str(WORKER), str(out), kind]
+               f"--master_port={free_port()}", str(WORKER), str(out), kind, mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
     result["weights"] = load_file(out / "weights.safetensors")
+    result["stdout"] = proc.stdout
     return result
 
 
-@pytest.mark.parametrize("kind", ["widedeep", "mlp"])
-def test_two_ranks_match_one_process(tmp_path, kind):
-    one, two = _run(tmp_path / "one", kind, 1), _run(tmp_path / "two", kind, 2)
+@pytest.mark.parametrize("kind,mode", [("widedeep", "data_parallel"), ("mlp", "data_parallel"),
+                                       ("widedeep", "hybrid_parallel")])
+def test_two_ranks_match_one_process(tmp_path, kind, mode):
+    one, two = _run(tmp_path / "one", kind, 1, mode), _run(tmp_path / "two", kind, 2, mode)
     assert one["cb_params"] == {"parallel_mode": "stand_alone", "device_number": 1, "rank": 0}
-    assert two["cb_params"] == {"parallel_mode": "data_parallel", "device_number": 2, "rank": 0}
+    assert two["cb_params"] == {"parallel_mode": mode, "device_number": 2, "rank": 0}
+    sharded = {name for name, placement in two["placements"].items() if placement == "row_sharded"}
+    if mode == "hybrid_parallel":
+        assert sharded and all("fused_weight" in name for name in sharded)
+        assert "row-sharded (rank 0: rows 0-" in two["stdout"]
+    else:
+        assert not sharded
     assert len(one["losses"]) == len(two["losses"]) == 12
     assert one["losses"] == pytest.approx(two["losses"], abs=1e-5)
     assert one["eval"] == pytest.approx(two["eval"], abs=1e-5)

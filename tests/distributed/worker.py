@@ -1,10 +1,11 @@
 """One training run for the equivalence tests: the same script under `python` and `torchrun`.
 
-    python worker.py OUT_DIR MODEL              # one process, global batch 64
-    torchrun --nproc_per_node=2 worker.py OUT_DIR MODEL   # two ranks, 32 rows each per step
+    python worker.py OUT_DIR MODEL MODE             # one process, global batch 64
+    torchrun --nproc_per_node=2 worker.py OUT_DIR MODEL MODE   # two ranks, 32 rows each per step
 
 MODEL: "widedeep" (fused EmbeddingBagCollection with sparse gradients, FTRL + LazyAdam + Adam)
-or "mlp" (dense only, Adam). Rank 0 writes the per-step global losses, the evaluation results and
+or "mlp" (dense only, Adam). MODE: the parallel mode set ("data_parallel" or "hybrid_parallel";
+a single process runs stand-alone whatever is set). Rank 0 writes the per-step global losses, the evaluation results and
 what cb_params reported to OUT_DIR/result.json, and the final weights to OUT_DIR/weights.safetensors.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from recstream import Model, distributed
+from recstream import Model, distributed, set_auto_parallel_context
 from recstream.callbacks import Callback
 from recstream.data import SyntheticCTR
 from recstream.metrics import AUC, Loss
@@ -50,9 +51,10 @@ class Dense(torch.nn.Module):
         return self.mlp(features.dense).squeeze(-1)
 
 
-def main(out: Path, kind: str) -> None:
+def main(out: Path, kind: str, mode: str) -> None:
     torch.set_num_threads(1)
     distributed.init()
+    set_auto_parallel_context(parallel_mode=mode)
     torch.manual_seed(0)  # same initial weights everywhere (data_parallel also broadcasts rank 0's)
     gen = SyntheticCTR(num_dense=4, num_categorical=3, vocab_sizes=[50, 40, 30], batch_size=64, seed=1)
     train, valid = gen.train_batches(6), gen.test_split(256, batch_size=64)
@@ -67,12 +69,15 @@ def main(out: Path, kind: str) -> None:
     record = Record()
     model.fit(2, distributed.shard(train), valid_dataset=distributed.shard(valid), callbacks=[record])
     results = model.eval(distributed.shard(valid))
+    weights = net.state_dict()  # every rank: sharded tables are gathered from all of them
     if distributed.rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()}, out / "weights.safetensors")
+        save_file({k: v.detach().contiguous() for k, v in weights.items()}, out / "weights.safetensors")
+        placements = {name: entry["placement"] for name, entry in model.infer_train_layout().items()}
         (out / "result.json").write_text(json.dumps({"losses": record.losses, "eval": results,
-                                                     "cb_params": record.params}))
+                                                     "cb_params": record.params, "placements": placements}))
+    distributed.shutdown()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])

@@ -1,6 +1,7 @@
-"""Data parallelism: every rank holds the whole model and trains on its own part of each batch.
+"""The training module of each parallel mode: every rank trains on its own part of each batch.
 
-`data_parallel(network)` returns the module the training step calls on each rank:
+`data_parallel(network)` (every parameter replicated) returns the module the training step calls
+on each rank:
 
 - dense parameters go through `torch.nn.parallel.DistributedDataParallel` (DDP): its buckets
   all-reduce gradients while backward still runs, and it broadcasts rank 0's weights at start;
@@ -14,8 +15,13 @@ Gradients are averaged (divided by the number of ranks), as DDP does: with the l
 each rank's part of the batch, ranks training parts of a global batch take the same steps as one
 process training the whole batch. `recstream.distributed.shard` gives each rank its part.
 
-Sparse all-reduce is implemented by gloo (CPU). NCCL has no sparse all-reduce, so on NCCL tables
-must use dense gradients (``sparse=False``) for now.
+`hybrid_parallel(network)` shards the rows of every `EmbeddingBagCollection` across the ranks
+instead (`recstream.nn.row_sharding`: ids go to the rank owning their row, rows come back, and
+so do their gradients), and replicates the rest as above. A table then needs 1/N of its memory
+per rank, and its optimizer state stays with its rows.
+
+Sparse all-reduce is implemented by gloo (CPU). NCCL has no sparse all-reduce, so under
+data_parallel on NCCL tables must use dense gradients (``sparse=False``) or be sharded.
 """
 from __future__ import annotations
 
@@ -44,24 +50,65 @@ def sparse_parameters(network: nn.Module) -> dict[str, nn.Parameter]:
 def data_parallel(network: nn.Module) -> nn.Module:
     """`network` replicated across the ranks of the default process group (module docstring)."""
     check_module("data_parallel", "network", network)
+    _refuse_hash_embeddings("data_parallel", network)
+    return _replicate("data_parallel", network, {})
+
+
+def hybrid_parallel(network: nn.Module) -> nn.Module:
+    """Dense parameters replicated, every `EmbeddingBagCollection` row-sharded across the ranks.
+
+    The collections are sharded in place (their Parameters keep their identity, so an optimizer
+    built on them works on the shards); everything else is replicated as in `data_parallel`.
+    """
+    check_module("hybrid_parallel", "network", network)
+    _refuse_hash_embeddings("hybrid_parallel", network)
+    sharded = {}
+    for prefix, module in network.named_modules():
+        if isinstance(module, EmbeddingBagCollection):
+            module.shard_rows_()
+            for name, p in module.named_parameters(recurse=False):
+                sharded[f"{prefix}.{name}" if prefix else name] = p
+    return _replicate("hybrid_parallel", network, sharded)
+
+
+def sharding_plan(network: nn.Module) -> list[str]:
+    """One line per parameter that is not simply replicated: where its rows live."""
+    lines = []
+    for name, p in network.named_parameters():
+        layout = getattr(p, "recstream_layout", None)
+        if layout is not None and layout.get("placement") == "row_sharded":
+            ranges = ", ".join(f"rank {r}: rows {a}-{b}" for r, (a, b) in zip(layout["ranks"], layout["rows"],
+                                                                                  strict=True))
+            lines.append(f"{name} {layout['shape']}: row-sharded ({ranges})")
+    return lines
+
+
+def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
     hashed = [name for name, m in network.named_modules() if isinstance(m, HashEmbedding)]
     if hashed:
-        # Each rank would insert its own ids into its own table: the replicas would diverge.
-        raise ValueError(f"data_parallel: HashEmbedding modules {hashed} cannot be replicated (each rank admits "
-                         "different ids); they need each id on one owning rank (sharding), which "
-                         "data_parallel does not do")
-    sparse = sparse_parameters(network)
+        # Each rank would admit its own ids into its own table: replicas would diverge. Sharding a
+        # hash table needs each key on one owning rank, which is not built yet.
+        raise ValueError(f"{owner}: HashEmbedding modules {hashed} cannot be trained on several ranks yet "
+                         "(each rank would admit different ids into its own copy)")
+
+
+def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter]) -> nn.Module:
+    """DDP over the parameters that are neither sharded nor sparse; sparse ones all-reduced apart."""
+    sparse = {n: p for n, p in sparse_parameters(network).items() if n not in sharded}
     if sparse and dist.get_backend() != "gloo":
-        raise ValueError(f"data_parallel: parameters {sorted(sparse)} get sparse gradients, which the "
+        raise ValueError(f"{owner}: parameters {sorted(sparse)} get sparse gradients, which the "
                          f"{dist.get_backend()!r} backend cannot all-reduce; build those tables with "
                          "sparse=False, or use the gloo backend")
     if sparse:
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(network, list(sparse))
         group = dist.new_group(backend="gloo")
         for p in sparse.values():
             dist.broadcast(p.data, src=0, group=group)  # DDP broadcasts only what it manages
             p.register_post_accumulate_grad_hook(_SparseAllReduce(group))
-    if not any(p.requires_grad for n, p in network.named_parameters() if n not in sparse):
+    ignored = [*sparse, *sharded]
+    if ignored:
+        # DDP's reducer would densify sparse gradients (and must not touch sharded rows at all).
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(network, ignored)
+    if not any(p.requires_grad for n, p in network.named_parameters() if n not in ignored):
         return network  # nothing dense to synchronise (DDP refuses a module without such parameters)
     device = next(network.parameters()).device
     return DistributedDataParallel(network, device_ids=[device] if device.type == "cuda" else None)
