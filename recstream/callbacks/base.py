@@ -1,15 +1,20 @@
 """Callback, CallbackList, RunContext and CallbackParams: how training talks to the outside.
 
 A `Callback` has one method per moment of a run (`on_train_begin` ... `on_eval_end`). The
-training loop (`recstream/train/loop.py`) calls them through one `CallbackList`, which is itself
-a `Callback` (a composite), so the loop never iterates over callbacks itself.
+training loop (`Model._train_loop` in `recstream/train/model.py`) calls them through one
+`CallbackList`, which is itself a `Callback` (a composite), so the loop never iterates over
+callbacks itself.
 
 Dispatch cost: a `CallbackList` looks, once, at which callbacks actually override each hook and
 calls only those; a hook nobody overrides is a call to an empty tuple. That keeps per-step
 overhead of an unused hook at a few hundred nanoseconds.
 
-Legacy names: as in MindSpore, `on_train_*` and `on_eval_*` fall back to `begin`, `epoch_begin`,
-`step_begin`, `step_end`, `epoch_end`, `end`, so callbacks written against the old API still run.
+Legacy names, both directions (as in MindSpore 2.x): `on_train_*` and `on_eval_*` fall back to
+`begin`, `epoch_begin`, `step_begin`, `step_end`, `epoch_end`, `end`, so callbacks written against
+the old API still run; and calling a legacy name on a callback that implements the new hooks (every
+built-in one, and a `CallbackList`) runs its `on_train_*` hook, or its `on_eval_*` hook when the
+run's ``mode`` is ``"eval"``. A `CallbackList` resolves a member's legacy method directly, so the
+fallback costs nothing per step.
 """
 from __future__ import annotations
 
@@ -35,6 +40,9 @@ LEGACY_NAMES = {
     "on_eval_end": "end",
 }
 HOOKS = tuple(LEGACY_NAMES)
+# legacy name -> (train hook, eval hook) it runs when called directly.
+NEW_NAMES = {legacy: (f"on_train_{legacy}", f"on_eval_{legacy}")
+             for legacy in ("begin", "epoch_begin", "step_begin", "step_end", "epoch_end", "end")}
 
 
 class CallbackParams(dict):
@@ -95,6 +103,11 @@ class Callback:
     False (all but `TimeMonitor`), so that e.g. a `ProgressBar` or `History` sees training only.
     A subclass inherits the value of the class it extends and may set its own.
 
+    `rank_zero_only` (class attribute): under several processes (``torchrun``), whether only
+    rank 0 runs this callback. True for the callbacks that print, write files or publish (their
+    work would be repeated, or collide, on every rank); False by default, so user callbacks run
+    on every rank.
+
     >>> class PrintSteps(Callback):
     ...     def on_train_step_end(self, run_context):
     ...         print("step", run_context.original_args().cur_step_num)
@@ -103,6 +116,7 @@ class Callback:
     """
 
     called_in_fit_eval: bool = True
+    rank_zero_only: bool = False
 
     def __enter__(self):
         return self
@@ -110,26 +124,63 @@ class Callback:
     def __exit__(self, *exc_info):
         return None
 
-    # Legacy hooks (MindSpore 1.x names). The new hooks below call them by default.
-    def begin(self, run_context): """Called once before training or evaluation."""
-    def epoch_begin(self, run_context): """Called before each epoch."""
-    def step_begin(self, run_context): """Called before each step (once per sink in sink mode)."""
-    def step_end(self, run_context): """Called after each step (once per sink in sink mode)."""
-    def epoch_end(self, run_context): """Called after each epoch."""
-    def end(self, run_context): """Called once after training or evaluation."""
+    # Legacy hooks (MindSpore 1.x names). The new hooks below call them when they are overridden;
+    # called directly, they run the new hook of the run's mode when that one is overridden.
+    def begin(self, run_context):
+        """Called once before training or evaluation."""
+        self._to_new("begin", run_context)
 
-    def on_train_begin(self, run_context): self.begin(run_context)
-    def on_train_epoch_begin(self, run_context): self.epoch_begin(run_context)
-    def on_train_step_begin(self, run_context): self.step_begin(run_context)
-    def on_train_step_end(self, run_context): self.step_end(run_context)
-    def on_train_epoch_end(self, run_context): self.epoch_end(run_context)
-    def on_train_end(self, run_context): self.end(run_context)
-    def on_eval_begin(self, run_context): self.begin(run_context)
-    def on_eval_epoch_begin(self, run_context): self.epoch_begin(run_context)
-    def on_eval_step_begin(self, run_context): self.step_begin(run_context)
-    def on_eval_step_end(self, run_context): self.step_end(run_context)
-    def on_eval_epoch_end(self, run_context): self.epoch_end(run_context)
-    def on_eval_end(self, run_context): self.end(run_context)
+    def epoch_begin(self, run_context):
+        """Called before each epoch."""
+        self._to_new("epoch_begin", run_context)
+
+    def step_begin(self, run_context):
+        """Called before each step (once per sink in sink mode)."""
+        self._to_new("step_begin", run_context)
+
+    def step_end(self, run_context):
+        """Called after each step (once per sink in sink mode)."""
+        self._to_new("step_end", run_context)
+
+    def epoch_end(self, run_context):
+        """Called after each epoch."""
+        self._to_new("epoch_end", run_context)
+
+    def end(self, run_context):
+        """Called once after training or evaluation."""
+        self._to_new("end", run_context)
+
+    def on_train_begin(self, run_context): self._to_legacy("begin", run_context)
+    def on_train_epoch_begin(self, run_context): self._to_legacy("epoch_begin", run_context)
+    def on_train_step_begin(self, run_context): self._to_legacy("step_begin", run_context)
+    def on_train_step_end(self, run_context): self._to_legacy("step_end", run_context)
+    def on_train_epoch_end(self, run_context): self._to_legacy("epoch_end", run_context)
+    def on_train_end(self, run_context): self._to_legacy("end", run_context)
+    def on_eval_begin(self, run_context): self._to_legacy("begin", run_context)
+    def on_eval_epoch_begin(self, run_context): self._to_legacy("epoch_begin", run_context)
+    def on_eval_step_begin(self, run_context): self._to_legacy("step_begin", run_context)
+    def on_eval_step_end(self, run_context): self._to_legacy("step_end", run_context)
+    def on_eval_epoch_end(self, run_context): self._to_legacy("epoch_end", run_context)
+    def on_eval_end(self, run_context): self._to_legacy("end", run_context)
+
+    # Each direction forwards only to an *overridden* method, so neither can bounce back to the other
+    # (an override that calls ``super()`` reaches the base, which then does nothing).
+    def _to_legacy(self, legacy: str, run_context) -> None:
+        if _own(self, legacy):
+            getattr(self, legacy)(run_context)
+
+    def _to_new(self, legacy: str, run_context) -> None:
+        train, evaluate = NEW_NAMES[legacy]
+        params = run_context.original_args() if isinstance(run_context, RunContext) else {}
+        hook = evaluate if params.get("mode") == "eval" else train
+        if _own(self, hook):
+            getattr(self, hook)(run_context)
+
+
+def _own(cb: Callback, name: str) -> bool:
+    """Whether `cb` defines `name` itself (on its class or as an instance attribute), not `Callback`."""
+    fn = getattr(cb, name)
+    return getattr(fn, "__func__", fn) is not getattr(Callback, name)
 
 
 def _overrides(cb: Callback, hook: str) -> bool:
@@ -137,12 +188,15 @@ def _overrides(cb: Callback, hook: str) -> bool:
     (on its class or as an instance attribute)."""
     if isinstance(cb, CallbackList):
         return bool(cb._active[hook])
+    return _own(cb, hook) or _own(cb, LEGACY_NAMES[hook])
 
-    def own(name: str) -> bool:
-        fn = getattr(cb, name)
-        return getattr(fn, "__func__", fn) is not getattr(Callback, name)
 
-    return own(hook) or own(LEGACY_NAMES[hook])
+def _resolve(cb: Callback, hook: str):
+    """The bound method that does `cb`'s work at `hook`: the hook itself when overridden, else the
+    legacy method behind it (skipping the base class's forwarding call)."""
+    if isinstance(cb, CallbackList) or _own(cb, hook):
+        return getattr(cb, hook)
+    return getattr(cb, LEGACY_NAMES[hook])
 
 
 def as_callback_list(callbacks, owner: str = "CallbackList") -> list[Callback]:
@@ -185,7 +239,7 @@ class CallbackList(Callback):
     def _index(self) -> None:
         # Resolve, once, the bound methods that do something for each hook. Dispatch then costs
         # one loop over a (usually empty) tuple.
-        self._active = {h: tuple(getattr(cb, h) for cb in self.callbacks if _overrides(cb, h)) for h in HOOKS}
+        self._active = {h: tuple(_resolve(cb, h) for cb in self.callbacks if _overrides(cb, h)) for h in HOOKS}
 
     def wants(self, hook: str) -> bool:
         """Whether any member does something at `hook` (lets loops skip building hook state)."""
@@ -205,6 +259,20 @@ class CallbackList(Callback):
     def _call(self, hook: str, run_context) -> None:
         for fn in self._active[hook]:
             fn(run_context)
+
+    # Legacy names called on the list reach every member's legacy method, as MindSpore's callback
+    # manager does; a member that implements only the new hooks maps the call to them. The loops
+    # never call these, so they need no dispatch table.
+    def begin(self, run_context): self._call_legacy("begin", run_context)
+    def epoch_begin(self, run_context): self._call_legacy("epoch_begin", run_context)
+    def step_begin(self, run_context): self._call_legacy("step_begin", run_context)
+    def step_end(self, run_context): self._call_legacy("step_end", run_context)
+    def epoch_end(self, run_context): self._call_legacy("epoch_end", run_context)
+    def end(self, run_context): self._call_legacy("end", run_context)
+
+    def _call_legacy(self, name: str, run_context) -> None:
+        for cb in self.callbacks:
+            getattr(cb, name)(run_context)
 
     def on_train_begin(self, run_context): self._call("on_train_begin", run_context)
     def on_train_epoch_begin(self, run_context): self._call("on_train_epoch_begin", run_context)

@@ -29,13 +29,15 @@ class LossMonitor(Callback):
 
     `s` is the step inside the epoch. In sink mode the hook runs once per sink, so the printed
     loss is the sink's last step. A NaN or infinite loss stops training with a ValueError.
-    The loss is read from the device only on the steps that print.
+    The loss is read from the device only on the steps that print. In ``fit``, after each epoch
+    that was evaluated, it prints ``Eval result: epoch {e}, metrics: {metrics}`` as well.
 
     >>> from recstream.callbacks import LossMonitor
     >>> monitor = LossMonitor(per_print_times=100)
     """
 
     called_in_fit_eval = False
+    rank_zero_only = True
 
     def __init__(self, per_print_times: int = 1):
         self._per_print_times = check_int("LossMonitor", "per_print_times", per_print_times, minimum=0)
@@ -57,3 +59,8 @@ class LossMonitor(Callback):
                              "terminating training.")
         self._last_print_time = p.cur_step_num
         print(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}, loss is {loss}", flush=True)
+
+    def on_train_epoch_end(self, run_context):
+        metrics = run_context.original_args().get("metrics")
+        if metrics:  # set only on the epochs that `fit` evaluated
+            print(f"Eval result: epoch {run_context.original_args().cur_epoch_num}, metrics: {metrics}", flush=True)

@@ -19,10 +19,13 @@ Example:
     1.0
 """
 from recstream.metrics.auc import AUC, exact_auc
-from recstream.metrics.base import Metric
+from recstream.metrics.base import Metric, rearrange_inputs
 from recstream.metrics.classification import F1, Accuracy, Fbeta, Precision, Recall
+from recstream.metrics.confusion_matrix import ConfusionMatrix, ConfusionMatrixMetric
+from recstream.metrics.cosine_similarity import CosineSimilarity
 from recstream.metrics.losses import MAE, MSE, LogLoss, Loss
-from recstream.metrics.registry import get_metric_fn, get_metrics
+from recstream.metrics.registry import get_metric_fn, get_metrics, names
+from recstream.metrics.roc import ROC, auc
 from recstream.metrics.topk import (
     Top1CategoricalAccuracy,
     Top5CategoricalAccuracy,
@@ -31,6 +34,7 @@ from recstream.metrics.topk import (
 
 __all__ = [
     "Metric",
+    "rearrange_inputs",
     "Accuracy",
     "Precision",
     "Recall",
@@ -45,6 +49,12 @@ __all__ = [
     "TopKCategoricalAccuracy",
     "Top1CategoricalAccuracy",
     "Top5CategoricalAccuracy",
+    "ROC",
+    "auc",
+    "ConfusionMatrix",
+    "ConfusionMatrixMetric",
+    "CosineSimilarity",
     "get_metric_fn",
     "get_metrics",
+    "names",
 ]

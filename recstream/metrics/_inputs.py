@@ -9,7 +9,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recstream.validation import describe
+
 EVAL_TYPES = ("classification", "multilabel")  # the ``eval_type`` choices of classification metrics
+ONEHOT_RULE = ("y of y_pred's shape is read as one-hot, so along axis 1 it must hold 0s and a single 1 "
+               "(the values reported are sample positions)")
+
+
+def check_eval_type(owner: str, value) -> str:
+    """``eval_type`` of the classification metrics; anything but the two kinds is a ``TypeError``.
+
+    MindSpore calls ``eval_type`` a *type* of evaluation and raises ``TypeError`` for
+    ``Accuracy("test")``; recstream does the same.
+    """
+    if isinstance(value, str) and value in EVAL_TYPES:
+        return value
+    raise TypeError(f"{owner}: 'eval_type' must be one of {list(EVAL_TYPES)}, got {describe(value)}")
 
 
 def to_tensor(data, name: str, owner: str, allow_scalar: bool = False) -> torch.Tensor:
@@ -88,11 +103,24 @@ def _shape(t: torch.Tensor) -> tuple:
     return tuple(t.shape)
 
 
+def onehot_labels(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Class indices of one-hot labels (class axis 1), without a read-back.
+
+    Returns ``(indices, bad, positions)``: ``bad`` marks the samples whose row along axis 1 is not
+    0s and a single 1 (MindSpore refuses those labels too), ``positions`` numbers the samples so
+    that an error can say which one it was.
+    """
+    zero_one = ((y == 0) | (y == 1)).all(dim=1)
+    bad = ~zero_one | (y.sum(dim=1) != 1)
+    return y.argmax(dim=1), bad, torch.arange(bad.numel(), device=y.device).reshape(bad.shape)
+
+
 def decode_classification(y_pred: torch.Tensor, y: torch.Tensor, threshold: float, owner: str):
     """Predicted and true class indices for single-label classification.
 
-    Returns ``(pred, labels, bad, layout)`` where ``layout`` is ``"binary"`` for
-    (N,)/(N, 1) probabilities (class = p > threshold) or the class count C.
+    Returns ``(pred, labels, checks, layout)`` where ``layout`` is ``"binary"`` for (N,)/(N, 1)
+    probabilities (class = p > threshold) or the class count C, and ``checks`` lists the deferred
+    value checks as ``(key, values, bad, rule)`` arguments of ``Metric._flag_invalid``.
     """
     if y_pred.ndim == 0:
         raise ValueError(f"{owner}: y_pred must have at least 1 dimension, got a scalar.")
@@ -104,10 +132,13 @@ def decode_classification(y_pred: torch.Tensor, y: torch.Tensor, threshold: floa
                 f"{_shape(y_pred)}, got {_shape(y)}."
             )
         labels, bad = binary_labels(y.reshape(-1))
-        return (y_pred.reshape(-1) > threshold).long(), labels.long(), bad, "binary"
+        checks = [("y", y, bad, "y must be 0 or 1")]
+        return (y_pred.reshape(-1) > threshold).long(), labels.long(), checks, "binary"
     num_classes = y_pred.shape[1]
+    checks = []
     if y.ndim == y_pred.ndim and _shape(y) == _shape(y_pred):
-        y = y.argmax(dim=1)  # one-hot (or score) labels -> class index, as MindSpore does
+        y, bad_rows, positions = onehot_labels(y)
+        checks.append(("onehot", positions, bad_rows, ONEHOT_RULE))
     elif y_pred.ndim == 2 and _shape(y) == (y_pred.shape[0], 1):
         y = y.reshape(-1)
     expected = (y_pred.shape[0],) + _shape(y_pred)[2:]
@@ -117,7 +148,8 @@ def decode_classification(y_pred: torch.Tensor, y: torch.Tensor, threshold: floa
             f"{_shape(y_pred)} for y_pred of shape {_shape(y_pred)}, got {_shape(y)}."
         )
     labels, bad = class_labels(y, num_classes)
-    return y_pred.argmax(dim=1), labels, bad, num_classes
+    checks.append(("y", y, bad, f"y must be class indices in [0, {num_classes})"))
+    return y_pred.argmax(dim=1), labels, checks, num_classes
 
 
 def decode_multilabel(y_pred: torch.Tensor, y: torch.Tensor, threshold: float, owner: str):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 
 import torch
 
@@ -19,6 +20,47 @@ def _copy(value):
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     return value
+
+
+def select_inputs(metric, inputs: tuple) -> tuple:
+    """``inputs`` re-ordered by ``metric.indexes`` (all of them, in order, when it is None or empty)."""
+    indexes = getattr(metric, "indexes", None)
+    if not indexes:
+        return inputs
+    if max(indexes) >= len(inputs) or min(indexes) < -len(inputs):
+        raise ValueError(
+            f"{type(metric).__name__}.update: indexes {indexes} do not fit the "
+            f"{len(inputs)} input(s) received."
+        )
+    return tuple(inputs[i] for i in indexes)
+
+
+def rearrange_inputs(func):
+    """Decorate a custom metric's ``update`` so that it receives the inputs picked by ``set_indexes``.
+
+    As ``mindspore.train.rearrange_inputs``: for a network with several outputs, ``set_indexes([2, 0])``
+    makes ``update(a, b, c)`` run as ``update(c, a)``. recstream's built-in metrics apply their
+    indexes themselves; decorate only your own ``update``.
+
+    Example:
+        >>> from recstream.metrics import Metric, rearrange_inputs
+        >>> class Last(Metric):
+        ...     def clear(self):
+        ...         self.seen = None
+        ...     @rearrange_inputs
+        ...     def update(self, *inputs):
+        ...         self.seen = inputs
+        ...     def eval(self):
+        ...         return self.seen
+        >>> Last().set_indexes([2, 0])("logits", "aux", "label")
+        ('label', 'logits')
+    """
+
+    @functools.wraps(func)
+    def wrapper(self, *inputs):
+        return func(self, *select_inputs(self, inputs))
+
+    return wrapper
 
 
 class Metric(abc.ABC):
@@ -79,15 +121,7 @@ class Metric(abc.ABC):
         return self
 
     def _select(self, inputs: tuple) -> tuple:
-        indexes = self.indexes
-        if not indexes:
-            return inputs
-        if max(indexes) >= len(inputs) or min(indexes) < -len(inputs):
-            raise ValueError(
-                f"{type(self).__name__}.update: indexes {indexes} do not fit the "
-                f"{len(inputs)} input(s) received."
-            )
-        return tuple(inputs[i] for i in indexes)
+        return select_inputs(self, inputs)
 
     # -- protocol ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -12,13 +12,13 @@ import numpy as np
 import torch
 
 from recstream.metrics._inputs import (
-    EVAL_TYPES,
+    check_eval_type,
     decode_classification,
     decode_multilabel,
     prediction_pair,
 )
 from recstream.metrics.base import Metric
-from recstream.validation import check_bool, check_choice, check_number
+from recstream.validation import check_bool, check_number
 
 
 def _check_layout(owner: str, first, layout) -> None:
@@ -30,23 +30,21 @@ def _check_layout(owner: str, first, layout) -> None:
         )
 
 
-def _label_rule(layout) -> str:
-    return "y must be 0 or 1" if layout == "binary" else f"y must be class indices in [0, {layout})"
-
-
 class Accuracy(Metric):
     """Fraction of correct predictions, as ``mindspore.train.Accuracy``.
 
     Args:
-        eval_type: ``"classification"`` (one label per sample) or ``"multilabel"``.
+        eval_type: ``"classification"`` (one label per sample) or ``"multilabel"``; anything
+            else is a ``TypeError``, as in MindSpore.
         threshold: for binary (N,)/(N, 1) probabilities and for multilabel scores,
             a score above ``threshold`` predicts the positive class / label.
 
     ``update(y_pred, y)`` inputs (tensors on any device, numpy arrays or lists):
 
     * classification, y_pred (N, C) with C >= 2: predicted class is ``argmax``; y is
-      class indices (N,) or one-hot (N, C). Extra trailing dims (N, C, d...) with
-      y (N, d...) count every position, as in MindSpore.
+      class indices (N,) or one-hot (N, C). A y of y_pred's shape must really be one-hot
+      (0s and a single 1 per sample), as MindSpore requires: ``eval`` raises ``ValueError``
+      otherwise. Extra trailing dims (N, C, d...) with y (N, d...) count every position.
     * classification, y_pred (N,) or (N, 1): probabilities of the positive class;
       y holds 0/1 labels of shape (N,) or (N, 1).
     * multilabel, y_pred and y (N, C): a row is correct only if every label matches.
@@ -67,7 +65,7 @@ class Accuracy(Metric):
 
     def __init__(self, eval_type: str = "classification", threshold: float = 0.5):
         super().__init__()
-        self.eval_type = check_choice("Accuracy", "eval_type", eval_type, EVAL_TYPES)
+        self.eval_type = check_eval_type("Accuracy", eval_type)
         self.threshold = check_number("Accuracy", "threshold", threshold)
         self.clear()
 
@@ -82,16 +80,16 @@ class Accuracy(Metric):
         """Add one batch ``(y_pred, y)``; see the class docstring for the shapes."""
         y_pred, y = prediction_pair(self, inputs, "Accuracy")
         if self.eval_type == "classification":
-            pred, labels, bad, layout = decode_classification(y_pred, y, self.threshold, "Accuracy")
+            pred, labels, checks, layout = decode_classification(y_pred, y, self.threshold, "Accuracy")
             correct = pred == labels
-            rule = _label_rule(layout)
         else:
             pred, labels, bad, layout = decode_multilabel(y_pred, y, self.threshold, "Accuracy")
             correct = (pred == labels).all(dim=1)
-            rule = "multilabel y must be 0 or 1"
+            checks = [("y", y, bad, "multilabel y must be 0 or 1")]
         _check_layout("Accuracy", self._layout, layout)
         self._layout = layout
-        self._flag_invalid("y", y, bad, rule)
+        for check in checks:
+            self._flag_invalid(*check)
         self._accumulate("_correct", correct.sum())
         self._total += correct.numel()
 
@@ -132,7 +130,7 @@ class ClassCountMetric(Metric):
 
     def __init__(self, eval_type: str = "classification", threshold: float = 0.5):
         super().__init__()
-        self.eval_type = check_choice(self._name, "eval_type", eval_type, EVAL_TYPES)
+        self.eval_type = check_eval_type(self._name, eval_type)
         self.threshold = check_number(self._name, "threshold", threshold)
         self.clear()
 
@@ -154,10 +152,11 @@ class ClassCountMetric(Metric):
             counts = torch.stack([(pred & labels).sum(1), pred.sum(1), labels.sum(1)])
             self._rows.append(counts)
             return
-        pred, labels, bad, layout = decode_classification(y_pred, y, self.threshold, self._name)
+        pred, labels, checks, layout = decode_classification(y_pred, y, self.threshold, self._name)
         _check_layout(self._name, self._layout, layout)
         self._layout = layout
-        self._flag_invalid("y", y, bad, _label_rule(layout))
+        for check in checks:
+            self._flag_invalid(*check)
         pred, labels = pred.reshape(-1), labels.reshape(-1)
         if self._tp is None:
             num_classes = 2 if layout == "binary" else layout

@@ -4,9 +4,12 @@ from __future__ import annotations
 from recstream.metrics.auc import AUC
 from recstream.metrics.base import Metric
 from recstream.metrics.classification import F1, Accuracy, Precision, Recall
+from recstream.metrics.confusion_matrix import ConfusionMatrix, ConfusionMatrixMetric
+from recstream.metrics.cosine_similarity import CosineSimilarity
 from recstream.metrics.losses import MAE, MSE, LogLoss, Loss
-from recstream.metrics.topk import Top1CategoricalAccuracy, Top5CategoricalAccuracy
-from recstream.validation import check_choice, check_type, describe
+from recstream.metrics.roc import ROC
+from recstream.metrics.topk import Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
+from recstream.validation import check_type, describe
 
 _METRICS = {
     "accuracy": Accuracy,
@@ -22,18 +25,38 @@ _METRICS = {
     "mse": MSE,
     "top_1_accuracy": Top1CategoricalAccuracy,
     "top_5_accuracy": Top5CategoricalAccuracy,
+    "topk": TopKCategoricalAccuracy,
+    "roc": ROC,
+    "confusion_matrix": ConfusionMatrix,
+    "confusion_matrix_metric": ConfusionMatrixMetric,
+    "cosine_similarity": CosineSimilarity,
 }
+
+
+def names() -> list[str]:
+    """The registered metric names, sorted (``mindspore.train.names``).
+
+    Example:
+        >>> from recstream.metrics import names
+        >>> "roc" in names() and "auc" in names()
+        True
+    """
+    return sorted(_METRICS)
 
 
 def get_metric_fn(name: str, *args, **kwargs) -> Metric:
     """Instantiate the metric registered under ``name`` with ``*args, **kwargs``.
+
+    An unknown name is a ``KeyError`` (as in MindSpore); a name that is not a str, a ``TypeError``.
 
     Example:
         >>> from recstream.metrics import get_metric_fn
         >>> get_metric_fn("auc", from_logits=True).from_logits
         True
     """
-    check_choice("get_metric_fn", "name", name, sorted(_METRICS))
+    check_type("get_metric_fn", "name", name, str, allowed=f"a metric name, one of {names()}")
+    if name not in _METRICS:
+        raise KeyError(f"get_metric_fn: unknown metric name {name!r}; registered names: {names()}")
     return _METRICS[name](*args, **kwargs)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from recstream.metrics._inputs import class_labels, prediction_pair
+from recstream.metrics._inputs import ONEHOT_RULE, class_labels, onehot_labels, prediction_pair
 from recstream.metrics.base import Metric
 from recstream.validation import check_int
 
@@ -12,8 +12,10 @@ class TopKCategoricalAccuracy(Metric):
     """Share of samples whose true class is among the k highest scores.
 
     As ``mindspore.train.TopKCategoricalAccuracy``: y_pred (N, C) scores, y class
-    indices (N,) / (N, 1) or one-hot (N, C). Among equal scores the lower class
-    index ranks first (stable sort), so results do not depend on the device.
+    indices (N,) / (N, 1) or one-hot (N, C') — as in MindSpore, any one-hot width C' is
+    read by its argmax (a row that is not 0s and a single 1 is an error at ``eval``).
+    Among equal scores the lower class index ranks first (stable sort), so results do
+    not depend on the device.
 
     Args:
         k: how many top classes count as a hit, >= 1 (k >= C always hits).
@@ -45,13 +47,14 @@ class TopKCategoricalAccuracy(Metric):
         if y_pred.ndim != 2:
             raise ValueError(f"{self._name}.update: y_pred must have shape (N, C), got {tuple(y_pred.shape)}.")
         n, num_classes = y_pred.shape
-        if tuple(y.shape) == (n, num_classes):
-            y = y.argmax(dim=1)  # one-hot
-        elif tuple(y.shape) in ((n,), (n, 1)):
+        if tuple(y.shape) in ((n,), (n, 1)):
             y = y.reshape(-1)
+        elif y.ndim == 2 and y.shape[0] == n:
+            y, bad_rows, positions = onehot_labels(y)
+            self._flag_invalid("onehot", positions, bad_rows, ONEHOT_RULE)
         else:
             raise ValueError(
-                f"{self._name}.update: y must have shape ({n},), ({n}, 1) or one-hot ({n}, {num_classes}), "
+                f"{self._name}.update: y must have shape ({n},), ({n}, 1) or one-hot ({n}, C), "
                 f"got {tuple(y.shape)}."
             )
         labels, bad = class_labels(y, num_classes)

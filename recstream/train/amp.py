@@ -16,7 +16,7 @@ wrapper casts the inputs, and outputs go back to fp32 before the loss.
 
 >>> import torch
 >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
->>> step = build_train_network(net, torch.nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+>>> step = build_train_network(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.nn.MSELoss(),
 ...                            level="O2", device="cpu")
 >>> loss, overflow, scale = step(torch.randn(16, 4), torch.randn(16, 1))
 >>> net[0].weight.dtype, loss.dtype, bool(overflow)
@@ -31,8 +31,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..validation import check_bool, check_callable, check_choice, check_module, check_type
-from .cells import TrainOneStepCell, WithEvalCell, WithLossCell
+from ..validation import check_bool, check_callable, check_choice, check_kwargs, check_module, check_type
+from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
 from .loss_scale import DynamicLossScaleManager, LossScaleManager, TrainOneStepWithLossScaleCell
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
@@ -247,22 +247,29 @@ def _precision_network(network: nn.Module, level: str, device, keep_batchnorm_fp
     return CastNetwork(network, resolve_amp_dtype(device, dtype), keep_batchnorm_fp32=keep)
 
 
-def build_train_network(network: nn.Module, loss_fn: Callable | None = None, optimizer=None, level: str = "O0",
-                        keep_batchnorm_fp32: bool | None = None, loss_scale_manager: LossScaleManager | None = None,
-                        device=None, dtype=None) -> nn.Module:
-    """Return the module that runs one training step at `level`.
+def build_train_network(network: nn.Module, optimizer, loss_fn: Callable | None = None, level: str = "O0",
+                        boost_level: str = "O0", **kwargs) -> nn.Module:
+    """Return the module that runs one training step at `level` (MindSpore's argument order).
 
     `TrainOneStepCell` (returns the loss) unless a loss-scale manager applies (given, or the
     default dynamic one of "O2"): then `TrainOneStepWithLossScaleCell` (returns
-    ``(loss, overflow, scale)``). `keep_batchnorm_fp32` defaults to True for O2, False for O3,
-    and is ignored at O0/O1. `device` defaults to the network's; `dtype` picks bf16 on CUDA (see
-    `resolve_amp_dtype`). As in MindSpore, O1 has no default loss scale: with float16 on CUDA,
-    pass a `loss_scale_manager`. With ``optimizer=None`` (only at "O0") `network` is itself the
-    step (with `loss_fn` attached). "O3" casts the network's weights in place.
+    ``(loss, overflow, scale)``). Keyword arguments: ``keep_batchnorm_fp32`` (default True for O2,
+    False for O3, ignored at O0/O1), ``loss_scale_manager``, ``device`` (default: the network's)
+    and ``dtype`` (bf16 on CUDA, see `resolve_amp_dtype`). As in MindSpore, O1 has no default loss
+    scale: with float16 on CUDA, pass a `loss_scale_manager`. With ``optimizer=None`` (only at
+    "O0") `network` is itself the step (with `loss_fn` attached). "O3" casts the network's weights
+    in place. `boost_level` ("O0" | "O1" | "O2") is accepted and enables nothing, as in `Model`.
     """
     owner = "build_train_network"
+    check_kwargs(owner, kwargs, ("keep_batchnorm_fp32", "loss_scale_manager", "device", "dtype"))
+    keep_batchnorm_fp32, loss_scale_manager = kwargs.get("keep_batchnorm_fp32"), kwargs.get("loss_scale_manager")
+    device, dtype = kwargs.get("device"), kwargs.get("dtype")
+    # The optimizer first: a call in the old (network, loss_fn, optimizer) order fails on it, clearly.
+    check_type(owner, "optimizer", optimizer, OptimizerLike, allow_none=True,
+               allowed="a torch.optim.Optimizer (an object with step() and zero_grad())")
     _check_common(owner, network, loss_fn, keep_batchnorm_fp32)
     check_amp_level(level, owner)
+    check_choice(owner, "boost_level", boost_level, ("O0", "O1", "O2"))
     check_type(owner, "loss_scale_manager", loss_scale_manager, LossScaleManager, allow_none=True,
                allowed="a LossScaleManager (FixedLossScaleManager or DynamicLossScaleManager)")
     if optimizer is None:

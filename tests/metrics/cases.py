@@ -6,7 +6,11 @@ from recstream.metrics import (
     F1,
     MAE,
     MSE,
+    ROC,
     Accuracy,
+    ConfusionMatrix,
+    ConfusionMatrixMetric,
+    CosineSimilarity,
     Fbeta,
     LogLoss,
     Loss,
@@ -45,6 +49,13 @@ def cases():
     def loss(seed):
         return (_batches(seed)[2],)
 
+    def matrix(seed):
+        return (_batches(seed)[0],)
+
+    def zero_one(seed):  # thresholded predictions and labels, class on axis 1
+        s, _, _, _, m = _batches(seed)
+        return (s > 0.5).long(), m
+
     return [
         ("accuracy", Accuracy, cls),
         ("accuracy_binary", Accuracy, binary),
@@ -62,4 +73,11 @@ def cases():
         ("mse", MSE, multi),
         ("topk", lambda: TopKCategoricalAccuracy(2), cls),
         ("top1", Top1CategoricalAccuracy, cls),
+        ("roc_binary", ROC, binary),
+        ("confusion_matrix", lambda: ConfusionMatrix(4), cls),
+        ("confusion_matrix_normalized", lambda: ConfusionMatrix(2, normalize="target"), binary),
+        ("confusion_matrix_metric", lambda: ConfusionMatrixMetric(metric_name="fpr"), zero_one),
+        ("confusion_matrix_metric_per_sample",
+         lambda: ConfusionMatrixMetric(metric_name="f1", calculation_method=True, decrease="mean_batch"), zero_one),
+        ("cosine_similarity", CosineSimilarity, matrix),
     ]

@@ -116,7 +116,7 @@ def test_invalid_labels_are_reported_by_eval_with_value():
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    ({"eval_type": "regression"}, ValueError, r"Accuracy: 'eval_type' must be one of .*got 'regression'"),
+    ({"eval_type": "regression"}, TypeError, r"Accuracy: 'eval_type' must be one of .*got 'regression'"),
     ({"eval_type": 1}, TypeError, r"Accuracy: 'eval_type' must be one of .*got 1 \(int\)"),
     ({"threshold": "0.5"}, TypeError, r"Accuracy: 'threshold' must be a finite number, got '0.5' \(str\)"),
     ({"threshold": True}, TypeError, r"'threshold' must be a finite number, got True \(bool\)"),

@@ -91,7 +91,7 @@ def test_bad_inputs():
         Fbeta(0)
     with pytest.raises(TypeError, match=r"Fbeta: 'beta' must be a finite number > 0, got '1' \(str\)"):
         Fbeta("1")
-    with pytest.raises(ValueError, match="Recall: 'eval_type' must be one of"):
+    with pytest.raises(TypeError, match="Recall: 'eval_type' must be one of"):  # MindSpore: TypeError
         Recall("binary")
     with pytest.raises(TypeError, match="Precision: 'eval_type' must be one of"):
         Precision(None)

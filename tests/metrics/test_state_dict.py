@@ -13,7 +13,11 @@ CASES = cases()
 
 
 def _same(a, b):
-    if isinstance(a, np.ndarray):
+    if isinstance(a, (tuple, list)):  # e.g. ROC's (fpr, tpr, thresholds)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
     else:
         assert a == pytest.approx(b, abs=1e-12)

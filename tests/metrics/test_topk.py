@@ -45,7 +45,7 @@ def test_bad_inputs():
         TopKCategoricalAccuracy(True)
     with pytest.raises(ValueError, match=r"y_pred must have shape \(N, C\), got \(3,\)"):
         Top1CategoricalAccuracy().update([0.1, 0.2, 0.3], [0, 1, 2])
-    with pytest.raises(ValueError, match=r"y must have shape \(3,\), \(3, 1\) or one-hot \(3, 5\), got \(2,\)"):
+    with pytest.raises(ValueError, match=r"y must have shape \(3,\), \(3, 1\) or one-hot \(3, C\), got \(2,\)"):
         Top1CategoricalAccuracy().update(X, [0, 1])
     with pytest.raises(RuntimeError, match="number of samples is 0"):
         Top5CategoricalAccuracy().eval()

@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch import nn
 
+from recstream import Model
 from recstream.train import amp
 from recstream.train.amp import (
     AMP_LEVELS,
@@ -81,7 +82,7 @@ def test_resolve_amp_level_and_dtype(monkeypatch):
 def test_o0_unchanged():
     net = mlp()
     seen = record(net)
-    step = build_train_network(net, nn.MSELoss(), sgd(net), level="O0", device="cpu")
+    step = build_train_network(net, sgd(net), nn.MSELoss(), level="O0", device="cpu")
     assert type(step) is TrainOneStepCell
     step(*data())
     assert all(v == (FP32, FP32, FP32) for v in seen.values() if v[1] is not False)
@@ -91,7 +92,7 @@ def test_o0_unchanged():
 def test_o1_autocast_runs_linear_in_bf16():
     net = mlp()
     seen = record(net)
-    step = build_train_network(net, nn.MSELoss(), sgd(net), level="O1", device="cpu")
+    step = build_train_network(net, sgd(net), nn.MSELoss(), level="O1", device="cpu")
     assert type(step) is TrainOneStepCell
     loss = step(*data())
     assert seen["0"] == (FP32, FP32, BF16)  # autocast casts inside linear: weights stay fp32
@@ -102,7 +103,7 @@ def test_o1_autocast_runs_linear_in_bf16():
 def test_o2_low_precision_compute_fp32_masters_and_batchnorm():
     net = mlp()
     seen = record(net)
-    step = build_train_network(net, nn.MSELoss(), sgd(net), level="O2", device="cpu")
+    step = build_train_network(net, sgd(net), nn.MSELoss(), level="O2", device="cpu")
     assert isinstance(step, TrainOneStepWithLossScaleCell)  # dynamic loss scale by default
     assert step.loss_scale.item() == 2.0 ** 24
     loss, overflow, scale = step(*data())
@@ -118,7 +119,7 @@ def test_o2_low_precision_compute_fp32_masters_and_batchnorm():
 def test_o2_keep_batchnorm_fp32_false():
     net = mlp()
     seen = record(net)
-    build_train_network(net, nn.MSELoss(), sgd(net), level="O2", keep_batchnorm_fp32=False, device="cpu")(*data())
+    build_train_network(net, sgd(net), nn.MSELoss(), level="O2", keep_batchnorm_fp32=False, device="cpu")(*data())
     assert seen["1"] == (BF16, FP32, BF16)  # bf16 in and out; weights and statistics as stored
     assert net[1].weight.dtype == FP32 and net[1].running_mean.dtype == FP32
 
@@ -126,14 +127,14 @@ def test_o2_keep_batchnorm_fp32_false():
 def test_o3_casts_network_no_loss_scale_and_override():
     net = mlp()
     seen = record(net)
-    step = build_train_network(net, nn.MSELoss(), sgd(net), level="O3", device="cpu")
+    step = build_train_network(net, sgd(net), nn.MSELoss(), level="O3", device="cpu")
     assert type(step) is TrainOneStepCell
     loss = step(*data())
     assert all(t.dtype == BF16 for t in list(net.parameters()) + [net[1].running_mean, net[1].running_var])
     assert seen["1"] == (BF16, BF16, BF16) and loss.dtype == FP32
     net = mlp()
     seen = record(net)
-    build_train_network(net, nn.MSELoss(), sgd(net), level="O3", keep_batchnorm_fp32=True, device="cpu")(*data())
+    build_train_network(net, sgd(net), nn.MSELoss(), level="O3", keep_batchnorm_fp32=True, device="cpu")(*data())
     assert net[0].weight.dtype == BF16 and net[1].weight.dtype == FP32
     assert seen["1"] == (FP32, FP32, FP32) and seen["3"] == (BF16, BF16, BF16)
 
@@ -154,7 +155,7 @@ class IdsAndDense(nn.Module):
 def test_inputs_cast_but_not_ids(level, table):
     net = IdsAndDense()
     seen = record(net)
-    step = build_train_network(net, nn.MSELoss(), sgd(net), level=level, device="cpu")
+    step = build_train_network(net, sgd(net), nn.MSELoss(), level=level, device="cpu")
     out = step(torch.randint(0, 20, (8, 1)), torch.randn(8, 3), torch.randn(8, 1))
     assert net.seen == [(torch.int64, BF16)]
     assert seen["emb"] == (torch.int64, table, table)  # the lookup reads the table as stored
@@ -188,7 +189,7 @@ def test_training_lowers_loss(level):
     net = mlp()
     x, y = data(256)
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
-    step = build_train_network(net, nn.MSELoss(), opt, level=level, device="cpu")
+    step = build_train_network(net, opt, nn.MSELoss(), level=level, device="cpu")
     losses = []
     for _ in range(60):
         out = step(x, y)
@@ -210,7 +211,7 @@ def test_eval_and_predict_networks_fp32_outputs_weights_untouched(level):
 
 def test_loss_scale_manager_at_other_levels():
     net = mlp()
-    step = build_train_network(net, nn.MSELoss(), sgd(net), level="O1", loss_scale_manager=FixedLossScaleManager(64.0))
+    step = build_train_network(net, sgd(net), nn.MSELoss(), level="O1", loss_scale_manager=FixedLossScaleManager(64.0))
     loss, overflow, scale = step(*data())
     assert isinstance(step, TrainOneStepWithLossScaleCell) and scale.item() == 64.0
 
@@ -218,27 +219,77 @@ def test_loss_scale_manager_at_other_levels():
 def test_bad_arguments():
     net = mlp()
     with pytest.raises(ValueError, match="Auto mixed precision will not work because 'optimizer' is None"):
-        build_train_network(net, nn.MSELoss(), None, level="O2")
+        build_train_network(net, None, nn.MSELoss(), level="O2")
     with pytest.raises(ValueError, match="'loss_scale_manager' was given but 'optimizer' is None"):
-        build_train_network(net, nn.MSELoss(), None, loss_scale_manager=FixedLossScaleManager())
+        build_train_network(net, None, nn.MSELoss(), loss_scale_manager=FixedLossScaleManager())
     with pytest.raises(TypeError, match="'loss_scale_manager' must be a LossScaleManager.*float"):
-        build_train_network(net, nn.MSELoss(), sgd(net), level="O2", loss_scale_manager=128.0)
+        build_train_network(net, sgd(net), nn.MSELoss(), level="O2", loss_scale_manager=128.0)
     with pytest.raises(TypeError, match="'keep_batchnorm_fp32' must be a bool or None, got 'yes'"):
-        build_train_network(net, nn.MSELoss(), sgd(net), level="O2", keep_batchnorm_fp32="yes")
+        build_train_network(net, sgd(net), nn.MSELoss(), level="O2", keep_batchnorm_fp32="yes")
     with pytest.raises(TypeError, match="'network' must be a torch.nn.Module"):
-        build_train_network(lambda x: x, nn.MSELoss(), sgd(net), level="O1")
+        build_train_network(lambda x: x, sgd(net), nn.MSELoss(), level="O1")
     with pytest.raises(TypeError, match="'loss_fn' must be callable"):
         build_eval_network(net, "mse", "O1", "cpu")
     with pytest.raises(ValueError, match="float16 is not supported on CPU"):
-        build_train_network(net, nn.MSELoss(), sgd(net), level="O2", device="cpu", dtype="float16")
+        build_train_network(net, sgd(net), nn.MSELoss(), level="O2", device="cpu", dtype="float16")
     with pytest.raises(ValueError, match="'amp_level'"):
-        build_train_network(net, nn.MSELoss(), sgd(net), level="o2")
+        build_train_network(net, sgd(net), nn.MSELoss(), level="o2")
     with pytest.raises(ValueError, match="'dtype' must be torch.float16 or torch.bfloat16"):
         CastNetwork(net, torch.float32)
     opt = torch.optim.Adam(net.parameters())
     nn.MSELoss()(net(data()[0]), data()[1]).backward()
     opt.step()
     with pytest.raises(ValueError, match="'O3' casts the weights in place"):
-        build_train_network(net, nn.MSELoss(), opt, level="O3")
+        build_train_network(net, opt, nn.MSELoss(), level="O3")
     # O0 without an optimizer: the network itself is the step
-    assert build_train_network(net, None, None) is net
+    assert build_train_network(net, None) is net
+
+
+class _NetWithLoss(nn.Module):
+    """A network that returns its own loss, as in MindSpore's mixed-precision tests."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(16, 16)
+
+    def forward(self, x, label):
+        return nn.functional.mse_loss(self.dense(x), label)
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_mindspore_argument_order(level):
+    """MindSpore's order: (network, optimizer, loss_fn=None, level=..., boost_level=...)."""
+    x, label = torch.ones(16, 16), torch.zeros(16, 16)
+    net = _NetWithLoss()  # no loss_fn: the network returns the loss
+    out = build_train_network(net, torch.optim.SGD(net.parameters(), lr=0.1), level=level, device="cpu")(x, label)
+    loss = out[0] if isinstance(out, tuple) else out
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    backbone = nn.Linear(16, 16)
+    step = build_train_network(backbone, torch.optim.SGD(backbone.parameters(), lr=0.1), nn.MSELoss(),
+                               level=level, boost_level="O0", device="cpu")
+    before = backbone.weight.detach().clone()
+    step(x, label)
+    assert not torch.equal(before, backbone.weight)
+
+
+def test_old_argument_order_is_rejected():
+    net = mlp()
+    with pytest.raises(TypeError, match="'optimizer' must be a torch.optim.Optimizer.*MSELoss"):
+        build_train_network(net, nn.MSELoss(), sgd(net))
+    with pytest.raises(ValueError, match="'boost_level'"):
+        build_train_network(net, sgd(net), nn.MSELoss(), boost_level="O4")
+    with pytest.raises(ValueError, match="unknown keyword argument 'amp_level'"):
+        build_train_network(net, sgd(net), nn.MSELoss(), amp_level="O2")
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_model_trains_then_refuses_labels_that_are_not_one_hot(level):
+    """MindSpore's mixed-precision Model test: training runs; evaluating "acc" on all-ones labels of
+    the prediction's shape fails with ValueError, since they are not one-hot."""
+    net = nn.Linear(16, 16)
+    model = Model(net, nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9), metrics={"acc"},
+                  amp_level=level)
+    data = [(torch.ones(16, 16), torch.ones(16, 16))] * 2
+    model.train(2, data)
+    with pytest.raises(ValueError, match="one-hot"):
+        model.eval(data)

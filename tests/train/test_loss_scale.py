@@ -138,7 +138,7 @@ def test_unscaled_grad_matches_fp32_within_bf16_tolerance():
     nn.MSELoss()(ref(x.bfloat16().float()), y).backward()
     plain = copy.deepcopy(net)  # O2 without loss scaling
     nn.MSELoss()(CastNetwork(plain)(x), y).backward()
-    step = build_train_network(net, nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.0), level="O2",
+    step = build_train_network(net, torch.optim.SGD(net.parameters(), lr=0.0), nn.MSELoss(), level="O2",
                                loss_scale_manager=FixedLossScaleManager(2.0 ** 12))
     step(x, y)
     for p, r, q in zip(net.parameters(), ref.parameters(), plain.parameters(), strict=True):
@@ -226,7 +226,7 @@ def test_cuda_float16_o2_backs_off_from_overflow():
     net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)).cuda()
     x, y = torch.randn(256, 8, device="cuda"), torch.randn(256, 1, device="cuda")
     manager = DynamicLossScaleManager(init_loss_scale=2 ** 24, scale_window=1000)
-    step = build_train_network(net, nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.05), level="O2",
+    step = build_train_network(net, torch.optim.SGD(net.parameters(), lr=0.05), nn.MSELoss(), level="O2",
                                loss_scale_manager=manager)
     results = [step(x, y) for _ in range(40)]
     assert results[0][1].item() is True  # 2**24 overflows float16 gradients
