@@ -10,6 +10,8 @@
 - `data_parallel(network)` / `hybrid_parallel(network)`: the training module `Model` builds in
   those modes; `sharding_plan(network)` describes where sharded rows live.
 - `all_reduce_metrics(metrics)`: metric accumulators merged over all ranks (AUC over all data).
+- `save_sharded(directory, network, optimizer, extra)` / `load_sharded(...)`: checkpoints on
+  `torch.distributed.checkpoint`, each rank writing its rows; they load into any number of ranks.
 
 A training script that runs unchanged under ``python train.py`` and
 ``torchrun --nproc_per_node=2 train.py``::
@@ -25,6 +27,7 @@ A training script that runs unchanged under ``python train.py`` and
 >>> distributed.shard([1, 2]), distributed.world_size()
 ([1, 2], 1)
 """
+from .checkpoint import is_complete, load_sharded, save_sharded
 from .context import (
     PARALLEL_MODES,
     get_auto_parallel_context,
@@ -45,4 +48,4 @@ __all__ = ["init", "shutdown", "set_auto_parallel_context", "get_auto_parallel_c
            "reset_auto_parallel_context",
            "parallel_mode", "PARALLEL_MODES", "rank", "world_size", "is_distributed", "shard", "RowShard",
            "data_parallel", "hybrid_parallel", "sharding_plan", "sparse_parameters", "all_reduce_metrics",
-           "merge_states"]
+           "merge_states", "save_sharded", "load_sharded", "is_complete"]
