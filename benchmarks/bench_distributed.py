@@ -104,9 +104,8 @@ def traffic(mode: str, ranks: int, local_batch: int, ids_per_sample: int, dim: i
 def run(args, ranks: int, mode: str, out: str) -> float:
     cmd = [sys.executable, __file__, "--worker", "--mode", mode, "--out", out, *args.passthrough]
     if ranks > 1:
-        from recstream.testing import free_port
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-               f"--master_port={free_port()}", *cmd[1:]]
+               "--standalone", *cmd[1:]]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, capture_output=True)
     return json.loads(Path(out).read_text())["step_s"]

@@ -63,9 +63,13 @@ def hybrid_parallel(network: nn.Module) -> nn.Module:
     check_module("hybrid_parallel", "network", network)
     _refuse_hash_embeddings("hybrid_parallel", network)
     sharded = {}
+    # The lookups' all-to-alls run inside backward, while DDP's bucketed all-reduces start from
+    # autograd hooks in an order that depends on timing: on one process group the two could be
+    # matched against each other across ranks. Their own group keeps them apart.
+    group = dist.new_group(backend=dist.get_backend())
     for prefix, module in network.named_modules():
         if isinstance(module, EmbeddingBagCollection):
-            module.shard_rows_()
+            module.shard_rows_(group)
             for name, p in module.named_parameters(recurse=False):
                 sharded[f"{prefix}.{name}" if prefix else name] = p
     return _replicate("hybrid_parallel", network, sharded)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 
 __all__ = ["RowSharding"]
 
@@ -77,12 +76,32 @@ class RowSharding:
         asked = ids.new_empty(sum(recv))
         dist.all_to_all_single(asked, ids[order], recv, send, group=self.group)
         rows = torch.nn.functional.embedding(asked - self.start, shard, sparse=sparse)
-        answered = rows.new_empty(ids.numel(), rows.shape[1])
-        answered = dist_fn.all_to_all_single(answered, rows, send, recv, group=self.group)
+        answered = _AllToAll.apply(rows, send, recv, self.group)
         by_id = torch.zeros_like(answered).index_copy(0, order, answered)  # back to the ids' order
         if weights is not None:
             by_id = by_id * weights.unsqueeze(1).to(by_id.dtype)
         return by_id.new_zeros(num_bags, by_id.shape[1]).index_add(0, bag_of_id, by_id)
+
+
+class _AllToAll(torch.autograd.Function):
+    """All-to-all of rows whose backward is the reverse all-to-all of their gradients.
+
+    Written here because torch's differentiable version (torch.distributed.nn.functional) is
+    deprecated in favour of a private module; this is the whole of what we need from it.
+    """
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
+        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
+        out = rows.new_empty(sum(out_splits), *rows.shape[1:])
+        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        back = grad.new_empty(sum(ctx.in_splits), *grad.shape[1:])
+        dist.all_to_all_single(back, grad.contiguous(), ctx.in_splits, ctx.out_splits, group=ctx.group)
+        return back, None, None, None
 
 
 class _DivideGrad:

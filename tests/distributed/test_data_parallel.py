@@ -11,8 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recstream.testing import free_port
-
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +21,7 @@ def _run(out: Path, kind: str, ranks: int, mode: str = "data_parallel") -> dict:
         cmd = [sys.executable, str(WORKER), str(out), kind, mode]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-               f"--master_port={free_port()}", str(WORKER), str(out), kind, mode]
+               "--standalone", str(WORKER), str(out), kind, mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())

@@ -9,8 +9,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from recstream.testing import free_port
-
 from .reshard_worker import TABLES
 
 WORKER = Path(__file__).with_name("reshard_worker.py")
@@ -20,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _reshard(source: Path, target: Path, ranks: int) -> list:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-           f"--master_port={free_port()}", str(WORKER), str(source), str(target)]
+           "--standalone", str(WORKER), str(source), str(target)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with safe_open(str(target), "pt") as f:

@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load_file
 
 from recstream import distributed
-from recstream.testing import free_port
 
 from .checkpoint_worker import build, full_state, train
 
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _torchrun(out: Path, action: str, ranks: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-           f"--master_port={free_port()}", str(WORKER), str(out), action]
+           "--standalone", str(WORKER), str(out), action]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
