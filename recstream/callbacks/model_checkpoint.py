@@ -74,10 +74,11 @@ class ModelCheckpoint(Callback):
         self._append_epoch_num = self._append.get("epoch_num", 0)
         self._append_step_num = self._append.get("step_num", 0)
         self._latest_ckpt_file_name = ""
-        self._last_triggered_step = 0
+        self._last_triggered_step = self._begin_step = 0
         self._last_time = _monotonic()
         self._last_time_for_keep = _monotonic()
         self._params = None
+        self._series = False
 
     @property
     def latest_ckpt_file_name(self) -> str:
@@ -94,12 +95,21 @@ class ModelCheckpoint(Callback):
     def on_train_begin(self, run_context):
         p = run_context.original_args()
         self._params = p
-        # A reused callback starts counting again: the loop restarts cur_step_num at 0 each run.
-        self._last_triggered_step = p.cur_step_num or 0
+        # online training continues across restarts: the files of earlier runs (the same prefix
+        # with any _N suffix) are the same series, and keep_checkpoint_max counts them all
+        self._series = bool(p.get("online"))
+        # A reused callback starts counting again: the loop restarts cur_step_num at 0 each run
+        # (a resumed online run restarts at its checkpoint's step, which is saved already).
+        self._last_triggered_step = self._begin_step = p.cur_step_num or 0
         self._last_time = _monotonic()
 
     def on_train_step_end(self, run_context):
-        self._save(run_context.original_args(), force=False)
+        p = run_context.original_args()
+        if p.cur_step_num and p.cur_step_num == self._begin_step == self._last_triggered_step:
+            # Only a callback driven by hand reports the begin step again at a step end (the loop has
+            # trained a step by then): it counts absolute steps, from 0, as MindSpore's does.
+            self._last_triggered_step = 0
+        self._save(p, force=False)
 
     def on_train_end(self, run_context):
         self._save(run_context.original_args(), force=True)
@@ -191,8 +201,10 @@ class ModelCheckpoint(Callback):
             p.train_dataset.commit(p.train_position)
 
     def _own_files(self) -> list[str]:
-        """This run's periodic checkpoints (breakpoint files and other prefixes excluded)."""
-        pattern = re.compile(re.escape(self._prefix) + r"-(\d+)_(\d+)" + re.escape(SUFFIX) + "$")
+        """This run's periodic checkpoints (breakpoint files and other prefixes excluded); in online
+        training, those of earlier runs of the same prefix too."""
+        prefix = re.escape(self._exception_prefix) + r"(?:_\d+)?" if self._series else re.escape(self._prefix)
+        pattern = re.compile(prefix + r"-(\d+)_(\d+)" + re.escape(SUFFIX) + "$")
         found = []
         for name in os.listdir(self._directory):
             m = pattern.match(name)

@@ -13,8 +13,9 @@ File layout (format version 1):
   ``format_version``, and JSON documents ``network``, ``optimizer`` (param_groups, python scalars),
   ``rng`` (python/numpy scalars), ``meta`` (``format_version``, ``time`` and the `extra` entries,
   e.g. epoch, step_in_epoch, cur_step_num, batch_num), ``aliases`` (tied tensors stored once) and
-  ``checksums`` (CRC32 per tensor). In the JSON documents tensors appear as references
-  ``{"__tensor__": "<name>"}``. Nothing is ever pickled.
+  ``checksums`` (CRC32 per tensor) and ``metadata_checksum`` (CRC32 of all the other metadata
+  entries, so that a flipped bit in a position or counter fails the load). In the JSON
+  documents tensors appear as references ``{"__tensor__": "<name>"}``. Nothing is ever pickled.
 
 Writes are atomic (temp file, fsync, rename, fsync dir): a crash leaves the previous file intact.
 
@@ -33,6 +34,7 @@ import os
 import random
 import time
 import warnings
+import zlib
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,7 @@ from .state_codec import checksum, decode, encode, prepare_for_save, tensor_refs
 FORMAT = "recstream.checkpoint"
 FORMAT_VERSION = 1
 RESERVED_META = frozenset({"format_version"})
+META_CHECKSUM = "metadata_checksum"  # CRC32 of the other metadata entries (with crc=True)
 
 
 class CheckpointError(ValueError):
@@ -125,8 +128,20 @@ def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, optimizer
     metadata.update({k: json.dumps(v, allow_nan=False) for k, v in docs.items()})
     if crc:
         metadata["checksums"] = json.dumps({k: checksum(v) for k, v in stored.items()})
+        metadata[META_CHECKSUM] = str(_metadata_crc(metadata))
     atomic_write(path, lambda tmp: save_file(stored, tmp, metadata=metadata))
     return path
+
+
+def _metadata_crc(metadata: dict[str, str]) -> int:
+    """CRC32 of every metadata entry but the checksum itself (sorted, length-prefixed): one
+    flipped bit in a stream position or a counter must fail the load, not move training."""
+    crc = 0
+    for key in sorted(k for k in metadata if k != META_CHECKSUM):
+        for part in (key, metadata[key]):
+            data = part.encode()
+            crc = zlib.crc32(data, zlib.crc32(len(data).to_bytes(8, "little"), crc))
+    return crc
 
 
 class _Reader:
@@ -138,6 +153,9 @@ class _Reader:
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"load_checkpoint: '{path}' is not a recstream checkpoint "
                                   f"(metadata 'format' is {meta.get('format')!r}, expected {FORMAT!r})")
+        stored_crc = meta.get(META_CHECKSUM)
+        if stored_crc is not None and stored_crc != str(_metadata_crc(meta)):
+            raise CheckpointError(f"load_checkpoint: '{path}' is corrupt: its metadata fails its checksum")
         version = meta.get("format_version", "")
         if not version.isdigit() or int(version) > FORMAT_VERSION:
             raise CheckpointError(f"load_checkpoint: '{path}' has format_version {version!r}; this recstream "

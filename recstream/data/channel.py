@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from ..validation import check_int
-from .protocol import MetadataDataset, SeekableDataset, reset
+from .protocol import MetadataDataset, SeekableDataset, interrupt, reset
 from .transfer import pin_memory as pin
 from .transfer import record_stream, to_device
 
@@ -57,17 +57,31 @@ def _one_pass(dataset) -> Iterator:
             close()
 
 
-def repeat_forever(dataset, name: str = "train_dataset") -> Iterator:
-    """Traverse `dataset` endlessly, ``reset()`` between passes; a pass yielding nothing is an
-    error (an empty dataset, or a one-shot iterator already consumed) rather than a busy loop."""
-    while True:
+def repeat_forever(dataset, name: str = "train_dataset", end_when_empty: bool = False, stopped=None) -> Iterator:
+    """Traverse `dataset` endlessly, ``reset()`` between passes.
+
+    A pass yielding nothing is an error (an empty dataset, or a one-shot iterator already
+    consumed) rather than a busy loop; with `end_when_empty` (online training) an empty pass
+    after batches were seen means the source has ended (a stream that reports its end): the
+    traversal ends. `stopped()` true ends it too (the channel is closing).
+    """
+    passes = 0
+    while stopped is None or not stopped():
         empty = True
         for batch in _one_pass(dataset):
             empty = False
             yield batch
         if empty:
-            raise ValueError(f"'{name}' yielded no batch in a pass: it is empty, or a one-shot iterator "
-                             "(e.g. a generator) that cannot be traversed again; pass a re-iterable dataset")
+            if stopped is not None and stopped():
+                return
+            if not end_when_empty:
+                raise ValueError(f"'{name}' yielded no batch in a pass: it is empty, or a one-shot iterator "
+                                 "(e.g. a generator) that cannot be traversed again; pass a re-iterable dataset")
+            if passes:
+                return  # the source reported its end
+            raise ValueError(f"'{name}' yielded no batch at all: it is empty, or a stream that ended "
+                             "(exhausted, idle_timeout or max_batches reached) before its first batch")
+        passes += 1
         reset(dataset)
 
 
@@ -82,11 +96,13 @@ class DataChannel:
             (None: endlessly, ``reset()`` between passes).
         reset_after_pass: call ``dataset.reset()`` after each counted pass.
         pin_memory: page-lock batches before copying (default: when `device` is CUDA).
+        end_when_empty: with ``passes=None``, a pass that yields nothing after earlier batches
+            ends the traversal (`DONE`): the source has ended (see `repeat_forever`).
     """
 
     def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
                  passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
-                 name: str = "recstream-data-channel"):
+                 name: str = "recstream-data-channel", end_when_empty: bool = False):
         check_int("DataChannel", "depth", depth, minimum=1)
         self.device = torch.device(device) if device is not None else None
         cuda = self.device is not None and self.device.type == "cuda"
@@ -94,6 +110,9 @@ class DataChannel:
         self._side_stream = torch.cuda.Stream(device=self.device) if cuda else None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._dataset = dataset
+        self._end_when_empty = end_when_empty
+        self.done = False  # DONE was handed out: the producer has nothing more to give
         # Read in the producer thread right after each batch, so it travels with that batch.
         self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
         self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
@@ -104,7 +123,7 @@ class DataChannel:
     # ------------------------------------------------------------------ producer
     def _source(self, dataset, passes, reset_after_pass):
         if passes is None:
-            yield from repeat_forever(dataset)
+            yield from repeat_forever(dataset, end_when_empty=self._end_when_empty, stopped=self._stop.is_set)
             return
         for _ in range(passes):
             yield from _one_pass(dataset)
@@ -164,6 +183,8 @@ class DataChannel:
         Waits in short slices, so that `should_stop()` (e.g. a SIGTERM's stop request) is honoured
         while an idle stream has no data, and a closed channel or a dead producer is reported.
         """
+        if self.done:
+            return DONE
         while True:
             if self._stop.is_set():
                 raise RuntimeError("DataChannel: this pass was closed (close(), a with-block exit, "
@@ -178,6 +199,8 @@ class DataChannel:
                     raise RuntimeError("DataChannel: the producer thread died without a message") from None
         if isinstance(item, _ProducerError):
             raise item.exc
+        if item is DONE:
+            self.done = True
         if isinstance(item, Item) and item.event is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(item.event)
@@ -191,6 +214,9 @@ class DataChannel:
         self._stop.set()
         deadline = time.monotonic() + timeout
         while self._thread.is_alive() and time.monotonic() < deadline:
+            # a producer waiting in an idle stream ends that wait (repeated: it may only be about
+            # to enter the stream's iteration)
+            interrupt(self._dataset)
             try:
                 self._queue.get_nowait()
             except queue.Empty:

@@ -4,16 +4,17 @@
 a recstream reader or stream. It may also offer optional *capabilities*, each a small
 ``typing.Protocol`` below, tested with ``isinstance`` (never by probing attributes elsewhere):
 
-=====================  ============================================  =====================================
-capability             methods                                       used by
-=====================  ============================================  =====================================
-`SizedDataset`         ``get_dataset_size() -> int`` (or ``len()``)  ``batch_num``, sink mode with -1
-`ResettableDataset`    ``reset()``                                   rewinding between epochs
-`SeekableDataset`      ``position()``, ``seek(position)``            checkpoints and `RecModel.restore`
-`CommittableDataset`   ``commit(position)``                          ModelCheckpoint, after a durable write
-`MetadataDataset`      ``last_batch_meta() -> dict | None``          event times (freshness)
-`BadRecordDataset`     ``bad_records``: live ``{reason: count}``     reporting skipped records
-=====================  ============================================  =====================================
+======================  ============================================  ======================================
+capability              methods                                       used by
+======================  ============================================  ======================================
+`SizedDataset`          ``get_dataset_size() -> int`` (or ``len()``)  ``batch_num``, sink mode with -1
+`ResettableDataset`     ``reset()``                                   rewinding between epochs
+`SeekableDataset`       ``position()``, ``seek(position)``            checkpoints and `RecModel.restore`
+`CommittableDataset`    ``commit(position)``                          ModelCheckpoint, after a durable write
+`MetadataDataset`       ``last_batch_meta() -> dict | None``          event times (freshness)
+`BadRecordDataset`      ``bad_records``: live ``{reason: count}``     reporting skipped records
+`InterruptibleDataset`  ``interrupt()`` (from another thread)         a prompt stop while idle
+======================  ============================================  ======================================
 
 **A batch** is one of:
 
@@ -42,8 +43,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 __all__ = ["SizedDataset", "ResettableDataset", "SeekableDataset", "CommittableDataset", "MetadataDataset",
-           "BadRecordDataset", "dataset_size", "check_dataset", "reset", "unpack", "split_label", "split_batch",
-           "check_batch"]
+           "BadRecordDataset", "InterruptibleDataset", "interrupt", "dataset_size", "check_dataset", "reset",
+           "unpack", "split_label", "split_batch", "check_batch"]
 
 
 # ------------------------------------------------------------------ dataset capabilities
@@ -93,6 +94,14 @@ class BadRecordDataset(Protocol):
     bad_records: Mapping[str, int]
 
 
+@runtime_checkable
+class InterruptibleDataset(Protocol):
+    """Can end a running iteration from another thread (a stop request while it waits for data);
+    the records not yet handed out are read again by the next iteration."""
+
+    def interrupt(self) -> None: ...
+
+
 # ------------------------------------------------------------------ datasets
 def dataset_size(dataset) -> int | None:
     """Number of batches per pass, or None when the dataset cannot say (a stream, a generator)."""
@@ -118,6 +127,13 @@ def reset(dataset) -> None:
     """Rewind a dataset that keeps its own position; others are re-iterated from the start anyway."""
     if isinstance(dataset, ResettableDataset):
         dataset.reset()
+
+
+def interrupt(dataset) -> None:
+    """End a running iteration of `dataset` promptly, even one waiting for data, when the dataset
+    can (`InterruptibleDataset`); otherwise nothing."""
+    if isinstance(dataset, InterruptibleDataset):
+        dataset.interrupt()
 
 
 # ------------------------------------------------------------------ batches

@@ -217,7 +217,8 @@ class CSVReader(FileReader):
                 parse_options=pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote_char,
                                                 ignore_empty_lines=False, invalid_row_handler=on_invalid),
                 convert_options=pcsv.ConvertOptions(
-                    column_types={c: pa.string() for c in needed}, include_columns=needed,
+                    # bytes first: one invalid UTF-8 byte then costs its row (see _as_text), not the file
+                    column_types={c: pa.binary() for c in needed}, include_columns=needed,
                     strings_can_be_null=True, quoted_strings_can_be_null=True, null_values=[""]))
         except (pa.ArrowInvalid, KeyError) as e:
             raise ValueError(f"CSVReader: cannot read {path!r} with columns {needed}: {e}") from e
@@ -234,11 +235,42 @@ class CSVReader(FileReader):
                 except pa.ArrowInvalid as e:
                     raise ValueError(f"CSVReader: {path!r}: {e}") from e
                 report, rejected[:] = list(rejected), []
-                yield rb, tracker.rows_for(rb.num_rows), report
+                rows = tracker.rows_for(rb.num_rows)
+                rb, rows, undecodable = _as_text(rb, rows, path)
+                yield rb, rows, report + undecodable
             if rejected:  # malformed lines after the last good one
-                yield _empty_like(reader.schema), np.zeros(0, dtype=np.int64), list(rejected)
+                none = np.zeros(0, dtype=np.int64)
+                yield _as_text(_empty_like(reader.schema), none, path)[0], none, list(rejected)
         finally:
             reader.close()
+
+
+def _as_text(rb: pa.RecordBatch, rows: np.ndarray, path: str) -> tuple[pa.RecordBatch, np.ndarray, list[BadRow]]:
+    """The byte columns of `rb` as UTF-8 text; rows holding invalid UTF-8 are taken out and
+    reported (a Python scan of a column happens only when its one-call cast fails)."""
+    bad = np.zeros(rb.num_rows, dtype=bool)
+    for col in rb.columns:
+        try:
+            col.cast(pa.string())
+        except pa.ArrowInvalid:
+            for i, v in enumerate(col.to_pylist()):
+                if v is not None and not _utf8(v):
+                    bad[i] = True
+    report = [BadRow(path, int(rows[i]), "malformed", None, "invalid UTF-8",
+                     {n: rb.column(n)[int(i)].as_py() for n in rb.schema.names}) for i in np.flatnonzero(bad)]
+    if report:
+        keep = pa.array(~bad)
+        rb, rows = rb.filter(keep), rows[~bad]
+    text = pa.schema([pa.field(f.name, pa.string()) for f in rb.schema])
+    return pa.RecordBatch.from_arrays([c.cast(pa.string()) for c in rb.columns], schema=text), rows, report
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def _empty_like(schema: pa.Schema) -> pa.RecordBatch:
@@ -288,9 +320,18 @@ class ParquetReader(FileReader):
 
     def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
         first = 1
-        with pq.ParquetFile(path) as pf:
-            for rb in pf.iter_batches(batch_size=self.batch_size, columns=list(self.schema.columns),
-                                      use_threads=self.use_threads):
+        # pages written with checksums (``write_page_checksum=True``) are verified: flipped bits
+        # fail here, naming the file, instead of silently changing values
+        with pq.ParquetFile(path, page_checksum_verification=True) as pf:
+            batches = pf.iter_batches(batch_size=self.batch_size, columns=list(self.schema.columns),
+                                      use_threads=self.use_threads)
+            while True:
+                try:
+                    rb = next(batches)
+                except StopIteration:
+                    break
+                except (OSError, pa.ArrowException) as e:
+                    raise ValueError(f"ParquetReader: {path!r} is corrupt after data row {first - 1}: {e}") from e
                 n = rb.num_rows
                 yield rb, np.arange(first, first + n, dtype=np.int64), []
                 first += n

@@ -34,11 +34,27 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..callbacks import Callback, CallbackList, CallbackParams, ProgressBar, RunContext, progress_bar_default
+from ..callbacks import (
+    Callback,
+    CallbackList,
+    CallbackParams,
+    ModelCheckpoint,
+    ProgressBar,
+    RunContext,
+    progress_bar_default,
+)
 from ..callbacks.base import as_callback_list
 from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
-from ..distributed import all_reduce_metrics, data_parallel, parallel_mode, rank, world_size
+from ..distributed import (
+    all_reduce_metrics,
+    data_parallel,
+    hybrid_parallel,
+    parallel_mode,
+    rank,
+    sharding_plan,
+    world_size,
+)
 from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
 from . import amp
@@ -108,15 +124,30 @@ class Model:
     def _build_train_network(self) -> nn.Module:
         if self._optimizer is None:  # the network is its own step: it synchronises itself, if at all
             return self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
-        # Only training is replicated: evaluation and prediction call the network itself, so ranks
-        # may evaluate uneven shares of data without waiting for each other.
-        backbone = data_parallel(self._network) if self._parallel_mode == "data_parallel" else self._network
+        backbone = self._parallel_backbone()
         net = backbone if self._loss_fn is None else WithLossCell(backbone, self._loss_fn)
         if self._amp_level == "O0" and self._loss_scale_manager is None:
             return TrainOneStepCell(net, self._optimizer)
         # Mixed precision builds its own step cell (autocast, casts, loss scale).
         return amp.train_network(backbone, self._loss_fn, self._optimizer, self._amp_level,
                                  self._keep_bn_fp32, self._loss_scale_manager, self._device)
+
+    def _parallel_backbone(self) -> nn.Module:
+        """The network as the training step calls it in this parallel mode.
+
+        Only training goes through DDP: evaluation and prediction call the network itself. Under
+        data_parallel ranks may then evaluate uneven shares of data; under hybrid_parallel the
+        sharded tables route lookups through every rank, so all ranks must evaluate in step.
+        """
+        if self._parallel_mode == "data_parallel":
+            return data_parallel(self._network)
+        if self._parallel_mode == "hybrid_parallel":
+            backbone = hybrid_parallel(self._network)
+            if rank() == 0:  # the plan, once, where a user reads it
+                plan = sharding_plan(self._network) or ["no table to shard: every parameter replicated"]
+                print(f"hybrid_parallel on {world_size()} ranks:", *plan, sep="\n  ", flush=True)
+            return backbone
+        return self._network
 
     def _build_eval_network(self, eval_network, eval_indexes):
         _check_eval_indexes(eval_indexes)
@@ -247,6 +278,10 @@ class Model:
         helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
                                epoch_num=epoch - initial_epoch, device=self._device)
         params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)
+        if self._parallel_mode == "hybrid_parallel" and any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
+            # Saving sharded tables gathers them from every rank; ModelCheckpoint runs on rank 0 only.
+            raise ValueError(f"{owner}: ModelCheckpoint is not supported under hybrid_parallel yet (sharded "
+                             "tables are saved by all ranks together; see docs/distributed.md)")
         callbacks = user_callbacks + self._default_callbacks(user_callbacks)
         if rank() != 0:  # printing, files and publishing happen once, on rank 0
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
@@ -284,7 +319,14 @@ class Model:
                     params.cur_step_num = start + step.planned  # hooks see the step the sink ends on
                     params.train_dataset_element = step.first
                     callbacks.on_train_step_begin(ctx)
-                    params.net_outputs = step.run(self._train_network)
+                    try:
+                        params.net_outputs = step.run(self._train_network)
+                    except BaseException:  # a sink's exception checkpoint records what the weights hold
+                        if step.trained is not None:
+                            params.cur_step_num = start + step.trained
+                        if step.trained_position is not None:
+                            params.train_position, params.train_batch_metas = step.trained_position, []
+                        raise
                     params.cur_step_num = start + step.count  # a sink may end short of its plan
                     if step.position is not None:
                         params.train_position, params.train_batch_metas = step.position, step.metas
@@ -298,7 +340,7 @@ class Model:
                 callbacks.on_train_epoch_end(ctx)
                 params.pop("metrics", None)
                 params.pop("eval_results", None)
-                if ctx.get_stop_requested():
+                if ctx.get_stop_requested() or helper.ended:  # ended: a finite stream reported its end
                     break
         finally:
             helper.release()

@@ -1,9 +1,10 @@
 """`RecModel`: `Model` plus `online_train`, training without end on an unbounded stream.
 
 `online_train` reuses the one training loop (`Model._train_loop`) with endless epochs, allows any
-positive `sink_size`, and stops cleanly on `request_stop()`, SIGINT or SIGTERM (the current step
-finishes, `ModelCheckpoint` writes the final checkpoint with the stream position, `on_train_end`
-runs, `online_train` returns). The contract is in docs/semantics.md, section 7.
+positive `sink_size`, and stops cleanly on `request_stop()`, SIGINT or SIGTERM, or when a finite
+stream reports its end (the current step finishes, `ModelCheckpoint` writes the final checkpoint
+with the stream position, `on_train_end` runs, `online_train` returns). The contract is in
+docs/semantics.md, section 7.
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
 batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
@@ -31,7 +32,7 @@ import time
 
 from ..callbacks import Callback, CallbackList, ModelCheckpoint
 from ..callbacks.base import as_callback_list
-from ..checkpoint import load_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
 from ..validation import check_bool, check_int
 from .model import Model
@@ -78,7 +79,8 @@ class RecModel(Model):
         self._resume_epoch, self._resume_step = 0, 0
 
     def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1):
-        """Train on `train_dataset` until a stop is requested (a callback, SIGINT or SIGTERM).
+        """Train on `train_dataset` until a stop is requested (a callback, SIGINT or SIGTERM) or the
+        stream ends (a pass yields no batch after earlier ones did; an empty first pass is an error).
 
         Without sink, an epoch is one pass of the dataset's iterator, then ``reset()``; with sink,
         an epoch is `sink_size` batches (any positive size) and step hooks run once per sink.
@@ -91,8 +93,9 @@ class RecModel(Model):
         if not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
             log.warning("online_train without a ModelCheckpoint callback: no state is saved when it stops")
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
-                               epoch_num=None, device=self._device)
+                               epoch_num=None, device=self._device, end_when_empty=True)
         params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
+        params.online = True  # ModelCheckpoint: a restart continues the same series of files
         if not dataset_sink_mode:
             params.batch_num = dataset_size(train_dataset)
         epochs = itertools.count(self._resume_epoch + 1)
@@ -102,15 +105,16 @@ class RecModel(Model):
             self._train_loop(epochs, helper, cbs, params, first_step=self._resume_step)
 
     def restore(self, checkpoint, train_dataset=None) -> dict | None:
-        """Load the newest checkpoint (a file, or the newest in a directory) into the network and
+        """Load the newest checkpoint that loads (a file, or in a directory the newest valid one:
+        truncated, corrupt or foreign files are skipped with a warning) into the network and
         optimizer; seek `train_dataset` to the saved position; continue numbering epochs and steps.
 
         Returns the checkpoint's metadata, or None when there is no checkpoint there yet.
         """
-        path = _newest_checkpoint(checkpoint)
-        if path is None:
+        found = _load_newest_valid(checkpoint, self._network, self._optimizer)
+        if found is None:
             return None
-        meta = load_checkpoint(path, self._network, self._optimizer)
+        path, meta = found
         self._resume_epoch = int(meta.get("epoch") or 0)
         self._resume_step = int(meta.get("cur_step_num") or 0)
         position = meta.get("train_position")
@@ -123,14 +127,33 @@ class RecModel(Model):
         return meta
 
 
-def _newest_checkpoint(checkpoint) -> str | None:
+def _load_newest_valid(checkpoint, network, optimizer) -> tuple[str, dict] | None:
+    """Load the newest checkpoint that loads: a file, or in a directory the ``*.safetensors``
+    by modification time, newest first, skipping (with a warning) truncated, corrupt or foreign
+    files. None for a first run; `CheckpointError` when there are files but none loads."""
     checkpoint = os.fspath(checkpoint)
     if os.path.isfile(checkpoint):
-        return checkpoint
+        return checkpoint, load_checkpoint(checkpoint, network, optimizer)
     if not os.path.exists(checkpoint):  # a first run: nothing to resume from yet
         log.warning("no checkpoint at %r yet: starting from the initial weights", checkpoint)
         return None
     if not os.path.isdir(checkpoint):
         raise ValueError(f"'checkpoint' {checkpoint!r} is neither a checkpoint file nor a directory")
     files = [f for f in glob.glob(os.path.join(checkpoint, "*.safetensors")) if not os.path.basename(f).startswith(".")]
-    return max(files, key=os.path.getmtime) if files else None
+    failures = []
+    for path in sorted(files, key=_mtime, reverse=True):
+        try:
+            return path, load_checkpoint(path, network, optimizer)
+        except (CheckpointError, FileNotFoundError) as e:
+            log.warning("RecModel.restore: skipping %s: %s", path, e)
+            failures.append(f"{os.path.basename(path)}: {e}")
+    if failures:
+        raise CheckpointError(f"RecModel.restore: no checkpoint in {checkpoint!r} loads: " + "; ".join(failures[:5]))
+    return None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except FileNotFoundError:  # removed meanwhile (pruned by a writer): tried last, then skipped
+        return float("-inf")

@@ -3,7 +3,8 @@
 `StopOnSignal` is a callback: at train begin it installs handlers that only *request* a stop (the
 loop checks after each step, and a wait for data is interrupted), so checkpoints are written by
 the normal end-of-training path. A second SIGINT restores the default handler and interrupts at
-once, an escape hatch for a stuck step. Handlers are restored when training ends.
+once, an escape hatch for a stuck step. Handlers are restored when the callback is exited, after
+every `on_train_end` (so a second SIGTERM cannot kill the final checkpoint's write).
 
 >>> import os, signal
 >>> from recstream.callbacks import CallbackParams, RunContext
@@ -13,7 +14,7 @@ once, an escape hatch for a stuck step. Handlers are restored when training ends
 >>> os.kill(os.getpid(), signal.SIGUSR1)  # handled in the main thread: only a stop request
 >>> ctx.get_stop_requested(), stopper.received == signal.SIGUSR1
 (True, True)
->>> stopper.on_train_end(ctx)  # the previous handler is back
+>>> stopper.__exit__(None, None, None)  # the previous handler is back
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import signal
 import threading
 
 from ..callbacks.base import Callback
+from ..data.protocol import interrupt
 
 log = logging.getLogger("recstream.train")
 
@@ -51,14 +53,16 @@ class StopOnSignal(Callback):
         self.received = signum
         log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
         self._context.request_stop()
+        p = self._context.original_args()
+        if p.get("dataset_sink_mode") is False:
+            # normal mode reads the dataset in this (the main) thread, which may be waiting in an
+            # idle source right now: end that wait. In sink mode the channel's wait sees the stop.
+            interrupt(p.get("train_dataset"))
 
     def _restore(self):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
-
-    def on_train_end(self, run_context):
-        self._restore()
 
     def __exit__(self, *exc_info):
         self._restore()

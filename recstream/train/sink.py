@@ -51,6 +51,7 @@ class BatchStep:
     __slots__ = ("first", "position", "metas")
     planned = 1  # batches the step is expected to train
     count = 1    # batches it trained
+    trained = trained_position = None  # one batch: no partial progress to record if it raises
 
     def __init__(self, batch, position=None, metas=()):
         self.first, self.position, self.metas = batch, position, metas
@@ -76,6 +77,7 @@ class Sink:
         self.exhausted = False
         self.position = None
         self.metas: list = []
+        self.trained, self.trained_position = 0, None  # batches whose step returned, and their position
 
     @property
     def first(self):
@@ -118,6 +120,9 @@ class Sink:
         for batch in self:
             args, kwargs = unpack(batch)
             outputs = network(*args, **kwargs)
+            # what is trained so far: if a later batch raises, the exception checkpoint records
+            # this (the weights hold these batches), not the position from before the sink
+            self.trained, self.trained_position = self.count, self.position
         return outputs
 
 
@@ -130,7 +135,7 @@ class DatasetHelper:
     """
 
     def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
-                 epoch_num: int | None = 1, device=None, prefetch: int = 2):
+                 epoch_num: int | None = 1, device=None, prefetch: int = 2, end_when_empty: bool = False):
         self._channel: DataChannel | None = None
         check_bool("DatasetHelper", "dataset_sink_mode", dataset_sink_mode)
         check_sink_size("DatasetHelper", sink_size)
@@ -141,6 +146,10 @@ class DatasetHelper:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.prefetch = prefetch
         self.steps_done = 0
+        # online training: a pass that yields nothing after earlier batches means the source ended
+        self.end_when_empty = check_bool("DatasetHelper", "end_when_empty", end_when_empty)
+        self._passes_seen = 0
+        self._ended = False
         self.should_stop = None  # set by the training loop: lets a stop interrupt a wait for data
         if dataset_sink_mode and sink_size == -1 and dataset_size(dataset) is None:
             raise ValueError("DatasetHelper: 'sink_size' must be > 0 in sink mode when the dataset cannot report "
@@ -157,10 +166,16 @@ class DatasetHelper:
         if self._channel is None:
             if self._sink_size > 0:
                 total = None if self.epoch_num is None else self.epoch_num * self._sink_size
-                self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total)
+                self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total,
+                                            end_when_empty=self.end_when_empty)
             else:
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num)
         return self._channel
+
+    @property
+    def ended(self) -> bool:
+        """The source has ended (`end_when_empty`): no step will come any more."""
+        return self._ended or (self._channel is not None and self._channel.done)
 
     def _sink(self) -> Sink:
         size = self._sink_size if self._sink_size > 0 else None
@@ -178,13 +193,21 @@ class DatasetHelper:
         # Streams report the position after each batch; read in this thread, right after it.
         position = dataset.position if isinstance(dataset, SeekableDataset) else None
         meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
+        empty = True
         for batch in dataset:
+            empty = False
             self.steps_done += 1
             batch = to_device(batch, device, non_blocking=True) if move else batch
             if position is None:
                 yield BatchStep(batch)
             else:
                 yield BatchStep(batch, position(), [meta()] if meta is not None else [])
+        if self.end_when_empty and empty and not (self.should_stop is not None and self.should_stop()):
+            if not self._passes_seen:
+                raise ValueError("'train_dataset' yielded no batch at all: it is empty, or a stream that ended "
+                                 "(exhausted, idle_timeout or max_batches reached) before its first batch")
+            self._ended = True  # the source reported its end
+        self._passes_seen += 1
 
     def __iter__(self):
         """MindSpore's view: each batch (normal mode), or ``(sink,)`` once per epoch (sink mode)."""

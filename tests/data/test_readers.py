@@ -223,3 +223,16 @@ def test_streaming_keeps_arrow_memory_bounded(tmp_path):
     (small_peak, small_size), (big_peak, big_size) = peak_for(150_000), peak_for(450_000)
     assert big_size > 2.9 * small_size
     assert big_peak < 1.3 * small_peak and big_peak < big_size / 4, (small_peak, big_peak, big_size)
+
+
+def test_an_invalid_utf8_byte_costs_its_row_not_the_file(tmp_path):
+    """on_bad_row="skip": a file with one invalid UTF-8 byte used to abort as a whole."""
+    from recstream.data import CSVReader, Schema
+
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"label,x\n" + b"".join(f"{i % 2},{i}.5\n".encode() for i in range(5))
+                     + b"0,\xff9.5\n" + b"".join(f"{i % 2},{i}.5\n".encode() for i in range(5, 10)))
+    reader = CSVReader(str(path), Schema(["x"]), batch_size=4, on_bad_row="skip")
+    xs = sorted(float(v) for b in reader for v in b.features.dense[:, 0])
+    assert xs == [i + 0.5 for i in range(10)]
+    assert dict(reader.bad_rows) == {"malformed": 1}

@@ -3,7 +3,10 @@
 A stream is an iterable of :class:`~recstream.data.Batch` of ``batch_size`` rows that
 waits for new data (``idle_timeout=None``: forever; else the iteration ends after that
 many seconds without a new record, first yielding the short remainder unless
-``drop_remainder``). ``max_batches`` ends an iteration after that many batches.
+``drop_remainder``). ``max_batches`` ends an iteration after that many batches. ``max_delay``
+(seconds; None: no limit) bounds how long rows wait for a batch to fill: once the oldest
+waiting row is that old, the rows are yielded as a short batch, so a slow stream's events
+reach training within about ``max_delay`` seconds.
 
 Position protocol (what exactly-once training builds on):
 
@@ -41,6 +44,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -61,13 +66,17 @@ class Stream:
     _needs_batch_size = True  # False where batches may pass through as they come (IterableStream)
 
     def __init__(self, batch_size: int | None, *, max_batches: int | None = None, idle_timeout: float | None = None,
-                 drop_remainder: bool = False, dead_letter: str | os.PathLike | DeadLetter | None = None) -> None:
+                 drop_remainder: bool = False, dead_letter: str | os.PathLike | DeadLetter | None = None,
+                 max_delay: float | None = None) -> None:
         owner = type(self).__name__
         self.batch_size = check_int(owner, "batch_size", batch_size, minimum=1, allow_none=not self._needs_batch_size)
         self.max_batches = check_int(owner, "max_batches", max_batches, minimum=0, allow_none=True)
         # seconds without a new record before an iteration ends; None waits forever
         self.idle_timeout = check_number(owner, "idle_timeout", idle_timeout, minimum=0, allow_none=True)
         self.drop_remainder = check_bool(owner, "drop_remainder", drop_remainder)
+        # seconds a partial batch may wait for more rows before it is yielded short; None: until full
+        self.max_delay = check_number(owner, "max_delay", max_delay, minimum=0, allow_none=True)
+        self._partial_since: float | None = None  # when the rows waiting now started to wait
         check_type(owner, "dead_letter", dead_letter, (str, os.PathLike, DeadLetter), allowed="a path or a DeadLetter",
                    allow_none=True)
         self.dead_letter = dead_letter if isinstance(dead_letter, DeadLetter) else DeadLetter(dead_letter)
@@ -78,6 +87,7 @@ class Stream:
         self._assembler = Assembler(self.batch_size or 1)
         self._closed = False
         self._iterating = False
+        self._interrupt = threading.Event()  # set by interrupt(): the running iteration ends
 
     # --- subclass hooks --------------------------------------------------------------------
     def _initial_position(self) -> dict:
@@ -126,6 +136,17 @@ class Stream:
     def commit(self, position: dict) -> None:
         """Make `position` durable on the source side (default: nothing to do)."""
 
+    def interrupt(self) -> None:
+        """End the running iteration promptly, even while it waits for data (any thread, or a
+        signal handler). Nothing is lost: rows read but not yet yielded are read again by the
+        next iteration. Without a running iteration this does nothing."""
+        if self._iterating:
+            self._interrupt.set()
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds` (an idle source waiting for data); True if interrupted."""
+        return self._interrupt.wait(seconds)
+
     def reset(self) -> None:
         """No-op: an unbounded stream has no passes; a new iteration continues where it stands."""
 
@@ -150,11 +171,14 @@ class Stream:
             self._apply_seek(self._seek_request)
         else:
             self._rewind()
+        self._interrupt.clear()
         self._iterating = True
         gen = self._generate()
         count = 0
         try:
             while self.max_batches is None or count < self.max_batches:
+                if self._interrupt.is_set():
+                    return
                 if self._seek_request is not None:
                     gen.close()
                     self._apply_seek(self._seek_request)
@@ -170,11 +194,13 @@ class Stream:
                 yield batch
         finally:
             self._iterating = False
+            self._interrupt.clear()
             gen.close()
 
     def _apply_seek(self, position: dict) -> None:
         self._seek_request = None
         self._assembler.clear()
+        self._partial_since = None
         self._position = self._seek_to(copy.deepcopy(position))
         self._cursor = copy.deepcopy(self._position)
         self._meta = {"ids": None, "event_time": None}
@@ -191,16 +217,27 @@ class Stream:
         consumed = self._assembler.add(decoded, keys, afters)
         if consumed is not None:
             self._advance(*consumed)
+        if self._assembler.rows and self._partial_since is None:
+            self._partial_since = time.monotonic()
 
     def _cut(self, n: int) -> tuple[Any, dict, dict]:
         """The next `n` queued rows as (batch, position after it, meta)."""
         batch, ids, times, keys, afters = self._assembler.take(n)
         self._advance(keys, afters)
+        if not self._assembler.rows:
+            self._partial_since = None
         return batch, copy.deepcopy(self._cursor), meta_tensors(ids, times)
 
     def _full_batches(self) -> Iterator[tuple[Any, dict, dict]]:
         while self._assembler.rows >= self.batch_size:
             yield self._cut(self.batch_size)
+
+    def _overdue(self) -> Iterator[tuple[Any, dict, dict]]:
+        """The waiting rows as a short batch once the oldest waited `max_delay` (freshness on a
+        slow stream: events reach training within about `max_delay` seconds)."""
+        if self.max_delay is not None and self._assembler.rows and self._partial_since is not None \
+                and time.monotonic() - self._partial_since >= self.max_delay:
+            yield self._cut(self._assembler.rows)
 
     def _remainder(self) -> Iterator[tuple[Any, dict, dict]]:
         """At the end of an iteration: the short last batch, unless ``drop_remainder``."""

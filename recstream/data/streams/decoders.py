@@ -60,6 +60,7 @@ from ..schema import Schema
 from .records import BadRecord, Decoded, empty_decoded, line_spans
 
 DEFAULT_MAX_RECORD_BYTES = 1 << 20
+MAX_JSON_DEPTH = 64  # JSON records nested deeper are rejected as malformed (see JSONDecoder._screen)
 _PARSE_ERRORS = (pa.ArrowException, TypeError, ValueError, KeyError, AttributeError, UnicodeDecodeError,
                  IndexError)
 
@@ -142,6 +143,7 @@ class TableDecoder:
             pre_bad[int(i)] = ("oversize", f"record of {int(lens[i])} bytes > max_record_bytes={self.max_record_bytes}")
         for i in np.flatnonzero(lens == 0):
             pre_bad.setdefault(int(i), ("column_count", "empty record"))
+        self._screen(buf, starts, ends, pre_bad)
         mv = memoryview(buf)
         keep = np.ones(n, dtype=bool)
         if pre_bad:
@@ -164,6 +166,9 @@ class TableDecoder:
         return self._join(pieces, bad, n)
 
     # --- internals -----------------------------------------------------------------------
+    def _screen(self, buf, starts, ends, pre_bad: dict[int, tuple[str, str]]) -> None:
+        """Reject records the parser must never see (a format's own dangers); default: none."""
+
     def _span(self, buf, starts, ends, lo: int, hi: int):
         """What :meth:`_parse` gets for records lo..hi-1 (a zero-copy Arrow buffer here)."""
         return pa.py_buffer(buf[int(starts[lo]):int(ends[hi - 1])])
@@ -347,6 +352,13 @@ class JSONDecoder(TableDecoder):
         self._read_options = pjson.ReadOptions(use_threads=False, block_size=1 << 26)
         self._parse_options = pjson.ParseOptions(newlines_in_values=False, unexpected_field_behavior="infer")
 
+    def _screen(self, buf, starts, ends, pre_bad: dict[int, tuple[str, str]]) -> None:
+        # pyarrow's JSON parser recurses per nesting level: a record nested some thousands of
+        # levels deep overflows the native stack and kills the process (a poison record that
+        # would kill every restart too), so such records are rejected before parsing
+        for i in deep_json_records(buf, starts, ends, MAX_JSON_DEPTH):
+            pre_bad.setdefault(i, ("malformed", f"JSON nested deeper than {MAX_JSON_DEPTH} levels"))
+
     def _parse(self, buf: pa.Buffer, n: int):
         table = pjson.read_json(pa.BufferReader(buf), read_options=self._read_options,
                                 parse_options=self._parse_options)
@@ -359,6 +371,48 @@ class JSONDecoder(TableDecoder):
                 col = pa.nulls(n, pa.string())
             columns[name] = col
         return pa.table(columns), np.arange(n, dtype=np.int64), []
+
+def deep_json_records(buf, starts: np.ndarray, ends: np.ndarray, limit: int) -> list[int]:
+    """Indices of the records ``buf[starts[i]:ends[i]]`` whose JSON nests deeper than `limit`.
+
+    One numpy pass counts the opening brackets per record; only a record with more than
+    `limit` of them is scanned exactly (brackets inside strings do not count).
+
+    >>> recs = [b'{"a": [1]}', b"[" * 100 + b"]" * 100, b'{"s": "' + b"{" * 100 + b'"}']
+    >>> ends = np.cumsum([len(r) + 1 for r in recs]) - 1; starts = ends - [len(r) for r in recs]
+    >>> b = b" ".join(recs)
+    >>> deep_json_records(b, starts, ends, 64)
+    [1]
+    """
+    a = np.frombuffer(buf, dtype=np.uint8)
+    opens = np.flatnonzero((a == ord("{")) | (a == ord("[")))
+    if opens.size <= limit:  # no record can nest that deep
+        return []
+    counts = np.searchsorted(opens, ends) - np.searchsorted(opens, starts)
+    return [int(i) for i in np.flatnonzero(counts > limit) if _json_depth(a[starts[i]:ends[i]].tobytes()) > limit]
+
+
+def _json_depth(record: bytes) -> int:
+    """The deepest bracket nesting of `record`, skipping string contents."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in record:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:  # closing quote
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x7B, 0x5B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x7D, 0x5D):
+            depth -= 1
+    return deepest
+
 
 # --- structured records ------------------------------------------------------------------
 class RowDecoder(TableDecoder):

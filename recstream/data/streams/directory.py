@@ -12,6 +12,10 @@ Contract with the writers:
   is done, so an unterminated last line is then read as a record, and the stream moves on.
 * A file that appears with a name before the one being read is too late: it is skipped
   with a warning (``late_files`` counts them).
+* A file that cannot be read (not Parquet, a corrupt page or a failed page checksum, a
+  header without a schema column) is skipped from where it fails, with one dead letter
+  naming it and the reason: the stream goes on with the next file, also after a restart.
+  Parquet page checksums are verified: writers should pass ``write_page_checksum=True``.
 
 Memory stays constant: one block (``block_bytes``, or one Parquet record batch) plus
 less than one batch of rows. Position: ``{"file": name, "offset": n}`` - everything in
@@ -76,7 +80,8 @@ class DirectoryStream(Stream):
                  fill_missing_dense: float | None = None, log1p_dense: bool = False,
                  max_record_bytes: int | None = None, block_bytes: int = 1 << 20,
                  max_batches: int | None = None, idle_timeout: float | None = None, drop_remainder: bool = False,
-                 dead_letter: str | os.PathLike | None = None, commit_path: str | os.PathLike | None = None) -> None:
+                 dead_letter: str | os.PathLike | None = None, commit_path: str | os.PathLike | None = None,
+                 max_delay: float | None = None) -> None:
         owner = "DirectoryStream"
         self.path = os.fspath(check_type(owner, "path", path, (str, os.PathLike), allowed="a path"))
         self.format = check_choice(owner, "format", format, sorted(_PATTERNS))
@@ -105,7 +110,7 @@ class DirectoryStream(Stream):
         self._key, self._key_names = 0, {}
         self._listed: set[str] = set()
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout,
-                         drop_remainder=drop_remainder, dead_letter=dead_letter)
+                         drop_remainder=drop_remainder, dead_letter=dead_letter, max_delay=max_delay)
         committed = self.committed()
         self._apply_seek(committed if committed is not None else self._position)
 
@@ -163,6 +168,7 @@ class DirectoryStream(Stream):
     def _generate(self) -> Iterator:
         last_data = time.monotonic()
         while True:
+            yield from self._overdue()
             if self._step():
                 last_data = time.monotonic()
                 yield from self._full_batches()
@@ -172,20 +178,29 @@ class DirectoryStream(Stream):
                 yield from self._remainder()
                 return
             left = self.poll_interval if self.idle_timeout is None else self.idle_timeout - waited
-            time.sleep(min(self.poll_interval, max(left, 0.001)))  # nothing new: poll the directory again
+            if self._wait(min(self.poll_interval, max(left, 0.001))):  # nothing new: poll the directory again
+                return  # interrupt(): the rows read so far are read again by the next iteration
 
     def _step(self) -> bool:
         """Read the next block, or move to the next file; False when there is nothing new."""
         if self._cur is None:
             return self._open_next()
-        chunk = self._cur.read(final=False)
-        if chunk is None:
-            if not self._has_later(self._cur.name):
-                return False
-            chunk = self._cur.read(final=True)  # final now: read it to its very end
+        try:
+            chunk = self._cur.read(final=False)
             if chunk is None:
-                self._close_file()
-                return True
+                if not self._has_later(self._cur.name):
+                    return False
+                chunk = self._cur.read(final=True)  # final now: read it to its very end
+                if chunk is None:
+                    self._close_file()
+                    return True
+        except (OSError, ValueError, pa.ArrowException) as e:
+            # a corrupt page, a failed checksum, a header without a schema column: the rest of
+            # this file cannot be read, now or after a restart; skip it rather than stop the stream
+            name, offset = self._cur.name, self._cur.offset
+            self._close_file()
+            self._skip_file(name, e, offset)
+            return True
         d, afters, sources = chunk
         self._queue(d, np.full(d.n_records, self._key, dtype=np.int64), afters, sources)
         return True
@@ -220,12 +235,13 @@ class DirectoryStream(Stream):
         self._cur, self._cur_name, self._start = cur, name, None
         return True
 
-    def _skip_file(self, name: str, error: Exception) -> None:
-        """A whole file is unreadable: one dead letter for it, then move on."""
-        log.warning("DirectoryStream: skipping unreadable file %s: %s", name, error)
+    def _skip_file(self, name: str, error: Exception, offset: int = 0) -> None:
+        """A file is unreadable from `offset` on: one dead letter for the rest of it, then move on."""
+        where = f" from offset {offset}" if offset else ""
+        log.warning("DirectoryStream: skipping unreadable file %s%s: %s", name, where, error)
         d = Decoded(self.decoder._empty, np.zeros(0, dtype=np.int64), None, None,
-                    [BadRecord(0, "malformed", f"unreadable file: {error}", b"")], 1)
-        self.dead_letter.write(d.bad, [{"file": name, "offset": 0}])
+                    [BadRecord(0, "malformed", f"unreadable file{where}: {error}", b"")], 1)
+        self.dead_letter.write(d.bad, [{"file": name, "offset": offset}])
         self._cur_name, self._start = name, None
 
     def _list(self) -> list[str]:
@@ -373,7 +389,9 @@ class ParquetFileCursor:
     def __init__(self, path: str, name: str, decoder, offset: int = 0, *, block_rows: int = 65536) -> None:
         self.path, self.name, self.offset = path, name, int(offset)
         self.decoder = decoder
-        self._pf = pq.ParquetFile(path)  # raises for a file that is not (yet) valid Parquet
+        # raises for a file that is not (yet) valid Parquet; pages written with checksums
+        # (``write_page_checksum=True``) are verified, so flipped bits fail instead of reading wrong
+        self._pf = pq.ParquetFile(path, page_checksum_verification=True)
         have = self._pf.schema_arrow.names
         self.missing = [c for c in decoder.schema.columns if c not in have]
         cols = [c for c in decoder.columns if c in have]

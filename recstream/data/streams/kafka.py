@@ -11,14 +11,19 @@ is decoded in one pyarrow call. ``poll_timeout``: seconds one poll waits for mes
 * Position: ``{"topic:partition": next_offset}`` for the partitions this consumer reads
   (after the last batch yielded). ``seek`` works for assigned partitions and for ones the
   group has not assigned yet (applied when they are). ``commit(position)`` commits those
-  offsets for the group, synchronously (retried with backoff while the broker is away,
-  up to ``commit_timeout``; called from the iterating thread while the member is rejoining
-  its group it is skipped with a warning instead of deadlocking, the next one covers it);
+  offsets for the group, synchronously (retried with backoff while the broker is away;
+  it returns within ``commit_timeout`` whatever the broker does, False when not
+  committed: the checkpoint holds the position anyway; called from the iterating thread
+  while the member is rejoining its group it is skipped with a warning instead of
+  deadlocking, the next one covers it);
   auto-commit is off, so offsets move only when the trainer says its checkpoint is durable.
 * Rebalance: positions of revoked or lost partitions leave ``position()`` (another member
   may own them now) and their unyielded rows are dropped; if such a partition comes back,
   reading resumes at the later of our own position and the group's committed offset.
-  Exactly-once holds for each partition as long as one stream at a time reads it.
+  Exactly-once holds for each partition as long as one stream at a time reads it: when
+  partitions move between members a warning says so. Supported topologies: one trainer per
+  consumer group (any number of partitions), or several trainers with disjoint explicit
+  ``assignment``s; distributed training keeps one coordinated checkpoint of its own.
 * Broker outage: errors are logged (with backoff between repeats), librdkafka reconnects
   with exponential backoff (100 ms doubling to 2 s), and reading resumes where it was.
 * Event ids / times: the decoder's `id_column` / `time_column`; without a time column,
@@ -132,9 +137,11 @@ def parse_position(position: dict) -> dict[tuple[str, int], int]:
 def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_rejoin: bool = True) -> bool:
     """Commit `offsets` synchronously; retry retriable failures with backoff until `timeout`.
 
-    While the member is rejoining its group the commit can only succeed once the iterating
-    thread polls again: with ``wait_rejoin=False`` (we ARE the iterating thread) it is
-    skipped at once (logged; returns False) rather than blocking the very poll it waits for.
+    Retriable failures that last past `timeout` give False (logged), not an exception: the
+    trainer's checkpoint already holds the position. While the member is rejoining its group
+    the commit can only succeed once the iterating thread polls again: with
+    ``wait_rejoin=False`` (we ARE the iterating thread) it is skipped at once (logged;
+    returns False) rather than blocking the very poll it waits for.
     Skipping is safe: offsets only move forward, the next commit covers these, and the
     trainer's checkpoint (not the group's offsets) is what a restore seeks to.
     """
@@ -156,8 +163,12 @@ def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_re
             log.warning("KafkaStream.commit skipped: %s (the consumer is rejoining its group; "
                         "the next commit covers these offsets)", error)
             return False
-        if (code not in _RETRY_COMMIT and code not in _REJOINING) or time.monotonic() >= deadline:
+        if code not in _RETRY_COMMIT and code not in _REJOINING:
             raise KafkaException(error)
+        if time.monotonic() >= deadline:
+            log.warning("KafkaStream.commit: %s; gave up after %s s, not committed (the next commit covers "
+                        "these offsets)", error, timeout)
+            return False
         delay = backoff.next()
         log.warning("KafkaStream.commit: %s; retrying in %.1f s", error, delay)
         time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
@@ -195,7 +206,7 @@ class KafkaStream(Stream):
                  max_record_bytes: int | None = None, max_batches: int | None = None,
                  idle_timeout: float | None = None, drop_remainder: bool = False,
                  dead_letter: str | os.PathLike | None = None, dead_letter_topic: str | None = None,
-                 poll_timeout: float = 0.1, commit_timeout: float = 60.0) -> None:
+                 poll_timeout: float = 0.1, commit_timeout: float = 60.0, max_delay: float | None = None) -> None:
         owner = "KafkaStream"
         self.topics = _topics(topics)
         check_str(owner, "bootstrap_servers", bootstrap_servers)
@@ -230,14 +241,18 @@ class KafkaStream(Stream):
         self._owned: set[int] = set()
         self._targets: dict[int, int] = {}  # seek targets not applied yet (partition not assigned)
         self._stash: dict[int, int] = {}    # positions of revoked/lost partitions, if they come back
+        self._revoked: set[int] = set()     # revoked by the current (eager) rebalance
         self._last_error = ("", 0.0)
         # the idle clock (re)starts at each assignment; before a group's first one, no data can come
         self._assigned_at = time.monotonic() if self.assignment is not None else None
         self._producer = None
         self._closing = False
         self._iter_thread = None
+        self._commit_thread: threading.Thread | None = None
+        self._committing = threading.Event()  # a commit runs on another thread: poll with pauses
         self._dead_topic = dead_letter_topic
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout, drop_remainder=drop_remainder,
+                         max_delay=max_delay,
                          dead_letter=DeadLetter(dead_letter, self._to_dead_topic if dead_letter_topic else None))
         if dead_letter_topic:  # clients start only once every argument is known to be good
             self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 50})
@@ -310,9 +325,12 @@ class KafkaStream(Stream):
                     self._consumer.seek(TopicPartition(topic, part, self._targets.pop(key)))
         return {f"{t}:{p}": off for (t, p), off in parsed.items()}
 
-    def commit(self, position: dict) -> None:
-        """Commit `position`'s offsets for the group (synchronous, retried until
-        `commit_timeout`); partitions this consumer no longer owns are left alone."""
+    def commit(self, position: dict) -> bool:
+        """Commit `position`'s offsets for the group; partitions this consumer no longer owns are
+        left alone. Returns True once committed, False when the commit was skipped or did not
+        finish within `commit_timeout` (logged; the checkpoint holds the position, the next
+        commit covers these offsets). The wait is bounded whatever the broker does (frozen,
+        dead) and signal handlers run during it."""
         self._check_open()
         parsed = parse_position(position)
         offsets = [TopicPartition(t, p, off) for (t, p), off in parsed.items()
@@ -320,9 +338,43 @@ class KafkaStream(Stream):
         skipped = len(parsed) - len(offsets)
         if skipped:
             log.info("KafkaStream.commit: %d partition(s) no longer assigned here, not committed", skipped)
-        if offsets:  # from the iterating thread itself, waiting for a rejoin would deadlock
-            same_thread = self._iterating and threading.get_ident() == self._iter_thread
-            commit_sync(self._consumer, offsets, self.commit_timeout, wait_rejoin=not same_thread)
+        if not offsets:
+            return True
+        # from the iterating thread itself, waiting for a rejoin would deadlock
+        same_thread = self._iterating and threading.get_ident() == self._iter_thread
+        return self._commit_bounded(offsets, wait_rejoin=not same_thread)
+
+    def _commit_bounded(self, offsets: list[TopicPartition], wait_rejoin: bool) -> bool:
+        """Run `commit_sync` on a helper thread and wait for it at most `commit_timeout` s:
+        librdkafka's synchronous commit takes no timeout and blocks for as long as the broker
+        does not answer. While it runs, the iterating thread pauses between polls (a consume
+        loop polling back to back starves a synchronous commit made from another thread)."""
+        if self._commit_thread is not None and self._commit_thread.is_alive():
+            log.warning("KafkaStream.commit skipped: the previous commit has not returned yet (broker "
+                        "unresponsive); the next commit covers these offsets")
+            return False
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["ok"] = commit_sync(self._consumer, offsets, self.commit_timeout, wait_rejoin)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                outcome["error"] = e
+            finally:
+                self._committing.clear()
+
+        self._committing.set()
+        self._commit_thread = threading.Thread(target=run, name="recstream-kafka-commit", daemon=True)
+        self._commit_thread.start()
+        self._commit_thread.join(self.commit_timeout + 0.5)  # interruptible: signal handlers run meanwhile
+        if "error" in outcome:
+            raise outcome["error"]
+        if "ok" not in outcome:
+            log.warning("KafkaStream.commit: no answer from the broker within commit_timeout=%s s; not committed "
+                        "(the checkpoint holds the position; the next commit covers these offsets)",
+                        self.commit_timeout)
+            return False
+        return outcome["ok"]
 
     def committed(self) -> dict:
         """The group's committed offsets of the owned partitions, as a position dict."""
@@ -333,11 +385,22 @@ class KafkaStream(Stream):
     def close(self) -> None:
         if not self._closed:
             self._closing = True  # the revoke that close() triggers keeps position() as it was
-            with self._lock:
-                self._consumer.close()  # leaves the group now, so others get its partitions at once
+            self._interrupt.set()  # a poll running in another thread ends now
+            # leaves the group now, so others get its partitions at once; bounded like a commit:
+            # an unresponsive broker must not keep a stopping trainer from exiting
+            closer = threading.Thread(target=self._close_consumer, name="recstream-kafka-close", daemon=True)
+            closer.start()
+            closer.join(self.commit_timeout + 0.5)
+            if closer.is_alive():
+                log.warning("KafkaStream.close: the broker did not answer within commit_timeout=%s s; "
+                            "the group notices this member's absence after its session timeout", self.commit_timeout)
             if self._producer is not None:
                 self._producer.flush(10)
         super().close()
+
+    def _close_consumer(self) -> None:
+        with self._lock:
+            self._consumer.close()
 
     # --- rebalance (librdkafka calls these inside consume(), in the iterating thread) ------
     def _on_assign(self, consumer, partitions: list[TopicPartition]) -> None:
@@ -362,6 +425,9 @@ class KafkaStream(Stream):
                 self._targets.pop(key)
                 self._cursor.pop(self._name(key), None)
                 self._position.pop(self._name(key), None)
+        if not self._cooperative:  # eager: what we had before this rebalance and did not get back
+            self._warn_moved([k for k in self._revoked if k not in keys])
+        self._revoked = set()
         self._owned |= set(keys)
         self._assigned_at = time.monotonic()
         log.info("KafkaStream: assigned %s", [f"{tp.topic}:{tp.partition}@{tp.offset}" for tp in partitions])
@@ -379,6 +445,10 @@ class KafkaStream(Stream):
                 self._stash[key] = self._cursor.pop(self._name(key))
             self._position.pop(self._name(key), None)
         self._owned -= keys
+        if self._cooperative:  # cooperative: only partitions that move are revoked
+            self._warn_moved(keys)
+        else:
+            self._revoked |= keys
         if not self._owned:  # waiting for a new assignment: no data can come, so no idling
             self._assigned_at = None
         self._assembler.drop_keys(keys)
@@ -387,6 +457,16 @@ class KafkaStream(Stream):
             consumer.incremental_unassign(partitions)
         else:
             consumer.unassign()
+
+    def _warn_moved(self, keys) -> None:
+        """Partitions went to another member of the group: say what that costs (see the docs)."""
+        if keys:
+            log.warning("KafkaStream: partitions %s moved to another member of group %r. Exactly-once holds per "
+                        "partition only while ONE trainer reads it: events this trainer read but has not "
+                        "checkpointed may be trained again by the new owner, and a restore may seek back over "
+                        "its progress. Supported: one trainer per group (or disjoint explicit assignments); "
+                        "distributed training coordinates its own checkpoint.",
+                        sorted(self._name(k) for k in keys), self._config.get("group.id"))
 
     def _on_lost(self, consumer, partitions: list[TopicPartition]) -> None:
         self._on_revoke(consumer, partitions, lost=True)
@@ -409,7 +489,9 @@ class KafkaStream(Stream):
             self._assigned_at = time.monotonic()
         last_data = time.monotonic()
         backoff = Backoff()
-        while True:
+        while not self._interrupt.is_set():
+            if self._committing.is_set():  # let the commit's reply through (see _commit_bounded)
+                time.sleep(0.005)
             with self._lock:
                 # only what the next batch still needs: read-ahead stays under one batch, and the
                 # consumer polls once per batch, which serves rebalances (callbacks run in consume)
@@ -421,6 +503,7 @@ class KafkaStream(Stream):
                     time.monotonic() - max(last_data, self._assigned_at) >= self.idle_timeout:
                 yield from self._remainder()
                 return
+            yield from self._overdue()
 
     def _take(self, msgs, backoff: Backoff) -> bool:
         """Decode and queue polled messages; False if none was a record of ours."""

@@ -111,7 +111,7 @@ def test_bad_messages_go_to_the_dead_letter_file_and_topic(broker, topic, tmp_pa
                                                                    ("malformed", 5)]
 
 
-def test_rebalance_moves_partitions_without_loss_or_duplicates(broker, topic):
+def test_rebalance_moves_partitions_without_loss_or_duplicates(broker, topic, caplog):
     """A reads alone, committing after each batch (as a trainer does); B joins; the group
     moves partitions to B; A drops the revoked ones from its position. Together they read
     every event exactly once."""
@@ -150,6 +150,8 @@ def test_rebalance_moves_partitions_without_loss_or_duplicates(broker, topic):
     assert len(ids["a"]) + len(ids["b"]) == n and sorted(ids["a"] + ids["b"]) == list(range(n))
     # in the end each owns some partitions; a revoked one is no longer in the other's position
     assert a.position() and b.position() and not set(a.position()) & set(b.position())
+    # several independent trainers in one group is not a supported topology: it is said loudly
+    assert "moved to another member of group 'g-rebalance'" in caplog.text
 
 
 def test_arguments_are_checked_before_any_client_starts():
