@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 import warnings
 from time import monotonic as _monotonic
@@ -32,6 +33,7 @@ from safetensors import SafetensorError
 
 from ..checkpoint import save_checkpoint
 from ..data.protocol import CommittableDataset
+from ..distributed import parallel_mode, rank, save_sharded
 from ..validation import check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
@@ -39,10 +41,20 @@ from .checkpoint_config import CheckpointConfig
 SUFFIX = ".safetensors"
 
 
+def _sharded() -> bool:
+    """Under hybrid_parallel a checkpoint is a directory that every rank writes its rows into
+    (`recstream.distributed.save_sharded`); otherwise one safetensors file."""
+    return parallel_mode() == "hybrid_parallel"
+
+
+def _suffix() -> str:
+    return "" if _sharded() else SUFFIX
+
+
 def _unique_prefix(directory: str, prefix: str) -> str:
     """MindSpore's rule: if ``prefix-*`` or ``prefix_N-*`` checkpoints exist, use ``prefix_{max N + 1}``."""
     suffix = 0
-    pattern = re.compile(re.escape(prefix) + r"(?:_(\d+))?-\d+_\d+" + re.escape(SUFFIX) + "$")
+    pattern = re.compile(re.escape(prefix) + r"(?:_(\d+))?-\d+_\d+" + re.escape(_suffix()) + "$")
     for name in os.listdir(directory):
         m = pattern.match(name)
         if m:
@@ -54,8 +66,12 @@ class ModelCheckpoint(Callback):
     """Save checkpoints during training; see the module docstring. `latest_ckpt_file_name`: last file written."""
 
     called_in_fit_eval = False
-    # Under data_parallel every rank holds the same weights: rank 0 writes them.
-    rank_zero_only = True
+
+    @property
+    def rank_zero_only(self) -> bool:
+        """Replicated weights are written by rank 0 alone; row-sharded tables (hybrid_parallel) by
+        every rank together, each its own rows, into one checkpoint directory."""
+        return not _sharded()
 
     def __init__(self, prefix: str = "CKP", directory: str | os.PathLike | None = None,
                  config: CheckpointConfig | None = None):
@@ -119,6 +135,11 @@ class ModelCheckpoint(Callback):
         self._params = None
         if exc_type is None or not self._config.exception_save or p is None or p.cur_epoch_num is None:
             return None
+        if _sharded():  # a save is a collective, and after a failure the other ranks may never join it
+            warnings.warn("ModelCheckpoint: no exception checkpoint under hybrid_parallel (saving sharded "
+                          "tables needs every rank); the last periodic checkpoint stands", RuntimeWarning,
+                          stacklevel=2)
+            return None
         try:  # never let a failing rescue save hide the original exception
             name = f"{self._exception_prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}_breakpoint{SUFFIX}"
             self._write(p, os.path.join(self._directory, name))
@@ -152,7 +173,7 @@ class ModelCheckpoint(Callback):
             return  # nothing trained since the last save (e.g. the final save right after a periodic one)
         if not self._due(p, force):
             return
-        name = f"{self._prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}{SUFFIX}"
+        name = f"{self._prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}{_suffix()}"
         path = os.path.join(self._directory, name)
         # Write first, prune after: a failed write must not cost an old checkpoint.
         try:
@@ -164,7 +185,8 @@ class ModelCheckpoint(Callback):
                           f"{getattr(e, 'strerror', None) or e}; nothing was replaced "
                           f"(last good checkpoint: {last})") from e
         self._commit_source(p)
-        self._prune(path)
+        if rank() == 0:  # one rank prunes the shared directory
+            self._prune(path)
         self._last_triggered_step = p.cur_step_num
         self._last_time_for_keep = _monotonic()
         self._latest_ckpt_file_name = path
@@ -190,7 +212,10 @@ class ModelCheckpoint(Callback):
             extra[key] = value
         if p.get("train_position") is not None:  # where the stream resumes: just after the last trained batch
             extra["train_position"] = p.train_position
-        save_checkpoint(path, network, optimizer, extra=extra, crc=self._config.crc_check)
+        if _sharded():  # every rank writes its rows and its own extra (e.g. its stream position)
+            save_sharded(path, network, optimizer, extra=extra)
+        else:
+            save_checkpoint(path, network, optimizer, extra=extra, crc=self._config.crc_check)
 
     @staticmethod
     def _commit_source(p) -> None:
@@ -204,7 +229,7 @@ class ModelCheckpoint(Callback):
         """This run's periodic checkpoints (breakpoint files and other prefixes excluded); in online
         training, those of earlier runs of the same prefix too."""
         prefix = re.escape(self._exception_prefix) + r"(?:_\d+)?" if self._series else re.escape(self._prefix)
-        pattern = re.compile(prefix + r"-(\d+)_(\d+)" + re.escape(SUFFIX) + "$")
+        pattern = re.compile(prefix + r"-(\d+)_(\d+)" + re.escape(_suffix()) + "$")
         found = []
         for name in os.listdir(self._directory):
             m = pattern.match(name)
@@ -239,6 +264,9 @@ class ModelCheckpoint(Callback):
     @staticmethod
     def _remove(path: str) -> None:
         try:
-            os.remove(path)
+            if os.path.isdir(path):  # a sharded checkpoint
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
         except FileNotFoundError:
             pass

@@ -34,15 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..callbacks import (
-    Callback,
-    CallbackList,
-    CallbackParams,
-    ModelCheckpoint,
-    ProgressBar,
-    RunContext,
-    progress_bar_default,
-)
+from ..callbacks import Callback, CallbackList, CallbackParams, ProgressBar, RunContext, progress_bar_default
 from ..callbacks.base import as_callback_list
 from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
@@ -278,10 +270,6 @@ class Model:
         helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
                                epoch_num=epoch - initial_epoch, device=self._device)
         params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)
-        if self._parallel_mode == "hybrid_parallel" and any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
-            # Saving sharded tables gathers them from every rank; ModelCheckpoint runs on rank 0 only.
-            raise ValueError(f"{owner}: ModelCheckpoint is not supported under hybrid_parallel yet (sharded "
-                             "tables are saved by all ranks together; see docs/distributed.md)")
         callbacks = user_callbacks + self._default_callbacks(user_callbacks)
         if rank() != 0:  # printing, files and publishing happen once, on rank 0
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]

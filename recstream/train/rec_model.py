@@ -34,6 +34,7 @@ from ..callbacks import Callback, CallbackList, ModelCheckpoint
 from ..callbacks.base import as_callback_list
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
+from ..distributed import is_complete, load_sharded, rank, world_size
 from ..validation import check_bool, check_int
 from .model import Model
 from .signals import StopOnSignal
@@ -134,12 +135,17 @@ def _load_newest_valid(checkpoint, network, optimizer) -> tuple[str, dict] | Non
     checkpoint = os.fspath(checkpoint)
     if os.path.isfile(checkpoint):
         return checkpoint, load_checkpoint(checkpoint, network, optimizer)
+    if is_complete(checkpoint):  # one sharded checkpoint (hybrid_parallel), on any number of ranks
+        return checkpoint, _load_sharded(checkpoint, network, optimizer)
     if not os.path.exists(checkpoint):  # a first run: nothing to resume from yet
         log.warning("no checkpoint at %r yet: starting from the initial weights", checkpoint)
         return None
     if not os.path.isdir(checkpoint):
         raise ValueError(f"'checkpoint' {checkpoint!r} is neither a checkpoint file nor a directory")
     files = [f for f in glob.glob(os.path.join(checkpoint, "*.safetensors")) if not os.path.basename(f).startswith(".")]
+    sharded = [d for d in glob.glob(os.path.join(checkpoint, "*")) if is_complete(d)]
+    if sharded:  # written by ModelCheckpoint under hybrid_parallel: the newest complete one
+        return _newest_sharded(sharded, network, optimizer)
     failures = []
     for path in sorted(files, key=_mtime, reverse=True):
         try:
@@ -150,6 +156,19 @@ def _load_newest_valid(checkpoint, network, optimizer) -> tuple[str, dict] | Non
     if failures:
         raise CheckpointError(f"RecModel.restore: no checkpoint in {checkpoint!r} loads: " + "; ".join(failures[:5]))
     return None
+
+
+def _newest_sharded(paths: list[str], network, optimizer) -> tuple[str, dict]:
+    """The newest complete sharded checkpoint (every rank lists the same directory)."""
+    path = max(paths, key=lambda d: (_mtime(d), d))
+    return path, _load_sharded(path, network, optimizer)
+
+
+def _load_sharded(path: str, network, optimizer) -> dict:
+    """Load a sharded checkpoint (collective); the metadata of this rank, or of rank 0 when the
+    checkpoint was written by a different number of ranks (its stream positions then do not map)."""
+    extras = load_sharded(path, network, optimizer)
+    return extras[rank()] if len(extras) == world_size() else extras[0]
 
 
 def _mtime(path: str) -> float:

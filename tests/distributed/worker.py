@@ -3,6 +3,7 @@
     python worker.py OUT_DIR MODEL MODE             # one process, global batch 64
     torchrun --nproc_per_node=2 worker.py OUT_DIR MODEL MODE   # two ranks, 32 rows each per step
 
+An optional fourth argument is a directory for ModelCheckpoint.
 MODEL: "widedeep" (fused EmbeddingBagCollection with sparse gradients, FTRL + LazyAdam + Adam)
 or "mlp" (dense only, Adam). MODE: the parallel mode set ("data_parallel" or "hybrid_parallel";
 a single process runs stand-alone whatever is set). Rank 0 writes the per-step global losses, the evaluation results and
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from recstream import Model, distributed, set_auto_parallel_context
-from recstream.callbacks import Callback
+from recstream.callbacks import Callback, CheckpointConfig, ModelCheckpoint
 from recstream.data import SyntheticCTR
 from recstream.metrics import AUC, Loss
 from recstream.models import WideDeep, default_optimizer
@@ -51,23 +52,31 @@ class Dense(torch.nn.Module):
         return self.mlp(features.dense).squeeze(-1)
 
 
-def main(out: Path, kind: str, mode: str) -> None:
+def build(kind: str):
+    """The data, network and optimizer of a run (the same in every process)."""
+    torch.manual_seed(0)  # same initial weights everywhere (data_parallel also broadcasts rank 0's)
+    gen = SyntheticCTR(num_dense=4, num_categorical=3, vocab_sizes=[50, 40, 30], batch_size=64, seed=1)
+    if kind == "widedeep":
+        net = WideDeep(gen.schema, hidden=(16, 8), embedding_dim=4)
+        return gen, net, default_optimizer(net, lr=0.01)
+    net = Dense(4)
+    return gen, net, torch.optim.Adam(net.parameters(), lr=0.01)
+
+
+def main(out: Path, kind: str, mode: str, checkpoints: str | None = None) -> None:
     torch.set_num_threads(1)
     distributed.init()
     set_auto_parallel_context(parallel_mode=mode)
-    torch.manual_seed(0)  # same initial weights everywhere (data_parallel also broadcasts rank 0's)
-    gen = SyntheticCTR(num_dense=4, num_categorical=3, vocab_sizes=[50, 40, 30], batch_size=64, seed=1)
+    gen, net, optimizer = build(kind)
     train, valid = gen.train_batches(6), gen.test_split(256, batch_size=64)
-    if kind == "widedeep":
-        net = WideDeep(gen.schema, hidden=(16, 8), embedding_dim=4)
-        optimizer = default_optimizer(net, lr=0.01)
-    else:
-        net = Dense(4)
-        optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     metrics = {"auc": AUC(from_logits=True), "loss": Loss()}
     model = Model(net, torch.nn.BCEWithLogitsLoss(), optimizer, metrics=metrics, progress_bar=False)
     record = Record()
-    model.fit(2, distributed.shard(train), valid_dataset=distributed.shard(valid), callbacks=[record])
+    callbacks = [record]
+    if checkpoints:  # every 5 steps, keep 2 (under hybrid_parallel: sharded directories, all ranks write)
+        callbacks.append(ModelCheckpoint("w", checkpoints, CheckpointConfig(save_checkpoint_steps=5,
+                                                                            keep_checkpoint_max=2)))
+    model.fit(2, distributed.shard(train), valid_dataset=distributed.shard(valid), callbacks=callbacks)
     results = model.eval(distributed.shard(valid))
     weights = net.state_dict()  # every rank: sharded tables are gathered from all of them
     if distributed.rank() == 0:
@@ -80,4 +89,4 @@ def main(out: Path, kind: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], *sys.argv[4:])
