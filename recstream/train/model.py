@@ -307,14 +307,7 @@ class Model:
                     params.cur_step_num = start + step.planned  # hooks see the step the sink ends on
                     params.train_dataset_element = step.first
                     callbacks.on_train_step_begin(ctx)
-                    try:
-                        params.net_outputs = step.run(self._train_network)
-                    except BaseException:  # a sink's exception checkpoint records what the weights hold
-                        if step.trained is not None:
-                            params.cur_step_num = start + step.trained
-                        if step.trained_position is not None:
-                            params.train_position, params.train_batch_metas = step.trained_position, []
-                        raise
+                    params.net_outputs = self._run_step(step, params, start)
                     params.cur_step_num = start + step.count  # a sink may end short of its plan
                     if step.position is not None:
                         params.train_position, params.train_batch_metas = step.position, step.metas
@@ -333,6 +326,18 @@ class Model:
         finally:
             helper.release()
         callbacks.on_train_end(ctx)
+
+    def _run_step(self, step, params: CallbackParams, start: int):
+        """`step.run` on the train network. If a sink raises part-way, the params first record what
+        the weights already hold (batches and position), so an exception checkpoint saves that."""
+        try:
+            return step.run(self._train_network)
+        except BaseException:
+            if step.trained is not None:
+                params.cur_step_num = start + step.trained
+            if step.trained_position is not None:
+                params.train_position, params.train_batch_metas = step.trained_position, []
+            raise
 
     def _evaluate_in_fit(self, fit_eval: _FitEvaluation, params: CallbackParams) -> None:
         """Evaluate between epochs with the same params; restore the training fields afterwards."""
