@@ -1,4 +1,4 @@
-"""Helpers for driving callbacks by hand, in the loop's hook order (see recstream/train/loop.py)."""
+"""Helpers for driving callbacks by hand, in the loop's hook order (`Model._train_loop`)."""
 import pytest
 import torch
 
@@ -6,7 +6,7 @@ from recstream.callbacks.base import CallbackList, CallbackParams, RunContext
 
 
 class Driver:
-    """Fake training run: calls hooks like `train_loop`, with scripted losses and eval results.
+    """Fake training run: calls hooks like `Model._train_loop`, with scripted losses and eval results.
 
     ``losses[e][s]`` is the loss tensor of step s of epoch e (0-based lists); ``eval_results``
     maps an epoch number to the dict set before that epoch's ``on_train_epoch_end``.
