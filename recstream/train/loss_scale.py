@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import nn
 
-from ..validation import check_bool, check_int, check_number
+from ..validation import check_bool, check_int, check_number, check_type
 
 
 class FixedLossScaleUpdateCell(nn.Module):
@@ -101,7 +101,8 @@ class LossScaleManager(abc.ABC):
         ...
 
     def _check_state(self, state, keys: tuple[str, ...]) -> None:
-        if not isinstance(state, dict) or not set(keys) <= set(state):
+        check_type(f"{type(self).__name__}.load_state_dict", "state", state, dict)
+        if not set(keys) <= set(state):
             raise ValueError(f"{type(self).__name__}.load_state_dict: 'state' must be a dict with keys "
                              f"{list(keys)}, got {state!r}")
 
@@ -161,10 +162,7 @@ class DynamicLossScaleManager(LossScaleManager):
         self._cell.scale_factor = check_number(owner, "scale_factor", state["scale_factor"], minimum=1.0, min_open=True)
         self._cell.scale_window = check_int(owner, "scale_window", state["scale_window"], minimum=1)
         self._cell.loss_scale.fill_(check_number(owner, "loss_scale", state["loss_scale"], minimum=1.0))
-        good = state["good_steps"]
-        if isinstance(good, bool) or not isinstance(good, int) or good < 0:
-            raise ValueError(f"'good_steps' must be an int >= 0, got {good!r}")
-        self._cell.good_steps.fill_(good)
+        self._cell.good_steps.fill_(check_int(owner, "good_steps", state["good_steps"], minimum=0))
 
 
 def unscale_grads_(grads: list[torch.Tensor], inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
