@@ -96,6 +96,7 @@ def main(argv=None) -> dict:
     schema = SyntheticCTR(DENSE, CATEGORICAL).schema
     producer = start_producer(args, incoming)
     port = free_port()
+    os.makedirs(models, exist_ok=True)  # serve needs the publish directory to exist (503 until a version)
     server = subprocess.Popen([sys.executable, "-m", "recstream", "serve", models, "--port", str(port),
                                "--poll-seconds", "0.5"])
     try:

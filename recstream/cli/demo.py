@@ -9,24 +9,32 @@ from __future__ import annotations
 
 import time
 
-import torch
+from .options import checked
 
-from ..callbacks import History, LossMonitor
-from ..data import load_adult
-from ..models import WideDeep, ctr_metrics, default_optimizer
-from ..train import Model
+_OWNER = "recstream demo"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="train and evaluate Wide&Deep on the bundled Adult data set")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p = sub.add_parser("demo", help="train and evaluate Wide&Deep on the bundled Adult data set",
+                       description="Train Wide&Deep on the bundled Adult census data and print test AUC and "
+                                   "log loss after each epoch.")
+    p.add_argument("--epochs", type=checked(int, _OWNER, "--epochs", minimum=1), default=3,
+                   help="passes over the training data (default 3)")
+    p.add_argument("--batch-size", type=checked(int, _OWNER, "--batch-size", minimum=1), default=256,
+                   help="training batch size (default 256)")
+    p.add_argument("--seed", type=checked(int, _OWNER, "--seed", minimum=0), default=0)
+    p.add_argument("--threads", type=checked(int, _OWNER, "--threads", minimum=1), default=None,
+                   help="torch CPU threads (default: torch's choice)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    import torch  # here, not at the top: `recstream --help` must not load torch
+
+    from ..callbacks import History, LossMonitor
+    from ..data import load_adult
+    from ..models import WideDeep, ctr_metrics, default_optimizer
+    from ..train import Model
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -3,27 +3,71 @@
 - `recstream demo`: train and evaluate a small CTR model end to end (the embedded default job);
 - `recstream serve DIR --port P`: serve the newest published model over HTTP, hot-swapping versions;
 - `recstream produce ...`: write a file or synthetic events into Kafka or a directory.
+
+The command modules import torch (and the rest of the library) only inside their ``run``,
+so that ``--help`` and ``--version`` answer at once. A mistake ends with one line on stderr
+and an exit status (see ``EPILOG``), never a traceback unless ``--debug`` is given.
+
+>>> build_parser().parse_args(["demo", "--epochs", "2"]).epochs
+2
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
+from .. import __version__
 from . import demo, produce, serve
+from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_TERMINATED, CliError, Interrupted
+
+EPILOG = """exit status:
+  0    success
+  1    runtime failure (port in use, broker unreachable, bad data, ...)
+  2    usage error (unknown option, bad value, missing input file or directory)
+  130  interrupted (Ctrl-C / SIGINT)
+  143  terminated (SIGTERM)
+
+Errors are reported as one line on stderr; add --debug for the Python traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recstream", description="Train recommendation models fast on PyTorch.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="recstream", description="Train recommendation models fast on PyTorch.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"recstream {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(sub)
     serve.add_parser(sub)
     produce.add_parser(sub)
     return parser
 
 
+def _terminate(signum, frame):
+    raise Interrupted("terminated", EXIT_TERMINATED)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return args.run(args)
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # usage errors: exit 2
+    owner = f"recstream {args.command}"
+    previous = signal.signal(signal.SIGTERM, _terminate)  # a command may install its own (serve does)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Interrupted
+        print(f"{owner}: {e.args[0] if e.args else 'interrupted'}", file=sys.stderr)
+        return getattr(e, "code", EXIT_INTERRUPTED)
+    except CliError as e:
+        if args.debug:
+            raise
+        print(f"{owner}: {e.args[0]}", file=sys.stderr)
+        return e.code
+    except Exception as e:  # noqa: BLE001 -- the last guard: one line instead of a traceback
+        if args.debug:
+            raise
+        print(f"{owner}: error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_FAILURE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

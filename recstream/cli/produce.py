@@ -16,39 +16,35 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
+import os
 import time
 from collections.abc import Iterator
 
-import numpy as np
-
-from ..validation import check_int, check_number
+from .errors import EXIT_USAGE, CliError
+from .options import checked
 
 _OWNER = "recstream produce"
 _EXT = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "criteo": "tsv"}
+DESCRIPTION = """Write events into a Kafka topic or a followed directory, at a chosen rate.
+
+Events come from a file (CSV/TSV/JSON lines/Criteo TSV, one record per line) or from the
+synthetic CTR generator. Each record gets an event id and its send time as its last two
+fields (event_id, event_time; JSON: keys). Examples:
+
+  recstream produce --synthetic --rows 100000 --format criteo --kafka 127.0.0.1:9092 --topic clicks --rate 5000
+  recstream produce --input day_0.tsv --input-format criteo --directory /data/incoming --file-records 50000
+
+Ctrl-C/SIGTERM stop it cleanly: records already written are published (no .tmp file is left)."""
 
 
 def _checked(kind: type, name: str, **bounds):
-    """An argparse ``type`` that parses `kind` and checks it with recstream.validation."""
-    check = check_int if kind is int else check_number
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{_OWNER}: '{name}' must be {'an int' if kind is int else 'a number'}, "
-                                             f"got {text!r}") from None
-        try:
-            return check(_OWNER, name, value, **bounds)
-        except (TypeError, ValueError) as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    parse.__name__ = kind.__name__
-    return parse
+    return checked(kind, _OWNER, name, **bounds)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("produce", help="write events (a file or synthetic CTR data) to Kafka or a directory",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", help="a file with one record per line")
     src.add_argument("--synthetic", action="store_true", help="generate SyntheticCTR events")
@@ -76,6 +72,8 @@ def add_parser(sub) -> None:
                    help="events per second (0: as fast as possible)")
     p.add_argument("--id-start", type=_checked(int, "--id-start", minimum=0), default=0, help="first event id")
     p.add_argument("--no-meta", action="store_true", help="send records without event id / time fields")
+    p.add_argument("--connect-timeout", type=_checked(float, "--connect-timeout", minimum=0, min_open=True),
+                   default=10.0, help="seconds to wait for the Kafka broker before giving up (default 10)")
     p.set_defaults(run=run)
 
 
@@ -83,8 +81,6 @@ def _synthetic(args) -> Iterator[list[bytes]]:
     """Blocks of synthetic records (without meta fields)."""
     from ..data import SyntheticCTR
     from .producers import format_records
-    if args.format == "criteo" and (args.num_dense, args.num_categorical) != (13, 26):
-        raise SystemExit("recstream produce: --format criteo needs --num-dense 13 --num-categorical 26")
     gen = SyntheticCTR(args.num_dense, args.num_categorical, seed=args.seed, batch_size=4096)
     names = list(gen.schema.columns)
     for i in itertools.count():
@@ -111,23 +107,46 @@ def _writer(args):
     if args.directory:
         ext = _EXT[args.format if args.synthetic else args.input_format]
         return DirectoryWriter(args.directory, ext, args.file_records, args.flush_interval)
-    if not args.topic:
-        raise SystemExit("recstream produce: --kafka needs --topic")
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
-    admin = AdminClient({"bootstrap.servers": args.kafka})
-    try:  # make sure the topic exists, with the asked partitions if it is new
+    # librdkafka logs every failed connection attempt to stderr; the one-line error below says it all
+    quiet = logging.getLogger("recstream.produce.librdkafka")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    admin = AdminClient({"bootstrap.servers": args.kafka, "logger": quiet})
+    try:  # a bounded wait for the broker, then make sure the topic exists
+        admin.list_topics(timeout=args.connect_timeout)
+    except KafkaException as e:
+        raise CliError(f"cannot reach Kafka at {args.kafka} within {args.connect_timeout:g} s: "
+                       f"{e.args[0].str()}") from None
+    try:  # the asked partitions if the topic is new
         admin.create_topics([NewTopic(args.topic, num_partitions=args.partitions,
-                                      replication_factor=1)])[args.topic].result(timeout=30)
+                                      replication_factor=1)])[args.topic].result(timeout=args.connect_timeout)
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
-    return KafkaWriter(args.kafka, args.topic)
+            raise CliError(f"cannot create topic {args.topic!r} at {args.kafka}: {e.args[0].str()}") from None
+    return KafkaWriter(args.kafka, args.topic, {"logger": quiet})
+
+
+def _check_args(args) -> None:
+    """Mistakes found before anything is created (no output directory, no topic)."""
+    if args.input is not None and not os.path.isfile(args.input):
+        what = "is not a file" if os.path.exists(args.input) else "does not exist"
+        raise CliError(f"--input {args.input} {what}", EXIT_USAGE)
+    if args.synthetic and args.format == "criteo" and (args.num_dense, args.num_categorical) != (13, 26):
+        raise CliError("--format criteo needs --num-dense 13 --num-categorical 26", EXIT_USAGE)
+    if args.kafka and not args.topic:
+        raise CliError("--kafka needs --topic", EXIT_USAGE)
+    if args.directory and os.path.exists(args.directory) and not os.path.isdir(args.directory):
+        raise CliError(f"--directory {args.directory} is not a directory", EXIT_USAGE)
 
 
 def produce(args) -> tuple[int, float]:
     """Send the events; returns (events sent, seconds)."""
+    import numpy as np
+
     from .producers import RateLimiter, append_meta
+    _check_args(args)
     limit = args.rows if args.rows is not None else (10_000 if args.synthetic else None)
     fmt = args.format if args.synthetic else args.input_format
     blocks = _synthetic(args) if args.synthetic else _lines(args)

@@ -2,8 +2,11 @@
 
 Loads the newest usable version of DIR (written by ``ModelPublisher``), answers
 ``POST /predict`` / ``GET /health`` / ``GET /version`` (see :mod:`recstream.serving.http`) and
-hot-swaps newer versions as they are published. Starts even when DIR has no version yet
-(``/health`` answers 503 until one appears). Prints one line
+hot-swaps newer versions as they are published. DIR must exist: a missing DIR (or a file) is
+a usage error (exit status 2), since a mistyped path would otherwise answer 503 forever. An
+existing DIR without a version yet is served (``/health`` answers 503, with a log line, until
+one is published). The port is bound before the model is loaded, so a port in use fails at
+once (exit status 1). Prints one line
 ``recstream serve: listening on http://HOST:PORT`` once the socket is bound (``--port 0``
 picks a free port), stops cleanly on SIGINT/SIGTERM.
 
@@ -18,50 +21,47 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 
-import torch
+from .errors import EXIT_USAGE, CliError
+from .options import checked
 
-from ..serving.http import DEFAULT_MAX_BODY_BYTES, make_server
-from ..serving.model_holder import ModelHolder
-from ..serving.model_spec import RebuildError
+_OWNER = "recstream serve"
+# = recstream.serving.http.DEFAULT_MAX_BODY_BYTES (a test checks), not imported: `--help` must not load torch
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+DESCRIPTION = """Serve the newest model version of a publish directory over HTTP.
 
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-    return parse
+Answers POST /predict, GET /health and GET /version, and hot-swaps newer versions as
+ModelPublisher writes them. DIRECTORY must exist (a missing one is a usage error); while
+it holds no version yet, /predict and /health answer 503. Stops cleanly on Ctrl-C/SIGTERM."""
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in [0, 65535], got {text}")
-    return value
+def _positive(kind, name: str):
+    return checked(int, _OWNER, name, minimum=1) if kind is int else checked(kind, _OWNER, name, minimum=0,
+                                                                              min_open=True)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``serve`` sub-command to an ``add_subparsers()`` object; returns its parser."""
     p = subparsers.add_parser("serve", help="serve published model versions over HTTP",
-                              description=__doc__.split("\n\n")[0])
-    p.add_argument("directory", help="publish directory (ModelPublisher's)")
-    p.add_argument("--port", type=_port, required=True, help="TCP port (0: any free port)")
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("directory", help="publish directory (ModelPublisher's); must exist")
+    p.add_argument("--port", type=checked(int, _OWNER, "--port", minimum=0, maximum=65535), required=True,
+                   help="TCP port (0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--max-body-bytes", type=_positive(int), default=DEFAULT_MAX_BODY_BYTES,
+    p.add_argument("--max-body-bytes", type=_positive(int, "--max-body-bytes"), default=DEFAULT_MAX_BODY_BYTES,
                    help="largest accepted request body; larger ones get 413 (default 1 MiB)")
-    p.add_argument("--max-instances", type=_positive(int), default=1024,
+    p.add_argument("--max-instances", type=_positive(int, "--max-instances"), default=1024,
                    help="most instances per /predict request (default 1024)")
-    p.add_argument("--poll-seconds", type=_positive(float), default=1.0,
+    p.add_argument("--poll-seconds", type=_positive(float, "--poll-seconds"), default=1.0,
                    help="how often to look for new versions (default 1.0)")
     p.add_argument("--model-factory", default=None, metavar="MODULE:FUNCTION",
                    help="function(manifest) -> nn.Module that rebuilds the network (needed for networks "
                         "that are not recstream.models classes)")
-    p.add_argument("--torch-threads", type=_positive(int), default=None,
+    p.add_argument("--torch-threads", type=_positive(int, "--torch-threads"), default=None,
                    help="torch intra-op threads per forward (default: torch's)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(run=run)
@@ -70,19 +70,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status."""
+    if not os.path.isdir(args.directory):
+        what = "is not a directory" if os.path.exists(args.directory) else "does not exist"
+        raise CliError(f"{args.directory} {what} (serve a ModelPublisher's directory; create it first "
+                       "to wait for the first version)", EXIT_USAGE)
+    import torch  # here, not at the top: `recstream --help` must not load torch
+
+    from ..serving.http import make_server
+    from ..serving.model_holder import ModelHolder
+    from ..serving.model_spec import RebuildError
+
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("recstream.serve")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     try:
         holder = ModelHolder(args.directory, args.model_factory, args.poll_seconds, args.max_instances)
+    except (ImportError, AttributeError, ValueError) as e:  # bad --model-factory
+        print(f"{_OWNER}: cannot load models from {args.directory}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:  # bind before loading: a port in use fails at once, not after the model is built
+        server = make_server(holder, args.host, args.port, args.max_body_bytes)
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    try:
         holder.refresh()
     except (RebuildError, ImportError, AttributeError, ValueError) as e:  # bad --model-factory or spec
-        print(f"recstream serve: cannot load models from {args.directory}: {e}", file=sys.stderr)
-        return 2
+        server.server_close()
+        print(f"{_OWNER}: cannot load models from {args.directory}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if holder.current is None:
         log.warning("no usable version in %s yet; /predict answers 503 until one is published", args.directory)
-    server = make_server(holder, args.host, args.port, args.max_body_bytes)
     host, port = server.server_address[:2]
 
     def stop(signum, frame):  # shutdown() waits for serve_forever: call it off the main thread
@@ -104,10 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="recstream")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["serve"] + (sys.argv[1:] if argv is None else list(argv)))
-    return args.run(args)
+    from .main import main as cli_main  # the same error handling and exit statuses as `recstream serve`
+    return cli_main(["serve"] + (sys.argv[1:] if argv is None else list(argv)))
 
 
 if __name__ == "__main__":

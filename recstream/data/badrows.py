@@ -8,7 +8,12 @@ Reasons (the keys of ``reader.bad_rows``):
 * ``missing_value``: an empty value where one is required (dense without a fill value,
   label, non-hashed id without a vocabulary);
 * ``id_out_of_range``: an id outside ``[0, vocab_size)`` of a non-hashed feature;
-* ``bad_label``: a label that is not a finite number in ``[0, 1]``.
+* ``bad_label``: a label that is not a finite number in ``[0, 1]``;
+* ``oversize``: a CSV/TSV line longer than the reader's ``block_size`` (skipped unread);
+* ``malformed``: a line that is not a row at all: invalid UTF-8, or a stray quote that
+  opens a quoted value running into the next lines.
+
+The stream sources (:mod:`recstream.data.streams`) use the same names for their records.
 
 Rows are numbered from 1 over the data rows of each file (the header is not a row).
 
@@ -27,7 +32,8 @@ from typing import Any
 
 from ..validation import check_choice, check_type
 
-REASONS = ("column_count", "unparsable", "non_finite", "missing_value", "id_out_of_range", "bad_label")
+REASONS = ("column_count", "unparsable", "non_finite", "missing_value", "id_out_of_range", "bad_label",
+           "oversize", "malformed")
 _POLICIES = ("raise", "skip")
 
 

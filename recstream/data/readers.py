@@ -1,6 +1,7 @@
 """File readers: each a re-iterable stream of :class:`~recstream.data.Batch` in constant memory.
 
-* :class:`CSVReader`: delimited text (CSV, TSV, plain or ``.gz``) with ``pyarrow.csv.open_csv``;
+* :class:`CSVReader`: delimited text (CSV, TSV, plain or ``.gz``), blocks of whole lines parsed
+  by ``pyarrow.csv``;
 * :class:`ParquetReader`: Parquet, one record batch in memory at a time;
 * :class:`CriteoReader`: the Criteo display-advertising TSV logs (:func:`criteo_schema`).
 
@@ -131,33 +132,43 @@ def _row_data(rb: pa.RecordBatch, i: int) -> dict:
 
 
 # --- CSV -------------------------------------------------------------------------------------
-class _LineTracker:
-    """Maps the n-th valid row of a file to its data-row number, given the skipped lines.
+def _line_blocks(path: str, block_size: int) -> Iterator[tuple[int, bytes | None]]:
+    """Cut a (possibly compressed) file into blocks of whole lines, in constant memory.
 
-    pyarrow reports each rejected line (in file order, before the batch that follows it);
-    valid row k (0-based) is data row ``k + 1 + #rejected rows before it``. Rejected rows
-    that lie before every future row are folded into a counter: memory stays constant.
+    Yields ``(number of the block's first line, bytes)``; a line longer than `block_size`
+    is yielded as ``(its number, None)`` and its bytes are skipped, so one runaway line costs
+    that line, not the file. Lines are cut at every newline: newlines inside quoted values
+    are not supported (a value that spans lines is a bad row, see ``CSVReader._parse``).
     """
-
-    def __init__(self) -> None:
-        self.valid_seen = 0
-        self.rejected_total = 0
-        self.folded = 0
-        self._gaps: list[int] = []  # per pending rejected row: valid rows before it
-
-    def reject(self, data_row: int) -> None:
-        self._gaps.append(data_row - 1 - self.rejected_total)
-        self.rejected_total += 1
-
-    def rows_for(self, n: int) -> np.ndarray:
-        k = np.arange(self.valid_seen, self.valid_seen + n, dtype=np.int64)
-        gaps = np.asarray(self._gaps, dtype=np.int64)
-        rows = k + 1 + self.folded + np.searchsorted(gaps, k, side="right")
-        self.valid_seen += n
-        done = int(np.searchsorted(gaps, self.valid_seen, side="right"))  # before all later rows
-        self.folded += done
-        del self._gaps[:done]
-        return rows
+    line, buf, skipping = 1, b"", False
+    with pa.input_stream(path) as f:  # .gz and other compressions detected by extension
+        while True:
+            data = f.read(block_size)
+            buf = buf + data if buf else data
+            if skipping:  # inside an over-long line already reported: drop up to its newline
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    buf = b""
+                    if not data:
+                        return
+                    continue
+                buf, skipping = buf[nl + 1:], False
+            end = len(buf) if not data else buf.rfind(b"\n") + 1  # at end of file: all of it
+            if end:
+                block, buf = buf[:end], buf[end:]
+                # only the first line can be over-long: it alone may have begun in an earlier read
+                first = block.find(b"\n") + 1 or len(block)
+                if first - 1 > block_size:
+                    yield line, None
+                    block, line = block[first:], line + 1
+                if block:
+                    yield line, block
+                line += block.count(b"\n")
+            if not data:
+                return
+            if len(buf) > block_size:  # the unfinished line is already longer than a block
+                yield line, None
+                line, buf, skipping = line + 1, b"", True
 
 
 class CSVReader(FileReader):
@@ -167,6 +178,13 @@ class CSVReader(FileReader):
     label, dense and categorical names, in that order) gives every column of the file.
     Empty cells are missing values; multi-hot cells are separator-joined ids. Extra
     columns are allowed and ignored. ``get_dataset_size()`` is None (unknown without a scan).
+
+    The file is read `block_size` bytes at a time and cut into whole lines; each block is
+    parsed in one pyarrow call. One line is one row: a quoted value may hold the delimiter
+    but not a newline. So one broken line costs that line only: a line longer than
+    `block_size` is an ``oversize`` bad row (skipped unread), a stray quote that would run
+    into the next lines a ``malformed`` one (only a block holding one is re-parsed, in
+    halves, to find it); every line after it is read.
     """
 
     _suffixes = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz", ".txt.gz")
@@ -198,51 +216,104 @@ class CSVReader(FileReader):
     def get_dataset_size(self) -> None:
         return None
 
-    def _open(self, path: str, tracker: _LineTracker, rejected: list[BadRow]):
-        header_lines = 1 if self.header else 0
+    def _options(self, names: list[str], on_invalid, block_size: int):
+        needed = list(self.schema.columns)
+        return dict(
+            read_options=pcsv.ReadOptions(use_threads=False, block_size=block_size, column_names=names),
+            parse_options=pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote_char,
+                                            ignore_empty_lines=False, invalid_row_handler=on_invalid),
+            convert_options=pcsv.ConvertOptions(
+                # bytes first: one invalid UTF-8 byte then costs its row (see _as_text), not the file
+                column_types={c: pa.binary() for c in needed}, include_columns=needed,
+                strings_can_be_null=True, quoted_strings_can_be_null=True, null_values=[""]))
 
-        def on_invalid(row) -> str:  # called once per malformed line, in file order
-            data_row = row.number - header_lines
-            tracker.reject(data_row)
-            rejected.append(BadRow(path, data_row, "column_count", None,
+    def _header(self, path: str, line: bytes) -> list[str]:
+        """Column names from the header line; a file lacking a schema column fails here."""
+        try:
+            names = pcsv.read_csv(pa.BufferReader(line), read_options=pcsv.ReadOptions(use_threads=False),
+                                  parse_options=pcsv.ParseOptions(delimiter=self.delimiter,
+                                                                  quote_char=self.quote_char)).column_names
+        except pa.ArrowInvalid as e:
+            raise ValueError(f"CSVReader: cannot read the header of {path!r}: {e}") from e
+        missing = [c for c in self.schema.columns if c not in names]
+        if missing:
+            raise ValueError(f"CSVReader: cannot read {path!r} with columns {list(self.schema.columns)}: "
+                             f"its header lacks {missing}")
+        return names
+
+    def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
+        names, header_lines = self.column_names, 1 if self.header else 0
+        for line, block in _line_blocks(path, self.block_size):
+            row = line - header_lines  # data row of the block's first line
+            if block is None and names is None:
+                raise ValueError(f"CSVReader: the header of {path!r} is longer than block_size="
+                                 f"{self.block_size} bytes")
+            if block is None:
+                yield self._rejected_only([BadRow(
+                    path, row, "oversize", None, f"line longer than block_size={self.block_size} bytes "
+                    f"(raise block_size to read such lines)", None)])
+                continue
+            if names is None:  # the first block starts with the header line
+                cut = block.find(b"\n") + 1 or len(block)
+                names, block, row = self._header(path, block[:cut]), block[cut:], row + 1
+                if not block:
+                    continue
+            for table, rows, rejected in self._parse(path, block, row, names):
+                if table is None:
+                    yield self._rejected_only(rejected)
+                    continue
+                start = 0
+                for rb in table.to_batches():
+                    part = rows[start:start + rb.num_rows]
+                    start += rb.num_rows
+                    rb, part, undecodable = _as_text(rb, part, path)
+                    yield rb, part, rejected + undecodable
+                    rejected = []
+                if rejected:  # a piece whose every line was rejected
+                    yield self._rejected_only(rejected)
+
+    def _rejected_only(self, rejected: list[BadRow]) -> tuple[pa.RecordBatch, np.ndarray, list[BadRow]]:
+        text = pa.schema([pa.field(c, pa.string()) for c in self.schema.columns])
+        return _empty_like(text), np.zeros(0, dtype=np.int64), rejected
+
+    def _parse(self, path: str, block: bytes, first_row: int, names: list[str]) -> list:
+        """Parse whole lines at once; a block whose rows do not match its lines one to one is
+        split in halves until each stray line stands alone (a fallback: normal blocks parse once).
+
+        A stray quote opens a quoted value that pyarrow continues across newlines, merging the
+        following lines into one (bad or even good-looking) row: counting rows against lines
+        catches it. An empty line appended to the block makes the count catch it on the last
+        line too (a value running to the end swallows that line).
+        Returns ``[(table or None, data row of each table row, rejected rows), ...]`` in file order.
+        """
+        n = block.count(b"\n") + (not block.endswith(b"\n"))
+        # an empty line after the block: a runaway value always swallows it, so its row goes missing
+        body = block + (b"\n" if block.endswith(b"\n") else b"\n\n")
+        rejected: list[BadRow] = []
+
+        def on_invalid(row) -> str:  # called once per line with the wrong field count, in order
+            rejected.append(BadRow(path, first_row + row.number - 1, "column_count", None,
                                    f"expected {row.expected_columns} fields, got {row.actual_columns}", row.text))
             return "skip"
 
-        needed = list(self.schema.columns)
+        error = None
         try:
-            return pcsv.open_csv(
-                path,
-                read_options=pcsv.ReadOptions(use_threads=False, block_size=self.block_size,
-                                              column_names=self.column_names),
-                parse_options=pcsv.ParseOptions(delimiter=self.delimiter, quote_char=self.quote_char,
-                                                ignore_empty_lines=False, invalid_row_handler=on_invalid),
-                convert_options=pcsv.ConvertOptions(
-                    # bytes first: one invalid UTF-8 byte then costs its row (see _as_text), not the file
-                    column_types={c: pa.binary() for c in needed}, include_columns=needed,
-                    strings_can_be_null=True, quoted_strings_can_be_null=True, null_values=[""]))
-        except (pa.ArrowInvalid, KeyError) as e:
-            raise ValueError(f"CSVReader: cannot read {path!r} with columns {needed}: {e}") from e
-
-    def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
-        tracker, rejected = _LineTracker(), []
-        reader = self._open(path, tracker, rejected)
-        try:
-            while True:
-                try:
-                    rb = reader.read_next_batch()
-                except StopIteration:
-                    break
-                except pa.ArrowInvalid as e:
-                    raise ValueError(f"CSVReader: {path!r}: {e}") from e
-                report, rejected[:] = list(rejected), []
-                rows = tracker.rows_for(rb.num_rows)
-                rb, rows, undecodable = _as_text(rb, rows, path)
-                yield rb, rows, report + undecodable
-            if rejected:  # malformed lines after the last good one
-                none = np.zeros(0, dtype=np.int64)
-                yield _as_text(_empty_like(reader.schema), none, path)[0], none, list(rejected)
-        finally:
-            reader.close()
+            table = pcsv.read_csv(pa.BufferReader(body), **self._options(names, on_invalid, len(body) + 1))
+            if table.num_rows + len(rejected) == n + 1 and all(r.row < first_row + n for r in rejected):
+                table = table.slice(0, table.num_rows - 1)  # the empty line's row
+                rows = np.delete(np.arange(first_row, first_row + n, dtype=np.int64),
+                                 [r.row - first_row for r in rejected])
+                return [(table, rows, rejected)]
+        except pa.ArrowInvalid as e:
+            error = e
+        if n == 1:
+            detail = f"cannot parse the line: {error}" if error else "unbalanced quote (a value spans lines)"
+            text = block.decode("utf-8", errors="replace").rstrip("\r\n")
+            return [(None, None, [BadRow(path, first_row, "malformed", None, detail, text)])]
+        newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+        cut = int(newlines[n // 2 - 1]) + 1
+        return (self._parse(path, block[:cut], first_row, names)
+                + self._parse(path, block[cut:], first_row + n // 2, names))
 
 
 def _as_text(rb: pa.RecordBatch, rows: np.ndarray, path: str) -> tuple[pa.RecordBatch, np.ndarray, list[BadRow]]:
@@ -376,8 +447,9 @@ def criteo_schema(hash_buckets: int | Sequence[int] = DEFAULT_HASH_BUCKETS, embe
 class CriteoReader(CSVReader):
     """Batches from Criteo TSV file(s) (plain or ``.gz``), streamed in constant memory.
 
-    Bad rows (wrong field count, non-numeric count, NaN/inf, label not 0/1) follow
-    ``on_bad_row`` like any :class:`CSVReader`. ``schema`` holds the matching schema.
+    Bad rows (wrong field count, non-numeric count, NaN/inf, label not 0/1, a line longer
+    than `block_size`) follow ``on_bad_row`` like any :class:`CSVReader`. The format has
+    no quoting, so a quote is plain text. ``schema`` holds the matching schema.
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "day_0.tsv")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from recstream.cli import produce
+from recstream.cli.errors import EXIT_USAGE, CliError
 from recstream.cli.producers import DirectoryWriter, RateLimiter, append_meta, format_records
 from recstream.data import Batch
 from recstream.data.streams import CriteoTSVDecoder, DirectoryStream
@@ -77,8 +78,9 @@ def test_a_file_into_kafka_with_ids_and_times(broker, topic, tmp_path):
 
 
 def test_produce_needs_a_topic_with_kafka():
-    with pytest.raises(SystemExit):
+    with pytest.raises(CliError, match="--kafka needs --topic") as e:
         _run("--synthetic --kafka 127.0.0.1:1")
+    assert e.value.code == EXIT_USAGE
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -89,7 +91,8 @@ def test_produce_needs_a_topic_with_kafka():
 def test_produce_rejects_bad_numbers_naming_the_option(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
         _run(f"--synthetic --directory {tmp_path} {argv}")
-    assert f"recstream produce: {message}" in capsys.readouterr().err
+    option = argv.split()[0]
+    assert f"recstream produce: error: argument {option}: {message}" in capsys.readouterr().err
 
 
 def test_producers_validate_their_arguments(tmp_path):

@@ -27,7 +27,7 @@ import torch
 from ..badrows import REASONS as ROW_REASONS
 from ..batch import Batch
 
-REASONS = ROW_REASONS + ("oversize", "malformed")
+REASONS = ROW_REASONS + tuple(r for r in ("oversize", "malformed") if r not in ROW_REASONS)
 
 
 @dataclass(frozen=True)
