@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..data.transfer import map_tensors
 from ..metrics import Metric
 from .context import is_distributed, world_size
 
@@ -36,7 +37,7 @@ def all_reduce_metrics(metrics: Iterable[Metric]) -> None:
     if not is_distributed():
         return
     for metric in metrics:
-        local = _to_cpu(metric.state_dict())
+        local = map_tensors(metric.state_dict(), lambda t: t.detach().cpu())
         states: list = [None] * world_size()
         dist.all_gather_object(states, local)  # between our own ranks, in memory; never from disk
         metric.load_state_dict(merge_states(states, type(metric).__name__))
@@ -79,13 +80,3 @@ def _equal(a, b) -> bool:
         return bool(a == b)
     except (TypeError, ValueError, RuntimeError):
         return False
-
-
-def _to_cpu(state):
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu()
-    if isinstance(state, dict):
-        return {k: _to_cpu(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_to_cpu(v) for v in state)
-    return state

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..data.protocol import ResettableDataset, dataset_size
+from ..data.protocol import dataset_size, reset
 from ..data.transfer import map_tensors
 from ..features import Features
 from ..validation import check_int
@@ -47,8 +47,7 @@ class RowShard:
         return size
 
     def reset(self) -> None:
-        if isinstance(self.dataset, ResettableDataset):
-            self.dataset.reset()
+        reset(self.dataset)
 
     def __iter__(self) -> Iterator:
         for batch in self.dataset:
@@ -77,15 +76,7 @@ def _batch_rows(batch) -> int:
 
 
 def _slice(batch, start: int, stop: int):
-    def cut(t: torch.Tensor) -> torch.Tensor:
-        return t[start:stop]
-
-    def cut_other(obj):
-        if isinstance(obj, Features):
-            return obj.slice(start, stop)
-        return obj
-
-    if isinstance(batch, Features):
+    if isinstance(batch, Features):  # its ids are ragged: rows are not a slice of each tensor
         return batch.slice(start, stop)
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # NamedTuple (e.g. data.Batch)
         return type(batch)(*(_slice(x, start, stop) for x in batch))
@@ -93,4 +84,4 @@ def _slice(batch, start: int, stop: int):
         return type(batch)(_slice(x, start, stop) for x in batch)
     if isinstance(batch, dict):
         return {k: _slice(v, start, stop) for k, v in batch.items()}
-    return map_tensors(batch, cut, cut_other)
+    return map_tensors(batch, lambda t: t[start:stop])
