@@ -63,6 +63,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.optim import Optimizer
 
+from ..checkpoint import fsync_dir, fsync_file
 from ..validation import check_module, check_type
 from ._checkpoint_state import (
     assemble_optimizer_state,
@@ -239,25 +240,18 @@ def _publish(partial: str, target: str, doc: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     for name in os.listdir(partial):  # DCP fsyncs its files; the directory entries need it too
-        _fsync_path(os.path.join(partial, name))
-    _fsync_path(partial)
+        fsync_file(os.path.join(partial, name))
+    fsync_dir(partial)
     old = target + ".old"
     if os.path.lexists(target):  # replace an older checkpoint of the same name
         if os.path.lexists(old):
             shutil.rmtree(old)
         os.replace(target, old)
     os.replace(partial, target)
-    _fsync_path(os.path.dirname(target))
+    fsync_dir(os.path.dirname(target))
     if os.path.lexists(old):
         shutil.rmtree(old)
 
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_keys(owner: str, path: str, what: str, wanted: list[str], listed: list[str], saved) -> None:
