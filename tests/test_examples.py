@@ -13,7 +13,7 @@ def _load(name):
 
 
 def test_lenet_custom_loop_learns(capsys):
-    losses = _load("lenet_custom_loop").main(["--epochs", "4", "--sink-size", "30", "--batches", "30", "--lr", "0.05"])
+    losses = _load("lenet_custom_loop").main(["--epochs", "4", "--sink-size", "30", "--batches", "30"])
     out = capsys.readouterr().out
     assert out.count("losses:") == 4 and "epoch: 4/4" in out
     assert losses[-1] < 0.5 * losses[0]

@@ -55,16 +55,24 @@ def rank() -> int:
 def init(backend: str | None = None) -> None:
     """Join the process group ``torchrun`` describes in the environment; a no-op without one.
 
-    `backend` defaults to NCCL when CUDA is available, else gloo. Under NCCL each process uses
-    the GPU ``LOCAL_RANK``. Calling it again in an initialised process does nothing.
+    `backend` defaults to ``"cpu:gloo,cuda:nccl"`` (NCCL for CUDA tensors, gloo for CPU ones) when
+    every rank of this machine has a GPU of its own, else gloo (also several ranks sharing one GPU:
+    NCCL refuses two ranks on one device). With NCCL each process uses the GPU ``LOCAL_RANK``.
+    Calling it again in an initialised process does nothing.
     """
     check_str("init", "backend", backend, allow_none=True)
     if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl" if gpus >= local_ranks else "gloo"
+    if "nccl" in backend:
+        if local_rank >= gpus:
+            raise ValueError(f"init: backend {backend!r} needs one GPU per local rank, but LOCAL_RANK={local_rank} "
+                             f"and this machine has {gpus} GPU(s); use backend='gloo' or fewer ranks per machine")
+        torch.cuda.set_device(local_rank)
     dist.init_process_group(backend=backend)
     log.info("rank %d of %d joined the process group (%s)", dist.get_rank(), dist.get_world_size(), backend)
 

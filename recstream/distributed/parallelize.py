@@ -99,7 +99,7 @@ def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
 def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter]) -> nn.Module:
     """DDP over the parameters that are neither sharded nor sparse; sparse ones all-reduced apart."""
     sparse = {n: p for n, p in sparse_parameters(network).items() if n not in sharded}
-    if sparse and dist.get_backend() != "gloo":
+    if sparse and "gloo" not in dist.get_backend():
         raise ValueError(f"{owner}: parameters {sorted(sparse)} get sparse gradients, which the "
                          f"{dist.get_backend()!r} backend cannot all-reduce; build those tables with "
                          "sparse=False, or use the gloo backend")

@@ -86,23 +86,30 @@ class LazyAdam(SparseRowOptimizer):
 
     def _update(self, p: Tensor, rows: Tensor | None, grad: Tensor,
                 state: dict[str, Any], group: dict[str, Any]) -> None:
-        lr, eps = group["lr"], group["eps"]
-        beta1, beta2 = group["betas"]
         state["step"] += 1
-        t = state["step"]
-        # Python floats: the step count lives on the host, so no device sync.
-        step_size = lr / (1.0 - beta1 ** t)
-        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
+        beta1, beta2 = group["betas"]
+        lazy_adam_rows(p, rows, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                       group["lr"], beta1, beta2, group["eps"])
 
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        if exp_avg.dim() == 0:
-            exp_avg, exp_avg_sq = exp_avg.unsqueeze(0), exp_avg_sq.unsqueeze(0)
-        # Same op sequence as torch.optim.Adam so dense results match it.
-        m = take_rows(exp_avg, rows).lerp_(grad, 1.0 - beta1)
-        v = take_rows(exp_avg_sq, rows).mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        put_rows(exp_avg, rows, m)
-        put_rows(exp_avg_sq, rows, v)
-        denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
-        w = take_rows(p, rows)
-        w.addcdiv_(m, denom, value=-step_size)
-        put_rows(p, rows, w)
+
+def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, t: int | float,
+                   lr: float, beta1: float, beta2: float, eps: float) -> None:
+    """One lazy-Adam update of rows `rows` (None: every row) of `p` and its moments, at step `t`.
+
+    `grad` holds the gradient of those rows only. Shared by `LazyAdam` and by boost's sparse-row
+    hooks on `torch.optim.Adam` (which keep Adam's own state entries, so its state dict is Adam's).
+    """
+    # Python floats: the step count lives on the host, so no device sync.
+    step_size = lr / (1.0 - beta1 ** t)
+    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
+    if exp_avg.dim() == 0:
+        exp_avg, exp_avg_sq = exp_avg.unsqueeze(0), exp_avg_sq.unsqueeze(0)
+    # Same op sequence as torch.optim.Adam so dense results match it.
+    m = take_rows(exp_avg, rows).lerp_(grad, 1.0 - beta1)
+    v = take_rows(exp_avg_sq, rows).mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    put_rows(exp_avg, rows, m)
+    put_rows(exp_avg_sq, rows, v)
+    denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
+    w = take_rows(p, rows)
+    w.addcdiv_(m, denom, value=-step_size)
+    put_rows(p, rows, w)

@@ -27,7 +27,6 @@ callbacks read it when they need to), network mode switched once per phase, not 
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -49,7 +48,7 @@ from ..distributed import (
 )
 from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
-from . import amp
+from . import amp, boost
 from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
 from .loss_scale import LossScaleManager
 from .sink import DatasetHelper, check_sink_size
@@ -81,7 +80,10 @@ class Model:
         metrics: names (``{"accuracy", "auc", "loss"}``) or ``{name: Metric}``.
         eval_network / eval_indexes: a custom eval network and the positions of
             ``(loss, outputs, label)`` in its outputs.
-        amp_level: "O0" | "O1" | "O2" | "O3" | "auto". boost_level: "O0" | "O1" | "O2".
+        amp_level: "O0" | "O1" | "O2" | "O3" | "auto".
+        boost_level: "O0" | "O1" | "O2": named accelerations of the user's network and optimizer
+            (`recstream.train.boost`; ``boost_config_dict`` switches each by name, `boost_report`
+            says what was applied).
         kwargs: ``loss_scale_manager``, ``keep_batchnorm_fp32``, ``boost_config_dict``,
             ``progress_bar`` ("auto": only on a terminal; True; False).
     """
@@ -95,7 +97,7 @@ class Model:
                    allowed="a torch.optim.Optimizer (an object with step() and zero_grad())")
         self._network, self._loss_fn, self._optimizer = network, loss_fn, optimizer
         self._amp_level = _check_amp_level(amp_level, optimizer)
-        self._boost_level = _check_boost_level(kwargs.get("acc_level", boost_level), kwargs.get("boost_config_dict"))
+        self._boost_level = check_choice("Model", "boost_level", kwargs.get("acc_level", boost_level), BOOST_LEVELS)
         self._keep_bn_fp32 = check_bool("Model", "keep_batchnorm_fp32", kwargs.get("keep_batchnorm_fp32"),
                                         allow_none=True)
         self._loss_scale_manager = kwargs.get("loss_scale_manager")
@@ -107,6 +109,10 @@ class Model:
                                           ("auto", True, False))
         # The parallel context is read once, here, as MindSpore reads it when a Model is built.
         self._parallel_mode = parallel_mode()
+        # Boost first: it switches embedding gradients to sparse (DDP must see that) and may pick the precision.
+        self._boost = boost.apply_boost(network, optimizer, self._boost_level, kwargs.get("boost_config_dict"),
+                                        self._amp_level)
+        self._amp_level, self._amp_dtype = self._boost.amp_level, self._boost.amp_dtype
         self._train_network = self._build_train_network()
         self._metric_fns = get_metrics(metrics)
         self._eval_network, self._eval_indexes = self._build_eval_network(eval_network, eval_indexes)
@@ -122,7 +128,7 @@ class Model:
             return TrainOneStepCell(net, self._optimizer)
         # Mixed precision builds its own step cell (autocast, casts, loss scale).
         return amp.train_network(backbone, self._loss_fn, self._optimizer, self._amp_level,
-                                 self._keep_bn_fp32, self._loss_scale_manager, self._device)
+                                 self._keep_bn_fp32, self._loss_scale_manager, self._device, self._amp_dtype)
 
     def _parallel_backbone(self) -> nn.Module:
         """The network as the training step calls it in this parallel mode.
@@ -153,14 +159,19 @@ class Model:
                              "'eval_network'; got loss_fn=None and eval_network=None")
         if self._amp_level != "O0":
             return amp.build_eval_network(self._network, self._loss_fn, self._amp_level, self._device,
-                                          keep_batchnorm_fp32=self._keep_bn_fp32), [0, 1, 2]
+                                          keep_batchnorm_fp32=self._keep_bn_fp32, dtype=self._amp_dtype), [0, 1, 2]
         return WithEvalCell(self._network, self._loss_fn), [0, 1, 2]
 
     def _build_predict_network(self) -> nn.Module:
         if self._amp_level == "O0":
             return self._network
         return amp.build_predict_network(self._network, self._amp_level, self._device,
-                                         keep_batchnorm_fp32=self._keep_bn_fp32)
+                                         keep_batchnorm_fp32=self._keep_bn_fp32, dtype=self._amp_dtype)
+
+    @property
+    def boost_report(self) -> list[str]:
+        """One line per boost acceleration: applied or skipped, and why (see `recstream.train.boost`)."""
+        return list(self._boost.lines)
 
     @property
     def train_network(self) -> nn.Module:
@@ -459,14 +470,6 @@ def _check_amp_level(level, optimizer) -> str:
     if level != "O0" and optimizer is None:
         raise ValueError(f"Model: 'amp_level'={level!r} needs an 'optimizer' (mixed precision wraps the training "
                          "step); got optimizer=None. Use amp_level='O0' or pass an optimizer")
-    return level
-
-
-def _check_boost_level(level, config) -> str:
-    check_choice("Model", "boost_level", level, BOOST_LEVELS)
-    check_type("Model", "boost_config_dict", config, dict, allowed="a dict", allow_none=True)
-    if level != "O0":
-        warnings.warn(f"boost_level={level!r} is accepted but enables no acceleration in this version", stacklevel=3)
     return level
 
 

@@ -1,0 +1,195 @@
+"""boost_level on a user's own network, against hand-written loops, in one process, interleaved.
+
+Synthetic Criteo-shaped data (13 dense + 26 categorical fields, power-law ids, a known ground
+truth), one epoch per variant per repetition; samples/s of the training epoch (evaluation not
+timed) and test AUC. Variants:
+
+- ``hand``: the idiomatic network (26 ``nn.Embedding`` + MLP) in a hand loop with ``torch.optim.Adam``
+- ``hand_tuned``: one fused sparse table (offsets per field), ``SparseAdam`` + fused ``Adam``
+- ``O0`` / ``O1`` / ``O2``: ``Model(idiomatic, Adam, boost_level=...)``, ``Model.train``
+- ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2
+- ``dense_only``: the MLP alone on fixed inputs (the floor no embedding work can beat)
+
+    python benchmarks/bench_boost.py --rows 200000 --reps 3 --threads 2
+    python benchmarks/bench_boost.py --device cuda --rows 1000000 --batch-size 4096
+
+Prints a Markdown table (median samples/s, ratio to ``hand``, AUC) and writes it as JSON with --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from recstream import Model
+from recstream.data import SyntheticCTR
+from recstream.data.synthetic import roc_auc
+from recstream.models import WideDeep, default_optimizer
+
+DENSE, FIELDS = 13, 26
+
+
+class Idiomatic(nn.Module):
+    """What a user writes: one nn.Embedding per field, concatenated with the dense values, an MLP."""
+
+    def __init__(self, vocab: int, dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(FIELDS))
+        self.mlp = _mlp(DENSE + FIELDS * dim, hidden)
+
+    def forward(self, dense, ids):
+        return self.mlp(torch.cat([dense, *(t(ids[i]) for i, t in enumerate(self.tables))], dim=1)).squeeze(-1)
+
+
+class FusedTable(nn.Module):
+    """The hand-tuned version: one table for all fields (ids shifted by field), sparse gradients."""
+
+    def __init__(self, vocab: int, dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.table = nn.Embedding(vocab * FIELDS, dim, sparse=True)
+        self.register_buffer("shift", torch.arange(FIELDS).view(FIELDS, 1) * vocab)
+        self.mlp = _mlp(DENSE + FIELDS * dim, hidden)
+
+    def forward(self, dense, ids):
+        rows = self.table(ids + self.shift)  # [F, B, D]
+        return self.mlp(torch.cat([dense, rows.transpose(0, 1).flatten(1)], dim=1)).squeeze(-1)
+
+
+def _mlp(width: int, hidden: tuple[int, ...]) -> nn.Sequential:
+    layers = []
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    return nn.Sequential(*layers, nn.Linear(width, 1))
+
+
+def _data(args):
+    gen = SyntheticCTR(num_dense=DENSE, num_categorical=FIELDS, vocab_sizes=[args.vocab] * FIELDS,
+                       batch_size=args.batch_size, embedding_dim=args.dim, seed=0)
+    train = [b.to(args.device) for b in gen.train_batches(args.rows // args.batch_size)]
+    test = gen.test_split(args.test_rows, batch_size=8192)
+    return gen, train, [b.to(args.device) for b in test]
+
+
+def _plain(batches):
+    """(dense, ids [F, B], label) tuples for the hand-written networks."""
+    return [(b[0].dense, b[0].values.view(FIELDS, -1), b[1]) for b in batches]
+
+
+def _auc(net, batches, plain: bool) -> float:
+    net.eval()
+    with torch.no_grad():
+        scores = [net(*x[:2]) if plain else net(x[0]) for x in batches]
+    net.train()
+    labels = torch.cat([x[-1] for x in batches])
+    return roc_auc(torch.cat(scores).float().cpu().numpy(), labels.cpu().numpy())
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _hand(net, opts, batches, device):
+    loss_fn = nn.BCEWithLogitsLoss()
+    _sync(device)
+    start = time.perf_counter()
+    for dense, ids, y in batches:
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        loss_fn(net(dense, ids), y).backward()
+        for opt in opts:
+            opt.step()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _model(model, batches, device):
+    _sync(device)
+    start = time.perf_counter()
+    model.train(1, batches)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def run_variant(name, args, data):
+    gen, train, test = data
+    device, hidden = torch.device(args.device), tuple(args.hidden)
+    plain_train, plain_test = _plain(train), _plain(test)
+    torch.manual_seed(0)
+    if name in ("hand", "hand_tuned", "O0", "O1", "O2"):
+        net = (FusedTable if name == "hand_tuned" else Idiomatic)(args.vocab, args.dim, hidden).to(device)
+        if name == "hand":
+            seconds = _hand(net, [torch.optim.Adam(net.parameters(), lr=args.lr)], plain_train, device)
+        elif name == "hand_tuned":
+            opts = [torch.optim.SparseAdam([net.table.weight], lr=args.lr),
+                    torch.optim.Adam(net.mlp.parameters(), lr=args.lr, fused=True)]
+            seconds = _hand(net, opts, plain_train, device)
+        else:
+            model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters(), lr=args.lr),
+                          boost_level=name, progress_bar=False)
+            seconds = _model(model, plain_train, device)
+        return seconds, _auc(net, plain_test, plain=True)
+    if name.startswith("widedeep"):
+        net = WideDeep(gen.schema, hidden=hidden, embedding_dim=args.dim).to(device)
+        model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=args.lr),
+                      boost_level="O2" if name.endswith("O2") else "O0", progress_bar=False)
+        return _model(model, train, device), _auc(net, test, plain=False)
+    if name == "dense_only":
+        mlp = _mlp(DENSE + FIELDS * args.dim, hidden).to(device)
+        inputs = [(torch.randn(len(y), DENSE + FIELDS * args.dim, device=device), None, y) for _, _, y in plain_train]
+        opt = torch.optim.Adam(mlp.parameters(), lr=args.lr, fused=True)
+        return _hand(lambda x, _: mlp(x).squeeze(-1), [opt], inputs, device), float("nan")
+    raise ValueError(f"unknown variant {name!r}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=200_000, help="training rows per epoch")
+    p.add_argument("--test-rows", type=int, default=100_000)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=100_000, help="rows per field table")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--hidden", type=int, nargs="+", default=[1024, 512, 256])
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--variants", nargs="+",
+                   default=["hand", "hand_tuned", "O0", "O1", "O2", "widedeep", "widedeep_O2", "dense_only"])
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    data = _data(args)
+    rows = len(data[1]) * args.batch_size
+    print(f"rows/epoch={rows:,} batch={args.batch_size} vocab/field={args.vocab:,} dim={args.dim} "
+          f"hidden={args.hidden} threads={args.threads} device={args.device} torch={torch.__version__}", flush=True)
+    seconds = {v: [] for v in args.variants}
+    aucs = {v: [] for v in args.variants}
+    for rep in range(args.reps):  # interleaved: a load change hits every variant alike
+        for v in args.variants:
+            s, auc = run_variant(v, args, data)
+            seconds[v].append(s)
+            aucs[v].append(auc)
+            print(f"  rep {rep} {v:12s} {rows / s:10,.0f} samples/s  AUC {auc:.4f}", flush=True)
+    base = statistics.median(seconds["hand"]) if "hand" in seconds else None
+    results = {v: {"samples_per_s": rows / statistics.median(seconds[v]), "auc": float(np.mean(aucs[v])),
+                   "vs_hand": base / statistics.median(seconds[v]) if base else None} for v in args.variants}
+    print("\n| variant | samples/s | vs hand | test AUC |\n| --- | --- | --- | --- |")
+    for v, r in results.items():
+        ratio = f"{r['vs_hand']:.2f}x" if r["vs_hand"] else "-"
+        auc = "-" if np.isnan(r["auc"]) else f"{r['auc']:.4f}"
+        print(f"| {v} | {r['samples_per_s']:,.0f} | {ratio} | {auc} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Let a user's torch optimizer take row-sparse gradients for its embedding tables.
+
+Boost (``Model(boost_level="O1")``) switches the user's ``nn.Embedding`` / ``nn.EmbeddingBag``
+modules to sparse gradients, so a step touches only the rows of the batch. The user's optimizer
+must then accept those gradients, *and keep its own state format*, so that a checkpoint written
+with boost loads without it and back:
+
+- ``torch.optim.SGD`` and ``torch.optim.Adagrad`` take sparse COO gradients natively and compute
+  exactly what they compute on the dense gradient (rows without gradient do not move): nothing to
+  install.
+- ``torch.optim.Adam`` / ``AdamW`` refuse them. `accept_sparse_rows` installs step hooks: before
+  the step the sparse gradients are set aside (Adam then sees only its dense ones), after it the
+  set-aside rows get a lazy-Adam update (`lazy_adam_rows`) written into Adam's own per-parameter
+  entries ``step`` / ``exp_avg`` / ``exp_avg_sq``. Lazy means untouched rows keep their moments
+  (TF LazyAdam, ``torch.optim.SparseAdam``): the one change of maths boost O1 makes, measured in
+  the benchmark. The hyper-parameters are read from the live param group on every step, so LR
+  schedulers keep working.
+
+Weight decay on a sparse table would decay every row every step, which a row-sparse update cannot
+do; `sparse_rows_refusal` refuses it unless ``lazy_weight_decay=True`` (boost O2), which decays
+only the rows a step touches (documented approximation).
+
+>>> import torch
+>>> emb = torch.nn.Embedding(10, 4, sparse=True)
+>>> opt = torch.optim.Adam(emb.parameters(), lr=0.1)
+>>> print(sparse_rows_refusal(opt, [emb.weight]))
+None
+>>> handle = accept_sparse_rows(opt, [emb.weight])
+>>> emb(torch.tensor([1, 2])).sum().backward(); opt.step()
+>>> sorted(opt.state[emb.weight]), float(opt.state[emb.weight]["step"])
+(['exp_avg', 'exp_avg_sq', 'step'], 1.0)
+>>> handle.remove()
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from ._base import SparseRowOptimizer
+from .combined import CombinedOptimizer
+from .lazy_adam import lazy_adam_rows
+
+__all__ = ["accept_sparse_rows", "sparse_rows_refusal", "weight_decay_of"]
+
+_NATIVE = (torch.optim.SGD, torch.optim.Adagrad)  # exact sparse paths inside torch
+_ADAM = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _group_of(optimizer: Optimizer, param: Tensor) -> dict[str, Any] | None:
+    for group in optimizer.param_groups:
+        if any(p is param for p in group["params"]):
+            return group
+    return None
+
+
+def _child_of(optimizer: Optimizer, param: Tensor) -> Optimizer:
+    """The optimizer that really updates `param` (a `CombinedOptimizer`'s child, or `optimizer`)."""
+    if isinstance(optimizer, CombinedOptimizer):
+        for child in optimizer.optimizers.values():
+            if _group_of(child, param) is not None:
+                return _child_of(child, param)
+    return optimizer
+
+
+def weight_decay_of(optimizer: Optimizer, param: Tensor) -> float:
+    """The weight decay that applies to `param` in `optimizer` (0 when none or not held)."""
+    group = _group_of(_child_of(optimizer, param), param)
+    return float(group.get("weight_decay", 0) or 0) if group is not None else 0.0
+
+
+def sparse_rows_refusal(optimizer: Optimizer, params: Iterable[Tensor], lazy_weight_decay: bool = False) -> str | None:
+    """Why `optimizer` cannot update `params` from row-sparse gradients, or None when it can."""
+    for p in params:
+        opt = _child_of(optimizer, p)
+        group = _group_of(opt, p)
+        if group is None:
+            return "the optimizer does not hold this table's weight"
+        name = type(opt).__name__
+        if isinstance(opt, SparseRowOptimizer):
+            continue  # recstream's row-sparse optimizers: made for it
+        if not isinstance(opt, (*_NATIVE, *_ADAM)):
+            return f"{name} has no row-sparse update (supported: SGD, Adagrad, Adam, AdamW, recstream.optim)"
+        if group.get("weight_decay", 0) and not (lazy_weight_decay and isinstance(opt, _ADAM)):
+            return (f"{name} has weight_decay={group['weight_decay']}, which decays untouched rows too "
+                    "(boost O2 decays only touched rows)")
+        # Adam never sees the sparse gradients (the hooks update those rows), so its fused/foreach
+        # kernels stay; SGD/Adagrad see them, and only their single-tensor path takes them.
+        flags = ("amsgrad", "maximize", "differentiable", "capturable") if isinstance(opt, _ADAM) else \
+            ("maximize", "differentiable", "fused", "foreach")
+        for flag in flags:
+            if group.get(flag):
+                return f"{name} has {flag}=True, which has no row-sparse path"
+    return None
+
+
+def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor]) -> _Handles:
+    """Make `optimizer` update `params` from row-sparse gradients (see the module docstring).
+
+    Call `sparse_rows_refusal` first. Returns a handle whose ``remove()`` uninstalls the hooks.
+    """
+    adam: dict[int, list[Tensor]] = {}
+    optimizers: dict[int, Optimizer] = {}
+    for p in params:
+        opt = _child_of(optimizer, p)
+        if isinstance(opt, _ADAM):
+            adam.setdefault(id(opt), []).append(p)
+            optimizers[id(opt)] = opt
+    handles = _Handles()
+    for key, ps in adam.items():
+        hooks = _LazyAdamHooks(ps)
+        handles.add(optimizers[key].register_step_pre_hook(hooks.set_aside))
+        handles.add(optimizers[key].register_step_post_hook(hooks.update))
+    return handles
+
+
+class _Handles:
+    """The hook handles of one `accept_sparse_rows` call."""
+
+    def __init__(self):
+        self._handles = []
+
+    def add(self, handle) -> None:
+        self._handles.append(handle)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+class _LazyAdamHooks:
+    """Adam's step hooks for its row-sparse parameters (one instance per optimizer)."""
+
+    def __init__(self, params: list[Tensor]):
+        self._ids = {id(p) for p in params}
+        self._aside: list[tuple[dict[str, Any], Tensor, Tensor]] = []
+
+    def set_aside(self, optimizer: Optimizer, args, kwargs) -> None:
+        self._aside.clear()  # a step that raised never ran `update`: its gradients are stale now
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in self._ids and p.grad is not None and p.grad.is_sparse:
+                    self._aside.append((group, p, p.grad))
+                    p.grad = None  # Adam skips parameters without gradient
+
+    def update(self, optimizer: Optimizer, args, kwargs) -> None:
+        for group, p, grad in self._aside:
+            _lazy_adam_step(optimizer, group, p, grad)
+            p.grad = grad  # the user's zero_grad / inspection see what backward produced
+        self._aside.clear()
+
+
+def _lazy_adam_step(optimizer: Optimizer, group: dict[str, Any], p: Tensor, grad: Tensor) -> None:
+    state = optimizer.state[p]
+    if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
+        state["step"] = torch.tensor(0.0)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if state["step"].device.type != "cpu":
+        # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
+        state["step"] = state["step"].cpu()
+    state["step"] += 1
+    grad = grad.coalesce()
+    rows, values = grad.indices()[0], grad.values()
+    lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
+    weight_decay = group.get("weight_decay", 0)
+    with torch.no_grad():
+        if weight_decay:  # only reached with lazy_weight_decay: decay the touched rows alone
+            if isinstance(optimizer, torch.optim.AdamW):
+                p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - lr * weight_decay))
+            else:
+                values = values.add(p.index_select(0, rows), alpha=weight_decay)
+        lazy_adam_rows(p, rows, values, state["exp_avg"], state["exp_avg_sq"], float(state["step"]),
+                       lr, beta1, beta2, eps)

@@ -1,0 +1,194 @@
+"""boost_level on a user's own network: what is applied, that the maths stay, that checkpoints cross levels."""
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from recstream import Model
+from recstream.checkpoint import load_checkpoint, save_checkpoint
+from recstream.train import amp
+
+FIELDS, VOCAB, DIM = 4, 50, 8
+
+
+class Idiomatic(nn.Module):
+    """A CTR network as users write it: one nn.Embedding per field, an MLP on top."""
+
+    def __init__(self, vocab: int = VOCAB):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(vocab, DIM) for _ in range(FIELDS))
+        self.mlp = nn.Sequential(nn.Linear(FIELDS * DIM, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, ids):
+        return self.mlp(torch.cat([t(ids[:, i]) for i, t in enumerate(self.tables)], dim=1)).squeeze(-1)
+
+
+def _batches(n: int, vocab: int = VOCAB, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, vocab, (32, FIELDS), generator=g), torch.randint(0, 2, (32,), generator=g).float())
+            for _ in range(n)]
+
+
+def _losses(level: str, make_opt, steps: int = 12, vocab: int = VOCAB, **kwargs):
+    torch.manual_seed(0)
+    net = Idiomatic(vocab)
+    model = Model(net, nn.BCEWithLogitsLoss(), make_opt(net.parameters()), boost_level=level, **kwargs)
+    step = model.train_network
+    return [float(step(x, y)) for x, y in _batches(steps, vocab)], net, model
+
+
+@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.SGD(p, lr=0.5),
+                                      lambda p: torch.optim.SGD(p, lr=0.5, momentum=0.9),
+                                      lambda p: torch.optim.Adagrad(p, lr=0.1)], ids=["sgd", "momentum", "adagrad"])
+def test_o1_gives_the_same_losses_as_o0_for_sgd_and_adagrad(make_opt):
+    dense, _, _ = _losses("O0", make_opt)
+    boosted, net, model = _losses("O1", make_opt)
+    assert all(t.sparse for t in net.tables)
+    assert model.boost_report[0].startswith("sparse_embeddings: applied (4 of 4 tables")
+    torch.testing.assert_close(boosted, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_o1_adam_is_lazy_adam_same_as_o0_while_every_row_is_touched():
+    # A vocabulary of 4 with 32 rows per batch touches every row every step: lazy == dense Adam.
+    dense, _, _ = _losses("O0", lambda p: torch.optim.Adam(p, lr=0.01), vocab=4)
+    boosted, net, model = _losses("O1", lambda p: torch.optim.Adam(p, lr=0.01), vocab=4)
+    assert net.tables[0].sparse and net.tables[0].weight.grad.is_sparse
+    assert any(line.startswith("fused_optimizer: applied") for line in model.boost_report)
+    torch.testing.assert_close(boosted, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_o1_adam_stays_close_to_o0_when_rows_go_untouched():
+    dense, _, _ = _losses("O0", lambda p: torch.optim.Adam(p, lr=0.01), steps=30)
+    boosted, _, _ = _losses("O1", lambda p: torch.optim.Adam(p, lr=0.01), steps=30)
+    assert boosted != dense  # lazy moments differ for untouched rows ...
+    torch.testing.assert_close(boosted, dense, rtol=2e-2, atol=2e-2)  # ... by little
+
+
+def test_checkpoints_cross_boost_levels_both_ways(tmp_path):
+    """An O1 checkpoint (network + Adam state) loads into an O0 model and back, and training goes on
+    exactly as if it had never been saved."""
+    def make(level):
+        torch.manual_seed(0)
+        net = Idiomatic(vocab=4)
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
+        return net, opt, Model(net, nn.BCEWithLogitsLoss(), opt, boost_level=level).train_network
+
+    batches = _batches(8, vocab=4)
+    for first, second in (("O1", "O0"), ("O0", "O1")):
+        net, opt, step = make(first)
+        for x, y in batches[:4]:
+            step(x, y)
+        path = save_checkpoint(tmp_path / f"{first}.safetensors", net, opt)
+        reference = [float(step(x, y)) for x, y in batches[4:]]
+        net2, opt2, step2 = make(second)
+        load_checkpoint(path, net2, opt2, restore_rng=False)
+        resumed = [float(step2(x, y)) for x, y in batches[4:]]
+        torch.testing.assert_close(resumed, reference, rtol=1e-5, atol=1e-6)
+        assert set(net2.state_dict()) == set(net.state_dict())
+
+
+def test_each_acceleration_is_switched_by_name_and_logged(caplog):
+    with caplog.at_level(logging.INFO, logger="recstream.train.boost"):
+        _, net, model = _losses("O1", lambda p: torch.optim.Adam(p), steps=1,
+                                boost_config_dict={"sparse_embeddings": False})
+    assert not net.tables[0].sparse
+    assert "sparse_embeddings: skipped (switched off)" in model.boost_report
+    assert "boost sparse_embeddings: skipped (switched off)" in caplog.text
+    _, net, model = _losses("O0", lambda p: torch.optim.Adam(p), steps=1, boost_config_dict={"sparse_embeddings": True})
+    assert net.tables[0].sparse  # a single acceleration at O0
+    assert not any(line.startswith("fused_optimizer") and "applied" in line for line in model.boost_report)
+
+
+def test_boost_config_dict_is_validated():
+    net = Idiomatic()
+    with pytest.raises(ValueError, match="unknown acceleration 'fast'.*allowed: sparse_embeddings"):
+        Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1",
+              boost_config_dict={"fast": True})
+    with pytest.raises(TypeError, match="boost_config_dict\\['fused_optimizer'\\]"):
+        Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1",
+              boost_config_dict={"fused_optimizer": "yes"})
+
+
+def test_tables_that_cannot_be_sparse_are_skipped_with_the_reason():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.emb.weight  # tied: also used densely
+            self.bag = nn.EmbeddingBag(10, 4, mode="max")
+
+        def forward(self, ids):
+            return self.out(self.emb(ids) + self.bag(ids.view(-1, 1))).sum(-1)
+
+    net = Tied()
+    model = Model(net, nn.MSELoss(), torch.optim.Adam(net.parameters()), boost_level="O1")
+    line = model.boost_report[0]
+    assert line.startswith("sparse_embeddings: skipped (0 of 2 tables")
+    assert "emb: its weight is shared" in line and "bag: mode='max'" in line
+    assert not net.emb.sparse and not net.bag.sparse
+
+
+def test_weight_decay_is_kept_at_o1_and_made_lazy_at_o2():
+    def build(level, opt_cls):
+        net = Idiomatic()
+        return net, Model(net, nn.BCEWithLogitsLoss(), opt_cls(net.parameters(), weight_decay=0.01),
+                          boost_level=level, boost_config_dict={"bf16_autocast": False})
+
+    net, model = build("O1", torch.optim.AdamW)
+    assert not net.tables[0].sparse and "weight_decay=0.01" in model.boost_report[0]
+    net, model = build("O2", torch.optim.AdamW)
+    assert net.tables[0].sparse
+    assert model.boost_report[1].startswith("lazy_weight_decay: applied (tables ['tables.0'")
+    net, model = build("O2", torch.optim.RMSprop)
+    assert not net.tables[0].sparse and "RMSprop has no row-sparse update" in model.boost_report[0]
+
+
+def test_lazy_weight_decay_decays_only_touched_rows():
+    emb = nn.Embedding(6, 2)
+    opt = torch.optim.AdamW(emb.parameters(), lr=0.1, weight_decay=0.5)
+    Model(emb, lambda out, y: out.sum(), opt, boost_level="O2", boost_config_dict={"bf16_autocast": False})
+    before = emb.weight.detach().clone()
+    emb(torch.tensor([1])).sum().backward()
+    opt.step()
+    changed = (emb.weight.detach() != before).any(dim=1)
+    assert changed.tolist() == [False, True, False, False, False, False]
+
+
+def test_o2_autocasts_in_bf16_only_where_the_hardware_has_it():
+    _, _, model = _losses("O2", lambda p: torch.optim.Adam(p), steps=2)
+    line = next(line for line in model.boost_report if line.startswith("bf16_autocast"))
+    if amp.cpu_has_native_bf16():
+        assert line.startswith("bf16_autocast: applied") and model._amp_level == "O1"
+    else:
+        assert "no native bf16 on cpu" in line and model._amp_level == "O0"
+    _, _, model = _losses("O2", lambda p: torch.optim.Adam(p), steps=1, amp_level="O3")
+    assert "amp_level='O3' was chosen explicitly" in " ".join(model.boost_report)
+
+
+def test_without_an_optimizer_nothing_is_applied():
+    net = Idiomatic()
+    model = Model(nn.Sequential(net), boost_level="O1")
+    assert all("no optimizer" in line for line in model.boost_report)
+    assert not net.tables[0].sparse
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("make_opt", [lambda p: torch.optim.SGD(p, lr=0.5), lambda p: torch.optim.Adam(p, lr=0.01)],
+                         ids=["sgd", "adam"])
+def test_o1_on_cuda_gives_the_same_losses_as_o0(make_opt):
+    def run(level):
+        torch.manual_seed(0)
+        net = Idiomatic(vocab=4).cuda()
+        model = Model(net, nn.BCEWithLogitsLoss(), make_opt(net.parameters()), boost_level=level)
+        losses = [model.train_network(x.cuda(), y.cuda()) for x, y in _batches(10, vocab=4)]
+        return [float(v) for v in losses], net, model
+
+    dense, _, _ = run("O0")
+    boosted, net, model = run("O1")
+    assert net.tables[0].weight.grad.is_sparse and net.tables[0].weight.grad.is_cuda
+    torch.testing.assert_close(boosted, dense, rtol=1e-4, atol=1e-5)
+    _, _, model = run("O2")
+    assert any(line.startswith("bf16_autocast: applied") for line in model.boost_report) == \
+        torch.cuda.is_bf16_supported()
