@@ -258,7 +258,9 @@ def build_train_network(network: nn.Module, optimizer, loss_fn: Callable | None 
     and ``dtype`` (bf16 on CUDA, see `resolve_amp_dtype`). As in MindSpore, O1 has no default loss
     scale: with float16 on CUDA, pass a `loss_scale_manager`. With ``optimizer=None`` (only at
     "O0") `network` is itself the step (with `loss_fn` attached). "O3" casts the network's weights
-    in place. `boost_level` ("O0" | "O1" | "O2") is accepted and enables nothing, as in `Model`.
+    in place. `boost_level` ("O0" | "O1" | "O2") is validated for MindSpore's signature; boost's
+accelerations change the network and optimizer themselves, so `Model` applies them
+(`recstream.train.boost`), not this function.
     """
     owner = "build_train_network"
     check_kwargs(owner, kwargs, ("keep_batchnorm_fp32", "loss_scale_manager", "device", "dtype"))
