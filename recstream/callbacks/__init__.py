@@ -9,7 +9,8 @@
 - `EarlyStopping`: stop when a monitored metric stops improving.
 - `ReduceLROnPlateau`: lower the learning rate when a monitored metric plateaus.
 - `LearningRateScheduler`: set the lr from a function of the step, or drive a torch LR scheduler.
-- `History`: per-epoch training loss and evaluation results.
+- `History`: per-epoch training loss and evaluation results (`Model.train`/`fit` return one).
+- `EpochSummary`: one line per epoch on stderr, the default where no progress bar is drawn.
 - `LambdaCallback`: a callback made of plain functions.
 - `ProgressBar`: tqdm bars with steps/s, ETA and the loss (`progress_bar_default()`: show it?).
 - `TensorBoard`: write loss, learning rates and metrics for TensorBoard.
@@ -30,6 +31,7 @@ from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .base import Callback, CallbackList, CallbackParams, RunContext
 from .checkpoint_config import CheckpointConfig
 from .early_stopping import EarlyStopping
+from .epoch_summary import EpochSummary
 from .history import History
 from .lambda_callback import LambdaCallback
 from .loss_monitor import LossMonitor
@@ -45,5 +47,5 @@ __all__ = [
     "Callback", "CallbackList", "RunContext", "CallbackParams", "LossMonitor", "TimeMonitor",
     "ModelCheckpoint", "CheckpointConfig", "save_checkpoint", "load_checkpoint", "CheckpointError",
     "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
-    "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor",
+    "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor", "EpochSummary",
 ]

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch  # here, not at the top: `recstream --help` must not load torch
 
-    from ..callbacks import History, LossMonitor
+    from ..callbacks import LossMonitor
     from ..data import load_adult
     from ..models import WideDeep, ctr_metrics, default_optimizer
     from ..train import Model
@@ -41,12 +41,13 @@ def run(args) -> int:
     train = load_adult("train", seed=args.seed, batch_size=args.batch_size)
     test = load_adult("test", seed=args.seed, batch_size=1024)
     net = WideDeep(train.schema)
-    model = Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), metrics=ctr_metrics())
+    # The demo prints its own lines (LossMonitor, the test AUC below): no bar or epoch summary beside them.
+    model = Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), metrics=ctr_metrics(), progress_bar=False)
     steps = train.get_dataset_size()
     print(f"recstream demo: Wide&Deep on Adult, {steps} steps/epoch of {args.batch_size} rows, "
           f"{len(train.schema.dense)} dense + {len(train.schema.categorical)} categorical features")
-    history, start = History(), time.perf_counter()
-    model.fit(args.epochs, train, test, callbacks=[LossMonitor(steps), history], dataset_sink_mode=True)
+    start = time.perf_counter()
+    history = model.fit(args.epochs, train, test, callbacks=[LossMonitor(steps)], dataset_sink_mode=True)
     for epoch, results in enumerate(history.history.get("auc", []), start=1):
         print(f"epoch {epoch}: test auc={results:.4f} logloss={history.history['logloss'][epoch - 1]:.4f}")
     features, labels = next(iter(test))

@@ -33,7 +33,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..callbacks import Callback, CallbackList, CallbackParams, ProgressBar, RunContext, progress_bar_default
+from ..callbacks import (
+    Callback,
+    CallbackList,
+    CallbackParams,
+    EpochSummary,
+    History,
+    ProgressBar,
+    RunContext,
+    progress_bar_default,
+)
 from ..callbacks.base import as_callback_list
 from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
@@ -199,12 +208,15 @@ class Model:
 
     # ------------------------------------------------------------------ public API
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        """Train for epochs ``initial_epoch+1 .. epoch`` (hooks, sink mode, stop: docs/semantics.md)."""
-        self._run("Model.train", epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, None)
+        """Train for epochs ``initial_epoch+1 .. epoch`` (hooks, sink mode, stop: docs/semantics.md).
+        Returns the run's `History` (per-epoch loss; MindSpore returns None)."""
+        return self._run("Model.train", epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch,
+                         None)
 
     def fit(self, epoch, train_dataset, valid_dataset=None, valid_frequency=1, callbacks=None,
             dataset_sink_mode=False, valid_dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        """Train, evaluating `valid_dataset` after epochs selected by `valid_frequency`."""
+        """Train, evaluating `valid_dataset` after epochs selected by `valid_frequency`. Returns the
+        run's `History` (per-epoch loss and evaluation results; MindSpore returns None)."""
         check_bool("Model.fit", "valid_dataset_sink_mode", valid_dataset_sink_mode)
         _check_valid_frequency(valid_frequency)
         fit_eval = None
@@ -214,7 +226,8 @@ class Model:
                 raise ValueError("Model.fit: 'valid_dataset' is given but the Model has no 'metrics' to evaluate "
                                  "it with; pass metrics=... to Model")
             fit_eval = _FitEvaluation(valid_dataset, valid_frequency)
-        self._run("Model.fit", epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, fit_eval)
+        return self._run("Model.fit", epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch,
+                         fit_eval)
 
     def eval(self, valid_dataset, callbacks=None, dataset_sink_mode=False) -> dict:
         """Evaluate the metrics over `valid_dataset`; returns ``{name: value}``."""
@@ -284,10 +297,12 @@ class Model:
         callbacks = user_callbacks + self._default_callbacks(user_callbacks)
         if rank() != 0:  # printing, files and publishing happen once, on rank 0
             callbacks = [cb for cb in callbacks if not cb.rank_zero_only]
+        history = next(cb for cb in callbacks if isinstance(cb, History))
         with CallbackList(callbacks) as cbs:
             if fit_eval is not None:  # MindSpore calls only TimeMonitor of its own callbacks there
                 fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if cb.called_in_fit_eval])
             self._train_loop(range(initial_epoch + 1, epoch + 1), helper, cbs, params, fit_eval)
+        return history
 
     def _train_loop(self, epochs: Iterable[int], helper: DatasetHelper, callbacks: Callback,
                     params: CallbackParams, fit_eval: _FitEvaluation | None = None, first_step: int = 0) -> None:
@@ -443,10 +458,13 @@ class Model:
             cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None)
 
     def _default_callbacks(self, user_callbacks) -> list:
-        if self._progress_bar is False or any(isinstance(cb, ProgressBar) for cb in user_callbacks):
-            return []
+        """A `History` (returned by train/fit) unless the user passed one, and the run's visible
+        output: a progress bar on a terminal, else one `EpochSummary` line per epoch."""
+        defaults = [] if any(isinstance(cb, History) for cb in user_callbacks) else [History()]
+        if self._progress_bar is False or any(isinstance(cb, (ProgressBar, EpochSummary)) for cb in user_callbacks):
+            return defaults
         show = progress_bar_default() if self._progress_bar == "auto" else self._progress_bar
-        return [ProgressBar()] if show else []
+        return defaults + [ProgressBar() if show else EpochSummary()]
 
     def _warm_up(self, dataset) -> None:
         batch = next(iter(dataset), None)
