@@ -181,7 +181,8 @@ def test_o1_on_cuda_gives_the_same_losses_as_o0(make_opt):
     def run(level):
         torch.manual_seed(0)
         net = Idiomatic(vocab=4).cuda()
-        model = Model(net, nn.BCEWithLogitsLoss(), make_opt(net.parameters()), boost_level=level)
+        model = Model(net, nn.BCEWithLogitsLoss(), make_opt(net.parameters()), boost_level=level,
+                      boost_config_dict={"sparse_embeddings": level != "O0"})  # small tables: forced
         losses = [model.train_network(x.cuda(), y.cuda()) for x, y in _batches(10, vocab=4)]
         return [float(v) for v in losses], net, model
 
@@ -192,3 +193,10 @@ def test_o1_on_cuda_gives_the_same_losses_as_o0(make_opt):
     _, _, model = run("O2")
     assert any(line.startswith("bf16_autocast: applied") for line in model.boost_report) == \
         torch.cuda.is_bf16_supported()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_small_cuda_tables_stay_dense_by_cost_unless_forced():
+    net = Idiomatic().cuda()
+    model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1")
+    assert not net.tables[0].sparse and "dense fused update of 400 values is cheaper" in model.boost_report[0]
