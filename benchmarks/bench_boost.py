@@ -8,7 +8,8 @@ timed) and test AUC. Variants:
 - ``hand_tuned``: one fused sparse table (offsets per field), ``SparseAdam`` + fused ``Adam``
 - ``O0`` / ``O1`` / ``O2``: ``Model(idiomatic, Adam, boost_level=...)``, ``Model.train``
 - ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2
-- ``dense_only``: the MLP alone on fixed inputs (the floor no embedding work can beat)
+- ``dense_only`` / ``dense_only_bf16``: the MLP alone on fixed inputs, fp32 / bf16 autocast (the
+  floor no embedding work can beat)
 
     python benchmarks/bench_boost.py --rows 200000 --reps 3 --threads 2
     python benchmarks/bench_boost.py --device cuda --rows 1000000 --batch-size 4096
@@ -140,11 +141,16 @@ def run_variant(name, args, data):
         model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=args.lr),
                       boost_level="O2" if name.endswith("O2") else "O0", progress_bar=False)
         return _model(model, train, device), _auc(net, test, plain=False)
-    if name == "dense_only":
+    if name.startswith("dense_only"):  # "dense_only_bf16": the same under bf16 autocast (O2's precision)
         mlp = _mlp(DENSE + FIELDS * args.dim, hidden).to(device)
         inputs = [(torch.randn(len(y), DENSE + FIELDS * args.dim, device=device), None, y) for _, _, y in plain_train]
         opt = torch.optim.Adam(mlp.parameters(), lr=args.lr, fused=True)
-        return _hand(lambda x, _: mlp(x).squeeze(-1), [opt], inputs, device), float("nan")
+        low = name.endswith("bf16")
+
+        def forward(x, _):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=low):
+                return mlp(x).squeeze(-1).float()
+        return _hand(forward, [opt], inputs, device), float("nan")
     raise ValueError(f"unknown variant {name!r}")
 
 
@@ -161,7 +167,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", nargs="+",
-                   default=["hand", "hand_tuned", "O0", "O1", "O2", "widedeep", "widedeep_O2", "dense_only"])
+                   default=["hand", "hand_tuned", "O0", "O1", "O2", "widedeep", "widedeep_O2", "dense_only",
+                            "dense_only_bf16"])
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

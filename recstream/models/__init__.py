@@ -16,7 +16,7 @@ row-sparse optimizers of :mod:`recstream.optim` (FTRL for WideDeep's wide part).
 >>> net = DeepFM(gen.schema, hidden=(16,), embedding_dim=4)
 >>> model = Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), metrics=ctr_metrics(),
 ...               progress_bar=False)
->>> model.train(1, gen.train_batches(4))
+>>> history = model.train(1, gen.train_batches(4))
 >>> 0.0 <= model.eval(gen.test_split(256))["auc"] <= 1.0
 True
 """

@@ -19,7 +19,7 @@ Returns logits ``[B]`` (see :mod:`recstream.models.base` for the convention).
 >>> gen = SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 20, 30], batch_size=64)
 >>> net = WideDeep(gen.schema, hidden=(16,), embedding_dim=4)
 >>> model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), metrics=ctr_metrics(), progress_bar=False)
->>> model.train(1, gen.train_batches(5))
+>>> history = model.train(1, gen.train_batches(5))
 >>> sorted(model.eval(gen.test_split(256)))
 ['auc', 'logloss']
 """

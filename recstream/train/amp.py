@@ -134,7 +134,9 @@ def autocast_factory(level: str, device=None, dtype=None) -> Callable[[], Abstra
     if resolve_amp_level(level, device) != "O1":
         return nullcontext
     kind, low = _as_device(device).type, resolve_amp_dtype(device, dtype)
-    return lambda: torch.autocast(device_type=kind, dtype=low)
+    # No cast cache on CUDA: a captured CUDA graph must not keep a cast from the capture (and a
+    # CTR network uses each weight once per forward, so the cache saves nothing).
+    return lambda: torch.autocast(device_type=kind, dtype=low, cache_enabled=kind != "cuda")
 
 
 def _cast_floats(obj, dtype: torch.dtype):

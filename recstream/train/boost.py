@@ -17,6 +17,10 @@ Level "O1" (same maths, up to floating-point rounding and the lazy moments noted
   sparse rows (the log says why).
 - ``fused_optimizer``: Adam/AdamW's dense parameters stepped by torch's fused kernel (one pass over
   the memory instead of one per operation).
+- ``cuda_graphs``: on a GPU, the whole training step (forward, backward, optimizer) captured once
+  and replayed (`recstream.train.cuda_graph`): a CTR step is dozens of tiny kernels whose launches
+  cost more than their work. Skipped on CPU, with sparse gradients, loss scaling, several
+  processes, or optimizers other than SGD/Adam/AdamW.
 
 Level "O2" = O1 plus approximations:
 
@@ -32,7 +36,7 @@ Level "O2" = O1 plus approximations:
 >>> opt = torch.optim.Adam(net.parameters())
 >>> report = apply_boost(net, opt, "O1", None, amp_level="O0")
 >>> net[0].sparse, [line.split(":")[0] for line in report.lines]
-(True, ['sparse_embeddings', 'lazy_weight_decay', 'fused_optimizer', 'bf16_autocast'])
+(True, ['sparse_embeddings', 'lazy_weight_decay', 'fused_optimizer', 'bf16_autocast', 'cuda_graphs'])
 """
 from __future__ import annotations
 
@@ -47,16 +51,17 @@ from ..optim import CombinedOptimizer
 from ..optim.sparse_rows import accept_sparse_rows, sparse_rows_refusal, weight_decay_of
 from ..validation import check_bool, check_type
 from . import amp
+from .cuda_graph import WARMUP_STEPS, capture_refusal, make_capturable
 
 log = logging.getLogger(__name__)
 
-ACCELERATIONS = ("sparse_embeddings", "fused_optimizer", "lazy_weight_decay", "bf16_autocast")
+ACCELERATIONS = ("sparse_embeddings", "fused_optimizer", "cuda_graphs", "lazy_weight_decay", "bf16_autocast")
 # On a GPU a dense (fused) Adam pass over a table is bandwidth-bound and cheap (100k x 16 values:
 # ~15 us on an H100), while a row-sparse update costs a dozen small kernel launches per table
 # (~170 us measured there with 26 tables): sparse pays only from about 2**24 values per table.
 # On a CPU the dense pass is the expensive one (milliseconds per 100k-row table), so every table goes sparse.
 CUDA_SPARSE_MIN_VALUES = 1 << 24
-LEVELS = {"O0": (), "O1": ("sparse_embeddings", "fused_optimizer"), "O2": ACCELERATIONS}
+LEVELS = {"O0": (), "O1": ("sparse_embeddings", "fused_optimizer", "cuda_graphs"), "O2": ACCELERATIONS}
 
 
 @dataclass
@@ -66,6 +71,7 @@ class BoostReport:
     lines: list[str] = field(default_factory=list)
     amp_level: str = "O0"
     amp_dtype: torch.dtype | None = None
+    graph_optimizers: list | None = None  # set when the step is to be replayed as a CUDA graph
 
     def note(self, name: str, applied: bool, detail: str) -> None:
         line = f"{name}: {'applied' if applied else 'skipped'} ({detail})"
@@ -84,7 +90,8 @@ def check_boost_config(config) -> dict[str, bool]:
     return dict(config or {})
 
 
-def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, amp_level: str) -> BoostReport:
+def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, amp_level: str,
+                loss_scaled: bool = False) -> BoostReport:
     """Apply `level`'s accelerations (as switched by `config`) to `network` and `optimizer` in place."""
     config = check_boost_config(config)
     wanted = {name: config.get(name, name in LEVELS[level]) for name in ACCELERATIONS}
@@ -98,6 +105,7 @@ def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, 
     _sparse_embeddings(network, optimizer, wanted, report, forced=config.get("sparse_embeddings", False))
     _fused_optimizer(optimizer, wanted["fused_optimizer"], report)
     _bf16_autocast(network, wanted["bf16_autocast"], report)
+    _cuda_graphs(network, optimizer, wanted["cuda_graphs"], report, loss_scaled)
     return report
 
 
@@ -171,6 +179,7 @@ def _fused_optimizer(optimizer, wanted: bool, report: BoostReport) -> None:
         if refusal:
             why.append(refusal)
             continue
+        pin_flags(opt, {"fused": True})
         for g in opt.param_groups:
             g["fused"] = True  # read by Adam at every step(); the state it creates then lives on the device
         opt.defaults["fused"] = True
@@ -216,3 +225,70 @@ def _bf16_autocast(network: nn.Module, wanted: bool, report: BoostReport) -> Non
         return
     report.amp_level, report.amp_dtype = "O1", torch.bfloat16
     report.note(name, True, f"amp_level='O1' in bfloat16 ({native})")
+
+
+def _cuda_graphs(network: nn.Module, optimizer, wanted: bool, report: BoostReport, loss_scaled: bool) -> None:
+    name = "cuda_graphs"
+    if not wanted:
+        report.note(name, False, "switched off")
+        return
+    device = next((t.device for t in network.parameters()), torch.device("cpu"))
+    loss_scaled = loss_scaled or amp.resolve_amp_level(report.amp_level, device) == "O2"
+    optimizers = _leaf_optimizers(optimizer)
+    why = capture_refusal(network, optimizers, device, is_distributed(), loss_scaled)
+    if why:
+        report.note(name, False, why)
+        return
+    for opt in optimizers:
+        if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+            pin_flags(opt, {"capturable": True})
+    make_capturable(optimizers, device)
+    report.graph_optimizers = optimizers
+    report.note(name, True, f"the training step is captured after {WARMUP_STEPS} eager steps and replayed")
+
+
+def pin_flags(optimizer, flags: dict[str, bool]) -> None:
+    """Keep boost's optimizer flags out of its checkpoints and in force after a load (call it
+    before setting them).
+
+    A checkpoint stores the optimizer as the user built it (the flags as they were, learning rates
+    as floats), so it loads at any boost level; `load_state_dict` copies the saved groups' flags
+    back, so they are set again after it (with device step counters and tensor learning rates
+    where the optimizer is capturable).
+    """
+    pinned = getattr(optimizer, "_recstream_pinned_flags", None)
+    if pinned is None:
+        pinned = optimizer._recstream_pinned_flags = {}
+        originals = [{} for _ in optimizer.param_groups]
+        optimizer._recstream_original_flags = originals
+        optimizer.register_state_dict_post_hook(_portable_state_dict)
+        optimizer.register_load_state_dict_post_hook(_reapply_flags)
+    for group, originals in zip(optimizer.param_groups, optimizer._recstream_original_flags, strict=True):
+        for key in flags:  # called before boost sets them: these are the user's values
+            originals.setdefault(key, group.get(key))
+    pinned.update(flags)
+
+
+def _portable_state_dict(optimizer, state_dict: dict) -> dict:
+    for group, originals in zip(state_dict["param_groups"], optimizer._recstream_original_flags, strict=True):
+        group.update(originals)
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])  # one read per checkpoint, not per step
+    for entry in state_dict["state"].values():
+        if isinstance(entry.get("step"), torch.Tensor) and entry["step"].device.type != "cpu":
+            entry["step"] = entry["step"].cpu()  # where the unfused, uncapturable optimizer keeps it
+    return state_dict
+
+
+def _reapply_flags(optimizer) -> None:
+    flags = optimizer._recstream_pinned_flags
+    for group in optimizer.param_groups:
+        group.update(flags)
+        if flags.get("capturable"):
+            device = group["params"][0].device
+            if not isinstance(group["lr"], torch.Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if state and isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(device)

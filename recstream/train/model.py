@@ -21,7 +21,7 @@ callbacks read it when they need to), network mode switched once per phase, not 
 >>> model = Model(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
 ...               metrics={"accuracy", "loss"})
 >>> data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(4)]
->>> model.train(2, data)
+>>> history = model.train(2, data)
 >>> sorted(model.eval(data))
 ['accuracy', 'loss']
 """
@@ -59,6 +59,7 @@ from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
 from . import amp, boost
 from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
+from .cuda_graph import CUDAGraphStep
 from .loss_scale import LossScaleManager
 from .sink import DatasetHelper, check_sink_size
 
@@ -120,7 +121,7 @@ class Model:
         self._parallel_mode = parallel_mode()
         # Boost first: it switches embedding gradients to sparse (DDP must see that) and may pick the precision.
         self._boost = boost.apply_boost(network, optimizer, self._boost_level, kwargs.get("boost_config_dict"),
-                                        self._amp_level)
+                                        self._amp_level, loss_scaled=self._loss_scale_manager is not None)
         self._amp_level, self._amp_dtype = self._boost.amp_level, self._boost.amp_dtype
         self._train_network = self._build_train_network()
         self._metric_fns = get_metrics(metrics)
@@ -129,6 +130,12 @@ class Model:
 
     # ------------------------------------------------------------------ networks
     def _build_train_network(self) -> nn.Module:
+        step = self._build_step()
+        if self._boost.graph_optimizers:
+            return CUDAGraphStep(step, self._boost.graph_optimizers)
+        return step
+
+    def _build_step(self) -> nn.Module:
         if self._optimizer is None:  # the network is its own step: it synchronises itself, if at all
             return self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
         backbone = self._parallel_backbone()

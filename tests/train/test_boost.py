@@ -86,6 +86,9 @@ def test_checkpoints_cross_boost_levels_both_ways(tmp_path):
         resumed = [float(step2(x, y)) for x, y in batches[4:]]
         torch.testing.assert_close(resumed, reference, rtol=1e-5, atol=1e-6)
         assert set(net2.state_dict()) == set(net.state_dict())
+        # What is stored is the user's optimizer; what runs after a load is the level's.
+        assert opt.state_dict()["param_groups"][0]["fused"] is None
+        assert opt2.param_groups[0]["fused"] is (True if second == "O1" else None)
 
 
 def test_each_acceleration_is_switched_by_name_and_logged(caplog):
@@ -200,3 +203,39 @@ def test_small_cuda_tables_stay_dense_by_cost_unless_forced():
     net = Idiomatic().cuda()
     model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1")
     assert not net.tables[0].sparse and "dense fused update of 400 values is cheaper" in model.boost_report[0]
+
+
+def test_cuda_graphs_are_skipped_off_cuda_with_the_reason():
+    _, _, model = _losses("O1", lambda p: torch.optim.Adam(p), steps=1)
+    assert "cuda_graphs: skipped (the network is on cpu, not CUDA)" in model.boost_report
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_replays_train_exactly_like_eager_steps(tmp_path):
+    """Capture after the warm-up, replays, a partial batch (eager), an LR schedule and an optimizer
+    reload (recapture) give the eager losses."""
+    batches = [(x.cuda(), y.cuda()) for x, y in _batches(14)]
+    batches.insert(9, (batches[9][0][:7], batches[9][1][:7]))  # another shape: runs eagerly
+
+    def run(level, reload_at=None):
+        torch.manual_seed(0)
+        net = Idiomatic().cuda()
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
+        model = Model(net, nn.BCEWithLogitsLoss(), opt, boost_level=level)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            if i == reload_at:
+                path = save_checkpoint(tmp_path / f"{level}.safetensors", net, opt)
+                load_checkpoint(path, net, opt, restore_rng=False)
+            losses.append(float(model.train_network(x, y)))
+            sched.step()
+        return losses, model
+
+    eager, _ = run("O0")
+    graphed, model = run("O1")
+    assert "cuda_graphs: applied" in " ".join(model.boost_report)
+    assert model.train_network._graph is not None
+    torch.testing.assert_close(graphed, eager, rtol=1e-5, atol=1e-5)
+    reloaded, _ = run("O1", reload_at=11)
+    torch.testing.assert_close(reloaded, eager, rtol=1e-5, atol=1e-5)
