@@ -1,8 +1,11 @@
 """`recstream serve DIR --port P`: serve the newest model version of a publish directory over HTTP.
 
 Loads the newest usable version of DIR (written by ``ModelPublisher``), answers
-``POST /predict`` / ``GET /health`` / ``GET /version`` (see :mod:`recstream.serving.http`) and
-hot-swaps newer versions as they are published. DIR must exist: a missing DIR (or a file) is
+``POST /predict`` / ``GET /health`` / ``GET /version`` / ``GET /metrics`` (see
+:mod:`recstream.serving.http`; Starlette on uvicorn, ``pip install "recstream[serve]"``) and
+hot-swaps newer versions as they are published. Concurrent requests share forward passes
+(``--max-batch-rows``, ``--max-batch-wait-ms``); each request has a total deadline
+(``--request-timeout``). DIR must exist: a missing DIR (or a file) is
 a usage error (exit status 2), since a mistyped path would otherwise answer 503 forever. An
 existing DIR without a version yet is served (``/health`` answers 503, with a log line, until
 one is published). The port is bound before the model is loaded, so a port in use fails at
@@ -34,9 +37,11 @@ _OWNER = "recstream serve"
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DESCRIPTION = """Serve the newest model version of a publish directory over HTTP.
 
-Answers POST /predict, GET /health and GET /version, and hot-swaps newer versions as
-ModelPublisher writes them. DIRECTORY must exist (a missing one is a usage error); while
-it holds no version yet, /predict and /health answer 503. Stops cleanly on Ctrl-C/SIGTERM."""
+Answers POST /predict, GET /health, GET /version and GET /metrics (Prometheus), and
+hot-swaps newer versions as ModelPublisher writes them. Concurrent requests are
+coalesced into shared forward passes (dynamic micro-batching). DIRECTORY must exist
+(a missing one is a usage error); while it holds no version yet, /predict and /health
+answer 503. Stops cleanly on Ctrl-C/SIGTERM."""
 
 
 def _positive(kind, name: str):
@@ -61,6 +66,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model-factory", default=None, metavar="MODULE:FUNCTION",
                    help="function(manifest) -> nn.Module that rebuilds the network (needed for networks "
                         "that are not recstream.models classes)")
+    p.add_argument("--max-batch-rows", type=_positive(int, "--max-batch-rows"), default=256,
+                   help="most instances per forward pass when requests are coalesced (default 256)")
+    p.add_argument("--max-batch-wait-ms", type=checked(float, _OWNER, "--max-batch-wait-ms", minimum=0), default=2.0,
+                   help="longest wait for requests still arriving before a forward starts (default 2 ms)")
+    p.add_argument("--request-timeout", type=_positive(float, "--request-timeout"), default=30.0,
+                   help="total seconds per request: a body not received by then is 408, an answer not ready 503 "
+                        "(default 30)")
+    p.add_argument("--max-connections", type=_positive(int, "--max-connections"), default=4096,
+                   help="open connections served at once; beyond, 503 (default 4096)")
+    p.add_argument("--backlog", type=_positive(int, "--backlog"), default=2048,
+                   help="listen backlog: connections waiting to be accepted (default 2048)")
     p.add_argument("--torch-threads", type=_positive(int, "--torch-threads"), default=None,
                    help="torch intra-op threads per forward (default: torch's)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -76,9 +92,12 @@ def run(args: argparse.Namespace) -> int:
                        "to wait for the first version)", EXIT_USAGE)
     import torch  # here, not at the top: `recstream --help` must not load torch
 
-    from ..serving.http import make_server
     from ..serving.model_holder import ModelHolder
     from ..serving.model_spec import RebuildError
+    try:
+        from ..serving.http import make_server
+    except ImportError as e:  # the optional HTTP stack is not installed
+        raise CliError(f"serving needs its extra: pip install 'recstream[serve]' ({e})") from e
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("recstream.serve")
@@ -90,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_OWNER}: cannot load models from {args.directory}: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:  # bind before loading: a port in use fails at once, not after the model is built
-        server = make_server(holder, args.host, args.port, args.max_body_bytes)
+        server = make_server(holder, args.host, args.port, args.max_body_bytes, max_batch_rows=args.max_batch_rows,
+                             max_batch_wait=args.max_batch_wait_ms / 1000, request_timeout=args.request_timeout,
+                             max_connections=args.max_connections, backlog=args.backlog)
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     try:

@@ -7,7 +7,9 @@
 * Loading: :func:`load_latest` returns the newest usable version with its manifest, skipping
   (and reporting) torn or corrupt ones; :func:`load_version` loads one exactly.
 * Serving: :class:`ModelHolder` hot-swaps new versions; :func:`make_server` /
-  ``recstream serve DIR --port P`` answer ``POST /predict``, ``GET /health``, ``GET /version``.
+  ``recstream serve DIR --port P`` answer ``POST /predict``, ``GET /health``, ``GET /version``
+  and ``GET /metrics`` (Starlette on uvicorn: ``pip install "recstream[serve]"``; imported
+  on first use, so publishing needs none of it).
 * Freshness: :func:`event_freshness`, :func:`staleness`.
 
 >>> import tempfile
@@ -21,7 +23,6 @@
 (1, True)
 """
 from .freshness import FreshnessReport, event_freshness, staleness
-from .http import make_server
 from .layout import SnapshotError, list_versions, read_latest, read_manifest
 from .loader import load_latest, load_version
 from .model_holder import ModelHolder, Served
@@ -30,8 +31,22 @@ from .publish import SnapshotWriter, publish_version
 from .request import InstanceParser, RequestError
 from .retention import prune
 
+
+def __getattr__(name: str):
+    # The HTTP stack is an optional extra: load it only when a server is asked for.
+    if name in ("make_server", "PredictionServer"):
+        try:
+            from . import http
+        except ImportError as e:
+            raise ImportError(f"recstream.serving.{name} needs the serving extra: pip install 'recstream[serve]' "
+                              f"({e})") from e
+        return getattr(http, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ModelPublisher", "SnapshotWriter", "publish_version", "load_latest", "load_version", "SnapshotError",
     "list_versions", "read_latest", "read_manifest", "prune", "ModelHolder", "Served",
-    "InstanceParser", "RequestError", "make_server", "event_freshness", "staleness", "FreshnessReport",
+    "InstanceParser", "RequestError", "make_server", "PredictionServer", "event_freshness", "staleness",
+    "FreshnessReport",
 ]

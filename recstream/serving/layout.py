@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from typing import Any
 
 from ..validation import check_int
@@ -69,12 +70,32 @@ def list_versions(directory: str | os.PathLike) -> list[int]:
     return sorted(int(m.group(1)) for m in map(_VERSION_RE.match, names) if m)
 
 
+def read_file(directory: str | os.PathLike, path: str | os.PathLike) -> bytes:
+    """The bytes of `path`, a regular file inside `directory` (the publish directory).
+
+    Refused with SnapshotError (FileNotFoundError when absent): a path that resolves outside
+    `directory` (a symlinked version directory or file pointing elsewhere must not be served),
+    and anything but a regular file. The file is opened non-blocking and checked with
+    ``fstat`` before it is read, so a FIFO named like a version file is refused at once
+    instead of blocking the reader (the server's watcher, retention, shutdown) forever.
+    """
+    root = os.path.realpath(directory)
+    real = os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise SnapshotError(f"{os.path.relpath(path, directory)} resolves outside the publish directory "
+                            "(symlink); refused")
+    fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SnapshotError(f"{os.path.relpath(path, directory)} is not a regular file; refused")
+        return f.read()
+
+
 def read_latest(directory: str | os.PathLike) -> int | None:
     """The version named by ``LATEST``, or None when there is no (readable) pointer."""
     try:
-        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
-            m = _VERSION_RE.match(f.read().strip())
-    except (FileNotFoundError, UnicodeDecodeError):
+        m = _VERSION_RE.match(read_file(directory, os.path.join(directory, LATEST)).decode("utf-8").strip())
+    except (OSError, SnapshotError, UnicodeDecodeError):
         return None
     return int(m.group(1)) if m else None
 
@@ -92,14 +113,28 @@ def _reject_constant(name: str):
     raise ValueError(f"non-finite number {name} is not valid JSON here")
 
 
+def _read(directory, version: int, path: str) -> bytes:
+    """:func:`read_file` with the version named in its errors (FileNotFoundError passes through)."""
+    try:
+        return read_file(directory, path)
+    except SnapshotError as e:
+        raise SnapshotError(f"version {version}: {e}") from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # unreadable, a symlink loop, ...: this version is unusable, not the server
+        raise SnapshotError(f"version {version}: cannot read {os.path.relpath(path, directory)}: "
+                            f"{e.strerror or e}") from None
+
+
 def read_manifest(directory: str | os.PathLike, version: int) -> dict:
     """The verified manifest of `version`; SnapshotError if absent, unparsable or inconsistent."""
     path = os.path.join(version_path(directory, version), MANIFEST)
     try:
-        with open(path, "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"), parse_constant=_reject_constant)
+        manifest = json.loads(_read(directory, version, path).decode("utf-8"), parse_constant=_reject_constant)
     except FileNotFoundError:
         raise SnapshotError(f"version {version}: {MANIFEST} is missing (incomplete version)") from None
+    except RecursionError:  # the C decoder's answer to nesting deeper than the recursion limit
+        raise SnapshotError(f"version {version}: {MANIFEST} is nested too deeply to be a manifest") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise SnapshotError(f"version {version}: {MANIFEST} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict):
@@ -136,8 +171,7 @@ def read_verified(directory: str | os.PathLike, manifest: dict, relpath: str) ->
         raise SnapshotError(f"version {version}: manifest does not list {relpath!r}")
     path = os.path.join(version_path(directory, version), relpath)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read(directory, version, path)
     except FileNotFoundError:
         raise SnapshotError(f"version {version}: {relpath} is missing") from None
     if len(data) != entry.get("bytes") or hashlib.sha256(data).hexdigest() != entry.get("sha256"):

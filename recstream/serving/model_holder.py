@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,8 +41,8 @@ from torch import nn
 
 from ..data.schema import Schema
 from ..validation import check_int, check_number, check_type
-from .layout import SnapshotError, list_versions
-from .loader import load_latest
+from .layout import MANIFEST, SnapshotError, list_versions, read_manifest, version_path
+from .loader import load_version
 from .model_spec import check_factory
 from .request import InstanceParser
 
@@ -74,7 +75,7 @@ class ModelHolder:
 
     Args:
         directory: the publish directory.
-        model_factory: passed to :func:`~recstream.serving.load_latest`.
+        model_factory: passed to :func:`~recstream.serving.load_version`.
         poll_seconds: watcher period.
         max_instances: per-request limit of the request parsers.
     """
@@ -87,46 +88,117 @@ class ModelHolder:
         self.poll_seconds = check_number(owner, "poll_seconds", poll_seconds, minimum=0, min_open=True)
         self.max_instances = check_int(owner, "max_instances", max_instances, minimum=1)
         self._served: Served | None = None
-        self._attempted = 0  # newest version number a load was attempted for
+        self._served_stat: tuple | None = None  # (inode, mtime, size) of the served manifest file
+        self._attempted: tuple[int, tuple | None] = (0, None)  # newest version tried, and its identity
         self._refresh_lock = threading.Lock()  # one loader at a time (watcher vs. a manual refresh)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        self.swaps = 0  # versions swapped in
+        self.load_failures = 0  # versions skipped as unusable
 
     @property
     def current(self) -> Served | None:
         """The served version (read it once per request and keep using that object)."""
         return self._served
 
+    @property
+    def public_error(self) -> str | None:
+        """``last_error`` without local paths (what HTTP clients may see)."""
+        return None if self.last_error is None else public_text(self.last_error)
+
     def _make_served(self, model: nn.Module, manifest: dict) -> Served:
+        version = manifest["version"]
         if manifest.get("schema") is None:
-            raise SnapshotError(f"version {manifest['version']}: manifest has no schema; cannot validate requests")
-        parser = InstanceParser(Schema.from_dict(manifest["schema"]), manifest.get("preprocessing"),
-                                self.max_instances)
+            raise SnapshotError(f"version {version}: manifest has no schema; cannot validate requests")
+        try:
+            parser = InstanceParser(Schema.from_dict(manifest["schema"]), manifest.get("preprocessing"),
+                                    self.max_instances)
+        except (TypeError, ValueError, KeyError) as e:  # digest-valid, but not a schema requests can use
+            raise SnapshotError(f"version {version}: cannot validate requests with its schema/preprocessing: "
+                                f"{type(e).__name__}: {e}") from None
         return Served(model, manifest, parser)
 
+    def _manifest_stat(self, version: int) -> tuple | None:
+        try:
+            st = os.stat(os.path.join(version_path(self.directory, version), MANIFEST))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def _was_reset(self, served: Served) -> bool:
+        """Is the served version gone or replaced on disk (the publish directory was wiped)?
+
+        Cheap when nothing changed: one ``stat`` of the served manifest; it is read and its
+        digest compared only when that file's identity changed.
+        """
+        now = self._manifest_stat(served.version)
+        if now is not None and now == self._served_stat:
+            return False
+        try:
+            on_disk = read_manifest(self.directory, served.version)["manifest_sha256"]
+            same = on_disk == served.manifest["manifest_sha256"]
+        except (SnapshotError, OSError):
+            same = False
+        if same:
+            self._served_stat = now
+        return not same
+
+    def _load_newest(self, versions: list[int], floor: int) -> Served | None:
+        """The newest version above `floor` that loads (with its chain), skipping unusable ones."""
+        skipped = []
+        for v in reversed(versions):
+            if v <= floor:
+                break
+            try:
+                model, manifest = load_version(self.directory, v, self.model_factory)
+                served = self._make_served(model, dict(manifest, skipped=skipped))
+            except FileNotFoundError as e:  # removed while we looked (retention, a wipe)
+                reason = f"version {v}: {e.strerror or e}"
+            except SnapshotError as e:
+                reason = str(e)
+            else:
+                return served
+            self.load_failures += 1
+            log.warning("skipping model version %d in %s: %s", v, self.directory, reason)
+            skipped.append({"version": v, "reason": public_text(reason)})
+        if skipped:
+            self.last_error = "no usable new version: " + "; ".join(f"v{s['version']}: {s['reason']}" for s in skipped)
+        return None
+
     def refresh(self) -> bool:
-        """Load and swap in a newer version if there is one; True if the served version changed."""
+        """Load and swap in a newer version if there is one; True if the served version changed.
+
+        "Newer" is a higher version number, or -- after the publish directory was wiped and
+        versions restarted at 1 -- any version, once the served one is gone or replaced on disk.
+        Unusable versions (torn, corrupt, unloadable: bad arguments, a FIFO, a symlink out of
+        the directory) are skipped and older ones tried; a failed newest version is not
+        retried until a newer one (or a different one under the same number) appears.
+        """
         with self._refresh_lock:
             versions = list_versions(self.directory)
-            if not versions or versions[-1] <= self._attempted:
+            if not versions:
                 return False
-            self._attempted = versions[-1]
-            try:
-                model, manifest = load_latest(self.directory, self.model_factory)
-                served = self._make_served(model, manifest)
-            except (SnapshotError, FileNotFoundError) as e:
-                self.last_error = str(e)
+            current, newest = self._served, versions[-1]
+            reset = current is not None and newest <= current.version and self._was_reset(current)
+            key = (newest, self._manifest_stat(newest))
+            if (key == self._attempted) if reset else (newest <= self._attempted[0]):
+                return False
+            self._attempted = key
+            if reset:
+                log.warning("publish directory %s was reset: version %d is gone or replaced; loading the newest "
+                            "usable version afresh", self.directory, current.version)
+            served = self._load_newest(versions, 0 if (reset or current is None) else current.version)
+            if served is None:
                 log.error("model reload from %s failed, still serving %s: %s", self.directory,
-                          self._served.version if self._served else "nothing", e)
+                          current.version if current else "nothing", self.last_error)
                 return False
-            current = self._served
-            if current is not None and served.version <= current.version:
-                return False  # the newer ones were all unusable; keep what is served
+            self._served_stat = self._manifest_stat(served.version)
             self._served = served  # the swap: one reference store
+            self.swaps += 1
             self.last_error = None
             log.info("serving version %d from %s (%s, skipped %s)", served.version, self.directory,
-                     manifest["kind"], [s["version"] for s in manifest["skipped"]])
+                     served.manifest["kind"], [s["version"] for s in served.manifest["skipped"]])
             return True
 
     def _watch(self) -> None:
@@ -149,3 +221,17 @@ class ModelHolder:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+# an absolute path: a "/" that does not continue a word or a relative path
+_PATH_RE = re.compile(r"(?<![\w./~-])/(?:[^\s'\",;)]*[^\s'\",;):])?")
+
+
+def public_text(text: str) -> str:
+    """`text` with absolute file paths replaced by ``<path>``: errors shown to HTTP clients must
+    not disclose the server's directory layout (the log keeps the full text).
+
+    >>> public_text("no usable version in '/srv/models/a': v3: hash/emb.safetensors fails its checksum")
+    "no usable version in '<path>': v3: hash/emb.safetensors fails its checksum"
+    """
+    return _PATH_RE.sub("<path>", text)

@@ -145,7 +145,16 @@ def build_model(manifest: dict, model_factory: Any = None) -> nn.Module:
         raise RebuildError(f"version {manifest.get('version')}: {cls_path!r} is not a recstream.models class")
     if manifest.get("schema") is None:
         raise RebuildError(f"version {manifest.get('version')}: manifest has no schema to build {cls_path}")
-    return cls(Schema.from_dict(manifest["schema"]), **spec.get("config", {}))
+    config = spec.get("config", {})
+    try:
+        if not isinstance(config, dict):
+            raise TypeError(f"'config' must be a JSON object, got {type(config).__name__}")
+        return cls(Schema.from_dict(manifest["schema"]), **config)
+    except (TypeError, ValueError, KeyError) as e:
+        # The manifest is digest-valid but its arguments do not build this class (an unknown or
+        # bad argument, a malformed schema): that VERSION is unusable; older ones may be fine.
+        raise SnapshotError(f"version {manifest.get('version')}: cannot rebuild {cls_path} from the manifest: "
+                            f"{type(e).__name__}: {e}") from None
 
 
 def check_rebuild(network: nn.Module, manifest: dict, model_factory: Any = None) -> None:

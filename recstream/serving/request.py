@@ -27,13 +27,19 @@ training saw. Problems raise :class:`RequestError` (HTTP status + JSON-able reas
 """
 from __future__ import annotations
 
+import bisect
+import itertools
+import json
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import torch
 
 from ..data.batch import Features
 from ..data.convert import ColumnConverter
+from ..data.hashing import hash_strings, to_buckets
 from ..data.schema import CategoricalFeature, Schema
 from ..validation import check_int, check_type
 
@@ -51,6 +57,44 @@ class RequestError(Exception):
 
 def _bad(message: str, **details) -> RequestError:
     return RequestError(400, message, **details)
+
+
+def _reject_constant(name: str):
+    raise RequestError(400, f"invalid JSON: {name} is not a number")
+
+
+def decode_json(body: bytes) -> Any:
+    """The JSON value of a request body; RequestError 400 (with a reason) for anything else.
+
+    Strict UTF-8 (no BOM sniffing), no NaN/Infinity. Nesting deeper than the interpreter's
+    recursion limit is refused as such (the C decoder raises RecursionError there): a
+    hostile body must cost one 400, never a traceback or a crash.
+    """
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except RequestError:
+        raise
+    except RecursionError:
+        raise _bad("invalid JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, integer digit limit, bad UTF-8
+        raise _bad(f"invalid JSON: {_short(str(e))}") from None
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _names(names: list) -> list[str]:
+    """Field names for an error message: at most 10, each cut short (the body is untrusted)."""
+    return [_short(str(n), 64) for n in names[:10]] + (["..."] if len(names) > 10 else [])
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(v) -> bool:
@@ -73,6 +117,9 @@ class InstanceParser:
         self.max_instances = check_int(owner, "max_instances", max_instances, minimum=1)
         self.converter = ColumnConverter(schema, **(preprocessing or {}))
         self.allow_null_dense = self.converter.fill_missing_dense is not None
+        # Validated values need no fault search: build tensors directly (the converter costs a few
+        # Arrow calls per column, milliseconds per request). Vocabulary lookups keep the converter.
+        self.direct = all(f.vocabulary is None for f in schema.categorical)
         self.fields = set(schema.dense_names) | set(schema.categorical_names)
 
     def _check_fields(self, i: int, inst: Any) -> None:
@@ -81,7 +128,7 @@ class InstanceParser:
                        instance=i)
         unknown, missing = sorted(set(inst) - self.fields), sorted(self.fields - set(inst))
         if unknown:
-            raise _bad(f"instance {i}: unknown field(s) {unknown}", instance=i, fields=unknown)
+            raise _bad(f"instance {i}: unknown field(s) {_names(unknown)}", instance=i, fields=_names(unknown))
         if missing:
             raise _bad(f"instance {i}: missing field(s) {missing}", instance=i, fields=missing)
 
@@ -90,7 +137,11 @@ class InstanceParser:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _bad(f"instance {i}: {name!r} must be a number, got {type(v).__name__}", instance=i, field=name)
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an integer literal with hundreds of digits
+            raise _bad(f"instance {i}: {name!r} must be finite, got an integer too large for a float",
+                       instance=i, field=name) from None
         if not math.isfinite(v):
             raise _bad(f"instance {i}: {name!r} must be finite, got {v}", instance=i, field=name)
         return v
@@ -99,7 +150,12 @@ class InstanceParser:
         if f.hashed or f.vocabulary is not None:  # raw values: hashed / looked up by their text
             if v is None:
                 return None
-            if isinstance(v, str) or _is_int(v):
+            if isinstance(v, str):
+                if not _utf8(v):  # a lone surrogate ("\\ud800") decodes from JSON but is no text
+                    raise _bad(f"instance {i}: {f.name!r} is not valid Unicode text (lone surrogate)",
+                               instance=i, field=f.name)
+                return v
+            if _is_int(v):
                 return str(v)
             raise _bad(f"instance {i}: {f.name!r} values must be strings or integers, got {type(v).__name__}",
                        instance=i, field=f.name)
@@ -127,19 +183,23 @@ class InstanceParser:
         t = pa.string() if (f.hashed or f.vocabulary is not None) else pa.int64()
         return pa.list_(t) if f.multi_hot else t
 
-    def parse(self, payload: Any) -> Features:
-        """``Features`` for the instances of `payload` (the decoded JSON body)."""
+    def instances(self, payload: Any) -> list:
+        """The ``instances`` list of a decoded body, after the top-level checks (shape, count)."""
         if not isinstance(payload, dict) or "instances" not in payload:
             raise _bad('body must be a JSON object {"instances": [...]}')
         extra = sorted(set(payload) - {"instances"})
         if extra:
-            raise _bad(f"unknown top-level field(s) {extra}; expected only 'instances'")
+            raise _bad(f"unknown top-level field(s) {_names(extra)}; expected only 'instances'")
         instances = payload["instances"]
         if not isinstance(instances, list) or not instances:
             raise _bad("'instances' must be a non-empty list")
         if len(instances) > self.max_instances:
             raise _bad(f"too many instances: {len(instances)} > {self.max_instances}",
                        max_instances=self.max_instances)
+        return instances
+
+    def columns(self, instances: list) -> dict[str, list]:
+        """Validated column lists (feature name -> one value per instance) of `instances`."""
         columns: dict[str, list] = {d: [] for d in self.schema.dense_names}
         columns.update({c: [] for c in self.schema.categorical_names})
         for i, inst in enumerate(instances):
@@ -148,12 +208,82 @@ class InstanceParser:
                 columns[name].append(self._dense(i, name, inst[name]))
             for f in self.schema.categorical:
                 columns[f.name].append(self._categorical(i, f, inst[f.name]))
-        arrays = {self.schema.label: pa.array([0.0] * len(instances), pa.float64())}
-        arrays.update({d: pa.array(columns[d], pa.float64()) for d in self.schema.dense_names})
-        arrays.update({f.name: pa.array(columns[f.name], self._arrow_type(f)) for f in self.schema.categorical})
+        return columns
+
+    def _direct_dense(self, parts: list[dict[str, list]], n: int) -> torch.Tensor:
+        dense = np.empty((n, self.schema.num_dense), dtype=np.float32)
+        fill = self.converter.fill_missing_dense
+        for j, name in enumerate(self.schema.dense_names):
+            values = [v for p in parts for v in p[name]]
+            if fill is not None:
+                values = [fill if v is None else v for v in values]
+            x = np.asarray(values, dtype=np.float64)
+            if self.converter.log1p_dense:  # as ColumnConverter: in float64, negatives to 0
+                x = np.log1p(np.maximum(x, 0.0))
+            dense[:, j] = x
+        return torch.from_numpy(dense)
+
+    def _direct_ids(self, f: CategoricalFeature, values: list) -> np.ndarray:
+        if not f.hashed:
+            return np.asarray(values, dtype=np.int64)
+        text = pa.array(values, pa.string())
+        ids = to_buckets(hash_strings(text), f.hash_buckets)
+        if text.null_count:
+            ids[np.asarray(text.is_null(), dtype=bool)] = 0  # reserved id for missing
+        return ids
+
+    def _direct(self, parts: list[dict[str, list]]) -> Features:
+        """Features of validated `parts`, equal to what the converter builds (a test checks)."""
+        n = sum(len(next(iter(p.values()))) for p in parts)
+        ids, lengths = [], []
+        for f in self.schema.categorical:
+            column = [v for p in parts for v in p[f.name]]
+            if not f.multi_hot:
+                ids.append(self._direct_ids(f, column))
+                lengths.append(np.ones(n, dtype=np.int64))
+                continue
+            if f.hashed:  # "" is an absent element for the reader: drop it the same way
+                column = [[x for x in row if x != ""] for row in column]
+            if f.max_len is not None:
+                column = [row[: f.max_len] for row in column]
+            ids.append(self._direct_ids(f, [x for row in column for x in row]))
+            lengths.append(np.fromiter((len(row) for row in column), dtype=np.int64, count=n))
+        values = torch.from_numpy(np.concatenate(ids)) if ids else torch.zeros(0, dtype=torch.int64)
+        lens = torch.from_numpy(np.stack(lengths)) if lengths else torch.zeros(0, n, dtype=torch.int64)
+        keys = tuple(self.schema.categorical_names)
+        return Features.from_lengths(self._direct_dense(parts, n), values, lens, keys=keys)
+
+    def convert(self, parts: list[dict[str, list]]) -> tuple[Features, list[RequestError | None]]:
+        """One ``Features`` for several requests' `parts` (from :meth:`columns`), in order.
+
+        Returns the features of the good rows and, per part, None or the 400 for its first
+        row the training reader's converter drops as bad: the caller rejects that part and
+        skips its rows' outputs (the other parts' rows stay, in order).
+        """
+        if self.direct:
+            return self._direct(parts), [None] * len(parts)
+        sizes = [len(next(iter(p.values()))) if p else 0 for p in parts]
+        total = sum(sizes)
+        arrays = {self.schema.label: pa.array([0.0] * total, pa.float64())}
+        for d in self.schema.dense_names:
+            arrays[d] = pa.array([v for p in parts for v in p[d]], pa.float64())
+        for f in self.schema.categorical:
+            arrays[f.name] = pa.array([v for p in parts for v in p[f.name]], self._arrow_type(f))
         batch, faults = self.converter.convert(pa.table(arrays))
-        if faults:  # what the reader would have dropped as a bad row
-            fault = faults[0]
-            raise _bad(f"instance {fault.index}: {fault.column!r}: {fault.detail}", instance=fault.index,
-                       field=fault.column, reason=fault.reason)
-        return batch.features
+        errors: list[RequestError | None] = [None] * len(parts)
+        if faults:  # rare: rows the reader would have dropped as bad
+            starts = list(itertools.accumulate(sizes, initial=0))
+            for fault in faults:
+                part = bisect.bisect_right(starts, fault.index) - 1
+                if errors[part] is None:
+                    i = fault.index - starts[part]
+                    errors[part] = _bad(f"instance {i}: {fault.column!r}: {fault.detail}", instance=i,
+                                        field=fault.column, reason=fault.reason)
+        return batch.features, errors
+
+    def parse(self, payload: Any) -> Features:
+        """``Features`` for the instances of `payload` (the decoded JSON body)."""
+        features, errors = self.convert([self.columns(self.instances(payload))])
+        if errors[0] is not None:
+            raise errors[0]
+        return features

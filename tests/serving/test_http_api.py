@@ -138,7 +138,8 @@ def test_keep_alive_serves_many_requests_on_one_connection(server):
     srv, _ = server
     conn = http.client.HTTPConnection("127.0.0.1", srv.server_port, timeout=10)
     for i in range(5):
-        conn.request("POST", "/predict", body=json.dumps({"instances": [{**GOOD, "item": i}]}))
+        conn.request("POST", "/predict", body=json.dumps({"instances": [{**GOOD, "item": i}]}),
+                     headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200 and len(json.loads(resp.read())["scores"]) == 1
     conn.close()

@@ -4,6 +4,7 @@
 """
 import pyarrow as pa
 import pytest
+import torch
 
 from recstream.data import CategoricalFeature, Schema
 from recstream.data.hashing import hash_strings, to_buckets
@@ -35,3 +36,30 @@ def test_preprocessing_matches_the_reader():
     with pytest.raises(RequestError, match="must not contain null"):
         p.parse({"instances": [{"n": 1, "color": "red", "city": [None]}]})
 
+
+
+MIXED = Schema(["a", "b"], [CategoricalFeature("id", vocab_size=30), CategoricalFeature("u", hash_buckets=64),
+                            CategoricalFeature("ids", vocab_size=30, multi_hot=True, max_len=2),
+                            CategoricalFeature("us", hash_buckets=64, multi_hot=True, max_len=3)])
+
+
+@pytest.mark.parametrize("pre", [None, {"fill_missing_dense": 0.5, "log1p_dense": True}])
+def test_the_direct_path_builds_exactly_what_the_reader_converter_builds(pre):
+    import numpy as np
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(40):
+        rows.append({"a": None if (pre and i % 7 == 0) else float(rng.normal() * 10), "b": int(rng.integers(-5, 5)),
+                     "id": int(rng.integers(0, 30)), "u": None if i % 5 == 0 else (f"user{i}" if i % 2 else i),
+                     "ids": rng.integers(0, 30, int(rng.integers(0, 4))).tolist(),
+                     "us": ["", "x", f"t{i}", 7, "y"][: int(rng.integers(0, 6))]})
+    p = InstanceParser(MIXED, pre)
+    assert p.direct
+    parts = [p.columns(rows[:10]), p.columns(rows[10:11]), p.columns(rows[11:])]
+    direct, errors = p.convert(parts)
+    p.direct = False  # the reader's ColumnConverter, as training sees the same values
+    reader, _ = p.convert(parts)
+    assert errors == [None] * 3
+    for name in ("dense", "values", "offsets"):
+        assert torch.equal(getattr(direct, name), getattr(reader, name)), name
+    assert direct.keys == reader.keys and direct.batch_size == reader.batch_size == 40

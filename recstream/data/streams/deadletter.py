@@ -14,6 +14,13 @@ produces to a dead-letter topic). Counts by reason are kept in :attr:`DeadLetter
 Delivery is at-least-once: a stream that is sought back and decodes the same bad record
 again writes it again (the ``source`` position tells duplicates apart).
 
+:class:`DeadLetterProducer` is the forward callable for a Kafka dead-letter topic. No dead
+letter is lost silently: a full producer queue (``BufferError``) is waited out, serving
+delivery reports, for at most ``max_block`` seconds and then raises :class:`DeadLetterError`
+(the stream stops loudly instead of dropping records); every delivery is confirmed by a
+callback, and each one that fails (or is still queued when ``flush``/``close`` gives up) is
+logged at ERROR and counted in :attr:`DeadLetterProducer.undelivered`.
+
 >>> import tempfile, os, json
 >>> from recstream.data.streams.records import BadRecord
 >>> path = os.path.join(tempfile.mkdtemp(), "dead.jsonl")
@@ -31,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from ...validation import check_callable, check_int, check_type
+from ...validation import check_callable, check_int, check_number, check_str, check_type
 from .records import BadRecord
 
 log = logging.getLogger("recstream.data.streams")
@@ -79,3 +86,75 @@ class DeadLetter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        close = getattr(self.forward, "close", None)
+        if close is not None:  # e.g. a DeadLetterProducer: deliver what is queued, report the rest
+            close()
+
+
+class DeadLetterError(RuntimeError):
+    """A dead letter could not be handed to the producer (its queue stayed full)."""
+
+
+class DeadLetterProducer:
+    """Produces dead letters to a Kafka topic without losing any silently (see module docstring).
+
+    Args:
+        bootstrap_servers: the brokers.
+        topic: the dead-letter topic.
+        config: extra librdkafka producer settings (e.g. ``queue.buffering.max.messages``).
+        max_block: seconds a full queue may block one dead letter before DeadLetterError.
+        flush_timeout: seconds ``close`` waits for queued dead letters to be delivered.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, config: dict | None = None, max_block: float = 30.0,
+                 flush_timeout: float = 10.0) -> None:
+        from confluent_kafka import Producer  # here: only a Kafka dead-letter topic needs the client
+
+        owner = "DeadLetterProducer"
+        check_str(owner, "bootstrap_servers", bootstrap_servers)
+        self.topic = check_str(owner, "topic", topic)
+        check_type(owner, "config", config, dict, allow_none=True)
+        self.max_block = check_number(owner, "max_block", max_block, minimum=0)
+        self.flush_timeout = check_number(owner, "flush_timeout", flush_timeout, minimum=0)
+        self.produced = self.delivered = self.undelivered = 0
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 50, **(config or {})})
+        self._closed = False
+
+    def _on_delivery(self, err, msg) -> None:
+        if err is None:
+            self.delivered += 1
+            return
+        self.undelivered += 1
+        log.error("dead letter NOT delivered to topic %r: %s (%d undelivered so far)", self.topic, err,
+                  self.undelivered)
+
+    def __call__(self, line: bytes) -> None:
+        """Queue one dead letter; waits out a full queue for at most ``max_block`` s, then raises."""
+        deadline = time.monotonic() + self.max_block
+        while True:
+            try:
+                self._producer.produce(self.topic, line, on_delivery=self._on_delivery)
+                break
+            except BufferError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadLetterError(f"dead-letter topic {self.topic!r}: the producer queue stayed full for "
+                                          f"{self.max_block:g} s (broker unreachable or too slow); stopping rather "
+                                          "than dropping dead letters") from None
+                self._producer.poll(min(0.1, left))  # serve delivery reports: they free queue slots
+        self.produced += 1
+        self._producer.poll(0)
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Deliver what is queued, waiting at most `timeout` s; returns (and logs) how many were not."""
+        left = self._producer.flush(self.flush_timeout if timeout is None else timeout)
+        if left:
+            log.error("%d dead letter(s) still undelivered to topic %r after flush; they are lost", left, self.topic)
+        return left
+
+    def close(self) -> None:
+        """Flush once; dead letters still queued then count as undelivered."""
+        if not self._closed:
+            self._closed = True
+            left = self.flush()  # delivery callbacks run inside: count after them
+            self.undelivered += left
