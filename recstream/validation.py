@@ -99,6 +99,10 @@ def check_int(owner: str, name: str, value: Any, *, minimum: int | None = None, 
         return None
     bounds = _bounds(minimum, maximum)
     allowed = _or_none("an int" + (f" {bounds}" if bounds else ""), allow_none)
+    if isinstance(value, torch.SymInt):  # a size traced by torch.export: int() would fix it to one value
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise _value_error(owner, name, allowed, value)
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise _type_error(owner, name, allowed, value)
     value = int(value)

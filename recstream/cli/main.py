@@ -2,7 +2,8 @@
 
 - `recstream demo`: train and evaluate a small CTR model end to end (the embedded default job);
 - `recstream serve DIR --port P`: serve the newest published model over HTTP, hot-swapping versions;
-- `recstream produce ...`: write a file or synthetic events into Kafka or a directory.
+- `recstream produce ...`: write a file or synthetic events into Kafka or a directory;
+- `recstream export DIR --format F --output PATH`: the newest published model as ONNX, TorchScript or .pt2.
 
 The command modules import torch (and the rest of the library) only inside their ``run``,
 so that ``--help`` and ``--version`` answer at once. A mistake ends with one line on stderr
@@ -18,7 +19,7 @@ import signal
 import sys
 
 from .. import __version__
-from . import demo, produce, serve
+from . import demo, export, produce, serve
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_TERMINATED, CliError, Interrupted
 
 EPILOG = """exit status:
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     serve.add_parser(sub)
     produce.add_parser(sub)
+    export.add_parser(sub)
     return parser
 
 

@@ -353,8 +353,10 @@ class EmbeddingBagCollection(nn.Module):
         n = values.numel()
         if check:  # before repeat_interleave, which would fail obscurely on bad offsets
             self._check_offsets(offsets, n)
-        # Values per feature (feature-major => each feature is one contiguous run).
-        f_len = offsets[B::B] - offsets[:-1:B]
+        # Values per feature (feature-major => each feature is one contiguous run). Read through
+        # [nf, B] views rather than strided slices: torch.export cannot prove that a slice with a
+        # symbolic step B has nf entries, and would then fix the batch size of an export.
+        f_len = offsets[1:].reshape(nf, B)[:, -1] - offsets[:-1].reshape(nf, B)[:, 0]
         # output_size keeps repeat_interleave free of a device->host sync.
         fid = torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=n)
         if check:

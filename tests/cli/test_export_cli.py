@@ -1,0 +1,152 @@
+"""`recstream export` end to end: the real CLI in a subprocess on a directory publish_version wrote.
+
+The written file is then run by its own runtime and must score as the published network does;
+each mistake gets its exit status and one line, without a traceback.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from recstream.cli import export as export_cli
+from recstream.cli.errors import EXIT_FAILURE, EXIT_USAGE
+from recstream.data import SyntheticCTR
+from recstream.models import DLRM, WideDeep
+from recstream.serving import export as export_lib
+from recstream.serving.layout import MODEL_FILE, version_path
+from recstream.serving.loader import load_latest
+from recstream.serving.publish import publish_version
+
+# Loading TorchScript the way LibTorch users do: its deprecation warning is not this test's concern.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+GEN = SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 20, 30], batch_size=6, seed=5)
+
+
+def cli(*argv: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recstream", "export", *argv], capture_output=True, text=True,
+                          timeout=300, env=ENV, cwd=cwd)
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines, "no message on stderr"
+    return lines[-1]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory whose `publish/` holds two versions of a DLRM (the newest is exported)."""
+    net = DLRM(GEN.schema, bottom=(8,), top=(8,), embedding_dim=4)
+    config = {"bottom": [8], "top": [8], "embedding_dim": 4}
+    publish_version(tmp_path / "run" / "publish", net, model_config=config, step=1)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0.0, 0.3)
+    publish_version(tmp_path / "run" / "publish", net, model_config=config, step=2)
+    return tmp_path / "run"
+
+
+def features(batch_size: int):
+    return next(iter(SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 20, 30],
+                                  batch_size=batch_size, seed=batch_size).train_batches(1))).features
+
+
+def test_onnx_export_of_a_publish_directory_scores_like_the_served_network(run_dir, tmp_path):
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    result = cli(str(run_dir / "publish"), "--format", "onnx", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"recstream export: wrote {out} (onnx, version 2 of {run_dir / 'publish'}): dense float32 [batch, 2], "
+        "values int64 [num_ids], offsets int64 [3*batch+1] -> logits float32 [batch]")
+    net, manifest = load_latest(run_dir / "publish")
+    assert manifest["version"] == 2
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    for batch_size in (6, 11):
+        x = features(batch_size)
+        got = session.run(None, {"dense": x.dense.numpy(), "values": x.values.numpy(), "offsets": x.offsets.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(got[0], net(x).numpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt, name", [("exported-program", "model.pt2"), ("torchscript", "model.pt")])
+def test_torch_formats_from_a_run_directory(run_dir, tmp_path, fmt, name):
+    out = tmp_path / name
+    result = cli(str(run_dir), "--format", fmt, "--output", str(out))  # the run dir: its publish/ is found
+    assert result.returncode == 0, result.stderr
+    assert f"({fmt}, version 2 of {run_dir / 'publish'})" in result.stdout
+    module = torch.export.load(str(out)).module() if fmt == "exported-program" else torch.jit.load(str(out))
+    net, _ = load_latest(run_dir / "publish")
+    x = features(9)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x.dense, x.values, x.offsets), net(x), rtol=0.0, atol=1e-5)
+
+
+def test_unknown_format_is_a_usage_error(run_dir, tmp_path):
+    result = cli(str(run_dir), "--format", "tflite", "--output", str(tmp_path / "m.tflite"))
+    assert result.returncode == EXIT_USAGE
+    assert "argument --format: invalid choice: 'tflite'" in error_line(result)
+    assert "'onnx'" in error_line(result)
+
+
+def test_a_directory_without_a_version(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = cli(str(tmp_path / "empty"), "--format", "torchscript", "--output", str(tmp_path / "m.pt"))
+    assert result.returncode == EXIT_USAGE
+    assert error_line(result) == f"recstream export: no published version in {str(tmp_path / 'empty')!r} " \
+                                 "(nor in a sub-directory of it)"
+    result = cli(str(tmp_path / "missing"), "--format", "torchscript", "--output", str(tmp_path / "m.pt"))
+    assert result.returncode == EXIT_USAGE
+    assert error_line(result) == f"recstream export: {tmp_path / 'missing'} does not exist " \
+                                 "(export a ModelPublisher's directory)"
+    assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
+def test_a_directory_whose_versions_are_all_corrupt(run_dir, tmp_path):
+    for version in (1, 2):
+        with open(os.path.join(version_path(run_dir / "publish", version), MODEL_FILE), "r+b") as f:
+            f.truncate(10)
+    result = cli(str(run_dir), "--format", "torchscript", "--output", str(tmp_path / "m.pt"))
+    assert result.returncode == EXIT_FAILURE
+    line = error_line(result)
+    assert line.startswith("recstream export: no usable version in") and "v2:" in line and "v1:" in line
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_output_in_a_missing_directory(run_dir, tmp_path):
+    out = tmp_path / "nope" / "m.onnx"
+    result = cli(str(run_dir), "--format", "onnx", "--output", str(out))
+    assert result.returncode == EXIT_USAGE
+    assert error_line(result) == f"recstream export: --output {out}: directory {out.parent} does not exist " \
+                                 "(create it first)"
+    result = cli(str(run_dir), "--format", "exported-program", "--output", str(tmp_path / "m.pt"))
+    assert result.returncode == EXIT_USAGE
+    assert error_line(result).endswith("an exported-program file must end in .pt2")
+
+
+def test_a_network_without_a_rebuild_path_asks_for_a_factory(tmp_path):
+    class Custom(WideDeep):  # not a recstream.models class: the manifest alone cannot rebuild it
+        pass
+
+    publish_version(tmp_path / "pub", Custom(GEN.schema, hidden=(4,)), verify_rebuild=False)
+    result = cli(str(tmp_path / "pub"), "--format", "torchscript", "--output", str(tmp_path / "m.pt"))
+    assert result.returncode == EXIT_USAGE
+    assert "--model-factory" in error_line(result)
+
+
+def test_help_is_fast_and_formats_match_the_library():
+    assert export_cli.FORMATS == export_lib.FORMATS
+    code = ("import sys\nfrom recstream.cli.main import main\n"
+            "try:\n    main(['export', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stdout + result.stderr
+    assert "``" not in result.stdout and "offsets int64 [F*B+1]" in result.stdout

@@ -1,0 +1,220 @@
+"""Exports round-trip: every model in every format, run by its own runtime, scores the network's.
+
+Each exported file is loaded the way another server would load it (ONNX Runtime's
+``InferenceSession``, ``torch.export.load(...).module()``, ``torch.jit.load``) and run on
+batches of other sizes than the traced one (4), with multi-hot, mean-pooled and empty bags.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from recstream.data import CategoricalFeature, Schema
+from recstream.features import Features
+from recstream.models import DLRM, DCNv2, DeepFM, WideDeep
+from recstream.serving.export import (
+    FORMATS,
+    ExportError,
+    export_model,
+    export_published,
+    find_publish_dir,
+    read_signature,
+)
+from recstream.serving.layout import MODEL_FILE, SnapshotError, version_path
+from recstream.serving.publish import publish_version
+from tests.serving.helpers import new_model
+
+# Loading TorchScript the way LibTorch users do: its deprecation warning is not this test's concern.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
+SCHEMA = Schema(["x0", "x1", "x2"], [
+    CategoricalFeature("user", vocab_size=40, embedding_dim=4),
+    CategoricalFeature("item", vocab_size=25, embedding_dim=8),
+    CategoricalFeature("tags", vocab_size=30, embedding_dim=4, multi_hot=True, pooling="mean"),
+])
+# Mixed widths (WideDeep, DCNv2) put the tables in two fused groups with a padding row each.
+MODELS = {
+    "WideDeep": lambda: WideDeep(SCHEMA, hidden=(8,)),
+    "DeepFM": lambda: DeepFM(SCHEMA, hidden=(8,), embedding_dim=4),
+    "DCNv2": lambda: DCNv2(SCHEMA, num_cross_layers=2, hidden=(8,), structure="parallel", low_rank=2),
+    "DLRM": lambda: DLRM(SCHEMA, bottom=(8,), top=(8,), embedding_dim=4),
+}
+SUFFIX = {"exported-program": "pt2", "onnx": "onnx", "torchscript": "pt"}
+
+
+def network(name: str) -> torch.nn.Module:
+    """A model with every parameter random, the wide weights and padding rows included (they start
+    at zero, where a wrong lookup would go unseen)."""
+    torch.manual_seed(1)
+    net = MODELS[name]()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0.0, 0.3)
+    return net.eval()
+
+
+def batch(batch_size: int, seed: int) -> Features:
+    """Ragged bags: 0..3 tags per example (so some are empty), one user and one item."""
+    rng = np.random.default_rng(seed)
+    n_tags = rng.integers(0, 4, batch_size)
+    values = np.concatenate([rng.integers(0, 40, batch_size), rng.integers(0, 25, batch_size),
+                             rng.integers(0, 30, int(n_tags.sum()))])
+    lengths = np.stack([np.ones(batch_size, np.int64), np.ones(batch_size, np.int64), n_tags])
+    dense = torch.from_numpy(rng.standard_normal((batch_size, 3)).astype(np.float32))
+    return Features.from_lengths(dense, torch.from_numpy(values.astype(np.int64)), torch.from_numpy(lengths))
+
+
+def run_file(path: str, fmt: str, x: Features) -> torch.Tensor:
+    """Scores of the exported file, run as another server would run it."""
+    if fmt == "onnx":
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        feed = {"dense": x.dense.numpy(), "values": x.values.numpy(), "offsets": x.offsets.numpy()}
+        return torch.from_numpy(session.run(None, feed)[0])
+    module = torch.export.load(path).module() if fmt == "exported-program" else torch.jit.load(path)
+    with torch.no_grad():
+        return module(x.dense, x.values, x.offsets)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_export_scores_like_the_network(name, fmt, tmp_path):
+    net = network(name)
+    path = str(tmp_path / f"model.{SUFFIX[fmt]}")
+    sig = export_model(net, SCHEMA, path, format=fmt, verify=False)  # the test is the check here
+    assert sig["format"] == fmt and os.listdir(tmp_path) == [os.path.basename(path)]
+    for batch_size, seed in ((4, 0), (7, 1), (1, 2), (33, 3)):
+        x = batch(batch_size, seed)
+        with torch.no_grad():
+            want = net(x)
+        got = run_file(path, fmt, x)
+        assert got.shape == (batch_size,) and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0.0, atol=1e-5)
+
+
+def test_export_leaves_the_network_alone(tmp_path):
+    net = network("WideDeep").train()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    export_model(net, SCHEMA, str(tmp_path / "m.pt"), format="torchscript")
+    assert net.training and net.embedding.ebc.validate and net.wide.ebc.validate
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert next(net.parameters()).requires_grad
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_signature_is_recorded_in_the_file(fmt, tmp_path):
+    path = str(tmp_path / f"m.{SUFFIX[fmt]}")
+    sig = export_model(network("DLRM"), SCHEMA, path, format=fmt, output="probabilities", metadata={"note": "x"})
+    stored = read_signature(path, fmt)
+    assert stored == sig
+    assert [(i["name"], i["dtype"], i["shape"]) for i in stored["inputs"]] == [
+        ("dense", "float32", ["batch", 3]), ("values", "int64", ["num_ids"]), ("offsets", "int64", ["3*batch+1"])]
+    assert stored["outputs"] == [{"name": "probabilities", "dtype": "float32", "shape": ["batch"]}]
+    assert Schema.from_dict(stored["schema"]) == SCHEMA and stored["note"] == "x"
+    if fmt == "onnx":  # the output tensor itself carries the name
+        session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        assert [o.name for o in session.get_outputs()] == ["probabilities"]
+        assert [i.name for i in session.get_inputs()] == ["dense", "values", "offsets"]
+
+
+def test_argument_errors(tmp_path):
+    net = network("DeepFM")
+    with pytest.raises(ValueError, match=r"export_model: 'format' must be one of .*'onnx'.*got 'tflite'"):
+        export_model(net, SCHEMA, str(tmp_path / "m.x"), format="tflite")
+    with pytest.raises(FileNotFoundError, match="export_model: the directory of 'path' does not exist"):
+        export_model(net, SCHEMA, str(tmp_path / "missing" / "m.pt"), format="torchscript")
+    with pytest.raises(IsADirectoryError, match="must be a file path"):
+        export_model(net, SCHEMA, str(tmp_path), format="torchscript")
+    with pytest.raises(ValueError, match=r"must end in \.pt2"):
+        export_model(net, SCHEMA, str(tmp_path / "m.pt"), format="exported-program")
+    with pytest.raises(ValueError, match=r"export_model: 'metadata' must not redefine .*\['inputs'\]"):
+        export_model(net, SCHEMA, str(tmp_path / "m.pt"), format="torchscript", metadata={"inputs": []})
+    with pytest.raises(TypeError, match="export_model: 'schema' must be a recstream.data.Schema"):
+        export_model(torch.nn.Linear(2, 1), None, str(tmp_path / "m.pt"), format="torchscript")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_network_that_cannot_be_exported_leaves_no_file(tmp_path):
+    class Branchy(torch.nn.Module):  # control flow on tensor VALUES: no export format carries it
+        schema = SCHEMA
+
+        def forward(self, features):
+            return features.dense.sum(1) if bool(features.values.sum() > 10) else features.dense.mean(1)
+
+    with pytest.raises(ExportError, match="torch.export cannot export Branchy"):
+        export_model(Branchy(), SCHEMA, str(tmp_path / "m.pt"), format="torchscript")
+    assert os.listdir(tmp_path) == []
+
+
+def publish(directory, name: str = "DLRM", **kwargs) -> torch.nn.Module:
+    net = network(name)
+    config = {"bottom": [8], "top": [8], "embedding_dim": 4}
+    publish_version(directory, net, schema=SCHEMA, model_config=config, **kwargs)
+    return net
+
+
+def test_export_published_takes_the_newest_usable_version(tmp_path):
+    pub = tmp_path / "run" / "publish"
+    first = publish(pub, step=10)
+    with torch.no_grad():
+        for p in first.parameters():
+            p.add_(1.0)
+    publish(pub, step=20)  # a different network (seed is the same: shift it to tell them apart)
+    with open(os.path.join(version_path(pub, 2), MODEL_FILE), "r+b") as f:  # corrupt version 2
+        f.truncate(10)
+    out = str(tmp_path / "m.pt")
+    sig = export_published(tmp_path / "run", out, "torchscript")  # a run directory holding one publish dir
+    assert sig["source"]["version"] == 1 and sig["source"]["step"] == 10
+    assert sig["source"]["directory"] == os.path.abspath(pub)
+    x = batch(5, 7)
+    with torch.no_grad():
+        want = network("DLRM")(x)  # version 1: the network as first built
+    torch.testing.assert_close(run_file(out, "torchscript", x), want, rtol=0.0, atol=1e-5)
+
+
+def test_export_published_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="no published version in"):
+        export_published(empty, str(tmp_path / "m.pt"), "torchscript")
+    pub = tmp_path / "pub"
+    publish(pub)
+    with open(os.path.join(version_path(pub, 1), MODEL_FILE), "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(SnapshotError, match="no usable version"):
+        export_published(pub, str(tmp_path / "m.pt"), "torchscript")
+    publish(tmp_path / "two" / "a")
+    publish(tmp_path / "two" / "b")
+    with pytest.raises(ValueError, match=r"several publish directories \['a', 'b'\]"):
+        find_publish_dir(tmp_path / "two")
+    assert not os.path.exists(tmp_path / "m.pt")
+
+
+def test_a_network_holding_a_hash_embedding_is_refused_cleanly(tmp_path):
+    net, _ = new_model()
+    with pytest.raises(ExportError, match="HashCTR"):
+        export_model(net, net.schema, str(tmp_path / "m.pt"), format="torchscript")
+    assert os.listdir(tmp_path) == []
+
+
+def test_onnx_keeps_the_stock_translation_for_other_pooling_modes(tmp_path):
+    class MaxPooled(torch.nn.Module):  # a user network: nn.EmbeddingBag in "max" mode, not the collection's "sum"
+        def __init__(self):
+            super().__init__()
+            self.bag = torch.nn.EmbeddingBag(40, 3, mode="max", include_last_offset=True)
+
+        def forward(self, features):
+            pooled = self.bag(features.values, features.offsets).view(features.num_features, features.batch_size, 3)
+            return pooled.sum((0, 2)) + features.dense[:, 0]
+
+    schema = Schema(["x0", "x1", "x2"], [CategoricalFeature(n, vocab_size=40) for n in ("a", "b", "c")])
+    torch.manual_seed(3)
+    net = MaxPooled().eval()
+    path = str(tmp_path / "m.onnx")
+    export_model(net, schema, path, format="onnx", verify=False)
+    rng = np.random.default_rng(4)
+    x = Features.from_lengths(torch.randn(6, 3), torch.from_numpy(rng.integers(0, 25, 18)), torch.ones(3, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(run_file(path, "onnx", x), net(x), rtol=0.0, atol=1e-5)
