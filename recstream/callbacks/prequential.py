@@ -1,13 +1,16 @@
 """PrequentialMonitor: "test, then train" quality of an online model, over a rolling window.
 
-At ``on_train_step_begin`` -- before the step trains on ``cb_params.train_dataset_element`` --
-the network scores that batch in eval mode under ``torch.no_grad()``; the scores and labels
-go into a ring buffer of the last ``window`` events. Every ``log_every`` steps (and at the end
-of training) AUC and log loss over the window are computed and reported in
-``cb_params.prequential`` (``{"auc", "logloss", "window_events", "events", "step"}``), the log
-(``logging``, INFO) and TensorBoard (``prequential/auc``, ``prequential/logloss``) when a
-``SummaryWriter`` or a log directory is given. Each event is scored by a model that has not
-trained on it yet, so this is an honest online estimate with no held-out set.
+Each training batch -- every batch, also each one inside a sink, seen through
+``cb_params.batch_observers`` just before it trains -- is first scored by the network in eval mode
+under ``torch.no_grad()``; the scores and labels go into a ring buffer of the last ``window``
+events, and into whole-stream metrics. Every ``log_every`` batches (and at the end of training)
+the metrics are reported in ``cb_params.prequential`` (``{"auc", "logloss", "window_events",
+"events", "auc_total", "logloss_total", "step"}``), as one line on stderr (``verbose``), in the
+log (``logging``, INFO) and to TensorBoard (``prequential/auc``, ``prequential/logloss``,
+``prequential/auc_total``) when a ``SummaryWriter`` or a log directory is given. Each event is
+scored by a model that has not trained on it yet, so this is an honest online estimate with no
+held-out set. Driven by hand without ``batch_observers``, it scores
+``cb_params.train_dataset_element`` at ``on_train_step_begin``.
 
 Conventions: ``network(*inputs)`` returns LOGITS (as every ``recstream.models`` model), turned
 into probabilities with a sigmoid; pass ``output="probabilities"`` if the network already
@@ -18,25 +21,26 @@ last column of ``(inputs..., labels)`` (e.g. ``recstream.data.Batch``); pass
 Labels must be 0/1 for the AUC (it is None while the window holds one class only).
 
 Metrics: the window's AUC is the exact sort-based one (:func:`recstream.metrics.exact_auc`,
-O(window log window) per report, not per step: the streaming :class:`~recstream.metrics.AUC`
-cannot forget old events); the log loss is :class:`recstream.metrics.LogLoss` on the window.
-Cost per step: one extra eval-mode forward and one device-to-host copy of the scores. In sink
-mode only the first batch of each sink is visible to callbacks, so use ``sink_size=1``.
+O(window log window) per report, not per batch: the streaming :class:`~recstream.metrics.AUC`
+cannot forget old events); the whole stream's AUC is that streaming one (binned, within its
+``error_bound()``), both log losses :class:`recstream.metrics.LogLoss`. Cost per batch: one extra
+eval-mode forward and one device-to-host copy of the scores.
 
 >>> import torch
 >>> from recstream.callbacks.base import CallbackParams, RunContext
 >>> net = torch.nn.Linear(1, 1)
 >>> p = CallbackParams(network=net, cur_step_num=1,
 ...                    train_dataset_element=(torch.tensor([[1.0], [-1.0]]), torch.tensor([1.0, 0.0])))
->>> mon = PrequentialMonitor(window=100, log_every=1)
+>>> mon = PrequentialMonitor(window=100, log_every=1, verbose=False)
 >>> mon.on_train_step_begin(RunContext(p))
 >>> sorted(p.prequential), p.prequential["window_events"]
-(['auc', 'events', 'logloss', 'step', 'window_events'], 2)
+(['auc', 'auc_total', 'events', 'logloss', 'logloss_total', 'step', 'window_events'], 2)
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +48,8 @@ import numpy as np
 import torch
 
 from ..data.protocol import split_batch
-from ..metrics import LogLoss, exact_auc
-from ..validation import check_callable, check_choice, check_int, check_number, describe
+from ..metrics import AUC, LogLoss, exact_auc
+from ..validation import check_bool, check_callable, check_choice, check_int, check_number, describe
 from .base import Callback
 
 log = logging.getLogger(__name__)
@@ -95,10 +99,11 @@ class PrequentialMonitor(Callback):
         unpack: ``fn(batch) -> (args, kwargs, labels)``; default
             :func:`recstream.data.protocol.split_batch`.
         eps: log-loss clipping of probabilities, 0 < eps < 0.5.
+        verbose: print each report as one line on stderr (logging needs no configuration).
     """
 
     def __init__(self, window: int = 10_000, log_every: int = 100, tensorboard: Any = None, *,
-                 output: str = "logits", unpack: Callable | None = None, eps: float = 1e-7):
+                 output: str = "logits", unpack: Callable | None = None, eps: float = 1e-7, verbose: bool = True):
         owner = "PrequentialMonitor"
         self.window = check_int(owner, "window", window, minimum=1)
         self.log_every = check_int(owner, "log_every", log_every, minimum=1)
@@ -111,8 +116,11 @@ class PrequentialMonitor(Callback):
         self.eps = check_number(owner, "eps", eps, minimum=0, maximum=0.5, min_open=True, max_open=True)
         self._tb = tensorboard
         self._own_writer = None
+        self.verbose = check_bool(owner, "verbose", verbose)
         self._buf = _Window(window)
-        self._steps = 0
+        self._total_auc, self._total_logloss = AUC(), LogLoss(eps=self.eps)
+        self._steps = 0  # batches scored
+        self._params = None  # the run's params while scoring through batch_observers
         self.last: dict | None = None
 
     @property
@@ -141,12 +149,26 @@ class PrequentialMonitor(Callback):
             raise ValueError(f"PrequentialMonitor: {probs.numel()} scores for {labels.numel()} labels")
         return probs.cpu().double().numpy(), labels.cpu().double().numpy()
 
+    def on_train_begin(self, run_context):
+        p = run_context.original_args()
+        if isinstance(p.batch_observers, list):  # the training loop shows us every batch
+            p.batch_observers.append(self._observe)
+            self._params = p
+
     def on_train_step_begin(self, run_context):
         p = run_context.original_args()
-        batch = p.train_dataset_element
-        if batch is None or p.network is None:
+        if self._params is None and p.train_dataset_element is not None:
+            self._observe(p.train_dataset_element, p)
+
+    def _observe(self, batch, p=None) -> None:
+        p = p if p is not None else self._params
+        if p.network is None:
             return
-        self._buf.add(*self._score(p.network, batch))
+        scores, labels = self._score(p.network, batch)
+        self._buf.add(scores, labels)
+        self._total_logloss.update(scores, labels)
+        if np.all((labels == 0) | (labels == 1)):
+            self._total_auc.update(scores, labels)
         self._steps += 1
         if self._steps % self.log_every == 0:
             self._report(p)
@@ -155,6 +177,9 @@ class PrequentialMonitor(Callback):
         p = run_context.original_args()
         if self._buf.count and self._steps % self.log_every:
             self._report(p)
+        if self._params is not None and self._observe in (p.batch_observers or []):
+            p.batch_observers.remove(self._observe)
+        self._params = None
         self._close()
 
     def __exit__(self, *exc_info):
@@ -177,17 +202,31 @@ class PrequentialMonitor(Callback):
             metric = LogLoss(eps=self.eps)
             metric.update(scores, labels)
             logloss = float(metric.eval())
-        return {"auc": auc, "logloss": logloss, "window_events": int(len(scores)), "events": self._buf.total}
+        return {"auc": auc, "logloss": logloss, "window_events": int(len(scores)), "events": self._buf.total,
+                **self._totals()}
+
+    def _totals(self) -> dict:
+        """Whole-stream AUC (None until both classes were seen) and log loss (None before any event)."""
+        try:
+            auc = float(self._total_auc.eval())
+        except (RuntimeError, ValueError):  # nothing yet, or one class only
+            auc = None
+        logloss = float(self._total_logloss.eval()) if self._buf.total else None
+        return {"auc_total": auc, "logloss_total": logloss}
 
     def _report(self, p) -> None:
         step = p.cur_step_num or self._steps
         result = dict(self.compute(), step=step)
         self.last = p.prequential = result
         fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-        log.info("prequential step %d: auc %s logloss %s over the last %d events", step, fmt(result["auc"]),
-                 fmt(result["logloss"]), result["window_events"])
+        line = (f"prequential step {step}: auc {fmt(result['auc'])} logloss {fmt(result['logloss'])} over the "
+                f"last {result['window_events']} events; all {result['events']} events: auc "
+                f"{fmt(result['auc_total'])} logloss {fmt(result['logloss_total'])}")
+        log.info(line)
+        if self.verbose:
+            print(line, file=sys.stderr, flush=True)
         writer = self.writer
         if writer is not None:
-            for name in ("auc", "logloss"):
+            for name in ("auc", "logloss", "auc_total"):
                 if result[name] is not None:
                     writer.add_scalar(f"prequential/{name}", result[name], step)

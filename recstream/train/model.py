@@ -364,7 +364,7 @@ class Model:
         """`step.run` on the train network. If a sink raises part-way, the params first record what
         the weights already hold (batches and position), so an exception checkpoint saves that."""
         try:
-            return step.run(self._train_network)
+            return step.run(self._train_network, params.batch_observers or ())
         except BaseException:
             if step.trained is not None:
                 params.cur_step_num = start + step.trained
@@ -462,7 +462,8 @@ class Model:
             batch_num=sink_size if sink_mode and sink_size > 0 else dataset_size(dataset),
             parallel_mode=self._parallel_mode, device_number=world_size(), rank=rank(),
             train_dataset=dataset, train_dataset_element=None, list_callback=list(callbacks),
-            cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None)
+            cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None,
+            batch_observers=[])
 
     def _default_callbacks(self, user_callbacks) -> list:
         """A `History` (returned by train/fit) unless the user passed one, and the run's visible

@@ -56,7 +56,9 @@ class BatchStep:
     def __init__(self, batch, position=None, metas=()):
         self.first, self.position, self.metas = batch, position, metas
 
-    def run(self, network: nn.Module):
+    def run(self, network: nn.Module, observers=()):
+        for observe in observers:
+            observe(self.first)
         args, kwargs = unpack(self.first)
         return network(*args, **kwargs)
 
@@ -110,14 +112,18 @@ class Sink:
         while (item := self._next()) is not None:
             yield self._hand_out(item)
 
-    def run(self, network: nn.Module):
+    def run(self, network: nn.Module, observers=()):
         """The sink loop: one step of `network` per batch; returns the last step's outputs.
 
         The outputs stay on the device: nothing here reads them, so the host does not wait for
         the device between the steps of a sink (a callback reads the loss once per sink, if at all).
+        `observers` (``cb_params.batch_observers``) see every batch just before it trains: the
+        one way a callback sees each batch of a sink (e.g. test-then-train scoring).
         """
         outputs = None
         for batch in self:
+            for observe in observers:
+                observe(batch)
             args, kwargs = unpack(batch)
             outputs = network(*args, **kwargs)
             # what is trained so far: if a later batch raises, the exception checkpoint records

@@ -154,8 +154,9 @@ def test_tensorboard_directory_and_writer(tmp_path):
 
     rec = Recorder()
     run_loop(PrequentialMonitor(log_every=3, tensorboard=rec), nn.Linear(2, 1), batches)
-    assert rec.calls == [("prequential/auc", 3), ("prequential/logloss", 3),
-                         ("prequential/auc", 4), ("prequential/logloss", 4)]  # + final report at the end
+    assert rec.calls == [("prequential/auc", 3), ("prequential/logloss", 3), ("prequential/auc_total", 3),
+                         ("prequential/auc", 4), ("prequential/logloss", 4),
+                         ("prequential/auc_total", 4)]  # + final report at the end
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -170,3 +171,31 @@ def test_argument_errors(kwargs, match):
 def test_unusable_batch_is_a_clear_error():
     with pytest.raises(ValueError, match=r"PrequentialMonitor: cannot find the labels.*unpack="):
         run_loop(PrequentialMonitor(), nn.Linear(2, 1), [torch.randn(3, 2)])
+
+
+def test_every_batch_of_a_sink_is_scored_before_it_trains_and_whole_stream_metrics_are_exact(capsys):
+    from recstream import Model
+    from recstream.metrics import exact_auc
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 1), nn.Flatten(0))
+    batches = [(torch.randn(16, 3), torch.randint(0, 2, (16,)).float()) for _ in range(10)]
+    seen = []
+
+    class Spy(PrequentialMonitor):  # records what the monitor scores, in order
+        def _score(self, network, batch):
+            scores, labels = super()._score(network, batch)
+            seen.append((scores, labels))
+            return scores, labels
+
+    mon = Spy(window=64, log_every=1000)
+    model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.SGD(net.parameters(), lr=0.5), progress_bar=False)
+    model.train(2, batches, callbacks=[mon], dataset_sink_mode=True, sink_size=5)  # 2 sinks of 5
+    assert len(seen) == 10  # not only the first batch of each of the 2 sinks
+    scores = np.concatenate([s for s, _ in seen])
+    labels = np.concatenate([y for _, y in seen])
+    assert mon.last["events"] == 160 and mon.last["window_events"] == 64
+    assert abs(mon.last["auc_total"] - exact_auc(scores, labels)) < 1e-4
+    assert abs(mon.last["auc"] - exact_auc(scores[-64:], labels[-64:])) < 1e-12
+    err = capsys.readouterr().err
+    assert "prequential step" in err and "all 160 events: auc" in err  # visible without logging set up
