@@ -107,8 +107,11 @@ def _writer(args):
     if args.directory:
         ext = _EXT[args.format if args.synthetic else args.input_format]
         return DirectoryWriter(args.directory, ext, args.file_records, args.flush_interval)
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    try:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+    except ModuleNotFoundError as e:
+        raise CliError(f"--kafka needs the Kafka client: pip install 'recstream[kafka]' ({e})") from e
     # librdkafka logs every failed connection attempt to stderr; the one-line error below says it all
     quiet = logging.getLogger("recstream.produce.librdkafka")
     quiet.addHandler(logging.NullHandler())

@@ -48,6 +48,12 @@ def __getattr__(name: str):
     # KafkaStream needs confluent-kafka; import it only when asked, so the other sources
     # work without it
     if name == "KafkaStream":
-        from .kafka import KafkaStream
+        try:
+            from .kafka import KafkaStream
+        except ModuleNotFoundError as e:
+            if e.name != "confluent_kafka":
+                raise
+            raise ImportError("KafkaStream needs the Kafka client: pip install 'recstream[kafka]' "
+                              "(confluent-kafka)") from e
         return KafkaStream
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
