@@ -4,8 +4,8 @@ Scalars (x axis: the global step ``cur_step_num``, so evaluation points line up 
 
 - ``train/loss`` (and ``train/loss_scale`` when the step returns ``(loss, overflow, scale)``);
 - ``train/lr`` (``train/lr/group<i>`` with several param groups);
-- ``eval/<name>`` for each evaluation result of ``fit`` (a leading ``eval_`` is dropped, so
-  ``eval_loss`` becomes ``eval/loss``), and for a standalone ``Model.eval``.
+- ``eval/<name>`` for each evaluation result of ``fit`` (``eval/eval_loss`` beside a metric
+  named ``loss`` at ``eval/loss``: tags never collide), and for a standalone ``Model.eval``.
 
 ``update_freq="epoch"`` writes the training scalars at each epoch end; an int N writes them every
 N global steps (the loss is read from the device only then). Uses
@@ -89,8 +89,8 @@ class TensorBoard(Callback):
                 warnings.warn(f"TensorBoard: skipping non-scalar result {name!r} ({type(value).__name__})",
                               RuntimeWarning, stacklevel=3)
                 continue
-            tag = name[len("eval_"):] if name.startswith("eval_") and len(name) > len("eval_") else name
-            self.writer.add_scalar(f"eval/{tag}", value, step)
+            # The name as it is: stripping "eval_" made fit's eval_loss and a metric named "loss" collide.
+            self.writer.add_scalar(f"eval/{name}", value, step)
 
     def on_train_begin(self, run_context):
         self._last_logged_step = run_context.original_args().cur_step_num or 0

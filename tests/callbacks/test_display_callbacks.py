@@ -162,7 +162,7 @@ def test_tensorboard_epoch_frequency(driver, tmp_path):
         driver([tb], optimizer=opt, batch_num=2, epoch_num=2).run(
             losses=losses, eval_results={2: {"auc": 0.7, "eval_loss": 0.65}})
     assert _scalars(tmp_path) == {"train/loss": [(2, 0.8), (4, 0.6)], "train/lr": [(2, 0.5), (4, 0.5)],
-                                  "eval/auc": [(4, 0.7)], "eval/loss": [(4, 0.65)]}
+                                  "eval/auc": [(4, 0.7)], "eval/eval_loss": [(4, 0.65)]}
 
 
 def test_tensorboard_step_frequency_groups_and_eval(driver, tmp_path, ctx_of):

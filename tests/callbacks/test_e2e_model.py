@@ -98,7 +98,7 @@ def test_early_stopping_ends_fit_and_history_records(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
-    assert {"train/loss", "train/lr", "eval/loss", "eval/accuracy"} <= set(acc.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "eval/loss", "eval/eval_loss", "eval/accuracy"} <= set(acc.Tags()["scalars"])
     assert [e.step for e in acc.Scalars("eval/accuracy")] == [2, 4, 6]
 
 
