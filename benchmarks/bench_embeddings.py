@@ -11,6 +11,18 @@ Variants, all starting from the same pre-generated batches:
   (``sparse=True``, all tables fused) with ``LazyAdam`` / ``RowWiseAdagrad``.
 - ``hash_lazyadam``: ``recstream.nn.HashEmbedding`` with capacity ``features * vocab``
   (same number of rows), keys ``feature * vocab + id``, with ``LazyAdam``.
+- ``hash_full``: the same HashEmbedding, but FULL and evicting, in its steady state: its keys
+  come from a ``--full-vocab`` (10^6) id space per feature, 10x its rows, with a fresh batch
+  every step; before the first step it is filled to capacity as ``--full-history`` (200)
+  earlier steps of that stream would have left it (their keys, each last seen when it was), so
+  the hot keys are in and each step brings the never-seen keys a long run still meets, which
+  take least-recently-seen rows (LRU eviction). Eviction runs in batches (one LRU pass
+  frees ``(1 - evict_low_watermark) * capacity`` rows), so a few steps pay for a scan and the
+  rest none: read the MEAN column for it (the median hides the scans).
+- ``fused_hashed``: its reference, an equally sized fused table (``EmbeddingBagCollection``,
+  ``vocab`` rows per feature, ``LazyAdam``) fed the SAME ids as ``hash_full``, folded into its
+  rows by ``id % vocab`` (the "hashing trick": what one does without a dynamic table), so both
+  touch about as many distinct rows per step.
 
 The loss is ``mean(out ** 2)`` on the ``[batch, features * dim]`` output. Repetitions of the
 variants are interleaved in one process (round-robin, after warm-up steps) so load on a shared
@@ -87,25 +99,56 @@ def build_variants(args, device) -> list[Variant]:
             "dense_adam", tables, torch.optim.Adam(tables.parameters(), lr=1e-3),
             lambda b: torch.cat([t(b["ids"][:, f]) for f, t in enumerate(tables)], dim=1), F * V))
     cfgs = [EmbeddingTableConfig(f"t{f}", V, D) for f in range(F)]
-    for name, opt_cls in (("fused_lazyadam", LazyAdam), ("fused_rowwise", RowWiseAdagrad)):
+    for name, opt_cls, ids in (("fused_lazyadam", LazyAdam, "values"), ("fused_rowwise", RowWiseAdagrad, "values"),
+                               ("fused_hashed", LazyAdam, "full_values")):
         if name in args.variants:
             ebc = EmbeddingBagCollection(cfgs, sparse=True, device=device)
             # Trusted benchmark input: skip per-call validation (it costs host syncs).
-            fwd = (lambda e: lambda b: e(b["values"], b["offsets"], b["batch"], validate=False))(ebc)
+            fwd = (lambda e, i: lambda b: e(b[i], b["offsets"], b["batch"], validate=False))(ebc, ids)
             variants.append(Variant(name, ebc, opt_cls(ebc.parameters(), lr=1e-2), fwd, F * V))
     if "hash_lazyadam" in args.variants:
         emb = HashEmbedding(D, capacity=F * V, device=device)
         variants.append(Variant(
             "hash_lazyadam", emb, LazyAdam(emb.parameters(), lr=1e-3),
             lambda b: emb(b["keys"]).reshape(b["batch"], F * D), F * V))
+    if "hash_full" in args.variants:
+        full = HashEmbedding(D, capacity=F * V, device=device, evict_low_watermark=args.low_watermark)
+        keys, last_seen = history(args)
+        full.load_rows(keys.to(device), torch.zeros(keys.numel(), D, device=device), last_seen=last_seen.to(device))
+        full.values.pop_reset_rows()
+        variants.append(Variant(
+            "hash_full", full, LazyAdam(full.parameters(), lr=1e-3),
+            lambda b: full(b["full_keys"]).reshape(b["batch"], F * D), F * V))
     return variants
+
+
+def history(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and last-seen steps that fill hash_full as ``--full-history`` earlier steps would have.
+
+    The keys of that many batches from the same distribution (the most recent ``capacity`` of
+    them; each with the step it was last seen, <= 0), topped up with never-used keys seen
+    before all of them: the table starts full, holding the hot keys, as after a long run.
+    """
+    F, B, V, fv, steps = args.features, args.batch, args.vocab, args.full_vocab, args.full_history
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    keys = torch.cat([(power_law_ids(gen, (B, F), fv) + torch.arange(F) * fv).reshape(-1) for _ in range(steps)])
+    seen = torch.arange(-steps + 1, 1).repeat_interleave(B * F)  # step of each occurrence
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    last = torch.full((uniq.numel(),), -steps, dtype=torch.int64).scatter_reduce_(0, inverse, seen, "amax")
+    recent = torch.argsort(last, descending=True, stable=True)[: F * V]
+    uniq, last = uniq[recent], last[recent]
+    pad = F * V - uniq.numel()  # distinct negative keys: never in a batch
+    return (torch.cat([uniq, -torch.arange(3, pad + 3)]),
+            torch.cat([last, torch.full((pad,), -steps - 1, dtype=torch.int64)]))
 
 
 def make_batches(args, device) -> list[dict]:
     gen = torch.Generator().manual_seed(args.seed)
     B, F, V = args.batch, args.features, args.vocab
     batches = []
-    for _ in range(args.num_batches):
+    # hash_full needs fresh keys every step: one batch per step, never cycled.
+    steps = args.warmup + args.reps if {"hash_full", "fused_hashed"} & set(args.variants) else args.num_batches
+    for _ in range(max(steps, args.num_batches)):
         ids = power_law_ids(gen, (B, F), V)
         batches.append({
             "batch": B,
@@ -115,6 +158,10 @@ def make_batches(args, device) -> list[dict]:
             "offsets": torch.arange(F * B + 1, device=device),
             "keys": (ids + torch.arange(F) * V).to(device),
         })
+        if "hash_full" in args.variants or "fused_hashed" in args.variants:
+            full = power_law_ids(gen, (B, F), args.full_vocab)
+            batches[-1]["full_keys"] = (full + torch.arange(F) * args.full_vocab).to(device)
+            batches[-1]["full_values"] = (full % V).t().reshape(-1).to(device)
     return batches
 
 
@@ -135,11 +182,15 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variants", nargs="+",
-                   default=["dense_adam", "fused_lazyadam", "fused_rowwise", "hash_lazyadam"],
-                   choices=["dense_adam", "fused_lazyadam", "fused_rowwise", "hash_lazyadam"])
+    p.add_argument("--full-vocab", type=int, default=1_000_000, help="ids per feature of hash_full")
+    p.add_argument("--full-history", type=int, default=200, help="earlier steps whose keys fill hash_full")
+    p.add_argument("--low-watermark", type=float, default=0.95, help="evict_low_watermark of hash_full")
+    names = ["dense_adam", "fused_lazyadam", "fused_rowwise", "hash_lazyadam", "hash_full", "fused_hashed"]
+    p.add_argument("--variants", nargs="+", default=names, choices=names)
     args = p.parse_args(argv)
-    for name in ("batch", "features", "dim", "vocab", "reps", "num_batches", "threads"):
+    if not 0.0 <= args.low_watermark <= 1.0:
+        p.error(f"--low-watermark must be within [0, 1], got {args.low_watermark}")
+    for name in ("batch", "features", "dim", "vocab", "reps", "num_batches", "threads", "full_vocab", "full_history"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     torch.set_num_threads(args.threads)
@@ -162,11 +213,12 @@ def main(argv=None) -> None:
             v.times.append(time.perf_counter() - t0)
 
     med = {v.name: statistics.median(v.times) for v in variants}
-    print(f"\n{'variant':16s} {'median ms':>10s} {'min ms':>8s} {'max ms':>8s} | bytes/row: "
+    mean = {v.name: statistics.fmean(v.times) for v in variants}
+    print(f"\n{'variant':16s} {'median ms':>10s} {'mean ms':>8s} {'min ms':>8s} {'max ms':>8s} | bytes/row: "
           f"{'values':>6s} {'opt':>6s} {'meta':>6s} {'dgrad':>6s} {'total':>6s}")
     for v in variants:
         m = v.memory_per_row()
-        print(f"{v.name:16s} {med[v.name] * 1e3:10.2f} {min(v.times) * 1e3:8.2f} "
+        print(f"{v.name:16s} {med[v.name] * 1e3:10.2f} {mean[v.name] * 1e3:8.2f} {min(v.times) * 1e3:8.2f} "
               f"{max(v.times) * 1e3:8.2f} |            {m['values']:6.1f} {m['opt_state']:6.1f} "
               f"{m['metadata']:6.1f} {m['dense_grad']:6.1f} {m['total']:6.1f}")
     print()
@@ -178,6 +230,15 @@ def main(argv=None) -> None:
     if "hash_lazyadam" in med and "fused_lazyadam" in med:
         print(f"hash_lazyadam / fused_lazyadam time: "
               f"{med['hash_lazyadam'] / med['fused_lazyadam']:.2f}x (goal <= 3x)")
+    if "hash_full" in med and "fused_hashed" in med:
+        full = v_by_name(variants, "hash_full").module
+        print(f"hash_full / fused_hashed mean time: {mean['hash_full'] / mean['fused_hashed']:.2f}x "
+              f"(goal <= 1.5x); rows used {full.num_rows:,} of {full.capacity:,}, "
+              f"evict_low_watermark={full.evict_low_watermark}")
+
+
+def v_by_name(variants: list[Variant], name: str) -> Variant:
+    return next(v for v in variants if v.name == name)
 
 
 if __name__ == "__main__":

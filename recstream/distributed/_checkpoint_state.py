@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn import EmbeddingBagCollection
+from ..nn import EmbeddingBagCollection, HashEmbedding
 from ..optim import CombinedOptimizer
 
 _SCALARS = {bool: "bool", int: "int", float: "float"}
@@ -24,11 +24,15 @@ def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False) -
     `empty`: fresh tensors of the same placement to load into, instead of the network's own.
     """
     _refuse_custom_state(owner, network)
+    # A HashEmbedding's tensors go through _hash_checkpoint (its shards are per-rank tables).
+    hashed = {id(t) for m in network.modules() if isinstance(m, HashEmbedding) for t in [*m.parameters(), *m.buffers()]}
     tensors = {}
     for name, p in network.named_parameters():
+        if id(p) in hashed:
+            continue
         local = torch.empty_like(p) if empty else p.detach()
         tensors[name] = _placed(local, p, mesh)
-    skipped = {id(b) for m in network.modules() if isinstance(m, EmbeddingBagCollection) for b in m.buffers()}
+    skipped = hashed | {id(b) for m in network.modules() if isinstance(m, EmbeddingBagCollection) for b in m.buffers()}
     for prefix, module in network.named_modules():
         for name, b in module.named_buffers(recurse=False):
             if b is None or id(b) in skipped or name in module._non_persistent_buffers_set:
@@ -54,7 +58,7 @@ def _refuse_custom_state(owner: str, network: nn.Module) -> None:
 def _sharded_rows(p: torch.Tensor) -> int | None:
     """The full number of rows of a row-sharded parameter, None for a replicated one."""
     layout = getattr(p, "recstream_layout", None)
-    if layout is None or layout.get("placement") != "row_sharded":
+    if layout is None or layout.get("placement") not in ("row_sharded", "key_sharded"):
         return None
     return int(layout["shape"][0])
 

@@ -16,6 +16,8 @@ What is written, in the directory:
 - the optimizer state of each parameter: per-row tensors (LazyAdam's moments, RowWiseAdagrad's
   sums, FTRL's accumulators) are sharded exactly as their parameter; scalars (``step``) are
   stored as 0-d tensors;
+- every `HashEmbedding`'s tables (``hash.<module>.<tensor>``): each rank writes its key shard
+  whole; loading into other ranks or one process rebuilds the tables by key (`_hash_checkpoint`);
 - ``recstream_checkpoint.json``, written by rank 0 last: the optimizer's hyper-parameters and
   parameter groups, and every rank's `extra` (JSON values: step counters, stream positions), in
   rank order.
@@ -72,6 +74,14 @@ from ._checkpoint_state import (
     optimizer_templates,
     optimizer_tensors,
 )
+from ._hash_checkpoint import (
+    full_optimizer_templates,
+    hash_doc,
+    hash_templates,
+    hash_tensors,
+    load_hash_state,
+    remap_optimizer_rows,
+)
 from .context import is_distributed, rank, world_size
 
 __all__ = ["save_sharded", "load_sharded", "is_complete", "META_FILE", "PARTIAL_SUFFIX"]
@@ -104,7 +114,8 @@ def save_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
                          f"saves), got {os.fspath(directory)!r}")
     partial = target + PARTIAL_SUFFIX
     state = {f"model.{k}": v for k, v in network_tensors(owner, network, _mesh()).items()}
-    doc = {"format": FORMAT, "world_size": world_size(), "model": sorted(state)}
+    doc = {"format": FORMAT, "world_size": world_size(), "model": sorted(state), "hash": hash_doc(network)}
+    state.update(hash_tensors(network, doc["hash"], _mesh()))
     if optimizer is not None:
         state.update(optimizer_tensors(owner, network, optimizer, _mesh()))
         doc["optimizer"] = optimizer_doc(owner, network, optimizer)
@@ -138,17 +149,22 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
     model = network_tensors(owner, network, _mesh(), empty=True)
     _check_keys(owner, path, "model", sorted(f"model.{k}" for k in model), doc["model"], saved)
     state = {f"model.{k}": v for k, v in model.items()}
+    hashed, direct = hash_templates(owner, path, network, doc.get("hash", {}), saved, _mesh())
+    state.update(hashed)
     if optimizer is not None:
         if "optimizer" not in doc:
             raise ValueError(f"{owner}: {path!r} holds no optimizer state; load without an optimizer")
         templates = optimizer_templates(owner, path, network, optimizer, doc["optimizer"], saved, _mesh())
+        full_optimizer_templates(network, doc["optimizer"], direct, templates, saved)
         state.update(templates)
     for key, value in state.items():
         _check_shape(owner, path, key, value, saved)
     with _single_process_quiet():
         dcp.load(state, storage_reader=HuggingFaceStorageReader(path), no_dist=not is_distributed())
     _copy_into(network, model)
+    moves = load_hash_state(network, state, direct, doc.get("hash", {}))
     if optimizer is not None:
+        remap_optimizer_rows(network, doc["optimizer"], state, moves)
         optimizer.load_state_dict(assemble_optimizer_state(network, optimizer, doc["optimizer"], state))
     return doc["extra"]
 

@@ -17,8 +17,13 @@ process training the whole batch. `recstream.distributed.shard` gives each rank 
 
 `hybrid_parallel(network)` shards the rows of every `EmbeddingBagCollection` across the ranks
 instead (`recstream.nn.row_sharding`: ids go to the rank owning their row, rows come back, and
-so do their gradients), and replicates the rest as above. A table then needs 1/N of its memory
-per rank, and its optimizer state stays with its rows.
+so do their gradients), and the keys of every `HashEmbedding` (`recstream.nn.key_sharding`: each
+key lives on the one rank its hash names, which counts, admits, evicts and exports it), and
+replicates the rest as above. A table then needs 1/N of its memory per rank, and its optimizer
+state stays with its rows.
+
+`data_parallel` refuses `HashEmbedding`: replicas would each admit and evict their own ranks' keys
+and drift apart (broadcasting one rank's table every step would cost the whole table per step).
 
 Sparse all-reduce is implemented by gloo (CPU). NCCL has no sparse all-reduce, so under
 data_parallel on NCCL tables must use dense gradients (``sparse=False``) or be sharded.
@@ -51,18 +56,18 @@ def data_parallel(network: nn.Module) -> nn.Module:
     """`network` replicated across the ranks of the default process group (module docstring)."""
     check_module("data_parallel", "network", network)
     _refuse_hash_embeddings("data_parallel", network)
-    return _replicate("data_parallel", network, {})
+    return _replicate("data_parallel", network, {}, [])
 
 
 def hybrid_parallel(network: nn.Module) -> nn.Module:
-    """Dense parameters replicated, every `EmbeddingBagCollection` row-sharded across the ranks.
+    """Dense parameters replicated, every `EmbeddingBagCollection` row-sharded and every
+    `HashEmbedding` key-sharded across the ranks.
 
-    The collections are sharded in place (their Parameters keep their identity, so an optimizer
+    The tables are sharded in place (their Parameters keep their identity, so an optimizer
     built on them works on the shards); everything else is replicated as in `data_parallel`.
     """
     check_module("hybrid_parallel", "network", network)
-    _refuse_hash_embeddings("hybrid_parallel", network)
-    sharded = {}
+    sharded, own_buffers = {}, []
     # The lookups' all-to-alls run inside backward, while DDP's bucketed all-reduces start from
     # autograd hooks in an order that depends on timing: on one process group the two could be
     # matched against each other across ranks. Their own group keeps them apart.
@@ -72,7 +77,12 @@ def hybrid_parallel(network: nn.Module) -> nn.Module:
             module.shard_rows_(group)
             for name, p in module.named_parameters(recurse=False):
                 sharded[f"{prefix}.{name}" if prefix else name] = p
-    return _replicate("hybrid_parallel", network, sharded)
+        elif isinstance(module, HashEmbedding):
+            module.shard_keys_(group)
+            sharded[f"{prefix}.values" if prefix else "values"] = module.values
+            # Each rank's table is its own: DDP must not broadcast rank 0's buffers over them.
+            own_buffers += [f"{prefix}.{name}" if prefix else name for name, _ in module.named_buffers()]
+    return _replicate("hybrid_parallel", network, sharded, own_buffers)
 
 
 def sharding_plan(network: nn.Module) -> list[str]:
@@ -84,20 +94,27 @@ def sharding_plan(network: nn.Module) -> list[str]:
             ranges = ", ".join(f"rank {r}: rows {a}-{b}" for r, (a, b) in zip(layout["ranks"], layout["rows"],
                                                                                   strict=True))
             lines.append(f"{name} {layout['shape']}: row-sharded ({ranges})")
+        elif layout is not None and layout.get("placement") == "key_sharded":
+            rows = layout["rows"][0][1] - layout["rows"][0][0]
+            lines.append(f"{name} {layout['shape']}: key-sharded ({rows} rows per rank; key k on rank "
+                         f"recstream.nn.key_sharding.owner_of(k, {len(layout['ranks'])}))")
     return lines
 
 
 def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
     hashed = [name for name, m in network.named_modules() if isinstance(m, HashEmbedding)]
     if hashed:
-        # Each rank would admit its own ids into its own table: replicas would diverge. Sharding a
-        # hash table needs each key on one owning rank, which is not built yet.
-        raise ValueError(f"{owner}: HashEmbedding modules {hashed} cannot be trained on several ranks yet "
-                         "(each rank would admit different ids into its own copy)")
+        # Each rank would admit its own ids into its own copy: replicas would diverge.
+        raise ValueError(f"{owner}: HashEmbedding modules {hashed} cannot be replicated over several ranks "
+                         "(each rank would admit different ids into its own copy); use "
+                         "parallel_mode='hybrid_parallel', which shards their keys across the ranks")
 
 
-def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter]) -> nn.Module:
-    """DDP over the parameters that are neither sharded nor sparse; sparse ones all-reduced apart."""
+def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter], own_buffers: list[str]) -> nn.Module:
+    """DDP over the parameters that are neither sharded nor sparse; sparse ones all-reduced apart.
+
+    `own_buffers`: buffers that differ per rank by design (a key-sharded table's), kept out of
+    DDP's buffer broadcast."""
     sparse = {n: p for n, p in sparse_parameters(network).items() if n not in sharded}
     if sparse and "gloo" not in dist.get_backend():
         raise ValueError(f"{owner}: parameters {sorted(sparse)} get sparse gradients, which the "
@@ -109,9 +126,9 @@ def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter])
             dist.broadcast(p.data, src=0, group=group)  # DDP broadcasts only what it manages
             p.register_post_accumulate_grad_hook(_SparseAllReduce(group))
     ignored = [*sparse, *sharded]
-    if ignored:
+    if ignored or own_buffers:
         # DDP's reducer would densify sparse gradients (and must not touch sharded rows at all).
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(network, ignored)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(network, [*ignored, *own_buffers])
     if not any(p.requires_grad for n, p in network.named_parameters() if n not in ignored):
         return network  # nothing dense to synchronise (DDP refuses a module without such parameters)
     device = next(network.parameters()).device

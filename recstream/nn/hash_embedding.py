@@ -19,14 +19,15 @@ zero those rows' state, so a new key never inherits the moments of an evicted
 one. Optimizers that ignore it still work, with stale state on reused rows.
 
 Memory per admitted row (measure with :meth:`memory_bytes`):
-``4*embedding_size`` (values, float32) + 18 (row -> slot 8, free list 8, dirty
-and reset flags 2) + 32 bytes per hash slot (key, row, count, last-seen) times
-``num_slots / capacity`` (>= 2 at load 0.5; 4 when ``pending_capacity ==
-capacity``). Optimizer state comes on top and depends on the optimizer (e.g.
-lazy Adam: 2 more rows of ``4*embedding_size``). Pre-admission counts live in
-the same hash table (a slot with ``rows == -1``): at most ``pending_capacity``
-keys, each one 32-byte slot -- the table is sized for ``capacity +
-pending_capacity`` keys at ``max_load``, so they cost no extra structure.
+``4*embedding_size`` (values, float32) + 26 (row -> slot 8, free list 8, the
+row's last-seen step 8 for the LRU pass, dirty and reset flags 2) + 32 bytes
+per hash slot (key, row, count, last-seen) times ``num_slots / capacity``
+(>= 2 at load 0.5; 4 when ``pending_capacity == capacity``). Optimizer state
+comes on top and depends on the optimizer (e.g. lazy Adam: 2 more rows of
+``4*embedding_size``). Pre-admission counts live in the same hash table (a slot
+with ``rows == -1``): at most ``pending_capacity`` keys, each one 32-byte slot --
+the table is sized for ``capacity + pending_capacity`` keys at ``max_load``, so
+they cost no extra structure.
 
 Row life cycle
 --------------
@@ -39,15 +40,36 @@ A key goes through three states, all stored in the slot payload of the
 * admitted -- ``rows >= 0`` points at a row of ``values``.
 
 A pending key is admitted once ``counts >= permit_filter_value``. Rows come
-from a free list (a LIFO stack tensor, so a freed row is reused first); when
-it is empty the least-recently-seen admitted rows (not seen in the current
-step) are evicted. ``step()`` evicts every key -- admitted or pending -- not
-seen for more than ``evict_filter_value`` steps. Pending keys are bounded by
-``pending_capacity``; the least-recently-seen ones are dropped beyond it.
+from a free list (a LIFO stack tensor, so a freed row is reused first). When a
+step's admissions find too few free rows, ONE pass over the rows evicts the
+least-recently-seen admitted keys (never one seen in the current step): the
+rows the step needs plus ``floor((1 - evict_low_watermark) * capacity)`` more,
+so that the following admissions find free rows without another pass (the
+pass is O(capacity); with the default 0.95 it runs once per 5% of capacity
+admitted instead of on every step of a full table). Keys last seen in the
+same step are evicted evenly spread over the table. ``step()`` evicts every
+key -- admitted or pending -- not seen for more than ``evict_filter_value``
+steps. Pending keys are bounded by ``pending_capacity``; beyond it the
+least-recently-seen ones are dropped, with the same headroom.
 
 Every life-cycle step runs in a training-mode forward or ``step()``; the host syncs
 they contain (``nonzero``, counts read back to size the next tensor) are inherent to a
-dynamically sized table.
+dynamically sized table. Eval mode and ``torch.inference_mode`` only read: nothing
+in the module changes (``max_norm`` then scales the returned vectors, not the rows).
+
+Sharding (``hybrid_parallel``)
+------------------------------
+:meth:`shard_keys_` (called by ``recstream.distributed.hybrid_parallel``) keeps on
+each rank only the keys it owns (``recstream.nn.key_sharding.owner_of``): each
+rank holds ``ceil(capacity / world_size)`` rows, and every forward -- a
+collective -- sends each key to its owner, which counts, admits, evicts and
+looks it up, and sends the vector back (its gradient follows the same way, so
+the optimizer state of a row stays on its owner). Admission counts the whole
+global batch, so a sharded table admits and ages keys exactly as one process
+would; capacity-driven LRU eviction is per shard. ``export``, ``export_delta``,
+``state_dict`` and ``memory_bytes`` are this rank's shard (the union over the
+ranks is the table); ``load_rows`` / ``import_`` keep the keys this rank owns.
+Sharded checkpoints: ``recstream.distributed.save_sharded``.
 
 Export
 ------
@@ -84,13 +106,15 @@ import math
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
+from .key_sharding import KeySharding
 from .tensor_hash_table import DELETED, EMPTY, NEVER_SEEN, TensorHashTable, _where
 
-__all__ = ["HashEmbedding"]
+__all__ = ["HashEmbedding", "table_entries"]
 
 # Initial row values per ``param_init`` (std / half-width of the distribution).
 _INIT_SCALE = {"normal": 0.01, "uniform": 0.05}
@@ -104,6 +128,27 @@ def _after_load(module, incompatible_keys) -> None:
     module._sync_mirrors()
 
 
+def table_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every key held by one table's raw tensors (``table.keys``, ``table.rows``, ``table.counts``,
+    ``table.last_seen``, ``values``, ``dirty``, ``reset_mask``), as parallel per-key tensors:
+    ``keys``, ``counts``, ``last_seen``, ``admitted``, and for admitted keys ``values``, ``dirty``
+    and ``reset`` (zeros for pending ones), plus ``row`` (the row it had, -1 if pending).
+
+    What a table holds independently of its slot layout: it rebuilds one of any size and
+    sharding (:meth:`HashEmbedding.load_entries_`).
+    """
+    keys = state["table.keys"]
+    occ = _where((keys != EMPTY) & (keys != DELETED))
+    row = state["table.rows"].index_select(0, occ)
+    admitted = row >= 0
+    safe = row.clamp(min=0)
+    values = state["values"].index_select(0, safe) * admitted.unsqueeze(1).to(state["values"].dtype)
+    return {"keys": keys.index_select(0, occ).to(torch.int64), "counts": state["table.counts"].index_select(0, occ),
+            "last_seen": state["table.last_seen"].index_select(0, occ), "admitted": admitted, "row": row,
+            "values": values, "dirty": state["dirty"].index_select(0, safe) & admitted,
+            "reset": state["reset_mask"].index_select(0, safe) & admitted}
+
+
 class HashEmbedding(nn.Module):
     """Embedding lookup keyed by arbitrary int64 ids with admission and eviction.
 
@@ -115,7 +160,9 @@ class HashEmbedding(nn.Module):
             (N(0, 0.01^2)), ``"uniform"`` (U(-0.05, 0.05)), ``"zeros"``, ``"ones"``.
         sparse: sparse COO gradients on ``values`` (only the looked-up rows).
         max_norm: if set, looked-up rows with a larger L2 norm are renormalised
-            in place to ``max_norm`` (as ``nn.Embedding(max_norm=...)``).
+            in place to ``max_norm`` (as ``nn.Embedding(max_norm=...)``) in
+            training forwards; eval mode and ``inference_mode`` scale the
+            returned vectors and leave the rows alone.
         permit_filter_value: occurrences (counted over training forwards) a key
             needs before it gets its own row; 1 = admitted on first sight.
         evict_filter_value: evict keys unseen for more than this many steps
@@ -132,6 +179,13 @@ class HashEmbedding(nn.Module):
             yourself once per step.
         evict_interval: run the age-eviction scan (O(num_slots)) only every
             this many steps, trading eviction promptness for speed.
+        evict_low_watermark: when admissions find the rows full (or the pending
+            keys over ``pending_capacity``), one LRU pass evicts down to this
+            fraction of ``capacity`` (of ``pending_capacity``) -- not just
+            the few rows the step needs -- so the O(num_slots) scan runs once
+            per ``(1 - evict_low_watermark) * capacity`` admissions instead of
+            every step. ``1.0``: evict exactly what is needed (a scan per step
+            once full).
 
     Attributes:
         values: the trainable rows, ``Parameter [capacity, embedding_size]``,
@@ -144,7 +198,8 @@ class HashEmbedding(nn.Module):
                  param_init: str = "normal", sparse: bool = True, max_norm: float | None = None,
                  permit_filter_value: int = 1, evict_filter_value: int | None = None,
                  capacity: int = 2 ** 20, device=None, *, pending_capacity: int | None = None,
-                 max_load: float = 0.5, auto_step: bool = True, evict_interval: int = 1) -> None:
+                 max_load: float = 0.5, auto_step: bool = True, evict_interval: int = 1,
+                 evict_low_watermark: float = 0.95) -> None:
         super().__init__()
         owner = "HashEmbedding"
         self.embedding_size = check_int(owner, "embedding_size", embedding_size, minimum=1)
@@ -163,28 +218,45 @@ class HashEmbedding(nn.Module):
         self.max_load = check_number(owner, "max_load", max_load, minimum=0.0, min_open=True, maximum=0.9)
         self.auto_step = check_bool(owner, "auto_step", auto_step)
         self.evict_interval = check_int(owner, "evict_interval", evict_interval, minimum=1)
+        self.evict_low_watermark = check_number(owner, "evict_low_watermark", evict_low_watermark,
+                                                minimum=0.0, maximum=1.0)
 
-        live = self.capacity + self.pending_capacity
-        num_slots = 1 << max(1, math.ceil(math.log2(math.ceil(live / self.max_load))))
-        self.table = TensorHashTable(num_slots, key_dtype, device=device)
-        self.values = nn.Parameter(torch.zeros(self.capacity, self.embedding_size, device=device))
-        self._attach_reset_hook()
-
-        i64 = dict(dtype=torch.int64, device=device)
+        self.values = nn.Parameter(torch.zeros(0, self.embedding_size, device=device))
         self.register_buffer("default_value", torch.zeros(self.embedding_size, device=device))
-        self.register_buffer("row_slots", torch.full((self.capacity,), -1, **i64))
-        # LIFO stack: free_rows[:num_free] are free, top = free_rows[num_free-1].
-        self.register_buffer("free_rows", torch.arange(self.capacity - 1, -1, -1, **i64))
-        self.register_buffer("dirty", torch.zeros(self.capacity, dtype=torch.bool, device=device))
-        self.register_buffer("reset_mask", torch.zeros(self.capacity, dtype=torch.bool, device=device))
         self.register_buffer("evicted_keys", torch.empty(0, dtype=key_dtype, device=device))
         for name in ("num_free_t", "num_pending_t", "global_step_t", "track_evictions_t"):
-            self.register_buffer(name, torch.zeros((), **i64))
+            self.register_buffer(name, torch.zeros((), dtype=torch.int64, device=device))
         # Python mirrors of the 0-d buffers: read on every call without a host sync.
         self._step, self._num_pending, self._track_evictions = 0, 0, False
-        self._set_free(self.capacity)
+        self._sharding: KeySharding | None = None  # set by shard_keys_
+        self._allocate(self.capacity, self.pending_capacity)
         # A module-level function (not a lambda) keeps the module picklable.
         self.register_load_state_dict_post_hook(_after_load)
+
+    def _allocate(self, capacity: int, pending_capacity: int) -> None:
+        """Empty table, rows and free list for `capacity` rows and `pending_capacity` pending keys.
+
+        ``values`` keeps its Parameter object (an optimizer built on it still holds it).
+        """
+        device, key_dtype = self.default_value.device, self.key_dtype
+        self.capacity, self.pending_capacity = capacity, pending_capacity
+        live = capacity + pending_capacity
+        num_slots = 1 << max(1, math.ceil(math.log2(math.ceil(live / self.max_load))))
+        self.table = TensorHashTable(num_slots, key_dtype, device=device)
+        self.values.data = torch.zeros(capacity, self.embedding_size, device=device)
+        self._attach_reset_hook()
+        i64 = dict(dtype=torch.int64, device=device)
+        self.register_buffer("row_slots", torch.full((capacity,), -1, **i64))
+        # last_seen of each row's key (+inf for free rows): the LRU pass scans rows, not slots.
+        # Derived from the table, so not in state_dict (rebuilt after loading).
+        self.register_buffer("row_last_seen", torch.full((capacity,), NEVER_SEEN, **i64), persistent=False)
+        # LIFO stack: free_rows[:num_free] are free, top = free_rows[num_free-1].
+        self.register_buffer("free_rows", torch.arange(capacity - 1, -1, -1, **i64))
+        self.register_buffer("dirty", torch.zeros(capacity, dtype=torch.bool, device=device))
+        self.register_buffer("reset_mask", torch.zeros(capacity, dtype=torch.bool, device=device))
+        self._reset_parts: list[torch.Tensor] = []  # rows set in reset_mask, not popped yet
+        self._set_free(capacity)
+        self._set_pending(0)
 
     @property
     def num_slots(self) -> int:
@@ -206,6 +278,15 @@ class HashEmbedding(nn.Module):
         self._num_free = int(self.num_free_t)
         self._num_pending = int(self.num_pending_t)
         self._track_evictions = bool(self.track_evictions_t)
+        self._reset_parts = [self.reset_mask.nonzero().squeeze(1)]
+        self._sync_row_last_seen()
+
+    def _sync_row_last_seen(self) -> None:
+        """Rebuild ``row_last_seen`` from the table (after loading a state)."""
+        self.row_last_seen.fill_(NEVER_SEEN)
+        live = _where(self.row_slots >= 0)
+        self.row_last_seen.index_copy_(0, live, self.table.last_seen.index_select(
+            0, self.row_slots.index_select(0, live)))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # The eviction log has a data-dependent length: size it to the checkpoint.
@@ -216,13 +297,18 @@ class HashEmbedding(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def pop_reset_rows(self) -> torch.Tensor:
-        """Rows (re)assigned to a new key since the last call (LongTensor); clears them.
+        """Rows (re)assigned to a new key since the last call (sorted LongTensor); clears them.
 
-        Also reachable as ``self.values.pop_reset_rows``. One host sync
-        (``nonzero``) per call, i.e. per optimizer step.
+        Also reachable as ``self.values.pop_reset_rows``. O(rows assigned), no
+        host sync of its own.
         """
-        rows = self.reset_mask.nonzero().squeeze(1)
-        self.reset_mask.zero_()
+        if not self._reset_parts:
+            return torch.empty(0, dtype=torch.int64, device=self.reset_mask.device)
+        # The rows assigned since the last call, kept as a list: a scan of `reset_mask`
+        # (O(capacity)) per optimizer step would cost more than the step's own lookups.
+        rows = torch.unique(torch.cat(self._reset_parts))
+        self._reset_parts = []
+        self.reset_mask.index_fill_(0, rows, False)
         return rows
 
     def _init_rows(self, n: int) -> torch.Tensor:
@@ -253,41 +339,67 @@ class HashEmbedding(nn.Module):
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
         """Rows of ``keys`` (any shape, integer dtype) -> ``[*keys.shape, embedding_size]``.
 
-        Training mode: counts keys, admits/evicts, marks looked-up rows dirty.
-        Eval mode: read-only; unknown and pending keys read ``default_value``.
+        Training mode: counts keys, admits/evicts, marks looked-up rows dirty,
+        renormalises looked-up rows in place with ``max_norm``.
+        Eval mode or ``torch.inference_mode``: read-only (nothing in the module
+        changes; ``max_norm`` scales the returned vectors only); unknown and
+        pending keys read ``default_value``.
         Host syncs: ``torch.unique``, the sentinel check and one per probe
         round -- inherent to a table whose size changes with the data.
         """
         keys = self._check_keys("HashEmbedding", keys)
         flat = keys.reshape(-1)
-        if self.training and self.auto_step:
+        # A served model (eval mode, or inference_mode) must not change: no counting,
+        # admission, eviction, step, dirty flag or max_norm write-back.
+        mutate = self.training and not torch.is_inference_mode_enabled()
+        if mutate and self.auto_step:
             self.step()
-        if flat.numel() == 0:
+        if flat.numel() == 0 and self._sharding is None:  # sharded: still answer the other ranks
             return self.values.new_zeros(*keys.shape, self.embedding_size)
         uniq, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
-        slots = self._train_slots(uniq, counts) if self.training else self.table.find(uniq)
+        if self._sharding is not None:  # keys routed to their owners; every rank takes part
+            out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
+            return out.index_select(0, inverse).view(*keys.shape, self.embedding_size)
+        out = self._lookup_unique(uniq, counts, mutate, inverse)
+        return out.view(*keys.shape, self.embedding_size)
+
+    def _lookup_unique(self, uniq: torch.Tensor, counts: torch.Tensor, mutate: bool,
+                       inverse: torch.Tensor | None = None) -> torch.Tensor:
+        """The vectors of unique keys (counted and admitted if `mutate`), one per key or, given
+        `inverse`, one per entry of ``uniq[inverse]``."""
+        slots = self._train_slots(uniq, counts) if mutate else self.table.find(uniq)
         rows = torch.where(slots >= 0, self.table.rows.index_select(0, slots.clamp(min=0)), -1)
         has_row = _where(rows >= 0)
         r = rows.index_select(0, has_row)
-        if self.max_norm is not None:
+        if self.max_norm is not None and mutate:
             self._renorm(r)
-        if self.training:
+        if mutate:
             self.dirty.index_fill_(0, r, True)  # they get gradients: the optimizer changes them
+            self.row_last_seen.index_fill_(0, r, self._step)
+        if r.numel() == uniq.numel() and (self.max_norm is None or mutate):
+            # Every key has a row (the common case once keys are admitted): one gather, whose
+            # sparse gradient the optimizer coalesces -- no scatter into a per-key buffer.
+            return F.embedding(rows if inverse is None else rows.index_select(0, inverse), self.values,
+                               sparse=self.sparse)
         # Gather only admitted rows (one per unique key): the sparse gradient then
         # holds exactly the touched rows, never a placeholder row for pending keys.
         emb = F.embedding(r, self.values, sparse=self.sparse)
+        if self.max_norm is not None and not mutate:  # the same rows, renormalised out of place
+            emb = emb * self._renorm_scale(emb.detach().norm(dim=1)).unsqueeze(1)
         out = self.default_value.to(emb.dtype).expand(uniq.numel(), -1).clone()
         out = out.index_copy(0, has_row, emb)
-        return out.index_select(0, inverse).view(*keys.shape, self.embedding_size)
+        return out if inverse is None else out.index_select(0, inverse)
+
+    def _renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
+        # Same rule as torch.embedding_renorm_: scale = max_norm / (norm + 1e-7).
+        return torch.where(norm > self.max_norm, self.max_norm / (norm + 1e-7), torch.ones_like(norm))
 
     @torch.no_grad()
     def _renorm(self, rows: torch.Tensor) -> None:
         w = self.values.index_select(0, rows)
         norm = w.norm(dim=1)
         changed = norm > self.max_norm
-        # Same rule as torch.embedding_renorm_: scale = max_norm / (norm + 1e-7).
-        scale = torch.where(changed, self.max_norm / (norm + 1e-7), torch.ones_like(norm))
-        self.values.index_copy_(0, rows, w * scale.unsqueeze(1))
+        self.values.index_copy_(0, rows, w * self._renorm_scale(norm).unsqueeze(1))
         self.dirty.index_copy_(0, rows, self.dirty.index_select(0, rows) | changed)
 
         # ---------------------------------------------------------- row life cycle
@@ -343,13 +455,14 @@ class HashEmbedding(nn.Module):
             gone = t.keys.index_select(0, slots.index_select(0, adm))
             self.evicted_keys = torch.cat([self.evicted_keys, gone])
         self.row_slots.index_fill_(0, freed, -1)
+        self.row_last_seen.index_fill_(0, freed, NEVER_SEEN)
         self.dirty.index_fill_(0, freed, False)
         self._push_free(freed)
         self._set_pending(self._num_pending - (slots.numel() - freed.numel()))
         t.delete(slots)
 
-    def _oldest(self, candidate: torch.Tensor, k: int) -> torch.Tensor:
-        """Slots of the ``k`` candidates with the oldest ``last_seen`` (ties: lowest slot).
+    def _oldest(self, last_seen: torch.Tensor, candidate: torch.Tensor, k: int) -> torch.Tensor:
+        """Indices of the ``k`` candidates with the oldest ``last_seen`` (ties: spread evenly).
 
         A histogram select instead of ``topk``: bucket the candidates' ages
         (``bincount``), find the bucket holding the k-th oldest (``cumsum``),
@@ -359,38 +472,54 @@ class HashEmbedding(nn.Module):
         syncs: the candidate count, the minimum age, the threshold bucket.
         """
         dev = candidate.device
-        n_cand = int(candidate.sum())
+        n_cand = int(candidate.count_nonzero())
         k = min(k, n_cand)
         if k <= 0:
             return torch.empty(0, dtype=torch.int64, device=dev)
         if k == n_cand:
             return _where(candidate)
-        ls = torch.where(candidate, self.table.last_seen, NEVER_SEEN)
+        ls = torch.where(candidate, last_seen, NEVER_SEEN)
         lo = int(ls.min())
         span = self._step - lo  # candidates have lo <= last_seen < step
         # Power-of-two bucket width (a shift, not an int64 division); width 1 --
         # exact ages -- whenever the candidates span <= _BUCKETS steps.
         shift = max(0, (span - 1).bit_length() - _BUCKET_BITS)
-        bucket = ((ls - lo) >> shift).clamp_(max=_BUCKETS)  # non-candidates: overflow bucket
+        # Non-candidates (NEVER_SEEN) land in the overflow bucket _BUCKETS; clamping before the
+        # subtraction keeps NEVER_SEEN - lo from overflowing when last_seen went negative
+        # (load_rows accepts any step).
+        bucket = ls.clamp_(max=lo + (_BUCKETS << shift)).sub_(lo) >> shift
         cum = torch.bincount(bucket, minlength=_BUCKETS + 1).cumsum(0)
         t = int(torch.searchsorted(cum, torch.tensor(k, device=dev)))  # first bucket reaching k
         sel = _where(bucket <= t)  # the one full-size compaction
         b = bucket.index_select(0, sel)
         older, edge = sel.index_select(0, _where(b < t)), sel.index_select(0, _where(b == t))
+        m = k - older.numel()
         if shift:  # the edge bucket spans several steps: order it by age
             edge = edge.index_select(0, torch.sort(ls.index_select(0, edge), stable=True).indices)
-        return torch.cat([older, edge[: k - older.numel()]])
+            return torch.cat([older, edge[:m]])
+        # One age: take `m` of its entries evenly spread. For slots, the lowest first would empty
+        # one end of the table and crowd the other (keys seen in one step, e.g. a bulk load, age
+        # together), until probe sequences there grow past max_rounds.
+        return torch.cat([older, edge.index_select(0, torch.arange(m, device=dev) * edge.numel() // m)])
+
+    def _headroom(self, budget: int) -> int:
+        """Extra keys one LRU pass evicts beyond the step's need (see ``evict_low_watermark``)."""
+        return int(budget * (1.0 - self.evict_low_watermark) + 1e-9)  # floor, robust to 0.1 != 1 - 0.9
 
     def _evict_lru_rows(self, k: int) -> None:
-        """Evict up to ``k`` admitted keys not seen in the current step. O(num_slots)."""
-        t = self.table
-        # Free slots read last_seen=+inf, so `< step` also excludes them.
-        self._evict_slots(self._oldest((t.rows >= 0) & (t.last_seen < self._step), k))
+        """Evict up to ``k`` admitted keys not seen in the current step. O(capacity).
+
+        Runs over ``row_last_seen`` (one entry per row), not over the ~3x more hash slots.
+        """
+        # Free rows read last_seen=+inf, so `< step` also excludes them.
+        ls = self.row_last_seen
+        rows = self._oldest(ls, ls < self._step, k)
+        self._evict_slots(self.row_slots.index_select(0, rows))
 
     def _evict_lru_pending(self, k: int) -> int:
         """Drop up to ``k`` pending keys not seen in the current step. O(num_slots)."""
         t = self.table
-        slots = self._oldest((t.rows < 0) & (t.last_seen < self._step), k)
+        slots = self._oldest(t.last_seen, (t.rows < 0) & (t.last_seen < self._step), k)
         self._evict_slots(slots)
         return slots.numel()
 
@@ -416,6 +545,7 @@ class HashEmbedding(nn.Module):
             self.values.index_copy_(0, rows, self._init_rows(rows.numel()))
         self.dirty.index_fill_(0, rows, True)
         self.reset_mask.index_fill_(0, rows, True)  # optimizer state of these rows is stale
+        self._reset_parts.append(rows)
         return rows
 
     def _rehash_if_needed(self, n_new: int) -> bool:
@@ -452,12 +582,15 @@ class HashEmbedding(nn.Module):
 
         # Admission candidates: pending keys that reached the threshold (they
         # waited longest, so they go first), then new keys that reach it at once.
-        ripe = fs.index_select(0, _where((t.rows.index_select(0, fs) < 0)
-                                         & (t.counts.index_select(0, fs) >= permit)))
+        if self._num_pending:
+            ripe = fs.index_select(0, _where((t.rows.index_select(0, fs) < 0)
+                                             & (t.counts.index_select(0, fs) >= permit)))
+        else:  # no pending key: spare two random gathers over the slots
+            ripe = fs[:0]
         new_ripe = _where(new_counts >= permit)
         n_cand = ripe.numel() + new_ripe.numel()
         if n_cand > self._num_free:
-            self._evict_lru_rows(n_cand - self._num_free)
+            self._evict_lru_rows(n_cand - self._num_free + self._headroom(self.capacity))
         n_admit = min(n_cand, self._num_free)
         ripe = ripe[:n_admit]
         ripe_keys = t.keys.index_select(0, ripe)
@@ -469,7 +602,8 @@ class HashEmbedding(nn.Module):
         # alone brings too many) the surplus new ones -- they restart counting.
         over = self._num_pending - ripe.numel() + new_pending.numel() - self.pending_capacity
         if over > 0:
-            over -= self._evict_lru_pending(over)
+            dropped = self._evict_lru_pending(over + self._headroom(self.pending_capacity))
+            over -= min(dropped, over)
             if over > 0:
                 new_pending = new_pending[: new_pending.numel() - over]
 
@@ -484,6 +618,84 @@ class HashEmbedding(nn.Module):
         self._assign_rows(torch.cat([ripe, ins_slots[: new_admit.numel()]]))
         slots.index_copy_(0, n_idx.index_select(0, ins), ins_slots)
         return slots
+
+    # ---------------------------------------------------------- key sharding
+    @property
+    def sharded(self) -> bool:
+        """Whether this module holds only the keys its rank owns (after :meth:`shard_keys_`)."""
+        return self._sharding is not None
+
+    def shard_keys_(self, group=None) -> HashEmbedding:
+        """Keep only the keys this rank owns (collective: every rank of `group` calls it).
+
+        Rank 0's table is broadcast first, so all ranks start from the same keys. Each rank then
+        holds ``ceil(capacity / world_size)`` rows and ``ceil(pending_capacity / world_size)``
+        pending keys; forwards route keys to their owners (`recstream.nn.key_sharding`). The
+        ``values`` Parameter stays the same object: build the optimizer's state after.
+        """
+        if self.sharded:
+            raise RuntimeError("HashEmbedding.shard_keys_: the keys are sharded already")
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        size = torch.tensor([self.evicted_keys.numel()], device=self.evicted_keys.device)
+        dist.broadcast(size, src=src, group=group)
+        self.evicted_keys = self.evicted_keys.new_empty(int(size))
+        for tensor in self.state_dict(keep_vars=True).values():
+            dist.broadcast(tensor.data, src=src, group=group)
+        self._sync_mirrors()
+        sharding = KeySharding(group)
+        entries = self._entries()
+        keep = sharding.owned(entries["keys"])
+        entries = {k: v[keep] for k, v in entries.items()}
+        evicted = self.evicted_keys[sharding.owned(self.evicted_keys)]
+        w = sharding.world_size
+        self.load_entries_(-(-self.capacity // w), -(-self.pending_capacity // w), entries, evicted)
+        self._sharding = sharding
+        sharding.scale_gradient(self.values)
+        self.values.recstream_layout = {  # read by Model.infer_train_layout and sharded checkpoints
+            "shape": [w * self.capacity, self.embedding_size], "dtype": str(self.values.dtype).replace("torch.", ""),
+            "device": str(self.values.device), "placement": "key_sharded", "ranks": list(range(w)),
+            "rows": [[r * self.capacity, (r + 1) * self.capacity] for r in range(w)],
+            "keys": f"recstream.nn.key_sharding.owner_of(key, {w}) == rank"}
+        return self
+
+    def _entries(self) -> dict[str, torch.Tensor]:
+        """Every key in the table (admitted and pending) with its state; see `table_entries`."""
+        state = {f"table.{n}": b for n, b in self.table.named_buffers()}
+        state.update(values=self.values.detach(), dirty=self.dirty, reset_mask=self.reset_mask)
+        return table_entries(state)
+
+    @torch.no_grad()
+    def load_entries_(self, capacity: int, pending_capacity: int, entries: dict[str, torch.Tensor],
+                      evicted_keys: torch.Tensor) -> torch.Tensor:
+        """Rebuild the table with `capacity` rows holding exactly `entries` (as `table_entries`).
+
+        Keeps the step counter and the export baseline flag. Returns the row each admitted
+        entry got, in entry order (to move per-row optimizer state along). Raises ValueError
+        when the entries do not fit.
+        """
+        adm = _where(entries["admitted"])
+        n_pending = entries["keys"].numel() - adm.numel()
+        if adm.numel() > capacity or n_pending > pending_capacity:
+            raise ValueError(f"HashEmbedding: {adm.numel()} admitted and {n_pending} pending keys do not fit "
+                             f"in capacity={capacity} and pending_capacity={pending_capacity}")
+        self._allocate(capacity, pending_capacity)
+        t = self.table
+        slots = t.insert(entries["keys"].to(self.values.device))
+        t.counts.index_copy_(0, slots, entries["counts"])
+        t.last_seen.index_copy_(0, slots, entries["last_seen"])
+        rows = self._pop_free(adm.numel())
+        adm_slots = slots.index_select(0, adm)
+        t.rows.index_copy_(0, adm_slots, rows)
+        self.row_slots.index_copy_(0, rows, adm_slots)
+        self.row_last_seen.index_copy_(0, rows, entries["last_seen"].index_select(0, adm))
+        self.values.index_copy_(0, rows, entries["values"].index_select(0, adm).to(self.values.dtype))
+        self.dirty.index_copy_(0, rows, entries["dirty"].index_select(0, adm))
+        reset = entries["reset"].index_select(0, adm)
+        self.reset_mask.index_copy_(0, rows, reset)
+        self._reset_parts = [rows[reset]]
+        self._set_pending(n_pending)
+        self.evicted_keys = evicted_keys.to(device=self.values.device, dtype=self.key_dtype)
+        return rows
 
     # ---------------------------------------------------------- export / import
     def _rows_dict(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -539,7 +751,8 @@ class HashEmbedding(nn.Module):
         """Insert or overwrite rows for unique ``keys`` ``[n]`` with ``values`` ``[n, dim]``.
 
         ``counts`` defaults to ``max(current count, permit_filter_value)`` and
-        ``last_seen`` to the current step. New keys take free rows (reported by
+        ``last_seen`` to the current step. Key-sharded (:meth:`shard_keys_`): only the keys
+        this rank owns are loaded, so every rank can pass the same ones. New keys take free rows (reported by
         ``pop_reset_rows``); raises ValueError if there are not enough, rather
         than evicting.
         """
@@ -556,6 +769,11 @@ class HashEmbedding(nn.Module):
                 raise ValueError(f"{owner}: '{name}' must have {n} entries (one per key), got {v.numel()}")
         if torch.unique(keys).numel() != n:
             raise ValueError(f"{owner}: 'keys' must be unique, got duplicates")
+        if self._sharding is not None:  # every rank may pass the same keys: each keeps its own
+            mine = self._sharding.owned(keys)
+            keys, values = keys[mine], values.to(dev)[mine]
+            counts = None if counts is None else counts.to(dev)[mine]
+            last_seen = None if last_seen is None else last_seen.to(dev)[mine]
         t = self.table
         slots = t.find(keys)
         new = (slots < 0).nonzero().squeeze(1)
@@ -578,6 +796,7 @@ class HashEmbedding(nn.Module):
         else:
             t.counts[slots] = counts.to(device=dev, dtype=torch.int64)
         t.last_seen[slots] = self._step if last_seen is None else last_seen.to(dev, torch.int64)
+        self.row_last_seen[rows] = t.last_seen[slots]
         self.dirty[rows] = True
 
     def memory_bytes(self) -> dict[str, float]:

@@ -256,9 +256,9 @@ def test_memory_per_row_matches_formula():
     mem = emb.memory_bytes()
     assert emb.num_slots == 2048  # (1024 + 0 pending) / 0.5
     assert mem["values"] == 1024 * 16 * 4
-    assert mem["row_metadata"] == 1024 * (8 + 8 + 1 + 1)
+    assert mem["row_metadata"] == 1024 * (8 + 8 + 8 + 1 + 1)  # row_last_seen: the LRU pass scans rows
     assert mem["hash_slots"] == 2048 * 32 + 2 * 8
-    assert mem["per_row"] == pytest.approx(64 + 18 + 64, abs=0.2)  # + a few 0-d counters
+    assert mem["per_row"] == pytest.approx(64 + 26 + 64, abs=0.2)  # + a few 0-d counters
 
 
 def test_one_million_inserts_are_vectorized():
@@ -272,3 +272,79 @@ def test_one_million_inserts_are_vectorized():
     assert elapsed < 20.0, elapsed  # ~1 s on one idle core; a Python loop would take minutes
     emb.eval()
     torch.testing.assert_close(emb(keys[:1000]), out[:1000].detach())
+
+
+def test_max_norm_does_not_write_in_eval_mode_or_under_inference_mode():
+    """A served model must not change: eval-mode and inference_mode lookups renormalise the
+    returned vectors only (they used to rescale the stored rows in place)."""
+    emb = HashEmbedding(2, max_norm=1.0, capacity=8)
+    emb.load_rows(k(1, 2), torch.tensor([[3.0, 4.0], [0.3, 0.4]]))
+    before = {n: t.clone() for n, t in emb.state_dict().items()}
+    want = torch.tensor([[0.6, 0.8], [0.3, 0.4]])
+    emb.eval()
+    torch.testing.assert_close(emb(k(1, 2)), want, atol=1e-5, rtol=0)
+    emb.train()
+    with torch.inference_mode():
+        torch.testing.assert_close(emb(k(1, 2, 3)), torch.cat([want, torch.zeros(1, 2)]), atol=1e-5, rtol=0)
+    for name, value in emb.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert emb.global_step == 0 and emb.num_rows == 2  # no step, key 3 not counted
+    emb(k(1))  # a training forward still renormalises in place
+    torch.testing.assert_close(emb.values[row_of(emb, 1)].detach(), want[0], atol=1e-5, rtol=0)
+
+
+def test_full_table_evicts_down_to_the_low_watermark_in_one_pass():
+    """One LRU pass frees (1 - evict_low_watermark) * capacity rows beyond the step's need, so the
+    next admissions take free rows without a scan. (Before: exactly the rows needed, every step.)"""
+    emb = HashEmbedding(2, capacity=100, evict_low_watermark=0.9)
+    emb.load_rows(torch.arange(100), torch.zeros(100, 2), last_seen=torch.arange(100) - 100)
+    scans = []
+    real = emb._oldest
+    emb._oldest = lambda *a: scans.append(1) or real(*a)
+    emb(k(1000))  # needs 1 row: evicts 1 + 10, the 11 least recently seen
+    assert emb.num_rows == 90 and len(scans) == 1
+    assert [key for key in range(100) if row_of(emb, key) == -1] == list(range(11))
+    for step in range(10):  # 10 more new keys: free rows, no scan
+        emb(k(2000 + step))
+    assert emb.num_rows == 100 and len(scans) == 1
+    exact = HashEmbedding(2, capacity=100, evict_low_watermark=1.0)
+    exact.load_rows(torch.arange(100), torch.zeros(100, 2), last_seen=torch.arange(100) - 100)
+    exact(k(1000))
+    assert exact.num_rows == 100 and row_of(exact, 0) == -1 and row_of(exact, 1) >= 0
+
+
+def test_pending_keys_are_dropped_down_to_the_low_watermark():
+    emb = HashEmbedding(2, permit_filter_value=5, capacity=4, pending_capacity=20, evict_low_watermark=0.8)
+    for key in range(20):
+        emb(k(key))
+    assert emb.num_pending == 20
+    emb(k(100))  # over budget by 1: drops 1 + 4 of the least recently seen
+    assert emb.num_pending == 16
+    assert [key for key in range(20) if emb.table.find(k(key))[0] < 0] == [0, 1, 2, 3, 4]
+
+
+def test_lru_ties_are_spread_over_the_table_and_negative_steps_work():
+    """Keys seen in the same step (here a bulk load, at a negative step) are evicted evenly across
+    the slots; lowest slots first used to empty one end of the table and crowd the other until
+    probes there exceeded max_rounds."""
+    emb = HashEmbedding(2, capacity=4096)
+    keys = torch.arange(4096) * 7919
+    emb.load_rows(keys, torch.zeros(4096, 2), last_seen=torch.full((4096,), -5))
+    emb(torch.arange(2048) + 10**9)  # evicts 2048 + 204 of the bulk-loaded keys
+    left = emb.table.find(keys)
+    left = left[left >= 0]
+    low = int((left < emb.num_slots // 2).sum())
+    assert left.numel() == 4096 - 2048 - 204
+    assert abs(low / left.numel() - 0.5) < 0.05, low / left.numel()
+
+
+def test_lru_order_survives_a_state_dict_round_trip():
+    """row_last_seen (what the LRU pass scans) is rebuilt from the table after loading."""
+    src = HashEmbedding(2, capacity=6, evict_low_watermark=1.0)
+    for key in (1, 2, 3, 4, 5, 6):
+        src(k(key))
+    src(k(1, 2))
+    dst = HashEmbedding(2, capacity=6, evict_low_watermark=1.0)
+    dst.load_state_dict(src.state_dict())
+    dst(k(7, 8))  # evicts the two least recently seen: 3 and 4
+    assert [key for key in range(1, 9) if row_of(dst, key) == -1] == [3, 4]

@@ -1,0 +1,212 @@
+"""The `HashEmbedding` part of sharded checkpoints (`checkpoint.save_sharded` / `load_sharded`).
+
+A HashEmbedding's state is a hash table, whose slot of a key depends on the table's size: it is
+not a tensor DCP could split by rows. Each rank therefore writes its own table whole, and the
+checkpoint holds the concatenation of the ranks' tables (each tensor a ``DTensor`` sharded on
+dim 0, so every rank writes only its part; one process writes one part):
+
+- per-shard tensors, as the module holds them: ``table.keys/rows/counts/last_seen``,
+  ``row_slots``, ``free_rows``, ``dirty``, ``reset_mask`` and ``values`` (the optimizer's per-row
+  state of ``values`` follows the same placement, as for row-sharded tables);
+- per-shard scalars (``num_free_t``, ``table.num_live_t``, ...) as one entry per shard;
+- the eviction log, padded with the EMPTY sentinel to the longest rank's;
+- ``default_value`` once. The JSON part records, per module, the number of shards and each
+  shard's capacity, pending capacity and slot count.
+
+Loading: when this run has the same number of shards of the same size, each rank reads back
+exactly its own table (bit for bit: slots, free list and all). Otherwise -- a different number of
+ranks, one process for serving -- every rank reads all shards, takes every key out of them
+(`recstream.nn.hash_embedding.table_entries`), keeps the keys it owns now, rebuilds its table
+with them, and moves the optimizer's per-row state of each kept key to the key's new row. A
+shard that cannot hold the keys it now owns is refused with a ValueError.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..nn import HashEmbedding
+from ..nn.hash_embedding import table_entries
+from ..nn.tensor_hash_table import EMPTY
+from .context import is_distributed
+
+__all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "load_hash_state", "remap_optimizer_rows",
+           "full_optimizer_templates"]
+
+_PER_ROW = ("values", "row_slots", "free_rows", "dirty", "reset_mask")
+_PER_SLOT = ("table.keys", "table.rows", "table.counts", "table.last_seen")
+_SCALARS = ("num_free_t", "num_pending_t", "global_step_t", "track_evictions_t", "table.num_used_t",
+            "table.num_live_t")
+
+
+def hash_modules(network: nn.Module) -> dict[str, HashEmbedding]:
+    return {name: m for name, m in network.named_modules() if isinstance(m, HashEmbedding)}
+
+
+def _shards(module: HashEmbedding) -> int:
+    return module._sharding.world_size if module.sharded else 1
+
+
+def _key(name: str, tensor: str) -> str:
+    return f"hash.{name}.{tensor}" if name else f"hash.{tensor}"
+
+
+def hash_doc(network: nn.Module) -> dict:
+    """The JSON part: each module's shard geometry (the eviction log's padded length is agreed
+    on by all ranks here: a collective when distributed)."""
+    doc = {}
+    for name, m in hash_modules(network).items():
+        longest = torch.tensor([m.evicted_keys.numel()])
+        if is_distributed():
+            dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        doc[name] = {"shards": _shards(m), "capacity": m.capacity, "pending_capacity": m.pending_capacity,
+                     "num_slots": m.num_slots, "evicted": int(longest)}
+    return doc
+
+
+def _local(m: HashEmbedding, evicted: int) -> dict[str, torch.Tensor]:
+    """This shard's tensors, each with a first dimension that is the same on every rank."""
+    state = dict(m.state_dict(keep_vars=True))
+    out = {n: state[n].detach() for n in (*_PER_ROW, *_PER_SLOT)}
+    out.update({n: state[n].detach().reshape(1) for n in _SCALARS})
+    log = torch.full((evicted,), EMPTY, dtype=m.evicted_keys.dtype, device=m.evicted_keys.device)
+    log[: m.evicted_keys.numel()] = m.evicted_keys
+    out["evicted_keys"] = log
+    return out
+
+
+def _placed(local: torch.Tensor, shards: int, mesh) -> torch.Tensor:
+    if mesh is None or shards == 1:
+        return local
+    from torch.distributed.tensor import DTensor, Shard
+    shape = torch.Size([local.shape[0] * shards, *local.shape[1:]])
+    stride = tuple(int(torch.Size(shape[i + 1:]).numel()) for i in range(len(shape)))
+    return DTensor.from_local(local.contiguous(), mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
+
+
+def hash_tensors(network: nn.Module, doc: dict, mesh) -> dict[str, torch.Tensor]:
+    """``{checkpoint key: tensor}`` of every HashEmbedding, placed for DCP."""
+    tensors = {}
+    for name, m in hash_modules(network).items():
+        for tensor, local in _local(m, doc[name]["evicted"]).items():
+            tensors[_key(name, tensor)] = _placed(local, doc[name]["shards"], mesh)
+        tensors[_key(name, "default_value")] = m.default_value.detach()
+    return tensors
+
+
+def _same_geometry(m: HashEmbedding, saved: dict) -> bool:
+    return (saved["shards"] == _shards(m) and saved["capacity"] == m.capacity
+            and saved["pending_capacity"] == m.pending_capacity and saved["num_slots"] == m.num_slots)
+
+
+def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, saved, mesh
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, bool]]:
+    """Tensors to load into, and per module whether it reads its own shard back (True) or all
+    shards to reshard them (False)."""
+    modules = hash_modules(network)
+    if sorted(modules) != sorted(doc):
+        raise ValueError(f"{owner}: {directory!r} holds HashEmbedding modules {sorted(doc)}, this network "
+                         f"{sorted(modules)}")
+    templates, direct = {}, {}
+    for name, m in modules.items():
+        direct[name] = _same_geometry(m, doc[name])
+        if direct[name]:  # this shard only, placed as it was written
+            for tensor, local in _local(m, doc[name]["evicted"]).items():
+                templates[_key(name, tensor)] = _placed(torch.empty_like(local), doc[name]["shards"], mesh)
+        else:  # every shard, whole, on every rank
+            for tensor in (*_PER_ROW, *_PER_SLOT, *_SCALARS, "evicted_keys"):
+                meta = saved[_key(name, tensor)]
+                templates[_key(name, tensor)] = torch.empty(list(meta.size), dtype=meta.properties.dtype,
+                                                            device=m.values.device)
+        templates[_key(name, "default_value")] = torch.empty_like(m.default_value)
+    return templates, direct
+
+
+def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict
+                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
+    """Put the loaded tensors into the modules. Returns, per resharded module, ``(old rows, new
+    rows, saved rows)``: where each kept key's row was in the saved concatenation and is now."""
+    moves = {}
+    for name, m in hash_modules(network).items():
+        get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
+        with torch.no_grad():
+            m.default_value.copy_(get("default_value"))
+            if direct[name]:
+                _load_direct(m, get)
+            else:
+                moves[name] = _load_resharded(m, get, doc[name])
+    return moves
+
+
+def _local_part(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _load_direct(m: HashEmbedding, get) -> None:
+    state = dict(m.state_dict(keep_vars=True))
+    for n in (*_PER_ROW, *_PER_SLOT):
+        state[n].data.copy_(get(n))
+    for n in _SCALARS:
+        state[n].data.copy_(get(n).reshape(()))
+    log = get("evicted_keys")
+    m.evicted_keys = log[log != EMPTY].clone()
+    m.table._sync_counters()
+    m._sync_mirrors()
+
+
+def _load_resharded(m: HashEmbedding, get, saved: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+    shards, cap, slots = saved["shards"], saved["capacity"], saved["num_slots"]
+    parts, olds = [], []
+    for s in range(shards):
+        state = {n: get(n)[s * slots:(s + 1) * slots] for n in _PER_SLOT}
+        state.update({n: get(n)[s * cap:(s + 1) * cap] for n in ("values", "dirty", "reset_mask")})
+        entries = table_entries(state)
+        olds.append(torch.where(entries["admitted"], entries["row"] + s * cap, -1))
+        parts.append(entries)
+    entries = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    old_rows = torch.cat(olds)
+    log = get("evicted_keys")
+    log = torch.unique(log[log != EMPTY])
+    if m.sharded:
+        mine = m._sharding.owned(entries["keys"])
+        entries, old_rows = {k: v[mine] for k, v in entries.items()}, old_rows[mine]
+        log = log[m._sharding.owned(log)]
+    m.global_step_t.copy_(get("global_step_t")[0])
+    m.track_evictions_t.copy_(get("track_evictions_t").max())
+    m._sync_mirrors()
+    new_rows = m.load_entries_(m.capacity, m.pending_capacity, entries, log)
+    return old_rows[entries["admitted"]], new_rows, shards * cap
+
+
+def _state_keys(network: nn.Module, doc_optimizer: dict, name: str):
+    """The checkpoint keys of the optimizer's tensor state of module `name`'s ``values``."""
+    param = f"{name}.values" if name else "values"
+    for path, leaf in doc_optimizer.items():
+        for key, kind in leaf["state"].get(param, {}).items():
+            if kind == "tensor":
+                yield f"optim.{path}{param}.{key}"
+
+
+def full_optimizer_templates(network: nn.Module, doc_optimizer: dict, direct: dict[str, bool], templates: dict,
+                             saved) -> None:
+    """Resharded modules read every shard's per-row optimizer state whole (replaces templates)."""
+    for name, m in hash_modules(network).items():
+        if direct[name]:
+            continue
+        for key in _state_keys(network, doc_optimizer, name):
+            meta = saved[key]
+            templates[key] = torch.empty(list(meta.size), dtype=meta.properties.dtype, device=m.values.device)
+
+
+def remap_optimizer_rows(network: nn.Module, doc_optimizer: dict, loaded: dict, moves: dict) -> None:
+    """Move each kept key's per-row optimizer state to its new row (in `loaded`, in place)."""
+    modules = hash_modules(network)
+    for name, (old_rows, new_rows, saved_rows) in moves.items():
+        for key in _state_keys(network, doc_optimizer, name):
+            full = loaded[key]
+            if full.dim() == 0 or full.shape[0] != saved_rows:
+                continue  # not per row (e.g. a step count)
+            local = full.new_zeros(modules[name].capacity, *full.shape[1:])
+            local[new_rows] = full[old_rows]
+            loaded[key] = local
