@@ -62,6 +62,7 @@ from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
 from .cuda_graph import CUDAGraphStep
 from .loss_scale import LossScaleManager
 from .sink import DatasetHelper, check_sink_size
+from .summary import summarize
 
 _KWARGS = ("loss_scale_manager", "keep_batchnorm_fp32", "boost_config_dict", "acc_level", "progress_bar")
 BOOST_LEVELS = ("O0", "O1", "O2")
@@ -183,6 +184,14 @@ class Model:
             return self._network
         return amp.build_predict_network(self._network, self._amp_level, self._device,
                                          keep_batchnorm_fp32=self._keep_bn_fp32, dtype=self._amp_dtype)
+
+    def summary(self, print_fn=print) -> str:
+        """Print (with `print_fn`; None: don't) and return a table of the network's modules,
+        parameters and bytes, its embedding tables, and the optimizer's state bytes."""
+        text = summarize(self._network, self._optimizer)
+        if print_fn is not None:
+            print_fn(text)
+        return text
 
     @property
     def boost_report(self) -> list[str]:
