@@ -24,7 +24,7 @@ from .badrows import REASONS as BAD_ROW_REASONS
 from .badrows import BadRowError
 from .batch import Batch
 from .hashing import hash_int64, hash_strings, to_buckets
-from .memory import InMemoryDataset
+from .memory import InMemoryDataset, from_arrow, from_pandas
 from .pipeline import Prefetcher, Rebatcher, ShuffleBuffer
 from .readers import CriteoReader, CSVReader, ParquetReader, criteo_schema
 from .schema import CategoricalFeature, DenseFeature, Schema, num_embeddings
@@ -34,7 +34,7 @@ __all__ = [
     "Schema", "DenseFeature", "CategoricalFeature", "num_embeddings",
     "Batch", "Features",
     "ParquetReader", "CSVReader", "CriteoReader", "criteo_schema", "BadRowError", "BAD_ROW_REASONS",
-    "InMemoryDataset", "SyntheticCTR", "roc_auc", "load_adult", "adult_schema",
+    "InMemoryDataset", "from_arrow", "from_pandas", "SyntheticCTR", "roc_auc", "load_adult", "adult_schema",
     "ShuffleBuffer", "Prefetcher", "Rebatcher",
     "hash_int64", "hash_strings", "to_buckets",
 ]

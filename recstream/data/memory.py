@@ -23,6 +23,13 @@ skipped and counted with ``on_bad_row="skip"``:
 >>> ds = InMemoryDataset.from_arrow(table, schema, batch_size=2, on_bad_row="skip")
 >>> ds.num_rows, dict(ds.bad_rows)
 (2, {'id_out_of_range': 1})
+
+As a stream for `RecModel.online_train` (seekable: the factory re-creates the pass):
+
+>>> from recstream.data.streams import IterableStream
+>>> stream = IterableStream(lambda: iter(ds))
+>>> [b.batch_size for b in stream], stream.position()
+([2], {'batches': 1})
 """
 from __future__ import annotations
 
@@ -36,6 +43,16 @@ from .badrows import BadRow, BadRowHandler
 from .batch import Batch
 from .convert import ColumnConverter
 from .schema import Schema
+
+
+def from_arrow(table, schema: Schema, batch_size: int, **kwargs) -> InMemoryDataset:
+    """`InMemoryDataset.from_arrow`: a sized, re-iterable dataset of an Arrow table's rows."""
+    return InMemoryDataset.from_arrow(table, schema, batch_size, **kwargs)
+
+
+def from_pandas(frame, schema: Schema, batch_size: int, **kwargs) -> InMemoryDataset:
+    """`InMemoryDataset.from_pandas`: a sized, re-iterable dataset of a DataFrame's rows."""
+    return InMemoryDataset.from_pandas(frame, schema, batch_size, **kwargs)
 
 
 class InMemoryDataset:
