@@ -9,6 +9,7 @@ from recstream.metrics.cosine_similarity import CosineSimilarity
 from recstream.metrics.losses import MAE, MSE, LogLoss, Loss
 from recstream.metrics.roc import ROC
 from recstream.metrics.topk import Top1CategoricalAccuracy, Top5CategoricalAccuracy, TopKCategoricalAccuracy
+from recstream.metrics.torchmetrics_adapter import TorchMetric, is_torchmetric
 from recstream.validation import check_type, describe
 
 _METRICS = {
@@ -64,7 +65,8 @@ def get_metrics(metrics) -> dict[str, Metric]:
     """Normalise ``Model(metrics=...)`` into a ``{name: Metric}`` dict.
 
     ``metrics`` may be None (no metrics), a set/list/tuple of registered names, or a
-    dict mapping any name to a :class:`Metric` instance. Keys are the user's names.
+    dict mapping any name to a :class:`Metric` instance or a torchmetrics metric (wrapped in
+    :class:`~recstream.metrics.torchmetrics_adapter.TorchMetric`). Keys are the user's names.
 
     Example:
         >>> from recstream.metrics import AUC, get_metrics
@@ -76,10 +78,13 @@ def get_metrics(metrics) -> dict[str, Metric]:
     if metrics is None:
         return {}
     if isinstance(metrics, dict):
+        out = {}
         for key, metric in metrics.items():
-            check_type("get_metrics", f"metrics[{key!r}]", metric, Metric,
-                       allowed="a recstream.metrics.Metric instance")
-        return dict(metrics)
+            if is_torchmetric(metric):
+                metric = TorchMetric(metric)
+            out[key] = check_type("get_metrics", f"metrics[{key!r}]", metric, Metric,
+                                  allowed="a recstream.metrics.Metric or torchmetrics metric instance")
+        return out
     if isinstance(metrics, (set, frozenset, list, tuple)):
         return {name: get_metric_fn(name) for name in metrics}
     hint = f" (wrap a single name in a set: {{{metrics!r}}})" if isinstance(metrics, str) else ""
