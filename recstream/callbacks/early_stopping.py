@@ -18,6 +18,7 @@ import math
 from ..validation import check_bool, check_choice, check_int, check_number, check_str
 from ._monitoring import MODES, MonitorReader, is_improvement
 from .base import Callback
+from .console import say
 
 
 class EarlyStopping(Callback):
@@ -69,9 +70,9 @@ class EarlyStopping(Callback):
             run_context.request_stop()
             if self.restore_best_weights and self.best_weights is not None and network is not None:
                 if self.verbose:
-                    print("Restoring model weights from the end of the best epoch.", flush=True)
+                    say("Restoring model weights from the end of the best epoch.")
                 network.load_state_dict(self.best_weights)
 
     def on_train_end(self, run_context):
         if self.stopped_epoch > 0 and self.verbose:
-            print(f"Epoch {self.stopped_epoch:05d}: early stopping", flush=True)
+            say(f"Epoch {self.stopped_epoch:05d}: early stopping")

@@ -22,6 +22,7 @@ import time
 
 from ..validation import describe
 from .base import Callback
+from .console import say
 from .loss_monitor import loss_value
 
 
@@ -60,7 +61,7 @@ class EpochSummary(Callback):
         rate = f", {steps / seconds:,.1f} steps/s" if seconds > 0 else ""
         parts.append(f"{steps} steps in {seconds:.1f} s{rate}")
         head = f"epoch {epoch}/{self._last_epoch}" if self._last_epoch else f"epoch {epoch}"
-        print(f"{head}: {', '.join(parts)}", file=self.file or sys.stderr, flush=True)
+        say(f"{head}: {', '.join(parts)}", file=self.file or sys.stderr)
 
 
 def _fmt(value) -> str:

@@ -7,6 +7,7 @@ import torch
 
 from ..validation import check_int
 from .base import Callback
+from .console import say
 
 
 def loss_value(net_outputs) -> float | None:
@@ -58,9 +59,9 @@ class LossMonitor(Callback):
             raise ValueError(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}. Invalid loss {loss}, "
                              "terminating training.")
         self._last_print_time = p.cur_step_num
-        print(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}, loss is {loss}", flush=True)
+        say(f"epoch: {p.cur_epoch_num} step: {step_in_epoch}, loss is {loss}")
 
     def on_train_epoch_end(self, run_context):
         metrics = run_context.original_args().get("metrics")
         if metrics:  # set only on the epochs that `fit` evaluated
-            print(f"Eval result: epoch {run_context.original_args().cur_epoch_num}, metrics: {metrics}", flush=True)
+            say(f"Eval result: epoch {run_context.original_args().cur_epoch_num}, metrics: {metrics}")

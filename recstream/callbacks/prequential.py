@@ -51,6 +51,7 @@ from ..data.protocol import split_batch
 from ..metrics import AUC, LogLoss, exact_auc
 from ..validation import check_bool, check_callable, check_choice, check_int, check_number, describe
 from .base import Callback
+from .console import say
 
 log = logging.getLogger(__name__)
 OUTPUTS = ("logits", "probabilities")
@@ -224,7 +225,7 @@ class PrequentialMonitor(Callback):
                 f"{fmt(result['auc_total'])} logloss {fmt(result['logloss_total'])}")
         log.info(line)
         if self.verbose:
-            print(line, file=sys.stderr, flush=True)
+            say(line, file=sys.stderr)
         writer = self.writer
         if writer is not None:
             for name in ("auc", "logloss", "auc_total"):

@@ -19,6 +19,7 @@ import torch
 from ..validation import check_bool, check_choice, check_int, check_number, check_str
 from ._monitoring import MODES, MonitorReader, is_improvement
 from .base import Callback
+from .console import say
 
 
 def _optimizer(p):
@@ -76,8 +77,7 @@ class ReduceLROnPlateau(Callback):
                 new_lrs = self._reduce(optimizer)
                 if new_lrs and self.verbose:
                     shown = new_lrs[0] if len(new_lrs) == 1 else new_lrs
-                    print(f"Epoch {p.cur_epoch_num or 0:05d}: ReduceLROnPlateau reducing learning rate to {shown}.",
-                          flush=True)
+                    say(f"Epoch {p.cur_epoch_num or 0:05d}: ReduceLROnPlateau reducing learning rate to {shown}.")
                 self.cooldown_counter = self.cooldown
                 self.wait = 0
 

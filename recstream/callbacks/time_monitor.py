@@ -19,6 +19,7 @@ import torch
 
 from ..validation import check_bool, check_int
 from .base import Callback
+from .console import say
 
 
 def _sync_device() -> None:
@@ -72,7 +73,7 @@ class TimeMonitor(Callback):
             line += f", per step time: {epoch_ms / steps:5.3f} ms"
             if self.data_time and not p.dataset_sink_mode:
                 line += f" (data time: {phase.data_time * 1000 / steps:5.3f} ms)"
-        print(line, flush=True)
+        say(line)
 
     # Data time: the gap between a step's end and the next step's begin (fetching the batch).
     def _step_begin(self, phase: _Phase) -> None:
