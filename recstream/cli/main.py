@@ -3,7 +3,8 @@
 - `recstream demo`: train and evaluate a small CTR model end to end (the embedded default job);
 - `recstream serve DIR --port P`: serve the newest published model over HTTP, hot-swapping versions;
 - `recstream produce ...`: write a file or synthetic events into Kafka or a directory;
-- `recstream export DIR --format F --output PATH`: the newest published model as ONNX, TorchScript or .pt2.
+- `recstream export DIR --format F --output PATH`: the newest published model as ONNX, TorchScript or .pt2;
+- `recstream init [PATH]`, `recstream train|eval|online CONFIG.yaml`: config-driven runs (docs/cli.md).
 
 The command modules import torch (and the rest of the library) only inside their ``run``,
 so that ``--help`` and ``--version`` answer at once. A mistake ends with one line on stderr
@@ -19,7 +20,7 @@ import signal
 import sys
 
 from .. import __version__
-from . import demo, export, produce, serve
+from . import demo, eval_cmd, export, init_cmd, online_cmd, produce, serve, train_cmd
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_TERMINATED, CliError, Interrupted
 
 EPILOG = """exit status:
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(sub)
+    init_cmd.add_parser(sub)
+    train_cmd.add_parser(sub)
+    eval_cmd.add_parser(sub)
+    online_cmd.add_parser(sub)
     serve.add_parser(sub)
     produce.add_parser(sub)
     export.add_parser(sub)

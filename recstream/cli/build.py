@@ -1,0 +1,189 @@
+"""Build the library objects a validated config describes: schema, readers, stream, network,
+optimizer, model and callbacks.
+
+A value pydantic let through but the library refuses (``hidden: []``, a reader option that
+does not fit the file) is still a config mistake: `at` turns the library's TypeError or
+ValueError into the same one-line ``file:line: field: ...`` message (exit status 2).
+
+>>> from recstream.cli.config import Config
+>>> cfg = Config.model_validate({"run_dir": "r", "schema": {"criteo": {"hash_buckets": 100, "embedding_dim": 4}},
+...                              "model": {"type": "dcnv2", "hidden": [8], "num_cross_layers": 1}})
+>>> schema = build_schema(cfg, None)
+>>> type(build_network(cfg, schema, None)).__name__, schema.num_categorical
+('DCNv2', 26)
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+
+from .config_file import NOT_GIVEN, ConfigError
+
+_DELIMITERS = {"csv": ",", "tsv": "\t"}
+
+
+@contextmanager
+def at(doc, loc: tuple, value=NOT_GIVEN):
+    """Report the library's TypeError / ValueError / FileNotFoundError while building `loc` as a ConfigError."""
+    try:
+        yield
+    except (TypeError, ValueError, FileNotFoundError) as e:
+        if doc is None:
+            raise
+        raise doc.error(loc, value, str(e)) from e
+
+
+def build_schema(cfg, doc):
+    from ..data import CategoricalFeature, Schema, criteo_schema
+    s = cfg.schema_
+    if s.criteo is not None:
+        with at(doc, ("schema", "criteo")):
+            return criteo_schema(s.criteo.hash_buckets, s.criteo.embedding_dim)
+    if s.file is not None:
+        with at(doc, ("schema", "file"), s.file):
+            try:
+                with open(s.file, encoding="utf-8") as f:
+                    return Schema.from_dict(json.load(f))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not a JSON schema file (Schema.to_dict()): {e}") from e
+    cats = []
+    for i, c in enumerate(s.categorical):
+        with at(doc, ("schema", "categorical", i), c.name):
+            args = c.args()
+            if "vocabulary" in args:
+                args["vocabulary"] = tuple(args["vocabulary"])
+            cats.append(CategoricalFeature(**args))
+    with at(doc, ("schema",)):
+        return Schema(s.dense, cats, label=s.label)
+
+
+def _needs_criteo(cfg, doc, loc: tuple) -> None:
+    if cfg.schema_.criteo is None:
+        raise doc.error(loc, "criteo", "format 'criteo' reads the Criteo columns: set schema: {criteo: "
+                                       "{hash_buckets: N, embedding_dim: D}}")
+
+
+def build_reader(cfg, doc, split: str, schema):
+    """The reader of ``data.<split>`` (train or eval)."""
+    from ..data import CriteoReader, CSVReader, ParquetReader
+    d = getattr(cfg.data, split)
+    loc = ("data", split)
+    common = dict(drop_remainder=d.drop_remainder, on_bad_row=d.on_bad_row)
+    paths = d.path if len(d.path) > 1 else d.path[0]
+    if d.format == "criteo":
+        _needs_criteo(cfg, doc, loc + ("format",))
+        with at(doc, loc + ("path",), d.path):
+            return CriteoReader(paths, d.batch_size, cfg.schema_.criteo.hash_buckets,
+                                embedding_dim=cfg.schema_.criteo.embedding_dim, **common)
+    text = dict(fill_missing_dense=d.fill_missing_dense, log1p_dense=d.log1p_dense, **common)
+    with at(doc, loc + ("path",), d.path):
+        if d.format == "parquet":
+            return ParquetReader(paths, schema, d.batch_size, **text)
+        return CSVReader(paths, schema, d.batch_size, d.delimiter or _DELIMITERS[d.format], d.header, **text)
+
+
+def _decoder(cfg, doc, fmt: str, schema):
+    from ..data.streams import ArrowTableDecoder, CriteoTSVDecoder, CSVLineDecoder, JSONDecoder
+    st = cfg.stream
+    meta = dict(id_column=st.id_column, time_column=st.time_column)
+    with at(doc, ("stream",)):
+        if fmt == "criteo":
+            _needs_criteo(cfg, doc, ("stream", "directory" if st.directory else "kafka", "format"))
+            c = cfg.schema_.criteo
+            return CriteoTSVDecoder(c.hash_buckets, embedding_dim=c.embedding_dim, **meta)
+        if fmt == "jsonl":
+            return JSONDecoder(schema, **meta)
+        if fmt == "parquet":
+            return ArrowTableDecoder(schema, **meta)
+        return CSVLineDecoder(schema, _DELIMITERS[fmt], **meta)
+
+
+def build_stream(cfg, doc, schema, run_dir: str):
+    """The online source of ``stream:`` (a DirectoryStream or a KafkaStream)."""
+    st = cfg.stream
+    common = dict(batch_size=st.batch_size, idle_timeout=st.idle_timeout, max_batches=st.max_batches,
+                  dead_letter=st.dead_letter)
+    if st.directory is not None:
+        from ..data.streams import DirectoryStream
+        d = st.directory
+        decoder = _decoder(cfg, doc, d.format, schema)
+        with at(doc, ("stream", "directory"), d.path):
+            # the consumed position is also committed beside the checkpoints, like a consumer group's
+            return DirectoryStream(d.path, format=d.format, pattern=d.pattern, poll_interval=d.poll_interval,
+                                   decoder=decoder, header=d.header,
+                                   commit_path=os.path.join(run_dir, "stream_position.json"), **common)
+    from ..data import streams
+    k = st.kafka
+    try:
+        kafka_stream = streams.KafkaStream
+    except ImportError as e:
+        raise ConfigError(f"{doc.path}:{doc.line(('stream', 'kafka'), key=True)}: stream.kafka: {e}") from e
+    decoder = _decoder(cfg, doc, k.format, schema)
+    with at(doc, ("stream", "kafka"), k.bootstrap_servers):
+        return kafka_stream(k.topics, k.bootstrap_servers, k.group_id, decoder=decoder, start=k.start, **common)
+
+
+def build_network(cfg, schema, doc):
+    from ..models import DLRM, DCNv2, DeepFM, WideDeep
+    classes = {"widedeep": WideDeep, "deepfm": DeepFM, "dcnv2": DCNv2, "dlrm": DLRM}
+    with at(doc, ("model",)):
+        return classes[cfg.model.type](schema, **cfg.model.args())
+
+
+def build_model(cfg, doc, schema, *, online: bool = False):
+    """``(RecModel, network)``: the network on its device, `default_optimizer`, BCE loss, CTR metrics.
+    Online, no line per epoch (a sink of a few batches): the prequential reports are the output."""
+    import torch
+
+    from ..models import ctr_metrics, default_optimizer
+    from ..train import RecModel
+    net = build_network(cfg, schema, doc)
+    if cfg.train.device is not None:
+        with at(doc, ("train", "device"), cfg.train.device):
+            try:
+                net = net.to(torch.device(cfg.train.device))
+            except RuntimeError as e:  # a well-formed name of a device this machine lacks
+                raise ValueError(str(e).splitlines()[0]) from e
+    with at(doc, ("optimizer",)):
+        optimizer = default_optimizer(net, **cfg.optimizer.args())
+    with at(doc, ("train",)):
+        model = RecModel(net, torch.nn.BCEWithLogitsLoss(), optimizer, metrics=ctr_metrics(),
+                         amp_level=cfg.train.amp_level, boost_level=cfg.train.boost_level,
+                         **({"progress_bar": False} if online else {}))
+    return model, net
+
+
+def build_callbacks(cfg, doc, run_dir: str, *, online: bool) -> list:
+    """The callbacks of ``callbacks:`` (a final checkpoint always; prequential by default online)."""
+    from ..callbacks import CheckpointConfig, EarlyStopping, ModelCheckpoint, PrequentialMonitor, TensorBoard
+    from .config import CheckpointSection, PrequentialSection
+    cbs = cfg.callbacks
+    out = []
+    ck = cbs.checkpoint or CheckpointSection()
+    with at(doc, ("callbacks", "checkpoint")):
+        config = CheckpointConfig(save_checkpoint_steps=ck.every_steps, save_checkpoint_seconds=ck.every_seconds or 0,
+                                  keep_checkpoint_max=ck.keep)
+        out.append(ModelCheckpoint("model", os.path.join(run_dir, "checkpoints"), config))
+    tb_dir = os.path.join(run_dir, "tensorboard")
+    if cbs.tensorboard is not None:
+        with at(doc, ("callbacks", "tensorboard")):
+            try:
+                out.append(TensorBoard(tb_dir, update_freq=cbs.tensorboard.every_steps or "epoch"))
+            except ImportError as e:
+                raise ValueError(str(e)) from e
+    if cbs.early_stopping is not None:
+        if online:
+            raise doc.error(("callbacks", "early_stopping"),
+                            "early stopping needs evaluations between epochs: not for recstream online")
+        with at(doc, ("callbacks", "early_stopping")):
+            out.append(EarlyStopping(**cbs.early_stopping.args(), verbose=True))
+    if online:
+        pq = cbs.prequential or PrequentialSection()
+        with at(doc, ("callbacks", "prequential")):
+            out.append(PrequentialMonitor(pq.window, pq.log_every,
+                                          tensorboard=tb_dir if cbs.tensorboard is not None else None))
+    elif cbs.prequential is not None:
+        raise doc.error(("callbacks", "prequential"), cbs.prequential.args(),
+                        "prequential metrics are for recstream online (train and eval use data.eval)")
+    return out

@@ -1,0 +1,345 @@
+"""The config file of ``recstream train | eval | online``: pydantic models, one per section.
+
+Every section refuses unknown keys (naming the allowed ones) and wrong types (strict: ``"3"``
+is not an int); values the library checks itself (a model's ``activation``, a reader's
+options) are checked again when the objects are built, with the same ``file:line`` message.
+The reference of every field is docs/cli.md; ``recstream init`` writes a commented example.
+
+>>> cfg = Config.model_validate({"run_dir": "runs/x", "schema": {"criteo": {"hash_buckets": 1000}},
+...                              "model": {"type": "deepfm", "hidden": [32]}})
+>>> cfg.model.type, cfg.model.args(), cfg.train.epochs, cfg.optimizer.args()
+('deepfm', {'hidden': [32]}, 1, {})
+"""
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# = recstream.train.amp.AMP_LEVELS / recstream.train.model.BOOST_LEVELS (a test checks): validating a
+# config must not wait for torch
+AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
+BOOST_LEVELS = ("O0", "O1", "O2")
+READER_FORMATS = ("criteo", "csv", "tsv", "parquet")
+STREAM_FORMATS = ("criteo", "csv", "tsv", "jsonl", "parquet")
+PositiveFloat = Annotated[float, Field(gt=0)]
+Probability = Annotated[float, Field(ge=0, lt=1)]
+
+
+class Section(BaseModel):
+    """A config section: strict types, and unknown keys named with the allowed ones."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if key not in cls.model_fields:
+                    raise PydanticCustomError("unknown_key", "unknown key '{key}'; allowed keys: {allowed}",
+                                              {"key": key, "value": value, "allowed": ", ".join(cls.model_fields)})
+        return data
+
+    def args(self, exclude: tuple[str, ...] = ()) -> dict:
+        """The keys written in the file (the library's defaults apply to the others)."""
+        return self.model_dump(exclude_unset=True, exclude=set(exclude))
+
+
+def existing_path(value: str) -> str:
+    """A file or directory that exists (relative paths are from the current directory)."""
+    if not os.path.exists(value):
+        raise PydanticCustomError("no_such_path", "no such file or directory: {path} (relative paths are read "
+                                  "from the current directory, {cwd})", {"path": value, "cwd": os.getcwd()})
+    return value
+
+
+# --- schema ---------------------------------------------------------------------------------
+class CriteoSchema(Section):
+    """The Criteo columns (label, I1..I13, C1..C26), `recstream.data.criteo_schema`."""
+
+    hash_buckets: Annotated[int, Field(ge=2)] = 100_000
+    embedding_dim: PositiveInt = 16
+
+
+class CategoricalColumn(Section):
+    """One categorical column (`recstream.data.CategoricalFeature`); one of vocab_size /
+    hash_buckets / vocabulary."""
+
+    name: str
+    vocab_size: PositiveInt | None = None
+    hash_buckets: Annotated[int, Field(ge=2)] | None = None
+    vocabulary: list[str] | None = None
+    embedding_dim: PositiveInt = 16
+    multi_hot: bool = False
+    max_len: PositiveInt | None = None
+    pooling: Literal["sum", "mean"] = "sum"
+    separator: str = "|"
+
+
+class SchemaSection(Section):
+    """Where the schema comes from: ``criteo:``, ``file:`` (Schema JSON) or ``dense:``/``categorical:``."""
+
+    criteo: CriteoSchema | None = None
+    file: str | None = None
+    dense: list[str] = []
+    categorical: list[CategoricalColumn] = []
+    label: str = "label"
+
+    @field_validator("file")
+    @classmethod
+    def _file_exists(cls, value: str | None) -> str | None:
+        return value if value is None else existing_path(value)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SchemaSection:
+        given = [name for name, set_ in (("criteo", self.criteo is not None), ("file", self.file is not None),
+                                         ("dense/categorical", bool(self.dense or self.categorical))) if set_]
+        if len(given) != 1:
+            raise PydanticCustomError("schema_source", "give exactly one of criteo:, file: or dense:/categorical:, "
+                                      "got {given}", {"given": ", ".join(given) or "none"})
+        return self
+
+
+# --- data -----------------------------------------------------------------------------------
+class FileData(Section):
+    """Files read by a `recstream.data` reader (a file, a directory of files, or a list)."""
+
+    format: Literal[READER_FORMATS]
+    path: list[str]
+    batch_size: PositiveInt = 1024
+    header: bool = True
+    delimiter: str | None = None
+    on_bad_row: Literal["raise", "skip"] = "raise"
+    fill_missing_dense: float | None = None
+    log1p_dense: bool = False
+    drop_remainder: bool = False
+
+    _one_path = field_validator("path", mode="before")(classmethod(lambda cls, v: [v] if isinstance(v, str) else v))
+
+    @field_validator("path")
+    @classmethod
+    def _paths_exist(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise PydanticCustomError("no_path", "must name at least one file or directory")
+        for item in value:
+            existing_path(item)
+        return value
+
+
+class DataSection(Section):
+    train: FileData | None = None
+    eval: FileData | None = None
+
+
+class DirectorySource(Section):
+    """Files arriving in a directory, `recstream.data.streams.DirectoryStream`."""
+
+    path: str
+    format: Literal[STREAM_FORMATS] = "csv"
+    pattern: str | None = None
+    header: bool = False
+    poll_interval: PositiveFloat = 0.2
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, value: str) -> str:
+        return existing_path(value)
+
+
+class KafkaSource(Section):
+    """A Kafka topic, `recstream.data.streams.KafkaStream` (``pip install 'recstream[kafka]'``)."""
+
+    topics: list[str]
+    bootstrap_servers: str
+    group_id: str = "recstream"
+    format: Literal["criteo", "csv", "jsonl"] = "csv"
+    start: Literal["earliest", "latest"] = "earliest"
+
+    _one_topic = field_validator("topics", mode="before")(classmethod(lambda cls, v: [v] if isinstance(v, str) else v))
+
+
+class StreamSection(Section):
+    """The online source: exactly one of ``directory:`` / ``kafka:``, and how batches are cut."""
+
+    directory: DirectorySource | None = None
+    kafka: KafkaSource | None = None
+    batch_size: PositiveInt = 1024
+    id_column: str | None = None
+    time_column: str | None = None
+    idle_timeout: Annotated[float, Field(ge=0)] | None = None
+    max_batches: NonNegativeInt | None = None
+    dead_letter: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> StreamSection:
+        if (self.directory is None) == (self.kafka is None):
+            raise PydanticCustomError("stream_source", "give exactly one of directory: or kafka:")
+        return self
+
+
+# --- model, optimizer -----------------------------------------------------------------------
+Activation = Literal["relu", "gelu", "silu", "tanh", "sigmoid"]
+Hidden = list[PositiveInt]
+
+
+class _Net(Section):
+    embedding_dim: PositiveInt | None = None
+    dropout: Probability = 0.0
+    batch_norm: bool = False
+    activation: Activation = "relu"
+    init_std: PositiveFloat = 0.01
+
+    def args(self, exclude: tuple[str, ...] = ("type",)) -> dict:
+        return super().args(exclude)
+
+
+class WideDeepArgs(_Net):
+    type: Literal["widedeep"]
+    hidden: Hidden = [256, 128]
+    wide_dense: bool = True
+
+
+class DeepFMArgs(_Net):
+    type: Literal["deepfm"]
+    hidden: Hidden = [256, 128]
+
+
+class DCNv2Args(_Net):
+    type: Literal["dcnv2"]
+    num_cross_layers: PositiveInt = 3
+    hidden: Hidden = [256, 128]
+    structure: Literal["stacked", "parallel"] = "stacked"
+    low_rank: PositiveInt | None = None
+
+
+class DLRMArgs(_Net):
+    type: Literal["dlrm"]
+    bottom: Hidden = [64]
+    top: Hidden = [256, 128]
+    self_interaction: bool = False
+
+
+ModelSection = Annotated[WideDeepArgs | DeepFMArgs | DCNv2Args | DLRMArgs, Field(discriminator="type")]
+MODEL_TYPES = ("widedeep", "deepfm", "dcnv2", "dlrm")
+
+
+class OptimizerSection(Section):
+    """Arguments of `recstream.models.default_optimizer`."""
+
+    lr: PositiveFloat = 1e-3
+    embedding: Literal["lazy_adam", "rowwise_adagrad"] = "lazy_adam"
+    embedding_lr: PositiveFloat | None = None
+    wide: Literal["ftrl", "same"] = "ftrl"
+    wide_lr: PositiveFloat = 0.05
+    wide_l1: Annotated[float, Field(ge=0)] = 0.0
+    wide_l2: Annotated[float, Field(ge=0)] = 0.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+
+
+# --- training, callbacks --------------------------------------------------------------------
+class TrainSection(Section):
+    """How `Model.fit` (and `RecModel.online_train`) run."""
+
+    epochs: PositiveInt = 1
+    valid_frequency: PositiveInt = 1
+    amp_level: Literal[AMP_LEVELS] = "O0"
+    boost_level: Literal[BOOST_LEVELS] = "O0"
+    sink_mode: bool = False
+    sink_size: int = -1
+    seed: NonNegativeInt = 0
+    threads: PositiveInt | None = None
+    device: str | None = None
+
+    @field_validator("sink_size")
+    @classmethod
+    def _sink_size(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise PydanticCustomError("sink_size", "must be -1 (a whole epoch per sink) or an int >= 1")
+        return value
+
+
+class CheckpointSection(Section):
+    every_steps: PositiveInt | None = None
+    every_seconds: PositiveInt | None = None
+    keep: PositiveInt = 3
+
+    @model_validator(mode="after")
+    def _when(self) -> CheckpointSection:
+        if self.every_steps is not None and self.every_seconds is not None:
+            raise PydanticCustomError("checkpoint_when", "give every_steps or every_seconds, not both")
+        return self
+
+
+class EarlyStoppingSection(Section):
+    monitor: str = "eval_loss"
+    patience: NonNegativeInt = 0
+    min_delta: Annotated[float, Field(ge=0)] = 0.0
+    mode: Literal["auto", "min", "max"] = "auto"
+    restore_best_weights: bool = False
+
+
+class TensorBoardSection(Section):
+    every_steps: PositiveInt | None = None  # None: once per epoch
+
+
+class PrequentialSection(Section):
+    window: PositiveInt = 10_000
+    log_every: PositiveInt = 100
+
+
+class CallbacksSection(Section):
+    checkpoint: CheckpointSection | None = None
+    early_stopping: EarlyStoppingSection | None = None
+    tensorboard: TensorBoardSection | None = None
+    prequential: PrequentialSection | None = None
+
+
+class EvalSection(Section):
+    checkpoint: str | None = None  # a file or directory; default: <run_dir>/checkpoints
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _exists(cls, value: str | None) -> str | None:
+        return value if value is None else existing_path(value)
+
+
+class Config(Section):
+    """A whole config file (see docs/cli.md)."""
+
+    run_dir: str
+    schema_: SchemaSection = Field(alias="schema")
+    data: DataSection = DataSection()
+    stream: StreamSection | None = None
+    model: ModelSection
+    optimizer: OptimizerSection = OptimizerSection()
+    train: TrainSection = TrainSection()
+    callbacks: CallbacksSection = CallbacksSection()
+    eval: EvalSection = EvalSection()
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        allowed = [f.alias or name for name, f in cls.model_fields.items()]
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if key not in allowed:
+                    raise PydanticCustomError("unknown_key", "unknown key '{key}'; allowed keys: {allowed}",
+                                              {"key": key, "value": value, "allowed": ", ".join(allowed)})
+        return data
+
+
+def load_config(path: str):
+    """Read and validate a config file: ``(Config, ConfigDocument)``; a mistake is a one-line ConfigError."""
+    from pydantic import ValidationError
+
+    from .config_file import ConfigDocument
+    doc = ConfigDocument.read(path)
+    try:
+        return Config.model_validate(doc.data or {}), doc
+    except ValidationError as e:
+        raise doc.validation_error(e) from None

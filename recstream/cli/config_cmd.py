@@ -1,0 +1,67 @@
+"""What ``recstream train | eval | online CONFIG.yaml`` share: the parser, loading and checking the
+config, torch's settings, and the result line.
+
+The result: one human line on stdout (``recstream train: ...``), or with ``--json`` one JSON
+object on stdout instead (the human line then goes to stderr), for scripts::
+
+    {"command": "train", "status": "ok", "run_dir": "runs/x", "metrics": {"auc": 0.71, ...}, ...}
+
+>>> import argparse
+>>> sub = argparse.ArgumentParser().add_subparsers()
+>>> add_config_parser(sub, "train", "help", "description", run=None).parse_args(["c.yaml", "--json"]).json
+True
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import CliError
+
+
+def add_config_parser(sub, name: str, help: str, description: str, run) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", metavar="CONFIG.yaml", help="the run's config file (recstream init writes an example; "
+                                                          "reference: docs/cli.md)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout, for scripts")
+    p.set_defaults(run=run)
+    return p
+
+
+def load(args, *required: tuple):
+    """``(Config, ConfigDocument)``; `required`: sections this command needs, e.g. ``("data", "train")``."""
+    try:
+        from .config import load_config
+    except ModuleNotFoundError as e:  # the optional extra is not installed
+        raise CliError(f"config files need pydantic and PyYAML: pip install 'recstream[cli]' ({e})") from e
+    cfg, doc = load_config(args.config)
+    for loc in required:
+        value = cfg
+        for part in loc:
+            value = getattr(value, part, None)
+        if value is None:
+            raise doc.missing(loc, f"recstream {args.command} needs it (see docs/cli.md)")
+    return cfg, doc
+
+
+def setup_torch(cfg) -> None:
+    import torch
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+
+
+def emit(args, result: dict, line: str) -> int:
+    """Print the result (see the module docstring); returns exit status 0."""
+    if args.json:
+        print(line, file=sys.stderr, flush=True)
+        print(json.dumps({"command": args.command, "status": "ok", **result}), flush=True)
+    else:
+        print(line, flush=True)
+    return 0
+
+
+def summary(metrics: dict) -> str:
+    """``auc=0.7100 logloss=0.5000`` for the numbers of a metrics row."""
+    return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

@@ -1,0 +1,158 @@
+"""Reading a YAML config file so that every mistake names its place: field path, value, what is
+allowed, and ``file:line``.
+
+The file is parsed twice from the same text: ``yaml.safe_load`` gives the plain data that
+pydantic validates, ``yaml.compose`` the node tree whose ``start_mark`` says where each key
+and value is written. A pydantic error location (``("model", "hidden", 1)``) is walked down
+that tree to the deepest node it names; location parts that are not in the file (the tag of
+a discriminated union, the name of a missing key) are stepped over.
+
+>>> import os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "c.yaml")
+>>> _ = open(path, "w").write("model:\\n  type: deepfm\\n  hidden: [64, x]\\n")
+>>> doc = ConfigDocument.read(path)
+>>> doc.data["model"]["hidden"], doc.line(("model", "hidden", 1))
+([64, 'x'], 3)
+>>> doc.error(("model", "hidden", 1), "x", "must be an int").args[0].endswith("c.yaml:3: model.hidden[1]: "
+...                                                                          "got 'x'; must be an int")
+True
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EXIT_USAGE, CliError
+
+NOT_GIVEN = object()
+
+
+class ConfigError(CliError):
+    """A mistake in a config file (exit status 2); the message is one line starting ``file:line:``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, EXIT_USAGE)
+
+
+def dotted(loc: tuple) -> str:
+    """``("model", "hidden", 1)`` -> ``"model.hidden[1]"``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value as written in the message: repr, shortened."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@dataclass
+class ConfigDocument:
+    """A config file's text, its data and its node tree (see the module docstring)."""
+
+    path: str
+    data: Any
+    root: Any  # yaml.Node, or None for an empty file
+
+    @classmethod
+    def read(cls, path: str) -> ConfigDocument:
+        """Parse `path`; a missing file or a YAML syntax error is a ConfigError."""
+        import yaml  # here: `recstream --help` must stay fast
+        if not os.path.isfile(path):
+            what = "is a directory, not a config file" if os.path.isdir(path) else "does not exist"
+            raise ConfigError(f"{path}: config file {what}")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else path
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{where}: not valid YAML: {problem}") from e
+        doc = cls(path, data, root)
+        doc._check_duplicates(root, ())
+        if data is not None and not isinstance(data, dict):
+            raise doc.error((), data, "a config file must be a mapping of keys (schema:, data:, model:, ...)")
+        return doc
+
+    def _check_duplicates(self, node, loc: tuple) -> None:
+        """YAML keeps the last of two equal keys silently; a config mistake that must be named."""
+        import yaml
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key, value in node.value:
+                name = key.value
+                if name in seen:
+                    raise ConfigError(f"{self.path}:{key.start_mark.line + 1}: {dotted(loc + (name,))}: key written "
+                                      f"twice (first on line {seen[name]}); keep one")
+                seen[name] = key.start_mark.line + 1
+                self._check_duplicates(value, loc + (name,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_duplicates(item, loc + (i,))
+
+    def _walk(self, loc: tuple):
+        """(deepest node reached, its key node or None, the loc parts that reached it)."""
+        import yaml
+        node, key_node, used = self.root, None, ()
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                match = next(((k, v) for k, v in node.value if k.value == part), None)
+                if match is None:
+                    continue  # a union tag or a missing key: not written in the file
+                key_node, node = match
+                used += (part,)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node, key_node, used = node.value[part], None, used + (part,)
+        return node, key_node, used
+
+    def line(self, loc: tuple, *, key: bool = False) -> int:
+        """1-based line of the value at `loc` (of its key with ``key=True`` or for a mapping); the deepest
+        existing part."""
+        import yaml
+        node, key_node, _ = self._walk(loc)
+        if key_node is not None and (key or isinstance(node, yaml.MappingNode)):
+            node = key_node  # a block mapping starts on the line after its key: name the key's line
+        return node.start_mark.line + 1 if node is not None else 1
+
+    def error(self, loc: tuple, value: Any, allowed: str, *, key: bool = False) -> ConfigError:
+        """A one-line ConfigError ``file:line: field.path: got VALUE; ALLOWED``."""
+        got = "" if value is NOT_GIVEN else f"got {show(value)}; "
+        return ConfigError(f"{self.path}:{self.line(loc, key=key)}: {dotted(loc)}: {got}{allowed}")
+
+    def missing(self, loc: tuple, allowed: str) -> ConfigError:
+        """A ConfigError for a required key that is not written (the line of its parent)."""
+        return ConfigError(f"{self.path}:{self.line(loc[:-1], key=True)}: {dotted(loc)}: required key is missing; "
+                           f"{allowed}")
+
+    def validation_error(self, exc) -> ConfigError:
+        """The first (by line) of a pydantic ValidationError's errors, as one line."""
+        errors = [self._one(e) for e in exc.errors(include_url=False)]
+        errors.sort(key=lambda pair: pair[0])
+        line, message = errors[0]
+        more = f" (and {len(errors) - 1} more mistake{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+        return ConfigError(f"{self.path}:{line}: {message}{more}")
+
+    def _one(self, e: dict) -> tuple[int, str]:
+        loc, kind, ctx = tuple(e["loc"]), e["type"], e.get("ctx") or {}
+        _, _, used = self._walk(loc)
+        if kind == "unknown_key":
+            where = used + (ctx["key"],)
+            return self.line(where, key=True), (f"{dotted(where)}: unknown key (value {show(ctx['value'])}); "
+                                                f"allowed keys: {ctx['allowed']}")
+        if kind == "missing":
+            return self.line(loc[:-1], key=True), f"{dotted(used + loc[-1:])}: required key is missing"
+        if kind in ("union_tag_invalid", "union_tag_not_found"):  # the model's type: (the one tagged union)
+            from .config import MODEL_TYPES
+            where = used + (ctx.get("discriminator", "").strip("'"),)
+            expected = ctx.get("expected_tags") or ", ".join(map(repr, MODEL_TYPES))
+            if kind == "union_tag_not_found":
+                return self.line(used, key=True), f"{dotted(where)}: required key is missing; one of {expected}"
+            return self.line(where), f"{dotted(where)}: got {show(ctx.get('tag'))}; must be one of {expected}"
+        message = e["msg"].replace("Input should be", "must be").replace("Value error, ", "")
+        return self.line(loc), f"{dotted(used)}: got {show(e['input'])}; {message}"

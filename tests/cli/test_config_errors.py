@@ -1,0 +1,141 @@
+"""Config-file mistakes: `recstream train CONFIG.yaml` in a subprocess, each mistake one line on
+stderr naming the field, the value, what is allowed and file:line, exit status 2, no traceback."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recstream.cli import config
+from recstream.cli.errors import EXIT_USAGE
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+BASE = """run_dir: runs/r
+schema:
+  criteo:
+    hash_buckets: 100
+    embedding_dim: 4
+data:
+  train:
+    format: criteo
+    path: day_0.tsv
+    batch_size: 8
+model:
+  type: deepfm
+  hidden: [8]
+train:
+  epochs: 1
+  threads: 1
+"""
+
+
+def run_cli(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recstream", *argv], capture_output=True, text=True, timeout=120,
+                          env=ENV, cwd=tmp_path)
+
+
+def write(tmp_path, text: str) -> str:
+    (tmp_path / "day_0.tsv").write_text("\t".join(["1"] + ["3"] * 13 + ["68fd1e64"] * 26) + "\n")
+    (tmp_path / "c.yaml").write_text(text)
+    return "c.yaml"
+
+
+def line_of(text: str, needle: str) -> int:
+    """The first line holding `needle` (``^name``: the first line starting with it)."""
+    start = needle.startswith("^")
+    return next(i for i, line in enumerate(text.splitlines(), 1)
+                if (line.startswith(needle[1:]) if start else needle in line))
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == EXIT_USAGE, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+# (replace this, with that, the line to point at, the words the message must hold)
+CASES = {
+    "unknown key": ("  hidden: [8]\n", "  hidden: [8]\n  hiden: [16]\n", "hiden:",
+                    ["model.hiden", "unknown key", "[16]", "allowed keys:", "hidden", "embedding_dim"]),
+    "wrong type": ("  epochs: 1\n", "  epochs: two\n", "epochs: two",
+                   ["train.epochs", "got 'two'", "must be a valid integer"]),
+    "bad value": ("  epochs: 1\n", "  epochs: 1\n  amp_level: O4\n", "amp_level",
+                  ["train.amp_level", "got 'O4'", "'O0', 'O1', 'O2', 'O3' or 'auto'"]),
+    "number out of range": ("    batch_size: 8\n", "    batch_size: 0\n", "batch_size",
+                            ["data.train.batch_size", "got 0", "greater than 0"]),
+    "list item": ("  hidden: [8]\n", "  hidden: [8, -4]\n", "hidden",
+                  ["model.hidden[1]", "got -4", "greater than 0"]),
+    "model type": ("  type: deepfm\n", "  type: xgboost\n", "type: xgboost",
+                   ["model.type", "got 'xgboost'", "'widedeep', 'deepfm', 'dcnv2', 'dlrm'"]),
+    "missing file": ("    path: day_0.tsv\n", "    path: day_9.tsv\n", "day_9",
+                     ["data.train.path", "got 'day_9.tsv'", "no such file or directory"]),
+    "missing key": ("  type: deepfm\n", "", "model:", ["model.type", "required key is missing", "'widedeep'"]),
+    "duplicate key": ("  epochs: 1\n", "  epochs: 1\n  epochs: 2\n", "epochs: 2", ["train.epochs", "twice"]),
+    "yaml syntax": ("  hidden: [8]\n", "  hidden: [8\n", "^train:", ["not valid YAML"]),
+    "schema source": ("    embedding_dim: 4\n", "    embedding_dim: 4\n  dense: [x]\n", "schema:",
+                      ["schema", "exactly one of criteo:, file: or dense:/categorical:", "got {"]),
+    "reader format": ("    format: criteo\n", "    format: xml\n", "format: xml",
+                      ["data.train.format", "got 'xml'", "'criteo', 'csv', 'tsv' or 'parquet'"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_config_mistake_is_one_line_with_field_value_allowed_and_line(case, tmp_path):
+    old, new, at, words = CASES[case]
+    assert old in BASE
+    text = BASE.replace(old, new, 1)
+    result = run_cli(tmp_path, "train", write(tmp_path, text))
+    message = one_line_error(result)
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, at)}: "), message
+    for word in words:
+        assert word in message, (word, message)
+    assert not (tmp_path / "runs").exists()  # nothing written for a config that does not validate
+
+
+def test_library_refusal_is_reported_at_the_section(tmp_path):
+    """A value pydantic accepts but the library refuses (two id spaces for one column) is still a
+    config mistake, reported at its section."""
+    text = BASE.replace("  criteo:\n    hash_buckets: 100\n    embedding_dim: 4\n",
+                        "  dense: [x]\n  categorical:\n    - name: c\n      vocab_size: 5\n      hash_buckets: 9\n")
+    text = text.replace("format: criteo", "format: csv")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, '- name: c')}: schema.categorical[0]: "
+                              "got 'c'; CategoricalFeature('c')"), message
+    assert "vocab_size" in message and "hash_buckets" in message
+
+
+def test_a_command_names_the_section_it_needs(tmp_path):
+    for command, text, section in (("eval", BASE, "data.eval"), ("online", BASE, "stream"),
+                                   ("train", BASE.split("data:")[0] + "model:\n  type: dlrm\n", "data.train")):
+        message = one_line_error(run_cli(tmp_path, command, write(tmp_path, text)))
+        assert f"{section}: required key is missing; recstream {command} needs it" in message, message
+
+
+def test_missing_config_file_and_missing_checkpoint(tmp_path):
+    message = one_line_error(run_cli(tmp_path, "train", "nope.yaml"))
+    assert message == "recstream train: nope.yaml: config file does not exist"
+    text = BASE.replace("data:\n", "data:\n  eval:\n    format: criteo\n    path: day_0.tsv\n")
+    message = one_line_error(run_cli(tmp_path, "eval", write(tmp_path, text)))
+    assert "no checkpoint: runs/r/checkpoints does not exist" in message, message
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = run_cli(tmp_path, "--debug", "train", write(tmp_path, BASE.replace("epochs: 1", "epochs: two")))
+    assert result.returncode != 0 and "Traceback" in result.stderr and "ConfigError" in result.stderr
+
+
+def test_levels_match_the_library():
+    from recstream.models.dcn_v2 import STRUCTURES
+    from recstream.models.optim import EMBEDDING_OPTIMIZERS, WIDE_OPTIMIZERS
+    from recstream.train.amp import AMP_LEVELS
+    from recstream.train.model import BOOST_LEVELS
+    assert config.AMP_LEVELS == AMP_LEVELS and config.BOOST_LEVELS == BOOST_LEVELS
+    fields = config.OptimizerSection.model_fields
+    assert fields["embedding"].annotation.__args__ == EMBEDDING_OPTIMIZERS
+    assert fields["wide"].annotation.__args__ == WIDE_OPTIMIZERS
+    assert config.DCNv2Args.model_fields["structure"].annotation.__args__ == STRUCTURES
