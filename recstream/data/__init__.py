@@ -7,7 +7,9 @@
 * Readers, each a re-iterable stream of Batches in constant memory: :class:`ParquetReader`,
   :class:`CSVReader`, :class:`CriteoReader`; bad rows raise :class:`BadRowError` (file
   and row named) or, with ``on_bad_row="skip"``, are counted in ``reader.bad_rows``.
-* Data sets: :class:`SyntheticCTR` (Zipf ids, known Bayes AUC), :func:`load_adult`.
+* Data sets: :class:`SyntheticCTR` (Zipf ids, known Bayes AUC), :class:`DriftingCTR` (an online
+  stream with new users/items, shifting popularity and drifting tastes, known Bayes AUC over
+  time), :func:`load_adult`.
 * Pipeline: :class:`Rebatcher` (exact batch sizes), :class:`ShuffleBuffer` (row-level shuffle),
   :class:`Prefetcher` (background thread, pinned memory, async device copies), :class:`InMemoryDataset`.
 
@@ -23,6 +25,7 @@ from .adult import adult_schema, load_adult
 from .badrows import REASONS as BAD_ROW_REASONS
 from .badrows import BadRowError
 from .batch import Batch
+from .drifting import DriftingCTR
 from .hashing import hash_int64, hash_strings, to_buckets
 from .memory import InMemoryDataset, from_arrow, from_pandas
 from .pipeline import Prefetcher, Rebatcher, ShuffleBuffer
@@ -34,7 +37,8 @@ __all__ = [
     "Schema", "DenseFeature", "CategoricalFeature", "num_embeddings",
     "Batch", "Features",
     "ParquetReader", "CSVReader", "CriteoReader", "criteo_schema", "BadRowError", "BAD_ROW_REASONS",
-    "InMemoryDataset", "from_arrow", "from_pandas", "SyntheticCTR", "roc_auc", "load_adult", "adult_schema",
+    "InMemoryDataset", "from_arrow", "from_pandas", "SyntheticCTR", "DriftingCTR", "roc_auc", "load_adult",
+    "adult_schema",
     "ShuffleBuffer", "Prefetcher", "Rebatcher",
     "hash_int64", "hash_strings", "to_buckets",
 ]

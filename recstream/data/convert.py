@@ -136,6 +136,32 @@ def to_int(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(values, dtype=np.int64), missing, bad
 
 
+def to_keys(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """int64 keys of a ``dynamic=True`` feature's values: (keys, 0 where missing/bad; missing mask;
+    unparsable mask).
+
+    An integer is its own key, and so is a string holding a decimal int64 (CSV ``"12"`` and
+    Parquet ``12`` are one key); any other string is keyed by its stable 64-bit hash
+    (:func:`~recstream.data.hash_strings`). Null and ``""`` are missing.
+
+    >>> keys, missing, bad = to_keys(pa.array(["12", "user-a", None]))
+    >>> int(keys[0]), bool(keys[1] != 0), missing.tolist(), bad.tolist()
+    (12, True, [False, False, True], [False, False, False])
+    """
+    arr = plain(arr)
+    t = arr.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        arr, t = pc.cast(arr, pa.string()), pa.string()  # the text a JSON request would send
+    if not is_text(t):
+        return to_int(arr)  # integers (and integral floats) are keys as they are
+    ints, _, not_int = to_int(arr)  # not_int: text that is no int64 (nulls and "" are missing)
+    missing = np.asarray(pc.fill_null(pc.equal(pc.binary_length(arr), 0), True), dtype=bool)
+    if not_int.any():
+        hashed = hash_strings(arr).view(np.int64)
+        ints = np.where(not_int, hashed, ints)
+    return ints, missing, np.zeros(len(arr), dtype=bool)
+
+
 def to_text(arr) -> pa.Array:
     """Values as strings (the canonical form that hashing and vocabularies use)."""
     arr = plain(arr)
@@ -294,6 +320,11 @@ class ColumnConverter:
                     row_ids[rows[mask]] = ids[mask]
                 faults.mark(row_mask, reason, c, row_ids if ids is not None else None)
 
+        if feat.dynamic:  # raw int64 keys of a hash table: no range
+            ids, missing, bad = to_keys(col)
+            mark(bad, "unparsable")
+            mark(missing, "missing_value")
+            return ids, None
         if feat.hashed:  # ids of any type hash by their text, so CSV "12" == Parquet 12
             text = to_text(col)
             ids = to_buckets(hash_strings(text), feat.hash_buckets)

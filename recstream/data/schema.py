@@ -12,10 +12,20 @@ Id conventions, per categorical feature:
   ``len(vocabulary) + 1``).
 * ``hash_buckets=N``: values (strings or integers) are hashed with a stable 64-bit hash;
   id ``0`` is reserved for missing values and hashed values land in ``[1, N)``.
+* ``dynamic=True`` (with ``capacity=N``): no id space at all. Ids are int64 KEYS of a
+  :class:`~recstream.nn.HashEmbedding` that gives a row to every key seen
+  ``permit_filter_value`` times in training (at most ``capacity`` rows, least recently seen
+  evicted first, keys unseen for ``evict_filter_value`` steps evicted). Integers (and
+  strings holding a decimal integer, so CSV ``"12"`` is Parquet ``12``) are their own key;
+  any other string is keyed by its stable 64-bit hash (:func:`~recstream.data.hash_strings`).
+  A missing value is a bad row, as for ``vocab_size``. Unknown keys read a default vector.
 
 >>> s = Schema([DenseFeature("price")], [CategoricalFeature("item", hash_buckets=1000)])
 >>> s.num_embeddings("item"), Schema.from_dict(s.to_dict()) == s
 (1000, True)
+>>> d = Schema(["price"], [CategoricalFeature("user", dynamic=True, capacity=10_000, permit_filter_value=2)])
+>>> d.feature("user").dynamic, Schema.from_dict(d.to_dict()) == d
+(True, True)
 """
 from __future__ import annotations
 
@@ -52,13 +62,21 @@ class DenseFeature:
 class CategoricalFeature:
     """A categorical column looked up in an embedding table of ``num_embeddings`` rows.
 
-    Exactly one of ``vocab_size`` / ``hash_buckets`` / ``vocabulary`` sets the id space
-    (``vocabulary`` fills in ``vocab_size``). Multi-hot values arrive as lists (Parquet) or
-    ``separator``-joined strings (CSV); ``max_len`` keeps the first ``max_len`` ids of a bag.
+    Exactly one of ``vocab_size`` / ``hash_buckets`` / ``vocabulary`` / ``dynamic=True`` sets
+    the id space (``vocabulary`` fills in ``vocab_size``; see the module doc for each). Multi-hot
+    values arrive as lists (Parquet) or ``separator``-joined strings (CSV); ``max_len`` keeps the
+    first ``max_len`` ids of a bag.
+
+    Dynamic features (``dynamic=True``) need ``capacity`` (rows of their hash table) and take
+    ``permit_filter_value`` (occurrences before a key gets a row, >= 1) and
+    ``evict_filter_value`` (steps unseen before a key is evicted; None: only capacity evicts);
+    these three apply to dynamic features only.
 
     >>> f = CategoricalFeature("genres", vocabulary=["drama", "comedy"], multi_hot=True)
     >>> f.num_embeddings, f.vocab_size
     (3, 3)
+    >>> CategoricalFeature("user", dynamic=True, capacity=1000).num_embeddings
+    1000
     """
 
     name: str
@@ -70,26 +88,47 @@ class CategoricalFeature:
     pooling: str = "sum"
     separator: str = "|"
     vocabulary: tuple[str, ...] | None = field(default=None, compare=True)
+    dynamic: bool = False
+    capacity: int | None = None
+    permit_filter_value: int = 1
+    evict_filter_value: int | None = None
 
     def __post_init__(self) -> None:
         check_str("CategoricalFeature", "name", self.name)
         owner = f"CategoricalFeature({self.name!r})"
+        check_bool(owner, "dynamic", self.dynamic)
         # bucket 0 is reserved for missing values, so hashing needs at least one more
-        minimums = {"vocab_size": 1, "hash_buckets": 2, "embedding_dim": 1, "max_len": 1}
+        minimums = {"vocab_size": 1, "hash_buckets": 2, "embedding_dim": 1, "max_len": 1, "capacity": 1,
+                    "permit_filter_value": 1, "evict_filter_value": 1}
         for arg, minimum in minimums.items():  # numpy ints are fine; stored as plain ints (JSON-able)
             value = getattr(self, arg)
-            if value is not None or arg == "embedding_dim":  # None: not given (checked below)
+            if value is not None or arg in ("embedding_dim", "permit_filter_value"):  # None: not given
                 object.__setattr__(self, arg, check_int(owner, arg, value, minimum=minimum))
         if self.vocabulary is not None:
             self._set_vocabulary(owner)
-        if (self.vocab_size is None) == (self.hash_buckets is None):
-            raise ValueError(f"{owner}: give exactly one of 'vocab_size' or 'hash_buckets' "
-                             f"(got vocab_size={self.vocab_size!r}, hash_buckets={self.hash_buckets!r})")
+        if self.dynamic:
+            self._check_dynamic(owner)
+        elif (self.capacity, self.permit_filter_value, self.evict_filter_value) != (None, 1, None):
+            raise ValueError(f"{owner}: 'capacity', 'permit_filter_value' and 'evict_filter_value' apply to "
+                             f"dynamic=True features only (got capacity={self.capacity!r}, permit_filter_value="
+                             f"{self.permit_filter_value!r}, evict_filter_value={self.evict_filter_value!r})")
+        elif (self.vocab_size is None) == (self.hash_buckets is None):
+            raise ValueError(f"{owner}: give exactly one of 'vocab_size' or 'hash_buckets' (or 'vocabulary', or "
+                             f"dynamic=True with 'capacity'), got vocab_size={self.vocab_size!r}, "
+                             f"hash_buckets={self.hash_buckets!r}")
         check_bool(owner, "multi_hot", self.multi_hot)
         if self.max_len is not None and not self.multi_hot:
             raise ValueError(f"{owner}: 'max_len' applies to multi_hot features only")
         check_choice(owner, "pooling", self.pooling, _POOLINGS)
         check_str(owner, "separator", self.separator)
+
+    def _check_dynamic(self, owner: str) -> None:
+        given = {k: getattr(self, k) for k in ("vocab_size", "hash_buckets", "vocabulary") if getattr(self, k)}
+        if given:
+            raise ValueError(f"{owner}: a dynamic=True feature has no fixed id space; drop {sorted(given)} "
+                             f"(got {given})")
+        if self.capacity is None:
+            raise ValueError(f"{owner}: dynamic=True needs 'capacity' (rows of its hash table), got None")
 
     def _set_vocabulary(self, owner: str) -> None:
         vocab = self.vocabulary
@@ -116,13 +155,19 @@ class CategoricalFeature:
 
     @property
     def num_embeddings(self) -> int:
-        """Rows of this feature's embedding table (ids are in ``[0, num_embeddings)``)."""
+        """Rows of this feature's embedding table (ids are in ``[0, num_embeddings)``, except for a
+        dynamic feature: any int64 key, ``capacity`` rows)."""
+        if self.dynamic:
+            return self.capacity
         return self.vocab_size if self.vocab_size is not None else self.hash_buckets
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "embedding_dim": self.embedding_dim, "multi_hot": self.multi_hot,
              "max_len": self.max_len, "pooling": self.pooling, "separator": self.separator}
-        if self.vocabulary is not None:
+        if self.dynamic:
+            d.update(dynamic=True, capacity=self.capacity, permit_filter_value=self.permit_filter_value,
+                     evict_filter_value=self.evict_filter_value)
+        elif self.vocabulary is not None:
             d["vocabulary"] = list(self.vocabulary)
         elif self.hash_buckets is not None:
             d["hash_buckets"] = self.hash_buckets
@@ -210,6 +255,11 @@ class Schema:
         """``num_embeddings`` of every categorical feature, in schema order."""
         return [c.num_embeddings for c in self.categorical]
 
+    @property
+    def dynamic_names(self) -> tuple[str, ...]:
+        """Names of the ``dynamic=True`` categorical features (hash tables), in schema order."""
+        return tuple(c.name for c in self.categorical if c.dynamic)
+
     def check_features(self, features: Features) -> None:
         """Raise ValueError (naming feature, example and id) unless `features` match this schema.
 
@@ -290,6 +340,8 @@ def _check_bags(feature: CategoricalFeature, lens: torch.Tensor, ids: torch.Tens
         row = int((lens > feature.max_len).nonzero()[0])
         raise ValueError(f"feature {feature.name!r}: example {row} has {int(lens[row])} ids "
                          f"> max_len={feature.max_len}")
+    if feature.dynamic:  # any int64 is a key
+        return
     bad = (ids < 0) | (ids >= feature.num_embeddings)
     if bool(bad.any()):
         pos = int(bad.nonzero()[0])

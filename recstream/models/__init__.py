@@ -5,8 +5,10 @@ Every model is a plain ``torch.nn.Module`` whose ``forward(features)`` takes a
 ``torch.nn.BCEWithLogitsLoss``, evaluate with :func:`ctr_metrics` (AUC on logits, log
 loss on sigmoid(logits)), get probabilities with ``model.predict_proba(features)``.
 Embedding tables live in one fused :class:`~recstream.nn.EmbeddingBagCollection` per
-model part with sparse gradients; :func:`default_optimizer` pairs them with the
-row-sparse optimizers of :mod:`recstream.optim` (FTRL for WideDeep's wide part).
+model part with sparse gradients; ``dynamic=True`` features (any int64 ids) get a
+:class:`~recstream.nn.HashEmbedding` each instead (:mod:`recstream.models.dynamic`), in any mix.
+:func:`default_optimizer` pairs all tables with the row-sparse optimizers of
+:mod:`recstream.optim` (FTRL for WideDeep's wide part).
 
 >>> import torch
 >>> from recstream import Model

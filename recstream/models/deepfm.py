@@ -57,6 +57,8 @@ class DeepFM(CTRModel):
 
     Submodules: ``linear`` (:class:`LinearTerm`, first order), ``embedding``
     (:class:`FeatureEmbedding`), ``dense_fields`` (``[n_dense, D]`` Parameter), ``deep``.
+    A ``dynamic=True`` feature's first-order weight is column 0 of its ``embedding`` hash table
+    (width ``D + 1``), not a table of ``linear``: one hash lookup per feature and step.
     """
 
     def __init__(self, schema: Schema, hidden: Sequence[int] = (256, 128), *, embedding_dim: int | None = None,
@@ -64,9 +66,11 @@ class DeepFM(CTRModel):
                  init_std: float = 0.01, validate: bool = True) -> None:
         super().__init__()
         self.schema = check_schema(type(self).__name__, schema)
-        self.linear = LinearTerm(schema, validate=validate)
+        # Dynamic features keep their first-order weight as column 0 of their embedding table:
+        # one hash lookup per feature and step instead of two (both parts train with one optimizer).
+        self.linear = LinearTerm(schema, validate=validate, use_dynamic=False)
         self.embedding = FeatureEmbedding(schema, embedding_dim, equal_dims=True, init_std=init_std,
-                                          validate=validate)
+                                          validate=validate, first_order=True)
         dim = self.embedding.field_dim
         self.dense_fields = nn.Parameter(torch.randn(schema.num_dense, dim) * init_std)
         self.num_fields = schema.num_categorical + schema.num_dense
@@ -75,13 +79,17 @@ class DeepFM(CTRModel):
 
     def fields(self, features: Features) -> torch.Tensor:
         """All field vectors ``[B, n_categorical + n_dense, D]``."""
-        cat = self.embedding.fields(features)
+        return self._fields(features)[0]
+
+    def _fields(self, features: Features) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cat, first = self.embedding.fields_with_first_order(features)
         if not self.schema.num_dense:
-            return cat
+            return cat, first
         dense = features.dense.unsqueeze(2) * self.dense_fields  # [B, n_dense, D]
-        return torch.cat([cat, dense], dim=1)
+        return torch.cat([cat, dense], dim=1), first
 
     def forward(self, features: Features) -> torch.Tensor:
-        fields = self.fields(features)
+        fields, first = self._fields(features)
         deep = self.deep(fields.flatten(1)).squeeze(1)
-        return self.linear(features) + fm_interaction(fields) + deep
+        linear = self.linear(features) if first is None else self.linear(features) + first
+        return linear + fm_interaction(fields) + deep

@@ -9,6 +9,11 @@ optimizers of :mod:`recstream.optim` update only the rows a batch touched.
 Multi-hot features are pooled with the feature's ``pooling`` ("sum" or "mean"); an empty
 bag pools to zeros.
 
+Dynamic features (``CategoricalFeature(dynamic=True, capacity=...)``, ids are any int64 keys)
+get one :class:`~recstream.nn.HashEmbedding` each (:class:`~recstream.models.dynamic.DynamicTables`,
+submodule ``dynamic``), mixed freely with the fixed ones, which keep the fused collection
+(``ebc``, None when every feature is dynamic). The output is in schema order either way.
+
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Schema
 >>> from recstream.data import Features
@@ -29,6 +34,7 @@ from ..data.schema import Schema
 from ..features import Features
 from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
 from ..validation import check_bool, check_int, check_number, check_type
+from .dynamic import DynamicTables
 
 
 def table_name(feature_name: str) -> str:
@@ -60,6 +66,14 @@ def check_features(owner: str, features: object, schema: Schema) -> Features:
     return features
 
 
+def with_keys(features: Features, names: tuple[str, ...]) -> Features:
+    """`features` named by `names` (the schema's order) unless they carry names already."""
+    if features.keys is not None:
+        return features
+    return Features(features.dense, features.values, features.offsets, features.batch_size,
+                    features.num_features, names)
+
+
 class FeatureEmbedding(nn.Module):
     """Pooled embeddings of every categorical feature of `schema`.
 
@@ -73,15 +87,20 @@ class FeatureEmbedding(nn.Module):
         validate: check offsets and id ranges on every call. Costs two host syncs per
             step; worth it because an id past its table would otherwise silently read
             the NEXT table's rows of the fused storage.
+        first_order: give each dynamic feature's table one more column, its first-order
+            (linear) weight, read by :meth:`with_first_order`: one hash lookup per feature and
+            step instead of two (DeepFM uses it; its embeddings and linear term share an optimizer).
     """
 
     def __init__(self, schema: Schema, embedding_dim: int | None = None, *, equal_dims: bool = False,
-                 sparse: bool = True, init_std: float = 0.01, validate: bool = True) -> None:
+                 sparse: bool = True, init_std: float = 0.01, validate: bool = True,
+                 first_order: bool = False) -> None:
         super().__init__()
         owner = type(self).__name__
         self.schema = check_schema(owner, schema)
         dim = check_int(owner, "embedding_dim", embedding_dim, minimum=1, allow_none=True)
         check_bool(owner, "equal_dims", equal_dims)
+        self.first_order = check_bool(owner, "first_order", first_order)
         check_bool(owner, "sparse", sparse)
         check_bool(owner, "validate", validate)
         init_std = check_number(owner, "init_std", init_std, minimum=0.0)
@@ -96,8 +115,13 @@ class FeatureEmbedding(nn.Module):
         # Features are named as in the schema, so named inputs are matched by name.
         tables = [EmbeddingTableConfig(n, f.num_embeddings, d, pooling=f.pooling, init_std=init_std,
                                        feature_names=(f.name,))
-                  for n, f, d in zip(names, schema.categorical, dims, strict=True)]
-        self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate)
+                  for n, f, d in zip(names, schema.categorical, dims, strict=True) if not f.dynamic]
+        self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate) if tables else None
+        dynamic = [(f, d) for f, d in zip(schema.categorical, dims, strict=True) if f.dynamic]
+        extra = 1 if first_order else 0  # column 0: the first-order weight (see with_first_order)
+        self.dynamic = DynamicTables([f for f, _ in dynamic], [d + extra for _, d in dynamic], init_std=init_std,
+                                     sparse=sparse) if dynamic else None
+        self._names = tuple(schema.categorical_names)
         self.dims = tuple(dims)
         self.num_fields = len(dims)
         self.output_dim = sum(dims)
@@ -111,10 +135,35 @@ class FeatureEmbedding(nn.Module):
 
     def forward(self, features: Features) -> torch.Tensor:
         """``[B, sum(dims)]``: the features' pooled vectors side by side, in schema order."""
+        return self.with_first_order(features)[0]
+
+    def with_first_order(self, features: Features) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(forward(features), first-order logit [B] of the dynamic features)``; the second is
+        None unless built with ``first_order=True`` (and a dynamic feature)."""
         check_features(type(self).__name__, features, self.schema)
-        return self.ebc(features)
+        if self.dynamic is None:
+            return self.ebc(features), None
+        features = with_keys(features, self._names)
+        parts = {} if self.ebc is None else self.ebc.split(self.ebc(features))
+        first = None
+        for name, pooled in self.dynamic(features).items():
+            if self.first_order:
+                first = pooled[:, 0] if first is None else first + pooled[:, 0]
+                pooled = pooled[:, 1:]
+            parts[name] = pooled
+        return torch.cat([parts[n] for n in self._names], dim=1), first
+
+    def by_name(self, features: Features) -> dict[str, torch.Tensor]:
+        """``{feature name: pooled [B, dim]}`` of every categorical feature."""
+        out = self.forward(features)
+        return dict(zip(self._names, out.split(self.dims, dim=1), strict=True))
 
     def fields(self, features: Features) -> torch.Tensor:
         """``[B, num_fields, dim]`` (needs equal widths): one vector per feature."""
+        return self.fields_with_first_order(features)[0]
+
+    def fields_with_first_order(self, features: Features) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`fields` and the first-order logit of :meth:`with_first_order`."""
         dim = self.field_dim
-        return self.forward(features).view(features.batch_size, self.num_fields, dim)
+        out, first = self.with_first_order(features)
+        return out.view(features.batch_size, self.num_fields, dim), first

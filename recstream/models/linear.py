@@ -22,7 +22,8 @@ from ..data.schema import Schema
 from ..features import Features
 from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
 from ..validation import check_bool
-from .embedding import check_features, check_schema, table_name
+from .dynamic import DynamicTables
+from .embedding import check_features, check_schema, table_name, with_keys
 
 
 class LinearTerm(nn.Module):
@@ -31,12 +32,15 @@ class LinearTerm(nn.Module):
     Args:
         schema: the feature schema.
         use_dense: include a weight per dense feature (else ids and bias only).
+        use_dynamic: include the ``dynamic=True`` features (a width-1 HashEmbedding each, rows
+            starting at 0); False when the model takes their weights from elsewhere (DeepFM:
+            a column of its embedding tables).
         sparse: sparse COO gradients for the id weights.
         validate: check ids on every call (see :class:`FeatureEmbedding`).
     """
 
     def __init__(self, schema: Schema, *, use_dense: bool = True, sparse: bool = True,
-                 validate: bool = True) -> None:
+                 validate: bool = True, use_dynamic: bool = True) -> None:
         super().__init__()
         owner = type(self).__name__
         self.schema = check_schema(owner, schema, need_categorical=False)
@@ -44,10 +48,17 @@ class LinearTerm(nn.Module):
         check_bool(owner, "sparse", sparse)
         check_bool(owner, "validate", validate)
         self.ebc = None
-        if schema.num_categorical:
-            tables = [EmbeddingTableConfig(table_name(f.name), f.num_embeddings, 1, pooling=f.pooling, init_std=0.0,
-                                           feature_names=(f.name,)) for f in schema.categorical]
+        tables = [EmbeddingTableConfig(table_name(f.name), f.num_embeddings, 1, pooling=f.pooling, init_std=0.0,
+                                       feature_names=(f.name,)) for f in schema.categorical if not f.dynamic]
+        if tables:
             self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate)
+        # Dynamic features: a width-1 HashEmbedding each, zero rows (a new key starts at weight 0).
+        check_bool(owner, "use_dynamic", use_dynamic)
+        dynamic = [f for f in schema.categorical if f.dynamic and use_dynamic]
+        self.dynamic = DynamicTables(dynamic, [1] * len(dynamic), init_std=0.0, sparse=sparse) if dynamic else None
+        self._names = tuple(schema.categorical_names)
+        # With dynamic features the fused tables hold a subset: inputs are matched to them by name.
+        self._by_name = any(f.dynamic for f in schema.categorical)
         self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
         if self.dense is not None:
             nn.init.zeros_(self.dense.weight)
@@ -56,6 +67,10 @@ class LinearTerm(nn.Module):
     def forward(self, features: Features) -> torch.Tensor:
         check_features(type(self).__name__, features, self.schema)
         logit = self.bias.expand(features.batch_size)
+        if self._by_name:
+            features = with_keys(features, self._names)
+        if self.dynamic is not None:
+            logit = logit + torch.cat(list(self.dynamic(features).values()), dim=1).sum(dim=1)
         if self.ebc is not None:
             # Width-1 tables: the [B, F] output holds one pooled weight per feature.
             logit = logit + self.ebc(features).sum(dim=1)

@@ -4,7 +4,9 @@ Three kinds of parameters want three optimizers:
 
 * embedding tables (sparse COO gradients, a few rows touched per step): a row-sparse
   optimizer, :class:`~recstream.optim.LazyAdam` (default) or
-  :class:`~recstream.optim.RowWiseAdagrad` (one accumulator per row: least memory);
+  :class:`~recstream.optim.RowWiseAdagrad` (one accumulator per row: least memory); the
+  :class:`~recstream.nn.HashEmbedding` rows of ``dynamic=True`` features too (both optimizers,
+  and FTRL, zero the state of a row the table hands to a new key, via ``pop_reset_rows``);
 * the wide part of :class:`~recstream.models.WideDeep`: :class:`~recstream.optim.FTRL`
   (per-coordinate rates, L1 keeps rare ids at exactly zero), as in the paper;
 * everything else (MLPs, cross layers, biases): ``torch.optim.Adam``.

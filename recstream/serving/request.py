@@ -8,6 +8,9 @@ instance must have exactly the schema's features (no label):
 * categorical features with ``vocab_size``: an integer id in ``[0, vocab_size)``;
 * ``hash_buckets`` / ``vocabulary`` features: the RAW value, a string or an integer, hashed or
   looked up exactly as the training reader does (``null``: missing, id 0);
+* ``dynamic`` features: an integer key (int64) or a non-empty string, keyed exactly as the
+  training reader does (:func:`~recstream.data.convert.to_keys`); a key training never saw is
+  no error: the model reads its table's default vector;
 * ``multi_hot`` features take a list of such values (cut to ``max_len`` like the reader);
   single-valued ones a scalar.
 
@@ -38,7 +41,7 @@ import pyarrow as pa
 import torch
 
 from ..data.batch import Features
-from ..data.convert import ColumnConverter
+from ..data.convert import ColumnConverter, to_keys
 from ..data.hashing import hash_strings, to_buckets
 from ..data.schema import CategoricalFeature, Schema
 from ..validation import check_int, check_type
@@ -101,6 +104,10 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _text(v) -> str:
+    return str(v) if _is_int(v) else v
+
+
 class InstanceParser:
     """Validates and converts instances for one schema (see module docstring).
 
@@ -146,7 +153,25 @@ class InstanceParser:
             raise _bad(f"instance {i}: {name!r} must be finite, got {v}", instance=i, field=name)
         return v
 
+    def _key(self, i: int, f: CategoricalFeature, v: Any):
+        """A dynamic feature's value: an int64 or a non-empty string ("" only inside a list, where
+        the reader drops it as an absent element)."""
+        if _is_int(v):
+            if not -2 ** 63 <= v < 2 ** 63:
+                raise _bad(f"instance {i}: {f.name!r} key {v} does not fit in int64", instance=i, field=f.name)
+            return v
+        if isinstance(v, str) and (v or f.multi_hot):
+            if not _utf8(v):
+                raise _bad(f"instance {i}: {f.name!r} is not valid Unicode text (lone surrogate)",
+                           instance=i, field=f.name)
+            return v
+        got = "an empty string" if v == "" else type(v).__name__
+        raise _bad(f"instance {i}: {f.name!r} takes an integer or a non-empty string id, got {got}",
+                   instance=i, field=f.name)
+
     def _scalar(self, i: int, f: CategoricalFeature, v: Any):
+        if f.dynamic:
+            return self._key(i, f, v)
         if f.hashed or f.vocabulary is not None:  # raw values: hashed / looked up by their text
             if v is None:
                 return None
@@ -180,7 +205,7 @@ class InstanceParser:
         return out
 
     def _arrow_type(self, f: CategoricalFeature) -> pa.DataType:
-        t = pa.string() if (f.hashed or f.vocabulary is not None) else pa.int64()
+        t = pa.string() if (f.hashed or f.vocabulary is not None or f.dynamic) else pa.int64()
         return pa.list_(t) if f.multi_hot else t
 
     def instances(self, payload: Any) -> list:
@@ -224,6 +249,12 @@ class InstanceParser:
         return torch.from_numpy(dense)
 
     def _direct_ids(self, f: CategoricalFeature, values: list) -> np.ndarray:
+        if f.dynamic:  # ints are keys; strings keyed (parsed or hashed) as the reader does
+            keys = np.fromiter((v if _is_int(v) else 0 for v in values), dtype=np.int64, count=len(values))
+            text = [j for j, v in enumerate(values) if not _is_int(v)]
+            if text:
+                keys[text] = to_keys(pa.array([values[j] for j in text], pa.string()))[0]
+            return keys
         if not f.hashed:
             return np.asarray(values, dtype=np.int64)
         text = pa.array(values, pa.string())
@@ -242,7 +273,7 @@ class InstanceParser:
                 ids.append(self._direct_ids(f, column))
                 lengths.append(np.ones(n, dtype=np.int64))
                 continue
-            if f.hashed:  # "" is an absent element for the reader: drop it the same way
+            if f.hashed or f.dynamic:  # "" is an absent element for the reader: drop it the same way
                 column = [[x for x in row if x != ""] for row in column]
             if f.max_len is not None:
                 column = [row[: f.max_len] for row in column]
@@ -268,7 +299,10 @@ class InstanceParser:
         for d in self.schema.dense_names:
             arrays[d] = pa.array([v for p in parts for v in p[d]], pa.float64())
         for f in self.schema.categorical:
-            arrays[f.name] = pa.array([v for p in parts for v in p[f.name]], self._arrow_type(f))
+            column = [v for p in parts for v in p[f.name]]
+            if f.dynamic:  # a string column: to_keys reads a decimal int back as the same key
+                column = [[_text(x) for x in v] if isinstance(v, list) else _text(v) for v in column]
+            arrays[f.name] = pa.array(column, self._arrow_type(f))
         batch, faults = self.converter.convert(pa.table(arrays))
         errors: list[RequestError | None] = [None] * len(parts)
         if faults:  # rare: rows the reader would have dropped as bad

@@ -1,0 +1,107 @@
+"""Training throughput of a model with dynamic-id (HashEmbedding) features vs the same model with
+fixed tables of the same size.
+
+Both models read the same batches: ``user`` and ``item`` ids drawn from a Zipf law over
+``--rows`` ids (scattered over that range), plus two small fixed features and dense values. The
+fixed model has ``vocab_size=--rows`` tables for user and item; the dynamic one
+``dynamic=True, capacity=--rows`` tables (every other feature identical), so a full step --
+forward, backward, ``default_optimizer`` step -- is compared like for like. One thread; the two
+models run interleaved in rounds of ``--steps`` steps (so load changes on a shared machine hit
+both alike); the report is the median per-round events/s and the ratio fixed/dynamic.
+
+    python benchmarks/bench_dynamic.py --rows 100000 --batch-size 1024 --rounds 5 --steps 20
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from recstream.data import CategoricalFeature, Features, Schema
+from recstream.models import DLRM, DCNv2, DeepFM, WideDeep, default_optimizer
+
+MODELS = {
+    "widedeep": lambda s: WideDeep(s, hidden=(256, 128), embedding_dim=16),
+    "deepfm": lambda s: DeepFM(s, hidden=(256, 128), embedding_dim=16),
+    "dcnv2": lambda s: DCNv2(s, num_cross_layers=2, hidden=(256, 128), embedding_dim=16),
+    "dlrm": lambda s: DLRM(s, bottom=(64,), top=(256, 128), embedding_dim=16),
+}
+
+
+def schema(rows: int, dynamic: bool) -> Schema:
+    ids = [CategoricalFeature(n, dynamic=True, capacity=rows) if dynamic else CategoricalFeature(n, vocab_size=rows)
+           for n in ("user", "item")]
+    return Schema([f"x{i}" for i in range(4)], [*ids, CategoricalFeature("category", vocab_size=100),
+                                                 CategoricalFeature("hour", vocab_size=24)])
+
+
+def batches(n: int, batch_size: int, rows: int, seed: int = 0) -> list[tuple[Features, torch.Tensor]]:
+    rng = np.random.default_rng(seed)
+    names = ("user", "item", "category", "hour")
+    out = []
+    for _ in range(n):
+        cols = [(rng.zipf(1.2, batch_size) * 7919) % rows for _ in range(2)]  # heavy head, long tail, scattered
+        cols += [rng.integers(0, 100, batch_size), rng.integers(0, 24, batch_size)]
+        values = torch.from_numpy(np.concatenate(cols).astype(np.int64))
+        offsets = torch.arange(4 * batch_size + 1, dtype=torch.int64)
+        dense = torch.from_numpy(rng.standard_normal((batch_size, 4), dtype=np.float32))
+        out.append((Features(dense, values, offsets, batch_size, 4, names),
+                    torch.from_numpy((rng.random(batch_size) < 0.25).astype(np.float32))))
+    return out
+
+
+def make_step(net: torch.nn.Module):
+    opt = default_optimizer(net)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def run(args, name: str) -> dict:
+    data = batches(args.steps * 2, args.batch_size, args.rows)
+    steps = {}
+    for dynamic in (False, True):
+        torch.manual_seed(0)
+        steps[dynamic] = make_step(MODELS[name](schema(args.rows, dynamic)))
+        for x, y in data[:args.warmup]:  # first sight of the ids: admissions happen here
+            steps[dynamic](x, y)
+    rates = {False: [], True: []}
+    for r in range(args.rounds):
+        for dynamic in ((False, True) if r % 2 == 0 else (True, False)):
+            chunk = data[(r % 2) * args.steps:(r % 2 + 1) * args.steps]
+            t0 = time.perf_counter()
+            for x, y in chunk:
+                steps[dynamic](x, y)
+            rates[dynamic].append(len(chunk) * args.batch_size / (time.perf_counter() - t0))
+    fixed, dyn = statistics.median(rates[False]), statistics.median(rates[True])
+    return {"model": name, "fixed": fixed, "dynamic": dyn, "ratio": fixed / dyn}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--models", default="widedeep,deepfm,dcnv2,dlrm")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    print(f"rows={args.rows} batch={args.batch_size} rounds={args.rounds}x{args.steps} steps, 1 thread")
+    print(f"{'model':10s} {'fixed ev/s':>11s} {'dynamic ev/s':>13s} {'fixed/dynamic':>14s}")
+    for name in args.models.split(","):
+        r = run(args, name)
+        print(f"{r['model']:10s} {r['fixed']:11,.0f} {r['dynamic']:13,.0f} {r['ratio']:14.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Dynamic-id (HashEmbedding) features in every model: mixed with fixed tables, trained, checkpointed,
+restored; unseen keys read the default vector; reused rows get fresh optimizer state."""
+import pytest
+import torch
+
+from recstream import RecModel
+from recstream.callbacks import CheckpointConfig, ModelCheckpoint
+from recstream.data import Batch, CategoricalFeature, Features, Schema
+from recstream.data.streams import IterableStream
+from recstream.models import WideDeep, ctr_metrics, default_optimizer
+from recstream.models.dynamic import table_key
+from recstream.nn import HashEmbedding
+
+from .helpers import BUILDERS, MODEL_NAMES
+
+
+def dynamic_schema(capacity: int = 64) -> Schema:
+    """A dynamic user id and dynamic multi-hot tags among fixed-vocabulary features."""
+    return Schema(["d0", "d1"], [
+        CategoricalFeature("item", vocab_size=20, embedding_dim=4),
+        CategoricalFeature("user", dynamic=True, capacity=capacity, embedding_dim=4),
+        CategoricalFeature("tags", dynamic=True, capacity=capacity, multi_hot=True, pooling="mean",
+                           embedding_dim=4, permit_filter_value=2),
+        CategoricalFeature("genre", vocab_size=5, multi_hot=True, embedding_dim=4),
+    ])
+
+
+def batches(n: int, b: int = 32, seed: int = 0, users=(10**12, 10**12 + 40)) -> list[Batch]:
+    """Users are huge raw ids (no vocabulary could hold them); label = user parity + d0."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        user = torch.randint(*users, (b,), generator=g)
+        n_tags, n_genre = torch.randint(0, 4, (b,), generator=g), torch.randint(0, 3, (b,), generator=g)
+        values = torch.cat([torch.randint(0, 20, (b,), generator=g), user,
+                            torch.randint(-3, 50, (int(n_tags.sum()),), generator=g),
+                            torch.randint(0, 5, (int(n_genre.sum()),), generator=g)])
+        lengths = torch.stack([torch.ones(b, dtype=torch.int64), torch.ones(b, dtype=torch.int64), n_tags, n_genre])
+        dense = torch.randn(b, 2, generator=g)
+        p = torch.sigmoid(2.0 * (user % 2).float() - 1.0 + dense[:, 0])
+        out.append(Batch(Features.from_lengths(dense, values, lengths), (torch.rand(b, generator=g) < p).float()))
+    return out
+
+
+def tables(net) -> dict[str, HashEmbedding]:
+    return {n: m for n, m in net.named_modules() if isinstance(m, HashEmbedding)}
+
+
+def rec_model(net, optimizer=None) -> RecModel:
+    return RecModel(net, torch.nn.BCEWithLogitsLoss(), optimizer or default_optimizer(net, lr=1e-2),
+                    metrics=ctr_metrics(), progress_bar=False)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_model_trains_dynamic_features_and_serves_unseen_keys(name):
+    torch.manual_seed(0)
+    net = BUILDERS[name](dynamic_schema())
+    hashed = tables(net)
+    assert hashed and all(m.sparse for m in hashed.values())
+    if name in ("widedeep",):  # the wide part has its own width-1 hash tables
+        assert {"wide.dynamic.tables.user", "embedding.dynamic.tables.user"} <= set(hashed)
+    assert net.embedding.ebc is not None and set(net.embedding.ebc.feature_names) == {"item", "genre"}
+    model = rec_model(net)
+    model.train(2, batches(12))
+    assert hashed["embedding.dynamic.tables.user"].num_rows == 40  # every user got a row
+    assert 0 < hashed["embedding.dynamic.tables.tags"].num_rows <= 53
+    assert model.eval(batches(8, seed=1))["auc"] > 0.65  # the parity of the huge user ids was learnt
+
+    x = batches(1, b=4, seed=2, users=(5 * 10**15, 5 * 10**15 + 1))[0].features  # never-seen users
+    net.eval()
+    before = {n: (m.num_rows, m.global_step) for n, m in hashed.items()}
+    with torch.no_grad():
+        out = net(x)
+        other = Features(x.dense, x.values.clone(), x.offsets, x.batch_size, x.num_features)
+        other.values[4:8] = -2  # another unseen key: the same default vector
+        assert torch.equal(net(other), out)
+    assert {n: (m.num_rows, m.global_step) for n, m in hashed.items()} == before  # serving does not mutate
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_named_features_in_any_order_match_positional_ones(name):
+    torch.manual_seed(0)
+    net = BUILDERS[name](dynamic_schema()).eval()
+    x = batches(1, b=8)[0].features
+    named = Features(x.dense, x.values, x.offsets, x.batch_size, x.num_features, dynamic_schema().categorical_names)
+    shuffled = named.select(["genre", "user", "item", "tags"])
+    with torch.no_grad():
+        assert torch.allclose(net(x), net(shuffled))
+
+
+def test_only_dynamic_features_and_reserved_keys():
+    schema = Schema([], [CategoricalFeature("u", dynamic=True, capacity=8, embedding_dim=4),
+                         CategoricalFeature("v", dynamic=True, capacity=8, embedding_dim=4)])
+    net = WideDeep(schema, hidden=(4,))
+    assert net.embedding.ebc is None and net.wide.ebc is None
+    x = Features.from_lengths(torch.zeros(3, 0), torch.tensor([-1, -2, 5, -1, 7, 8]), torch.ones(2, 3))
+    net(x).sum().backward()  # -1 / -2 are the hash table's markers: stored under other keys, no error
+    assert tables(net)["embedding.dynamic.tables.u"].num_rows == 3
+    assert table_key(torch.tensor([-1, -2])).tolist() == [-(2 ** 63) + 1, -(2 ** 63)]
+
+
+def test_init_std_other_than_the_hash_tables_is_refused():
+    with pytest.raises(ValueError, match="init_std.*0.01"):
+        WideDeep(dynamic_schema(), hidden=(4,), init_std=0.1)
+
+
+@pytest.mark.parametrize("embedding", ["lazy_adam", "rowwise_adagrad"])
+def test_default_optimizer_resets_the_state_of_reused_rows(embedding):
+    """Capacity 2: a third user evicts the least recent one and takes its row with zero state."""
+    schema = Schema([], [CategoricalFeature("u", dynamic=True, capacity=2, embedding_dim=2, evict_filter_value=None)])
+    net = WideDeep(schema, hidden=(2,))
+    opt = default_optimizer(net, embedding=embedding)
+    table = net.embedding.dynamic.tables["u"]
+    emb_opt = opt.optimizers["embedding"]
+
+    def step(keys):
+        x = Features.from_lengths(torch.zeros(len(keys), 0), torch.tensor(keys), torch.ones(1, len(keys)))
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+
+    step([1, 2])
+    step([2])
+    state = emb_opt.state[table.values]
+    rows = {k: int(table.table.rows[table.table.find(torch.tensor([k]))]) for k in (1, 2)}
+    name = "exp_avg" if embedding == "lazy_adam" else "sum"
+    assert bool(state[name][rows[1]].abs().sum() > 0)
+    step([3])  # evicts 1 (least recently seen): 3 reuses its row
+    row3 = int(table.table.rows[table.table.find(torch.tensor([3]))])
+    assert row3 == rows[1]
+    fresh = WideDeep(schema, hidden=(2,))
+    fresh_opt = default_optimizer(fresh, embedding=embedding)
+    x = Features.from_lengths(torch.zeros(1, 0), torch.tensor([3]), torch.ones(1, 1))
+    fresh_opt.zero_grad()
+    fresh(x).sum().backward()
+    fresh_opt.step()
+    fresh_state = fresh_opt.optimizers["embedding"].state[fresh.embedding.dynamic.tables["u"].values]
+    # one update from zero state: the same magnitude as a never-used row's first update
+    got = state[name][row3].abs()
+    want = fresh_state[name][int(fresh.embedding.dynamic.tables["u"].table.rows[
+        fresh.embedding.dynamic.tables["u"].table.find(torch.tensor([3]))])].abs()
+    assert got.shape == want.shape and bool((got > 0).all())
+    assert float(got.max()) <= 1.5 * float(want.max()) + 1e-12
+
+
+@pytest.mark.parametrize("name", ["deepfm", "widedeep"])
+def test_checkpoint_and_restore_keep_tables_and_optimizer_state(tmp_path, name):
+    torch.manual_seed(0)
+    data = batches(10)
+    trained = BUILDERS[name](dynamic_schema(capacity=24))  # 40 users in 24 rows: evictions too
+    opt_a = default_optimizer(trained, lr=1e-2)
+    model = rec_model(trained, opt_a)
+    ckpt = ModelCheckpoint("dyn", tmp_path, CheckpointConfig(save_checkpoint_steps=5, keep_checkpoint_max=2))
+    model.online_train(IterableStream(lambda: iter(data)), callbacks=[ckpt], dataset_sink_mode=False)
+    assert 20 <= tables(trained)["embedding.dynamic.tables.user"].num_rows <= 24  # full: LRU evicted some
+
+    torch.manual_seed(1)
+    restored = BUILDERS[name](dynamic_schema(capacity=24))
+    opt_b = default_optimizer(restored, lr=1e-2)
+    again = rec_model(restored, opt_b)
+    assert again.restore(tmp_path)["cur_step_num"] == 10
+    for (n, a), (_, b) in zip(tables(trained).items(), tables(restored).items(), strict=True):
+        assert (a.num_rows, a.global_step) == (b.num_rows, b.global_step), n
+        ea, eb = a.export(reset_delta=False), b.export(reset_delta=False)
+        assert torch.equal(ea["keys"], eb["keys"]) and torch.equal(ea["values"], eb["values"]), n
+    x = batches(1, seed=3)[0].features
+    trained.eval()
+    restored.eval()
+    with torch.no_grad():
+        assert torch.equal(trained(x), restored(x))
+    for child in opt_a.optimizers:
+        sa, sb = (o.optimizers[child].state_dict()["state"] for o in (opt_a, opt_b))
+        assert sa.keys() == sb.keys() and sa
+        for k in sa:
+            for field, value in sa[k].items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(sb[k][field])), (child, k, field)
