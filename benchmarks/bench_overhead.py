@@ -1,11 +1,13 @@
 """Overhead of `Model.train` against a hand-written PyTorch loop (same network, data, optimizer).
 
-Three variants train the same MLP from the same initial weights on the same dataset, one epoch at
+Four variants train the same MLP from the same initial weights on the same dataset, one epoch at
 a time, interleaved in one process (the machine is noisy: compare ratios, not absolute times):
 
 - ``hand``: ``for x, y in data: zero_grad; loss = loss_fn(net(x), y); backward; step``
 - ``model``: ``Model(net, loss_fn, opt).train(1, data)`` (normal mode, no callbacks)
-- ``sink``: ``Model.train(1, data, dataset_sink_mode=True)`` (background data channel)
+- ``sink``: ``Model.train(1, data, dataset_sink_mode=True)`` (its data channel runs inline when
+  training uses every core, on a producer thread otherwise)
+- ``sink_thread``: the same with the producer thread forced on
 
 The dataset does realistic per-batch work (gather a shuffled batch of rows, log-transform the
 dense features), the part a sink's background thread overlaps with compute.
@@ -20,10 +22,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from unittest import mock
 
 import torch
 
 from recstream import Model
+from recstream.train.sink import DatasetHelper
 
 
 class GatherDataset:
@@ -65,7 +69,7 @@ def run(args) -> dict:
     data = GatherDataset(args.rows, args.features, args.batch_size)
     loss_fn = torch.nn.CrossEntropyLoss()
     variants = {}
-    for name in ("hand", "model", "sink"):
+    for name in ("hand", "model", "sink", "sink_thread"):
         net = make_net(args.features, args.hidden)
         opt = torch.optim.Adam(net.parameters(), lr=1e-3)
         model = Model(net, loss_fn, opt, progress_bar=False)
@@ -75,6 +79,9 @@ def run(args) -> dict:
         net, opt, model = variants[name]
         if name == "hand":
             hand_loop(net, opt, loss_fn, data)
+        elif name == "sink_thread":  # the sink with its producer thread forced on, for comparison
+            with mock.patch.object(DatasetHelper, "_background", lambda self: True):
+                model.train(1, data, dataset_sink_mode=True)
         else:
             model.train(1, data, dataset_sink_mode=(name == "sink"))
 
@@ -108,9 +115,9 @@ def main(argv=None) -> None:
     hand = result["medians"]["hand"]
     print(f"{result['steps_per_epoch']} steps/epoch, batch {args.batch_size}, MLP {args.features}-"
           f"{args.hidden}-{args.hidden}-2, Adam, {args.threads} threads, {args.repeats} interleaved repeats")
-    print(f"{'variant':8} {'median s/epoch':>15} {'vs hand':>9} {'max |w - w_hand|':>17}")
+    print(f"{'variant':11} {'median s/epoch':>15} {'vs hand':>9} {'max |w - w_hand|':>17}")
     for name, t in result["medians"].items():
-        print(f"{name:8} {t:15.4f} {t / hand:9.3f} {result['max_weight_diff'][name]:17.2e}")
+        print(f"{name:11} {t:15.4f} {t / hand:9.3f} {result['max_weight_diff'][name]:17.2e}")
     same = all(d <= 1e-6 for d in result["max_weight_diff"].values())
     print("identical final weights (1e-6):", "yes" if same else "NO")
     print(f"normal-mode overhead: {100 * (result['medians']['model'] / hand - 1):+.2f}%  "

@@ -1,9 +1,12 @@
-"""DataChannel: the one background prefetcher of recstream (sink mode and `Prefetcher` use it).
+"""DataChannel: the one prefetcher of recstream (sink mode and `Prefetcher` use it).
 
 A producer thread iterates the dataset, optionally pins each batch and copies it to the device
 (non-blocking, on a side CUDA stream, with an event the consumer's stream waits on), and puts it
 in a bounded queue; the consumer `get()`s batches in order. Data preparation thus overlaps
-compute. Streams report their position after each batch (``dataset.position()``, read in the
+compute. With ``background=False`` the same producer runs inline, inside `get()`: for CPU
+training that already uses every core, where a producer thread has no core of its own and its
+torch ops and Python only contend with the training step (measured: +87% time per epoch at 2
+threads on 2 cores). Streams report their position after each batch (``dataset.position()``, read in the
 producer thread right after the batch) and it travels with the batch, so a checkpoint records
 what was trained, not what was prefetched.
 
@@ -102,7 +105,7 @@ class DataChannel:
 
     def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
                  passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
-                 name: str = "recstream-data-channel", end_when_empty: bool = False):
+                 name: str = "recstream-data-channel", end_when_empty: bool = False, background: bool = True):
         check_int("DataChannel", "depth", depth, minimum=1)
         self.device = torch.device(device) if device is not None else None
         cuda = self.device is not None and self.device.type == "cuda"
@@ -116,9 +119,11 @@ class DataChannel:
         # Read in the producer thread right after each batch, so it travels with that batch.
         self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
         self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
-        self._thread = threading.Thread(target=self._produce, args=(dataset, total, passes, reset_after_pass),
-                                        daemon=True, name=name)
-        self._thread.start()
+        self._items = self._produce_items(dataset, total, passes, reset_after_pass)
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._produce, daemon=True, name=name)
+            self._thread.start()
 
     # ------------------------------------------------------------------ producer
     def _source(self, dataset, passes, reset_after_pass):
@@ -155,26 +160,28 @@ class DataChannel:
                 continue
         return False
 
-    def _produce(self, dataset, total, passes, reset_after_pass):
+    def _produce_items(self, dataset, total, passes, reset_after_pass) -> Iterator:
+        """Items and markers in order, ending with `DONE` (the one producer, for both drivers)."""
         produced = 0
-        try:
-            if total is not None and total <= 0:
-                self._put(DONE)
-                return
+        if total is None or total > 0:
             for batch in self._source(dataset, passes, reset_after_pass):
                 if batch is END_OF_PASS:
-                    item = END_OF_PASS
-                else:
-                    item = self._prepare(batch)
-                    produced += 1
-                if not self._put(item):
-                    return
+                    yield END_OF_PASS
+                    continue
+                yield self._prepare(batch)
+                produced += 1
                 if total is not None and produced >= total:
                     break  # stop before pulling a batch nobody will train on
+        yield DONE
+
+    def _produce(self):
+        """The producer thread: the items into the queue; an error is handed to the consumer."""
+        try:
+            for item in self._items:
+                if not self._put(item):
+                    return
         except BaseException as exc:  # handed to the consumer, which re-raises it
             self._put(_ProducerError(exc))
-            return
-        self._put(DONE)
 
     # ------------------------------------------------------------------ consumer
     def get(self, should_stop=None):
@@ -185,6 +192,13 @@ class DataChannel:
         """
         if self.done:
             return DONE
+        if self._thread is None:  # inline: produce the next item here
+            if self._stop.is_set():
+                raise RuntimeError("DataChannel: this pass was closed (close(), a with-block exit, "
+                                   "or a newer iter())")
+            item = next(self._items)
+            self.done = item is DONE
+            return item
         while True:
             if self._stop.is_set():
                 raise RuntimeError("DataChannel: this pass was closed (close(), a with-block exit, "
@@ -212,6 +226,9 @@ class DataChannel:
         put sees the flag). A producer blocked inside an idle source cannot see the flag until
         the source yields; it is a daemon thread, so it is left to end then, with a warning."""
         self._stop.set()
+        if self._thread is None:
+            self._items.close()  # the source's files close now
+            return
         deadline = time.monotonic() + timeout
         while self._thread.is_alive() and time.monotonic() < deadline:
             # a producer waiting in an idle stream ends that wait (repeated: it may only be about

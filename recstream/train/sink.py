@@ -31,13 +31,14 @@ The pieces, each in one place:
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from ..data.channel import DataChannel, Item
-from ..data.protocol import MetadataDataset, SeekableDataset, dataset_size, unpack
+from ..data.protocol import InterruptibleDataset, MetadataDataset, SeekableDataset, dataset_size, unpack
 from ..data.transfer import to_device
 from ..validation import check_bool, check_int
 
@@ -168,14 +169,26 @@ class DatasetHelper:
             return self._sink_size
         return dataset_size(self.dataset) or 0
 
+    def _background(self) -> bool:
+        """Prefetch on a thread, or produce inline? A thread pays where it overlaps something: a
+        copy to an accelerator, a stream that must stay interruptible while idle, or a CPU core that
+        training leaves free. On a CPU whose cores all compute, the thread's torch ops and Python only
+        contend with the step (measured with benchmarks/bench_overhead.py: README)."""
+        if self.device.type != "cpu" or isinstance(self.dataset, InterruptibleDataset):
+            return True
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return torch.get_num_threads() < cores
+
     def _open(self) -> DataChannel:
         if self._channel is None:
+            background = self._background()
             if self._sink_size > 0:
                 total = None if self.epoch_num is None else self.epoch_num * self._sink_size
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total,
-                                            end_when_empty=self.end_when_empty)
+                                            end_when_empty=self.end_when_empty, background=background)
             else:
-                self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num)
+                self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num,
+                                            background=background)
         return self._channel
 
     @property
