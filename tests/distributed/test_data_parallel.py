@@ -15,8 +15,8 @@ WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(out: Path, kind: str, ranks: int, mode: str = "data_parallel", *extra: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+def _run(out: Path, kind: str, ranks: int, mode: str = "data_parallel", *extra: str, device: str = "cpu") -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), RECSTREAM_TEST_DEVICE=device)
     if ranks == 1:
         cmd = [sys.executable, str(WORKER), str(out), kind, mode, *extra]
     else:
@@ -69,3 +69,15 @@ def test_model_checkpoint_under_hybrid_parallel_restores_in_one_process(tmp_path
     assert meta["cur_step_num"] == 12 and meta["epoch"] == 2
     for name, weight in two["weights"].items():
         torch.testing.assert_close(net.state_dict()[name], weight, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind,mode", [("mlp", "data_parallel"), ("widedeep", "data_parallel"),
+                                       ("widedeep", "hybrid_parallel")])
+def test_two_ranks_on_cuda_match_one_process(tmp_path, kind, mode):
+    """The same on the GPU (both ranks share it when there is one: gloo then carries the collectives)."""
+    one = _run(tmp_path / "one", kind, 1, mode, device="cuda")
+    two = _run(tmp_path / "two", kind, 2, mode, device="cuda")
+    torch.testing.assert_close(two["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=1e-4, atol=1e-5)

@@ -12,6 +12,7 @@ what cb_params reported to OUT_DIR/result.json, and the final weights to OUT_DIR
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -68,6 +69,8 @@ def main(out: Path, kind: str, mode: str, checkpoints: str | None = None) -> Non
     distributed.init()
     set_auto_parallel_context(parallel_mode=mode)
     gen, net, optimizer = build(kind)
+    if os.environ.get("RECSTREAM_TEST_DEVICE") == "cuda":  # the CUDA variant of the equivalence test
+        net.cuda()  # before the optimizer's first step: its state is created on the GPU
     train, valid = gen.train_batches(6), gen.test_split(256, batch_size=64)
     metrics = {"auc": AUC(from_logits=True), "loss": Loss()}
     model = Model(net, torch.nn.BCEWithLogitsLoss(), optimizer, metrics=metrics, progress_bar=False)
@@ -81,7 +84,7 @@ def main(out: Path, kind: str, mode: str, checkpoints: str | None = None) -> Non
     weights = net.state_dict()  # every rank: sharded tables are gathered from all of them
     if distributed.rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in weights.items()}, out / "weights.safetensors")
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, out / "weights.safetensors")
         placements = {name: entry["placement"] for name, entry in model.infer_train_layout().items()}
         (out / "result.json").write_text(json.dumps({"losses": record.losses, "eval": results,
                                                      "cb_params": record.params, "placements": placements}))
