@@ -4,7 +4,8 @@
 - `recstream serve DIR --port P`: serve the newest published model over HTTP, hot-swapping versions;
 - `recstream produce ...`: write a file or synthetic events into Kafka or a directory;
 - `recstream export DIR --format F --output PATH`: the newest published model as ONNX, TorchScript or .pt2;
-- `recstream init [PATH]`, `recstream train|eval|online CONFIG.yaml`: config-driven runs (docs/cli.md).
+- `recstream init [PATH]`, `recstream train|eval|online CONFIG.yaml`: config-driven runs (docs/cli.md);
+- `recstream plot RUN_DIR`: PNG plots of a run's metrics.
 
 The command modules import torch (and the rest of the library) only inside their ``run``,
 so that ``--help`` and ``--version`` answer at once. A mistake ends with one line on stderr
@@ -20,7 +21,7 @@ import signal
 import sys
 
 from .. import __version__
-from . import demo, eval_cmd, export, init_cmd, online_cmd, produce, serve, train_cmd
+from . import demo, eval_cmd, export, init_cmd, online_cmd, plot_cmd, produce, serve, train_cmd
 from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_TERMINATED, CliError, Interrupted
 
 EPILOG = """exit status:
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(sub)
     produce.add_parser(sub)
     export.add_parser(sub)
+    plot_cmd.add_parser(sub)
     return parser
 
 
