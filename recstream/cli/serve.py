@@ -75,6 +75,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default 30)")
     p.add_argument("--max-connections", type=_positive(int, "--max-connections"), default=4096,
                    help="open connections served at once; beyond, 503 (default 4096)")
+    p.add_argument("--model-name", default="recstream",
+                   help="the model's name in the KServe v1 routes /v1/models/NAME[:predict] (default recstream)")
     p.add_argument("--backlog", type=_positive(int, "--backlog"), default=2048,
                    help="listen backlog: connections waiting to be accepted (default 2048)")
     p.add_argument("--torch-threads", type=_positive(int, "--torch-threads"), default=None,
@@ -111,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     try:  # bind before loading: a port in use fails at once, not after the model is built
         server = make_server(holder, args.host, args.port, args.max_body_bytes, max_batch_rows=args.max_batch_rows,
                              max_batch_wait=args.max_batch_wait_ms / 1000, request_timeout=args.request_timeout,
-                             max_connections=args.max_connections, backlog=args.backlog)
+                             max_connections=args.max_connections, backlog=args.backlog,
+                             model_name=args.model_name)
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
     try:

@@ -9,7 +9,8 @@
 * Serving: :class:`ModelHolder` hot-swaps new versions; :func:`make_server` /
   ``recstream serve DIR --port P`` answer ``POST /predict``, ``GET /health``, ``GET /version``
   and ``GET /metrics`` (Starlette on uvicorn: ``pip install "recstream[serve]"``; imported
-  on first use, so publishing needs none of it).
+  on first use, so publishing needs none of it); KServe's v1 routes too
+  (``/v1/models/<name>:predict``). :class:`PredictionClient` is a small Python client.
 * Freshness: :func:`event_freshness`, :func:`staleness`.
 
 >>> import tempfile
@@ -22,6 +23,7 @@
 >>> manifest["version"], manifest["schema"] == schema.to_dict()
 (1, True)
 """
+from .client import PredictionClient, PredictionError
 from .freshness import FreshnessReport, event_freshness, staleness
 from .layout import SnapshotError, list_versions, read_latest, read_manifest
 from .loader import load_latest, load_version
@@ -48,5 +50,5 @@ __all__ = [
     "ModelPublisher", "SnapshotWriter", "publish_version", "load_latest", "load_version", "SnapshotError",
     "list_versions", "read_latest", "read_manifest", "prune", "ModelHolder", "Served",
     "InstanceParser", "RequestError", "make_server", "PredictionServer", "event_freshness", "staleness",
-    "FreshnessReport",
+    "FreshnessReport", "PredictionClient", "PredictionError",
 ]

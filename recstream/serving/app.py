@@ -1,7 +1,10 @@
 """The prediction API as an ASGI application (Starlette): routes, request checks, errors, metrics.
 
 Routes: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /metrics`` (see
-:mod:`recstream.serving.http` for the contract and :mod:`recstream.serving.metrics`).
+:mod:`recstream.serving.http` for the contract and :mod:`recstream.serving.metrics`), and
+KServe's v1 protocol for clients written against it: ``POST /v1/models/<name>:predict``
+(the same request, answered ``{"predictions": [...], "model_version": "N"}``) and
+``GET /v1/models/<name>`` (``{"name", "ready"}``), ``<name>`` being the server's ``model_name``.
 
 ``POST /predict`` is checked in this order, each failure a JSON ``{"error": reason}``:
 
@@ -38,7 +41,7 @@ from .model_holder import ModelHolder
 from .request import RequestError, decode_json
 
 log = logging.getLogger(__name__)
-ROUTES = "/predict, /health, /version, /metrics"
+ROUTES = "/predict, /health, /version, /metrics, /v1/models/<name>[:predict]"
 
 
 def json_response(status: int, body: dict, close: bool = False, headers: dict | None = None) -> Response:
@@ -89,12 +92,14 @@ class PredictionApp:
     """Builds the Starlette application over a holder, a batcher and the metrics."""
 
     def __init__(self, holder: ModelHolder, max_body_bytes: int, request_timeout: float, batcher: MicroBatcher,
-                 metrics: ServingMetrics):
+                 metrics: ServingMetrics, model_name: str = "recstream"):
         self.holder, self.max_body_bytes, self.request_timeout = holder, max_body_bytes, request_timeout
-        self.batcher, self.metrics = batcher, metrics
+        self.batcher, self.metrics, self.model_name = batcher, metrics, model_name
         routes = [Route("/predict", self.predict, methods=["POST"]), Route("/health", self.health, methods=["GET"]),
-                  Route("/version", self.version, methods=["GET"]), Route("/metrics", self.metrics_text,
-                                                                          methods=["GET"])]
+                  Route("/version", self.version, methods=["GET"]),
+                  Route("/metrics", self.metrics_text, methods=["GET"]),
+                  Route("/v1/models/{name}:predict", self.kserve_predict, methods=["POST"]),
+                  Route("/v1/models/{name}", self.kserve_model, methods=["GET"])]
         self.starlette = Starlette(routes=routes, exception_handlers={HTTPException: self.http_error})
 
     async def __call__(self, scope, receive, send):
@@ -151,6 +156,31 @@ class PredictionApp:
             self.batcher.arriving -= 1
 
     async def predict(self, request: Request) -> Response:
+        result = await self._predict(request)
+        if isinstance(result, Response):
+            return result
+        scores, version = result
+        return json_response(200, {"scores": scores, "version": version})
+
+    async def kserve_predict(self, request: Request) -> Response:
+        if request.path_params["name"] != self.model_name:  # its body is unread: the connection closes
+            return json_response(404, {"error": f"unknown model {request.path_params['name'][:100]!r}; "
+                                                f"this server serves {self.model_name!r}"}, close=True)
+        result = await self._predict(request)
+        if isinstance(result, Response):
+            return result
+        scores, version = result
+        return json_response(200, {"predictions": scores, "model_version": str(version)})
+
+    async def kserve_model(self, request: Request) -> Response:
+        if request.path_params["name"] != self.model_name:
+            return json_response(404, {"error": f"unknown model {request.path_params['name'][:100]!r}"})
+        served = self.holder.current
+        return json_response(200 if served is not None else 503,
+                             {"name": self.model_name, "ready": served is not None})
+
+    async def _predict(self, request: Request):
+        """``(scores, version)`` for a predict request, or the error Response."""
         deadline = time.monotonic() + self.request_timeout
         body_read = False
         try:
@@ -169,4 +199,4 @@ class PredictionApp:
         except Exception as e:  # a bug: report it once, keep serving
             log.exception("prediction failed")
             return json_response(500, {"error": f"internal error: {type(e).__name__}"}, close=not body_read)
-        return json_response(200, {"scores": scores, "version": version})
+        return scores, version

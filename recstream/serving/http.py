@@ -218,7 +218,7 @@ def make_server(holder: ModelHolder, host: str = "127.0.0.1", port: int = 8080,
                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, *, max_batch_rows: int = 256,
                 max_batch_wait: float = 0.002, request_timeout: float = 30.0, max_connections: int = 4096,
                 backlog: int = 2048, keep_alive_timeout: float = 5.0, http: str = "auto",
-                graceful_timeout: float = 30.0) -> PredictionServer:
+                graceful_timeout: float = 30.0, model_name: str = "recstream") -> PredictionServer:
     """A bound (not yet running) server; call ``serve_forever()``. ``port=0`` picks a free port.
 
     Args:
@@ -232,6 +232,7 @@ def make_server(holder: ModelHolder, host: str = "127.0.0.1", port: int = 8080,
         keep_alive_timeout: seconds an idle keep-alive connection stays open.
         http: HTTP parser, ``"httptools"``, ``"h11"`` or ``"auto"`` (httptools when installed).
         graceful_timeout: seconds ``shutdown`` lets in-flight requests finish.
+        model_name: the ``<name>`` of the KServe v1 routes (``/v1/models/<name>:predict``).
     """
     owner = "make_server"
     check_type(owner, "holder", holder, ModelHolder)
@@ -245,10 +246,11 @@ def make_server(holder: ModelHolder, host: str = "127.0.0.1", port: int = 8080,
     check_int(owner, "backlog", backlog, minimum=1)
     check_number(owner, "keep_alive_timeout", keep_alive_timeout, minimum=0, min_open=True)
     check_choice(owner, "http", http, HTTP_PARSERS)
+    check_str(owner, "model_name", model_name)
     check_number(owner, "graceful_timeout", graceful_timeout, minimum=0)
     metrics = ServingMetrics(holder)
     batcher = MicroBatcher(holder, max_batch_rows, max_batch_wait, on_batch=metrics.batch_rows.observe)
-    app = PredictionApp(holder, max_body_bytes, request_timeout, batcher, metrics)
+    app = PredictionApp(holder, max_body_bytes, request_timeout, batcher, metrics, model_name)
     parser = _auto(http, "httptools", "h11")
     config = {"http": _httptools_protocol(request_timeout) if parser == "httptools" else parser,
               "loop": _auto("auto", "uvloop", "asyncio"),
