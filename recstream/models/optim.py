@@ -3,8 +3,8 @@
 Three kinds of parameters want three optimizers:
 
 * embedding tables (sparse COO gradients, a few rows touched per step): a row-sparse
-  optimizer, :class:`~recstream.optim.LazyAdam` (default) or
-  :class:`~recstream.optim.RowWiseAdagrad` (one accumulator per row: least memory); the
+  optimizer, :class:`~recstream.optim.RowWiseAdagrad` (default: one accumulator per row, the
+  least memory) or :class:`~recstream.optim.LazyAdam`; the
   :class:`~recstream.nn.HashEmbedding` rows of ``dynamic=True`` features too (both optimizers,
   and FTRL, zero the state of a row the table hands to a new key, via ``pop_reset_rows``);
 * the wide part of :class:`~recstream.models.WideDeep`: :class:`~recstream.optim.FTRL`
@@ -37,7 +37,7 @@ WIDE_OPTIMIZERS = ("ftrl", "same")
 _DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
 
 
-def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "lazy_adam",
+def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "rowwise_adagrad",
                       embedding_lr: float | None = None, wide: str = "ftrl", wide_lr: float = 0.05,
                       wide_l1: float = 0.0, wide_l2: float = 0.0, weight_decay: float = 0.0) -> CombinedOptimizer:
     """A :class:`~recstream.optim.CombinedOptimizer` for `model` (see the module doc).
@@ -46,7 +46,12 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "l
         model: any module; sparse-gradient parameters are found by
             :func:`recstream.optim.split_sparse_dense`.
         lr: Adam learning rate of the dense parameters.
-        embedding: "lazy_adam" or "rowwise_adagrad", for the embedding tables.
+        embedding: "rowwise_adagrad" (default) or "lazy_adam", for the embedding tables. Chosen by
+            ``benchmarks/defaults_experiment.py``: online (DeepFM on a drifting stream with dynamic
+            tables, prequential AUC) row-wise Adagrad reached 0.737 at every dense lr tried
+            (1e-3 .. 1e-2) against LazyAdam's 0.710 at lr 1e-3 and 0.731 at 1e-2; offline (WideDeep
+            on Adult, 3 epochs) both reached a test AUC of 0.912-0.913. And it keeps 4 bytes of
+            state per row instead of 2 floats per value.
         embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad.
         wide: "ftrl" trains a ``model.wide`` :class:`LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).

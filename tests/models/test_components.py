@@ -135,7 +135,7 @@ def test_default_optimizer_partitions_every_parameter(name):
     assert set().union(*groups.values()) == everything
     assert sum(len(g) for g in groups.values()) == len(everything)  # disjoint
     assert groups["embedding"] >= _ids(net.embedding.parameters())
-    assert isinstance(opt.optimizers["embedding"], LazyAdam)
+    assert isinstance(opt.optimizers["embedding"], RowWiseAdagrad)  # the measured default
     assert isinstance(opt.optimizers["dense"], torch.optim.Adam)
     if name == "widedeep":
         assert isinstance(opt.optimizers["wide"], FTRL) and groups["wide"] == _ids(net.wide.parameters())
@@ -145,10 +145,10 @@ def test_default_optimizer_partitions_every_parameter(name):
 
 def test_default_optimizer_options():
     net = WideDeep(mixed_schema(), hidden=(4,), embedding_dim=4)
-    opt = default_optimizer(net, embedding="rowwise_adagrad", wide="same", lr=0.01)
+    opt = default_optimizer(net, embedding="lazy_adam", wide="same", lr=0.01)
     assert sorted(opt.optimizers) == ["dense", "embedding"]
     emb = opt.optimizers["embedding"]
-    assert isinstance(emb, RowWiseAdagrad) and emb.param_groups[0]["lr"] == 0.05
+    assert isinstance(emb, LazyAdam) and emb.param_groups[0]["lr"] == 0.01  # LazyAdam: the dense lr
     assert _ids(p for g in emb.param_groups for p in g["params"]) >= _ids([net.wide.ebc.fused_weight_dim1])
     assert opt.optimizers["dense"].param_groups[0]["lr"] == 0.01
     for kwargs, exc, match in [

@@ -62,7 +62,7 @@ def test_one_step_updates_only_the_rows_in_the_batch(name):
 
 
 def test_wide_deep_reaches_auc_090_on_adult():
-    # ~3 s on one core: 2 epochs of 153 steps, default_optimizer (FTRL wide, LazyAdam tables, Adam MLP).
+    # ~3 s on one core: 2 epochs of 153 steps, default_optimizer (FTRL wide, row-wise Adagrad tables, Adam MLP).
     train = load_adult("train", batch_size=256, embedding_dim=16)
     test = load_adult("test", batch_size=4096, embedding_dim=16)
     torch.manual_seed(0)
@@ -84,11 +84,23 @@ PINNED_LOGLOSS = {
 }
 
 
+# The same with the tables on row-wise Adagrad (default_optimizer's default since it was measured
+# better online), recorded the same way.
+PINNED_LOGLOSS_ROWWISE = {
+    "widedeep": 0.63937026,
+    "deepfm": 0.64725971,
+    "dcnv2": 0.71666028,
+    "dcnv2_parallel_lowrank": 0.69246436,
+    "dlrm": 0.67973366,
+}
+
+
+@pytest.mark.parametrize("embedding,pins", [("lazy_adam", PINNED_LOGLOSS), ("rowwise_adagrad", PINNED_LOGLOSS_ROWWISE)])
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_pinned_loss(name):
+def test_pinned_loss(name, embedding, pins):
     torch.manual_seed(1234)
     net = BUILDERS[name](SCHEMA)
-    model = _model(net, default_optimizer(net, lr=3e-3, embedding_lr=3e-2))
+    model = _model(net, default_optimizer(net, lr=3e-3, embedding=embedding, embedding_lr=3e-2))
     model.train(1, _data("train").batches[:10])
     got = model.eval(_data("test"))["logloss"]
-    assert got == pytest.approx(PINNED_LOGLOSS[name], abs=1e-5)
+    assert got == pytest.approx(pins[name], abs=1e-5)
