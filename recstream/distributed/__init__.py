@@ -9,6 +9,8 @@
 - `shard(dataset)`: this rank's rows of each batch.
 - `data_parallel(network)` / `hybrid_parallel(network)`: the training module `Model` builds in
   those modes; `sharding_plan(network)` describes where sharded rows live.
+- `Lockstep(stream)`: one rank's stream handing out batches in step with the other ranks (online
+  training under ``torchrun``: `RecModel.online_train` wraps its stream in it).
 - `all_reduce_metrics(metrics)`: metric accumulators merged over all ranks (AUC over all data).
 - `save_sharded(directory, network, optimizer, extra)` / `load_sharded(...)`: checkpoints on
   `torch.distributed.checkpoint`, each rank writing its rows; they load into any number of ranks.
@@ -40,6 +42,7 @@ from .context import (
     shutdown,
     world_size,
 )
+from .lockstep import Lockstep, fill_batch
 from .metrics import all_reduce_metrics, merge_states
 from .parallelize import data_parallel, hybrid_parallel, sharding_plan, sparse_parameters
 from .sharding import RowShard, shard
@@ -48,4 +51,4 @@ __all__ = ["init", "shutdown", "set_auto_parallel_context", "get_auto_parallel_c
            "reset_auto_parallel_context",
            "parallel_mode", "PARALLEL_MODES", "rank", "world_size", "is_distributed", "shard", "RowShard",
            "data_parallel", "hybrid_parallel", "sharding_plan", "sparse_parameters", "all_reduce_metrics",
-           "merge_states", "save_sharded", "load_sharded", "is_complete"]
+           "merge_states", "save_sharded", "load_sharded", "is_complete", "Lockstep", "fill_batch"]

@@ -10,6 +10,14 @@ Exactly once: streams report their position after each batch; the position of th
 batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
 only once that checkpoint is durable. `restore` loads the newest checkpoint and seeks the stream.
 
+Under ``torchrun`` (docs/distributed.md, "Online training"): a stream that can split itself
+(`DirectoryStream` by file, `KafkaStream` by partition) reads only this rank's share; the ranks
+hand out batches in lock-step (`recstream.distributed.Lockstep`: a rank without data trains a
+fill batch weighted 0, so it still takes part in every collective); stops are agreed after the
+same step on every rank; checkpoints hold every rank's position (``{"step", "ranks"}``), and each
+rank commits its part only once the checkpoint is complete. `restore` gives each rank its own
+position (Kafka positions map to another number of ranks; a `DirectoryStream`'s do not).
+
 >>> import torch
 >>> from recstream import RecModel
 >>> from recstream.callbacks import Callback
@@ -30,12 +38,17 @@ import logging
 import os
 import time
 
+import torch
+
 from ..callbacks import Callback, CallbackList, ModelCheckpoint
 from ..callbacks.base import as_callback_list
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
-from ..distributed import is_complete, load_sharded, rank, world_size
+from ..data.streams import Stream
+from ..distributed import is_complete, is_distributed, load_sharded, rank, world_size
+from ..distributed.lockstep import Lockstep, is_job_position
 from ..validation import check_bool, check_int
+from .lockstep_callbacks import PositionSync, StopAgreement
 from .model import Model
 from .signals import StopOnSignal
 from .sink import DatasetHelper
@@ -75,8 +88,11 @@ class StreamStats(Callback):
 class RecModel(Model):
     """A `Model` that can also train online (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, network, loss_fn=None, optimizer=None, *args, **kwargs):
+        self._active_step = None  # the step being run (its batches' metadata say which are fill batches)
+        if loss_fn is not None and is_distributed():
+            loss_fn = _FillWeightedLoss(loss_fn, self)
+        super().__init__(network, loss_fn, optimizer, *args, **kwargs)
         self._resume_epoch, self._resume_step = 0, 0
 
     def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1):
@@ -93,6 +109,9 @@ class RecModel(Model):
         user_callbacks = as_callback_list(callbacks, "RecModel.online_train")
         if not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
             log.warning("online_train without a ModelCheckpoint callback: no state is saved when it stops")
+        lockstep = self._lockstep(train_dataset)
+        if lockstep is not None:
+            train_dataset = lockstep
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
                                epoch_num=None, device=self._device, end_when_empty=True)
         params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
@@ -101,9 +120,41 @@ class RecModel(Model):
             params.batch_num = dataset_size(train_dataset)
         epochs = itertools.count(self._resume_epoch + 1)
         # Tracking first, so user callbacks (publishers) see this step's event time.
-        internal = [StreamStats(), StopOnSignal()]
-        with CallbackList(internal + user_callbacks + self._default_callbacks(user_callbacks)) as cbs:
+        internal = [StreamStats(), StopOnSignal(on_signal=lockstep.request_stop if lockstep else None)]
+        last = []
+        if lockstep is not None:  # every rank's position before the checkpoint; the stop agreed after all
+            internal.append(PositionSync(lockstep, helper))
+            last.append(StopAgreement(lockstep, internal[-1]))
+        cbs = internal + user_callbacks + self._default_callbacks(user_callbacks) + last
+        if rank() != 0:  # printing, files and publishing happen once, on rank 0
+            cbs = [cb for cb in cbs if not cb.rank_zero_only]
+        with CallbackList(cbs) as cbs:
             self._train_loop(epochs, helper, cbs, params, first_step=self._resume_step)
+        if last:  # after the final checkpoint: every rank commits its part of it
+            last[0].agree()
+
+    def _lockstep(self, train_dataset) -> Lockstep | None:
+        """Several ranks: this rank's share of the stream, handed out in step with the other ranks."""
+        if not is_distributed():
+            return None
+        if self._loss_fn is None or self._optimizer is None:
+            raise ValueError("RecModel.online_train on several ranks needs 'loss_fn' and 'optimizer' (a rank "
+                             "without data trains a fill batch whose loss is weighted 0)")
+        _split(train_dataset)
+        return Lockstep(train_dataset)
+
+    def _run_step(self, step, params, start):
+        self._active_step = step  # read by the loss: a fill batch's loss is weighted 0
+        try:
+            return super()._run_step(step, params, start)
+        finally:
+            self._active_step = None
+
+    def _training_fill(self) -> bool:
+        """Whether the batch being trained right now is a fill batch (see `Lockstep`): the step's
+        metadata hold one entry per batch handed out so far, the current one last."""
+        metas = getattr(self._active_step, "metas", None)
+        return bool(metas) and bool(metas[-1].get("fill"))
 
     def restore(self, checkpoint, train_dataset=None) -> dict | None:
         """Load the newest checkpoint that loads (a file, or in a directory the newest valid one:
@@ -123,7 +174,8 @@ class RecModel(Model):
             if not isinstance(train_dataset, SeekableDataset):
                 raise TypeError(f"RecModel.restore: 'train_dataset' ({type(train_dataset).__name__}) cannot seek to "
                                 f"the saved position {position!r}: it has no position()/seek() methods")
-            train_dataset.seek(position)
+            _split(train_dataset)  # this rank's share first: its position is of its own files/partitions
+            train_dataset.seek(_rank_position(train_dataset, position))
         log.info("restored %s (epoch %s, step %s)", path, self._resume_epoch, self._resume_step)
         return meta
 
@@ -166,9 +218,46 @@ def _newest_sharded(paths: list[str], network, optimizer) -> tuple[str, dict]:
 
 def _load_sharded(path: str, network, optimizer) -> dict:
     """Load a sharded checkpoint (collective); the metadata of this rank, or of rank 0 when the
-    checkpoint was written by a different number of ranks (its stream positions then do not map)."""
+    checkpoint was written by a different number of ranks (online training stores the positions of
+    all ranks in each rank's metadata, see `_rank_position`)."""
     extras = load_sharded(path, network, optimizer)
     return extras[rank()] if len(extras) == world_size() else extras[0]
+
+
+def _split(dataset) -> None:
+    """On several ranks, a stream that can split itself reads only this rank's share (idempotent);
+    any other dataset is trained as given on each rank (give each rank its own data)."""
+    if is_distributed() and isinstance(dataset, Stream) and dataset.splits_across_ranks:
+        dataset.set_rank(rank(), world_size())
+
+
+def _rank_position(dataset, position):
+    """This rank's position from a checkpoint's: a job position (every rank's, online training on
+    several ranks) or a single process's; the stream maps them to this number of ranks, or refuses."""
+    parts = position["ranks"] if is_job_position(position) else [position]
+    if len(parts) == 1 and world_size() == 1:
+        return parts[0]
+    if isinstance(dataset, Stream):
+        return dataset.rank_position(parts, rank(), world_size())
+    if len(parts) != world_size():
+        raise ValueError(f"RecModel.restore: the checkpoint holds the positions of {len(parts)} rank(s) but this "
+                         f"job has {world_size()}; a {type(dataset).__name__} cannot map them: restart with "
+                         f"{len(parts)} rank(s)")
+    return parts[rank()]
+
+
+class _FillWeightedLoss(torch.nn.Module):
+    """The user's loss, times 0 for a fill batch (several ranks, `Lockstep`): the rank then takes part
+    in the step's collectives with zero gradients. Other batches' losses pass through untouched."""
+
+    def __init__(self, loss_fn, model: RecModel):
+        super().__init__()
+        self.loss_fn = loss_fn
+        self._model = model  # not a Module: a plain reference
+
+    def forward(self, *args, **kwargs):
+        loss = self.loss_fn(*args, **kwargs)
+        return loss * 0 if self._model._training_fill() else loss
 
 
 def _mtime(path: str) -> float:

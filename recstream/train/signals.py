@@ -6,6 +6,11 @@ the normal end-of-training path. A second SIGINT restores the default handler an
 once, an escape hatch for a stuck step. Handlers are restored when the callback is exited, after
 every `on_train_end` (so a second SIGTERM cannot kill the final checkpoint's write).
 
+On several ranks a stop must happen after the same step on every rank (each step and the final
+checkpoint are collectives), so there the handler only hands the wish to `on_signal` (the
+rank's `recstream.distributed.Lockstep`), and the ranks agree on it at their next step end or
+round (see `RecModel.online_train`).
+
 >>> import os, signal
 >>> from recstream.callbacks import CallbackParams, RunContext
 >>> ctx = RunContext(CallbackParams())
@@ -31,8 +36,9 @@ log = logging.getLogger("recstream.train")
 class StopOnSignal(Callback):
     """Turn SIGINT/SIGTERM into ``run_context.request_stop()`` for the duration of training."""
 
-    def __init__(self, signals=(signal.SIGINT, signal.SIGTERM)):
+    def __init__(self, signals=(signal.SIGINT, signal.SIGTERM), on_signal=None):
         self.signals = tuple(signals)
+        self.on_signal = on_signal  # None: request the stop here; else called instead (several ranks)
         self.received: int | None = None
         self._previous: dict = {}
         self._context = None
@@ -52,6 +58,9 @@ class StopOnSignal(Callback):
             raise KeyboardInterrupt  # second Ctrl-C: stop now
         self.received = signum
         log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
+        if self.on_signal is not None:  # several ranks: they stop together, once they agreed
+            self.on_signal()
+            return
         self._context.request_stop()
         p = self._context.original_args()
         if p.get("dataset_sink_mode") is False:

@@ -22,6 +22,14 @@ Position protocol (what exactly-once training builds on):
   a record read again after a seek back counts again); each is also written to the
   ``dead_letter`` file with its reason and source position.
 
+Ranks (online training under ``torchrun``, see docs/distributed.md): a source that can split
+its records across the ranks of a job (``splits_across_ranks``: `DirectoryStream` by file,
+`KafkaStream` by partition) reads only rank r's share after ``set_rank(r, world_size)``; each
+rank's position is its own. ``rank_position(positions, rank, world_size)`` gives this rank's
+position from the positions a job of ``len(positions)`` ranks saved (a source that cannot remap
+them to another number of ranks refuses, naming both). ``empty_batch()``: a batch of no rows
+with the source's columns (None when the source cannot say).
+
 A new ``iter()`` resumes just after the last batch yielded (read-ahead of an unfinished
 iteration is dropped and read again), so ``for b in stream`` twice never loses rows.
 
@@ -64,6 +72,7 @@ class Stream:
     """Base class: subclasses implement ``_generate``, ``_seek_to``, ``_rewind`` (see below)."""
 
     _needs_batch_size = True  # False where batches may pass through as they come (IterableStream)
+    splits_across_ranks = False  # True where set_rank() gives each rank its own share of the records
 
     def __init__(self, batch_size: int | None, *, max_batches: int | None = None, idle_timeout: float | None = None,
                  drop_remainder: bool = False, dead_letter: str | os.PathLike | DeadLetter | None = None,
@@ -88,6 +97,7 @@ class Stream:
         self._closed = False
         self._iterating = False
         self._interrupt = threading.Event()  # set by interrupt(): the running iteration ends
+        self.rank, self.world_size = 0, 1  # whose share of the records this stream reads (set_rank)
 
     # --- subclass hooks --------------------------------------------------------------------
     def _initial_position(self) -> dict:
@@ -102,6 +112,11 @@ class Stream:
         """Point the source at `position` (validated); return it normalized. Read-ahead is
         dropped by the caller."""
         raise NotImplementedError
+
+    def _set_rank(self, rank: int, world_size: int) -> None:
+        """Read only rank `rank`'s share of the records from now on (sources that can split)."""
+        raise TypeError(f"{type(self).__name__} cannot split its records across ranks; give each rank a source "
+                        "of its own (e.g. its own files, partitions or iterable)")
 
     def _rewind(self) -> None:
         """Make the source continue right after the last yielded batch (drop read-ahead).
@@ -135,6 +150,34 @@ class Stream:
 
     def commit(self, position: dict) -> None:
         """Make `position` durable on the source side (default: nothing to do)."""
+
+    def set_rank(self, rank: int, world_size: int) -> None:
+        """Read only rank `rank`'s share of the records, of `world_size` ranks (before iterating or
+        seeking; calling it again with the same values does nothing)."""
+        owner = f"{type(self).__name__}.set_rank"
+        check_int(owner, "world_size", world_size, minimum=1)
+        check_int(owner, "rank", rank, minimum=0, maximum=world_size - 1)
+        if (rank, world_size) == (self.rank, self.world_size):
+            return
+        self._check_open()
+        if self._iterating:
+            raise RuntimeError(f"{owner}: the stream is being iterated; set the rank before training")
+        self._set_rank(rank, world_size)
+        self.rank, self.world_size = rank, world_size
+
+    def rank_position(self, positions: list, rank: int, world_size: int) -> dict:
+        """This rank's position, from the positions (in rank order) a job of ``len(positions)``
+        ranks saved. The default maps only the same number of ranks (each keeps its own)."""
+        check_type(f"{type(self).__name__}.rank_position", "positions", positions, list, allowed="a list of positions")
+        if len(positions) != world_size:
+            raise ValueError(f"{type(self).__name__}: the checkpoint holds the positions of {len(positions)} rank(s) "
+                             f"but this job has {world_size}; this source cannot move them to another number of "
+                             f"ranks: restart with {len(positions)} rank(s)")
+        return positions[rank]
+
+    def empty_batch(self):
+        """A batch of no rows with this source's columns, or None (default: unknown)."""
+        return None
 
     def interrupt(self) -> None:
         """End the running iteration promptly, even while it waits for data (any thread, or a

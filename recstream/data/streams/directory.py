@@ -26,6 +26,15 @@ files named before `name`, and `name` up to byte `n` (Parquet: row `n`), is cons
 does nothing); a new stream with the same `commit_path` starts from there, like a Kafka
 consumer group. ``committed()`` reads it back.
 
+Ranks (``set_rank(r, n)``, done by `RecModel.online_train` under ``torchrun``): each file
+belongs to exactly one rank, the file name's 64-bit BLAKE2b hash modulo n (a rule over the
+name alone, so it never changes when new files arrive; a hash that mixes well, so numbered files
+spread evenly); a rank lists, reads and positions only its own files, and
+commits to ``<commit_path>.rank<r>-of-<n>``. A position saved by one process maps to any number
+of ranks (everything named before its file was read, whoever owns it now); positions of several
+ranks do not map to another number of ranks (a rank's files would be read partly), which
+``rank_position`` refuses.
+
 Reading one file, a block at a time, from a given offset: :class:`TextFileCursor`
 (CSV/TSV/JSON lines) reads ``block_bytes`` at ``offset`` and decodes the complete lines in
 it; a last line without its newline is left for later, since a writer may still be
@@ -44,6 +53,7 @@ kept). :class:`ParquetFileCursor` reads one record batch at a time from a row of
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -72,6 +82,8 @@ class DirectoryStream(Stream):
     "parquet"; or pass a ready `decoder`. poll_interval: seconds between directory scans
     when there is nothing new.
     """
+
+    splits_across_ranks = True
 
     def __init__(self, path: str | os.PathLike, schema: Schema | None = None, batch_size: int = 1024,
                  format: str = "csv", *, pattern: str | None = None, poll_interval: float = 0.2,
@@ -138,27 +150,57 @@ class DirectoryStream(Stream):
                 del self._key_names[k]
 
     def commit(self, position: dict) -> None:
-        """Write `position` to `commit_path` atomically and durably (no-op without one)."""
-        if self.commit_path is None:
+        """Write `position` to `commit_path` (this rank's file) atomically and durably (no-op without one)."""
+        path = self.commit_file()
+        if path is None:
             return
-        tmp = f"{self.commit_path}.tmp"
+        tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"position": position, "time": time.time()}, f)
+            json.dump({"position": position, "time": time.time(), "rank": self.rank,
+                       "world_size": self.world_size}, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.commit_path)
-        dir_fd = os.open(os.path.dirname(os.path.abspath(self.commit_path)), os.O_RDONLY)
+        os.replace(tmp, path)
+        dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:  # the rename itself must reach the disk too
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
 
     def committed(self) -> dict | None:
-        """The position last committed to `commit_path`, or None."""
-        if self.commit_path is None or not os.path.exists(self.commit_path):
+        """The position last committed to this rank's `commit_path` file, or None."""
+        path = self.commit_file()
+        if path is None or not os.path.exists(path):
             return None
-        with open(self.commit_path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)["position"]
+
+    def commit_file(self) -> str | None:
+        """Where this rank commits: `commit_path`, or ``<commit_path>.rank<r>-of-<n>`` on several ranks."""
+        if self.commit_path is None or self.world_size == 1:
+            return self.commit_path
+        return f"{self.commit_path}.rank{self.rank}-of-{self.world_size}"
+
+    def owns(self, name: str) -> bool:
+        """Whether file `name` is this rank's to read (see the module docstring)."""
+        return self.world_size == 1 or name_rank(name, self.world_size) == self.rank
+
+    # --- ranks ---------------------------------------------------------------------------------
+    def _set_rank(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._listed = set()
+        committed = self.committed()  # this rank's own commit file
+        self._apply_seek(committed if committed is not None else self._initial_position())
+
+    def rank_position(self, positions: list, rank: int, world_size: int) -> dict:
+        """One saved position serves any number of ranks: ``{"file": f, "offset": n}`` says every
+        file named before `f` was read, so it says the same of each rank's own files."""
+        if isinstance(positions, list) and len(positions) == 1:
+            return positions[0]
+        return super().rank_position(positions, rank, world_size)
+
+    def empty_batch(self):
+        return self.decoder._empty
 
     def close(self) -> None:
         self._close_file()
@@ -244,9 +286,14 @@ class DirectoryStream(Stream):
         self.dead_letter.write(d.bad, [{"file": name, "offset": offset}])
         self._cur_name, self._start = name, None
 
+    def _scan(self) -> list[str]:
+        """Every data file's name (of all ranks), sorted."""
+        return sorted(e.name for e in os.scandir(self.path) if not e.name.startswith((".", "_"))
+                      and fnmatch.fnmatchcase(e.name, self.pattern) and e.is_file())
+
     def _list(self) -> list[str]:
-        names = sorted(e.name for e in os.scandir(self.path) if not e.name.startswith((".", "_"))
-                       and fnmatch.fnmatchcase(e.name, self.pattern) and e.is_file())
+        """This rank's files, sorted; counts and reports late ones."""
+        names = [n for n in self._scan() if self.owns(n)]
         current = self._cur_name or (self._start or {}).get("file")
         if current is not None:
             late = [n for n in names if n < current and n not in self._listed]
@@ -258,12 +305,23 @@ class DirectoryStream(Stream):
         return names
 
     def _has_later(self, name: str) -> bool:
-        return any(n > name for n in self._list())
+        # any rank's later file: its writer moved on, so `name` is final whoever reads the next one
+        return any(n > name for n in self._scan())
 
     def _close_file(self) -> None:
         if self._cur is not None:
             self._cur.close()
             self._cur = None
+
+
+def name_rank(name: str, world_size: int) -> int:
+    """The rank that reads file `name` when `world_size` ranks share a directory.
+
+    >>> [name_rank(f"part-{i:04d}.csv", 2) for i in range(6)]
+    [1, 0, 0, 0, 0, 1]
+    """
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % world_size
 
 
 def _make_decoder(format, schema, delimiter, hash_buckets, id_column, time_column, fill, log1p, max_bytes):

@@ -5,7 +5,7 @@ Each message value is one record (a CSV/TSV line, a JSON object, a Criteo line: 
 one batch and the consumer polls once per batch, which keeps group rebalances quick) and
 is decoded in one pyarrow call. ``poll_timeout``: seconds one poll waits for messages.
 
-* Partitions: a consumer group (``subscribe``; partitions are spread over the members)
+* Partitions: a consumer group (``subscribe``, at the first read; partitions are spread over the members)
   or, with ``assignment=[(topic, partition), ...]``, an explicit ``assign`` (instant, no
   group coordination; the group id is still used for commits).
 * Position: ``{"topic:partition": next_offset}`` for the partitions this consumer reads
@@ -24,6 +24,12 @@ is decoded in one pyarrow call. ``poll_timeout``: seconds one poll waits for mes
   partitions move between members a warning says so. Supported topologies: one trainer per
   consumer group (any number of partitions), or several trainers with disjoint explicit
   ``assignment``s; distributed training keeps one coordinated checkpoint of its own.
+* Ranks (``set_rank(r, n)``, done by `RecModel.online_train` under ``torchrun``): partition p
+  of each topic is rank ``p % n``'s, by explicit ``assign`` (the group's partitions are listed
+  once from the broker; an `assignment` given is filtered the same way), so the ranks of one job
+  never join the group and never rebalance among themselves; commits still go to the group.
+  Positions are per partition, so those saved by any number of ranks map to any other
+  (``rank_position`` merges them and keeps this rank's partitions).
 * Broker outage: errors are logged (with backoff between repeats), librdkafka reconnects
   with exponential backoff (100 ms doubling to 2 s), and reading resumes where it was.
 * Event ids / times: the decoder's `id_column` / `time_column`; without a time column,
@@ -67,12 +73,12 @@ import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
 from ...validation import check_choice, check_int, check_number, check_str, check_type
 from ..schema import Schema
 from .base import Stream
-from .deadletter import DeadLetter
+from .deadletter import DeadLetter, DeadLetterProducer
 from .decoders import DEFAULT_MAX_RECORD_BYTES, CSVLineDecoder, JSONDecoder
 
 log = logging.getLogger("recstream.data.streams")
@@ -199,6 +205,8 @@ def _assignment(assignment) -> list[tuple[str, int]]:
 class KafkaStream(Stream):
     """Batches from Kafka (see the module docstring)."""
 
+    splits_across_ranks = True
+
     def __init__(self, topics: str | Sequence[str], bootstrap_servers: str, group_id: str,
                  schema: Schema | None = None, batch_size: int = 1024, *, decoder=None, format: str = "csv",
                  assignment: Sequence[tuple[str, int]] | None = None, consumer_config: dict | None = None,
@@ -219,6 +227,7 @@ class KafkaStream(Stream):
         self.poll_timeout = check_number(owner, "poll_timeout", poll_timeout, minimum=0)  # seconds
         self.commit_timeout = check_number(owner, "commit_timeout", commit_timeout, minimum=0)  # seconds
         self.assignment = None if assignment is None else _assignment(assignment)
+        self._all_partitions: list[tuple[str, int]] | None = None  # the job's, once split by set_rank
         if decoder is None:
             if schema is None:
                 raise ValueError("KafkaStream: pass a 'decoder', or a 'schema' with format='csv' or 'jsonl'")
@@ -255,18 +264,59 @@ class KafkaStream(Stream):
                          max_delay=max_delay,
                          dead_letter=DeadLetter(dead_letter, self._to_dead_topic if dead_letter_topic else None))
         if dead_letter_topic:  # clients start only once every argument is known to be good
-            self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 50})
+            self._producer = DeadLetterProducer(bootstrap_servers, dead_letter_topic)
         self._consumer = Consumer(self._config)
-        if self.assignment is None:
-            self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_lost)
-        else:  # assigned when iteration starts, once, at the offsets known by then
+        # a group is joined at the first read, not here: set_rank() may assign partitions explicitly
+        # first, and a join once started (librdkafka's own thread) would make this consumer a member
+        self._need_subscribe = self.assignment is None
+        if self.assignment is not None:  # assigned when iteration starts, once, at the offsets known by then
             self._owned = {self._key(t, p) for t, p in self.assignment}
         self._need_assign = self.assignment is not None
 
+    # --- ranks ---------------------------------------------------------------------------------
+    def _set_rank(self, rank: int, world_size: int) -> None:
+        """Explicitly assign this rank's partitions (p % world_size == rank), never as a group member."""
+        if self._all_partitions is None:  # the first split: what the whole job reads
+            if self.assignment is None:
+                self._need_subscribe = False  # never a member of the group: no rebalance between ranks
+                self._all_partitions = [(topic, p) for topic in self.topics for p in self._partitions(topic)]
+            else:
+                self._all_partitions = list(self.assignment)
+        self.assignment = [(t, p) for t, p in self._all_partitions if p % world_size == rank]
+        self._owned = {self._key(t, p) for t, p in self.assignment}
+        self._targets, self._stash, self._cursor, self._position = {}, {}, {}, {}
+        self._assembler.clear()
+        self._need_assign = True
+        self._assigned_at = time.monotonic()
+        log.info("KafkaStream: rank %d of %d reads %s", rank, world_size, [f"{t}:{p}" for t, p in self.assignment])
+
+    def _partitions(self, topic: str) -> list[int]:
+        meta = self._consumer.list_topics(topic, timeout=self.commit_timeout or 10)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise ValueError(f"KafkaStream.set_rank: cannot list the partitions of topic {topic!r} "
+                             f"({None if found is None else found.error}); create it first")
+        return sorted(found.partitions)
+
+    def rank_position(self, positions: list, rank: int, world_size: int) -> dict:
+        """Offsets are per partition: the saved positions of any number of ranks are merged, and
+        this rank keeps its own partitions' (those of the assignment set by `set_rank`)."""
+        check_type("KafkaStream.rank_position", "positions", positions, list, allowed="a list of positions")
+        merged: dict = {}
+        for position in positions:
+            for (topic, part), offset in parse_position(position).items():
+                key = f"{topic}:{part}"
+                merged[key] = max(offset, merged.get(key, offset))
+        if self.assignment is None:  # one consumer of the whole group: every partition
+            return merged
+        mine = {f"{t}:{p}" for t, p in self.assignment}
+        return {k: v for k, v in merged.items() if k in mine}
+
+    def empty_batch(self):
+        return self.decoder._empty
+
     def _to_dead_topic(self, line: bytes) -> None:
-        self._producer.produce(self._dead_topic, line)
-        self._producer.poll(0)  # serve delivery reports so they do not pile up
+        self._producer(line)  # waits out a full queue (bounded), counts and logs undelivered letters
 
     # --- keys and offsets --------------------------------------------------------------------
     def _key(self, topic: str, partition: int) -> int:
@@ -395,7 +445,7 @@ class KafkaStream(Stream):
                 log.warning("KafkaStream.close: the broker did not answer within commit_timeout=%s s; "
                             "the group notices this member's absence after its session timeout", self.commit_timeout)
             if self._producer is not None:
-                self._producer.flush(10)
+                self._producer.close()  # flushes; what is still undelivered is logged and counted
         super().close()
 
     def _close_consumer(self) -> None:
@@ -483,6 +533,10 @@ class KafkaStream(Stream):
     # --- reading -----------------------------------------------------------------------------
     def _generate(self) -> Iterator:
         self._iter_thread = threading.get_ident()
+        if self._need_subscribe:
+            self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     on_lost=self._on_lost)
+            self._need_subscribe = False
         if self._need_assign:
             self._assign_all()
             self._need_assign = False
