@@ -56,6 +56,7 @@ def test_from_arrow_converts_like_the_readers_and_names_a_bad_row():
 
 def test_from_pandas_and_its_argument_errors():
     import pandas as pd
+
     from recstream.data import CategoricalFeature, InMemoryDataset, Schema
 
     schema = Schema(["x"], [CategoricalFeature("c", vocab_size=3)])

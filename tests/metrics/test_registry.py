@@ -70,8 +70,8 @@ def test_get_metrics_from_dict():
     auc = AUC(num_bins=1000)
     out = get_metrics({"my auc": auc, "acc": Accuracy()})
     assert out["my auc"] is auc and list(out) == ["my auc", "acc"]
-    with pytest.raises(TypeError, match=r"get_metrics: 'metrics\['bad'\]' must be a recstream.metrics.Metric or torchmetrics "
-                                        r"metric instance, got 'accuracy' \(str\)"):
+    with pytest.raises(TypeError, match=r"get_metrics: 'metrics\['bad'\]' must be a recstream.metrics.Metric or "
+                                        r"torchmetrics metric instance, got 'accuracy' \(str\)"):
         get_metrics({"ok": Accuracy(), "bad": "accuracy"})
     with pytest.raises(TypeError, match=r"'metrics\['cls'\]'.*got <class .*Accuracy'> \(ABCMeta\)"):
         get_metrics({"cls": Accuracy})
