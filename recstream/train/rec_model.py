@@ -37,6 +37,7 @@ import itertools
 import logging
 import os
 import time
+import warnings
 
 import torch
 
@@ -107,8 +108,13 @@ class RecModel(Model):
             check_int("RecModel.online_train", "sink_size", sink_size, minimum=1)
         check_dataset(train_dataset, "train_dataset")
         user_callbacks = as_callback_list(callbacks, "RecModel.online_train")
-        if not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
-            log.warning("online_train without a ModelCheckpoint callback: no state is saved when it stops")
+        if isinstance(train_dataset, Stream) and train_dataset.commits_progress and \
+                not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
+            # Only where it matters (a stream that commits its progress: without checkpoints it never
+            # commits, and a restart reads everything again), and once per call site (a warning, not a
+            # log line: Python's default filter shows it once).
+            warnings.warn("online_train without a ModelCheckpoint callback on a committing stream: nothing is "
+                          "saved or committed, so a restart trains everything again", UserWarning, stacklevel=2)
         lockstep = self._lockstep(train_dataset)
         if lockstep is not None:
             train_dataset = lockstep

@@ -187,3 +187,35 @@ def test_bad_record_counts_reach_cb_params_and_the_log(caplog):
         _model()[1].online_train(Dirty(), callbacks=[rec], sink_size=1)
     assert counts[-1]["unparsable"] >= 6 and all(c["unparsable"] >= 2 for c in counts)
     assert any("malformed records skipped" in r.message for r in caplog.records)
+
+
+def test_the_missing_checkpoint_warning_only_where_it_matters(tmp_path):
+    import warnings
+
+    from recstream.data import Schema
+    from recstream.data.streams import DirectoryStream, IterableStream
+
+    net = torch.nn.Linear(1, 1)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = net
+
+        def forward(self, features):
+            return self.lin(features.dense).squeeze(1)
+
+    model = RecModel(Net(), torch.nn.BCEWithLogitsLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+                     progress_bar=False)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_text("1,0.5\n0,-0.5\n")
+    schema = Schema(["x"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batches = list(DirectoryStream(tmp_path / "in", schema, batch_size=2, format="csv", idle_timeout=0.2))
+        model.online_train(IterableStream(lambda: iter(batches)), dataset_sink_mode=False)  # nothing to commit
+        assert not [w for w in caught if "ModelCheckpoint" in str(w.message)]
+        stream = DirectoryStream(tmp_path / "in", schema, batch_size=2, format="csv", idle_timeout=0.2,
+                                 commit_path=tmp_path / "committed.json")
+        model.online_train(stream, dataset_sink_mode=False)
+    assert [w for w in caught if "committing stream" in str(w.message)]

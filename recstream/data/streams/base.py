@@ -148,6 +148,12 @@ class Stream:
         else:
             self._apply_seek(position)
 
+    @property
+    def commits_progress(self) -> bool:
+        """Whether `commit` makes positions durable on the source side (a restart then resumes from
+        the last committed one), so that training without checkpoints would lose that."""
+        return False
+
     def commit(self, position: dict) -> None:
         """Make `position` durable on the source side (default: nothing to do)."""
 

@@ -149,6 +149,10 @@ class DirectoryStream(Stream):
             for k in [k for k in self._key_names if k < key]:  # older files are done
                 del self._key_names[k]
 
+    @property
+    def commits_progress(self) -> bool:
+        return self.commit_path is not None
+
     def commit(self, position: dict) -> None:
         """Write `position` to `commit_path` (this rank's file) atomically and durably (no-op without one)."""
         path = self.commit_file()

@@ -375,6 +375,10 @@ class KafkaStream(Stream):
                     self._consumer.seek(TopicPartition(topic, part, self._targets.pop(key)))
         return {f"{t}:{p}": off for (t, p), off in parsed.items()}
 
+    @property
+    def commits_progress(self) -> bool:
+        return True  # offsets go to the consumer group
+
     def commit(self, position: dict) -> bool:
         """Commit `position`'s offsets for the group; partitions this consumer no longer owns are
         left alone. Returns True once committed, False when the commit was skipped or did not
