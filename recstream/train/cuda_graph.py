@@ -23,7 +23,9 @@ that are `torch.optim.SGD`, `Adam` or `AdamW`.
 """
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import torch
 from torch import nn
@@ -74,8 +76,12 @@ class CUDAGraphStep(nn.Module):
         self._calls, self._warned = 0, False
         self._graph = self._inputs = self._output = self._signature = self._hypers = None
         self._lrs: list[tuple[dict, torch.Tensor]] = []
+        # A weak reference: a closure over `self` would make a reference cycle (optimizer -> hook ->
+        # self -> optimizer), freed only by the cyclic GC, which may then destroy this graph while
+        # another one is being captured (CUDA refuses that, and the capture fails).
+        ref = weakref.ref(self)
         for opt in optimizers:
-            opt.register_load_state_dict_post_hook(lambda *_: self.reset())
+            opt.register_load_state_dict_post_hook(lambda *_: ref() is not None and ref().reset())
 
     def reset(self) -> None:
         """Forget the graph: the next step of the captured shapes captures again."""
@@ -119,8 +125,14 @@ class CUDAGraphStep(nn.Module):
         for opt in self._optimizers:
             opt.zero_grad(set_to_none=True)  # gradients are then allocated inside the graph's pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = self.step(*args, **named)
+        gc_was_on = gc.isenabled()
+        gc.disable()  # no collection during capture: freeing another graph there invalidates this capture
+        try:
+            with torch.cuda.graph(graph):
+                output = self.step(*args, **named)
+        finally:
+            if gc_was_on:
+                gc.enable()
         self._graph, self._inputs, self._output, self._signature = graph, statics, output, signature
         self._hypers = _hypers(self._optimizers)
         log.info("cuda_graphs: captured the training step for inputs %s", signature)
