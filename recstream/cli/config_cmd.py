@@ -47,8 +47,9 @@ def load(args, *required: tuple):
 
 def setup_torch(cfg) -> None:
     import torch
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+
+    from .threads import default_threads
+    torch.set_num_threads(cfg.train.threads or default_threads())
     torch.manual_seed(cfg.train.seed)
 
 

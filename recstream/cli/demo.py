@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                    help="training batch size (default 256)")
     p.add_argument("--seed", type=checked(int, _OWNER, "--seed", minimum=0), default=0)
     p.add_argument("--threads", type=checked(int, _OWNER, "--threads", minimum=1), default=None,
-                   help="torch CPU threads (default: torch's choice)")
+                   help="torch CPU threads (default: the cores the load leaves free, at least 1)")
     p.set_defaults(run=run)
 
 
@@ -35,8 +35,8 @@ def run(args) -> int:
     from ..data import load_adult
     from ..models import WideDeep, ctr_metrics, default_optimizer
     from ..train import Model
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    from .threads import default_threads
+    torch.set_num_threads(args.threads or default_threads())
     torch.manual_seed(args.seed)
     train = load_adult("train", seed=args.seed, batch_size=args.batch_size)
     test = load_adult("test", seed=args.seed, batch_size=1024)
