@@ -137,6 +137,9 @@ class ProgressBar(Callback):
             bad = sum(p.bad_records.values()) if p.get("bad_records") else 0
             if bad:  # online training: malformed records skipped by the stream
                 parts.append(f"bad={bad}")
+            preq = p.get("prequential")
+            if preq and preq.get("auc") is not None:  # PrequentialMonitor's last report (online)
+                parts.append(f"preq_auc={preq['auc']:.4f}")
             bar.draw(", ".join(parts) if parts else None)
 
     def on_train_epoch_end(self, run_context):

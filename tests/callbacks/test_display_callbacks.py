@@ -193,3 +193,17 @@ def test_tensorboard_missing_package_and_bad_args(monkeypatch, tmp_path):
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     with pytest.raises(ImportError, match="pip install tensorboard"):
         TensorBoard(log_dir=tmp_path)
+
+
+def test_progress_bar_shows_the_prequential_auc_online(ctx_of):
+    out = io.StringIO()
+    bar = ProgressBar(refresh_interval=0, file=out)
+    ctx = ctx_of(batch_num=None, epoch_num=1, cur_epoch_num=1, cur_step_num=0, net_outputs=torch.tensor(0.25))
+    p = ctx.original_args()
+    with bar:
+        bar.on_train_begin(ctx)
+        bar.on_train_epoch_begin(ctx)
+        p.cur_step_num = 1
+        p.prequential = {"auc": 0.7123, "logloss": 0.5}
+        bar.on_train_step_end(ctx)
+    assert "preq_auc=0.7123" in out.getvalue()
