@@ -14,9 +14,18 @@ Event time: if the trainer sets ``cb_params.max_event_time`` (unix seconds of th
 event trained on; a number, 0-d tensor or ``datetime``), its running maximum goes into each
 manifest, for freshness measurement (:func:`recstream.serving.event_freshness`).
 
-After a publish, ``cb_params.published_manifest`` holds the new manifest; all manifests of the
-run are in ``publisher.manifests``. A failed publish (disk full, ...) is logged and training
-goes on (``on_error="raise"`` stops it instead); the next version is then full.
+Off the training thread (``background=True``, the default): at a due step the training thread
+only takes the version (copies of the dense weights, the table rows, the manifest: a memory
+copy), and a writer thread serializes, fsyncs and renames it into place; the step does not wait
+for the disk. One write at a time: a version falling due while the previous one is still being
+written is taken at the first step after it finished. At the end of training the last write is
+waited for and a final version written. The writes stay atomic (a crash mid-write leaves a
+temporary directory that the next run removes).
+
+After a publish, ``cb_params.published_manifest`` holds the new manifest (in the background: from
+the first step after its write finished); all manifests of the run are in ``publisher.manifests``.
+A failed publish (disk full, ...) is logged and training goes on (``on_error="raise"`` stops it
+instead, at the step that learns of it); the next version is then full.
 
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature
@@ -31,6 +40,7 @@ import datetime as _dt
 import logging
 import math
 import os
+import threading
 import time
 from typing import Any
 
@@ -79,6 +89,7 @@ class ModelPublisher(Callback):
         preprocessing: the reader's ``fill_missing_dense`` / ``log1p_dense``, applied to requests.
         publish_on_end: publish at the end of training if anything was trained since the last one.
         on_error: ``"log"`` (keep training) or ``"raise"``.
+        background: write versions on a writer thread (default) instead of in the training step.
     """
 
     rank_zero_only = True  # one publisher per directory: rank 0 publishes
@@ -87,13 +98,16 @@ class ModelPublisher(Callback):
                  every_seconds: float | None = None, keep: int = 5, model_factory=None, *,
                  model_config: dict | None = None, full_every: int = 10, output: str = "logits",
                  preprocessing: dict | None = None, publish_on_end: bool = True, on_error: str = "log",
-                 verify_rebuild: bool = True):
+                 verify_rebuild: bool = True, background: bool = True):
         owner = "ModelPublisher"
         self.every_steps = check_int(owner, "every_steps", every_steps, minimum=1, allow_none=True)
         self.every_seconds = check_number(owner, "every_seconds", every_seconds, minimum=0, min_open=True,
                                           allow_none=True)
         self.publish_on_end = check_bool(owner, "publish_on_end", publish_on_end)
         self.on_error = check_choice(owner, "on_error", on_error, ("log", "raise"))
+        self.background = check_bool(owner, "background", background)
+        self._writing: threading.Thread | None = None
+        self._written: tuple | None = None  # (manifest or exception, step, cb_params) of the last background write
         # The writer validates the arguments that describe the snapshots.
         self.writer = SnapshotWriter(directory, schema, keep, full_every, model_factory, model_config, output,
                                      preprocessing, verify_rebuild)
@@ -127,29 +141,72 @@ class ModelPublisher(Callback):
         event_time = _event_time(p.max_event_time)
         if event_time is not None:
             self._max_event_time = event_time if self._max_event_time is None else max(self._max_event_time, event_time)
-        if self._due(p.cur_step_num or 0):
-            self.publish(p)
+        self._collect(wait=False)
+        if self._due(p.cur_step_num or 0) and self._writing is None:
+            self.publish(p, background=self.background)
 
     def on_train_end(self, run_context):
         p = run_context.original_args()
+        self._collect(wait=True)
         if self.publish_on_end and (p.cur_step_num or 0) > self._last_step:
             self.publish(p)
 
-    def publish(self, cb_params) -> dict | None:
-        """Publish now from a run's ``cb_params``; returns the manifest (None if it failed and was logged)."""
+    def __exit__(self, *exc_info):
+        self._collect(wait=True, report=False)  # training raised: let the write in flight finish
+        return None
+
+    def publish(self, cb_params, background: bool = False) -> dict | None:
+        """Publish now from a run's ``cb_params``; returns the manifest (None if it failed and was
+        logged, or when `background` left the write to the writer thread)."""
         step = cb_params.cur_step_num or 0
         self._last_step, self._last_time = step, time.monotonic()
         try:
-            manifest = self.writer.publish(cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
-                                           max_event_time=self._max_event_time)
-        except Exception:
-            self.failures += 1
-            self.writer.invalidate()
-            if self.on_error == "raise":
-                raise
-            log.exception("ModelPublisher: publishing to %s failed at step %d; training goes on",
-                          self.directory, step)
-            return None
+            prepared = self.writer.prepare(cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
+                                           max_event_time=self._max_event_time, copy=background)
+            if background:
+                self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
+                                                 name="recstream-publisher")
+                self._writing.start()
+                return None
+            manifest = self.writer.write(prepared)
+        except Exception as e:
+            return self._failed(e, step)
+        return self._published(manifest, step, cb_params)
+
+    def _write(self, prepared, step: int, cb_params) -> None:
+        """The writer thread: write, and leave the outcome for the training thread to collect."""
+        try:
+            self._written = (self.writer.write(prepared), step, cb_params)
+        except Exception as e:  # reported by _collect, in the training thread
+            self._written = (e, step, cb_params)
+
+    def _collect(self, wait: bool, report: bool = True) -> None:
+        """Take in a finished background write (waiting for it with `wait`)."""
+        if self._writing is None or (self._writing.is_alive() and not wait):
+            return
+        self._writing.join()
+        self._writing = None
+        outcome, step, cb_params = self._written
+        self._written = None
+        if isinstance(outcome, Exception):
+            if report:
+                self._failed(outcome, step)
+            else:
+                self.failures += 1
+                self.writer.invalidate()
+        elif report:
+            self._published(outcome, step, cb_params)
+
+    def _failed(self, error: Exception, step: int) -> None:
+        self.failures += 1
+        self.writer.invalidate()
+        if self.on_error == "raise":
+            raise error
+        log.error("ModelPublisher: publishing to %s failed at step %d; training goes on",
+                  self.directory, step, exc_info=error)
+        return None
+
+    def _published(self, manifest: dict, step: int, cb_params) -> dict:
         self.manifests.append(manifest)
         cb_params.published_manifest = manifest
         log.info("ModelPublisher: published version %d (%s) at step %d", manifest["version"], manifest["kind"], step)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -110,6 +111,12 @@ class SnapshotWriter:
     def publish(self, network: nn.Module, step: int | None = None, epoch: int | None = None,
                 max_event_time: float | None = None, full: bool = False) -> dict:
         """Write the next version of `network`; returns its manifest."""
+        return self.write(self.prepare(network, step, epoch, max_event_time, full))
+
+    def prepare(self, network: nn.Module, step: int | None = None, epoch: int | None = None,
+                max_event_time: float | None = None, full: bool = False, copy: bool = False) -> PreparedVersion:
+        """Everything `write` needs, taken from `network` now: the version number, the manifest and
+        the tensors (with `copy`, copies: the network may go on training while another thread writes)."""
         owner = "SnapshotWriter.publish"
         check_module(owner, "network", network)
         step = check_int(owner, "step", step, minimum=0, allow_none=True)
@@ -131,24 +138,40 @@ class SnapshotWriter:
         if self.verify_rebuild and not self._checked:
             check_rebuild(network, dict(manifest, version=version), self.model_factory)
             self._checked = True
-        files = {MODEL_FILE: for_saving(dense_state(network))}
+        dense = for_saving(dense_state(network))
+        files = {MODEL_FILE: {k: t.clone() for k, t in dense.items()} if copy else dense}
         tables = {}
         self.last_version = None  # any failure from here on: the exports below moved the baseline
         for path, emb in tables_of.items():
-            rows = emb.export() if full else emb.export_delta()
+            rows = emb.export() if full else emb.export_delta()  # gathered: copies already
             rel = hash_file(path)
             files[rel] = for_saving(rows)
             tables[path] = {"file": rel, "rows": int(rows["keys"].numel()),
                             "evicted": int(rows["evicted_keys"].numel()) if "evicted_keys" in rows else 0}
         manifest["hash_embeddings"] = tables
-        stored = write_version(self.directory, version, files, manifest)
-        self.last_version, self._base = version, base
-        self._deltas = 0 if full else self._deltas + 1
-        write_latest(self.directory, version)
+        return PreparedVersion(version, base, full, files, manifest)
+
+    def write(self, prepared: PreparedVersion) -> dict:
+        """Write a prepared version (atomically), point ``LATEST`` at it, apply retention."""
+        stored = write_version(self.directory, prepared.version, prepared.files, prepared.manifest)
+        self.last_version, self._base = prepared.version, prepared.base
+        self._deltas = 0 if prepared.full else self._deltas + 1
+        write_latest(self.directory, prepared.version)
         removed = prune(self.directory, self.keep)
         if removed:
             log.debug("retention removed versions %s from %s", removed, self.directory)
         return stored
+
+
+@dataclass
+class PreparedVersion:
+    """A version taken from a network, not yet written (`SnapshotWriter.prepare` / `write`)."""
+
+    version: int
+    base: int
+    full: bool
+    files: dict
+    manifest: dict
 
 
 def publish_version(directory: str | os.PathLike, network: nn.Module, **kwargs) -> dict:

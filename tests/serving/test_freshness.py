@@ -46,7 +46,8 @@ def test_running_max_and_validation():
 def test_publisher_records_running_max_event_time(tmp_path):
     """End to end: trainer-supplied cb_params.max_event_time -> manifests -> freshness."""
     net = torch.nn.Linear(2, 1)
-    pub = ModelPublisher(tmp_path, every_steps=2, model_factory="torch.nn:Linear", verify_rebuild=False)
+    pub = ModelPublisher(tmp_path, every_steps=2, model_factory="torch.nn:Linear", verify_rebuild=False,
+                         background=False)  # versions exactly at the due steps
     p = CallbackParams(network=net, cur_step_num=0, cur_epoch_num=1)
     ctx = RunContext(p)
     event_times = [1000.0, 1003.0, 1001.0, 1007.0, 1002.0]  # out of order; running max per step

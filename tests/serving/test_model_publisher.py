@@ -47,7 +47,7 @@ def test_every_seconds_uses_the_clock(tmp_path, monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(publisher_module.time, "monotonic", lambda: clock[0])
     pub = ModelPublisher(tmp_path, every_seconds=10, model_factory="torch.nn:Linear", verify_rebuild=False,
-                         publish_on_end=False)
+                         publish_on_end=False, background=False)  # the schedule, step by step
 
     def tick(p):
         clock[0] += 4.0  # steps at t=4, 8, 12, 16, 20, 24: due at 12 and 24
@@ -93,8 +93,9 @@ def test_unusable_directory_fails_at_train_begin(tmp_path):
 def test_failure_is_logged_training_goes_on_and_next_version_is_full(tmp_path, monkeypatch, caplog):
     from recstream.nn import HashEmbedding
     net = torch.nn.ModuleDict({"emb": HashEmbedding(2, capacity=8)})
-    pub = ModelPublisher(tmp_path, every_steps=1, model_factory="torch.nn:Linear", verify_rebuild=False)
-    real = publisher_module.SnapshotWriter.publish
+    pub = ModelPublisher(tmp_path, every_steps=1, model_factory="torch.nn:Linear", verify_rebuild=False,
+                         background=False)
+    real = publisher_module.SnapshotWriter.write
     calls = []
 
     def flaky(self, *args, **kwargs):
@@ -103,7 +104,7 @@ def test_failure_is_logged_training_goes_on_and_next_version_is_full(tmp_path, m
             raise OSError(28, "No space left on device")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(publisher_module.SnapshotWriter, "publish", flaky)
+    monkeypatch.setattr(publisher_module.SnapshotWriter, "write", flaky)
     with caplog.at_level(logging.ERROR, logger="recstream.serving.model_publisher"):
         drive(pub, 5, lambda p: net["emb"](torch.tensor([p.cur_step_num])), network=net)
     assert pub.failures == 1 and "publishing to" in caplog.text and "No space" in caplog.text
@@ -112,12 +113,12 @@ def test_failure_is_logged_training_goes_on_and_next_version_is_full(tmp_path, m
 
 def test_failure_raises_when_asked(tmp_path, monkeypatch):
     pub = ModelPublisher(tmp_path, every_steps=1, model_factory="torch.nn:Linear", verify_rebuild=False,
-                         on_error="raise")
+                         on_error="raise", background=False)
 
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pub.writer, "publish", boom)
+    monkeypatch.setattr(pub.writer, "write", boom)
     with pytest.raises(OSError, match="No space"):
         drive(pub, 1)
     assert pub.failures == 1
@@ -147,3 +148,54 @@ def test_manifest_records_preprocessing_and_output(tmp_path):
     m = read_manifest(tmp_path, 1)
     assert m["model"]["output"] == "probabilities"
     assert m["preprocessing"] == {"log1p_dense": True, "fill_missing_dense": 0.0}
+
+
+def test_background_writes_do_not_block_the_step_and_report_at_a_later_one(tmp_path, monkeypatch, caplog):
+    """A slow disk: the step that takes a version returns at once; versions falling due meanwhile are
+    taken after the write finished; a failed write is reported (and the next version full) later."""
+    import threading
+    import time
+
+    pub = ModelPublisher(tmp_path, every_steps=1, model_factory="torch.nn:Linear", verify_rebuild=False,
+                         publish_on_end=True)
+    release, calls = threading.Event(), []
+    real = publisher_module.SnapshotWriter.write
+
+    def slow(self, prepared):
+        calls.append(prepared.manifest["step"])
+        assert release.wait(10)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, prepared)
+
+    monkeypatch.setattr(publisher_module.SnapshotWriter, "write", slow)
+    net = torch.nn.Linear(2, 1)
+    initial = net.weight.detach().clone()
+    step_times = []
+
+    def on_step(p):
+        if p.cur_step_num == 3:
+            release.set()  # the disk catches up
+            time.sleep(0.2)
+        with torch.no_grad():
+            net.weight.add_(1.0)  # training goes on while the first version is written
+
+    def timed_step(p):
+        start = time.perf_counter()
+        on_step(p)
+        step_times.append(time.perf_counter() - start)
+
+    with caplog.at_level(logging.ERROR, logger="recstream.serving.model_publisher"):
+        drive(pub, 5, timed_step, network=net)
+    # step 1 took a version (its write waited for the disk); steps 2-3 did not wait for it
+    assert calls[0] == 1 and max(step_times[:2]) < 1.0
+    assert pub.failures == 1 and "No space" in caplog.text
+    steps = [m["step"] for m in pub.manifests]
+    assert steps[0] == 1 and steps[-1] == 5  # the end of training waited and wrote a last version
+    from safetensors.torch import load_file
+
+    from recstream.serving.layout import MODEL_FILE, version_path
+    version_1 = load_file(f"{version_path(tmp_path, 1)}/{MODEL_FILE}")
+    # taken at step 1 (weights + 1 by then), written while training went on: it holds step 1's weights
+    torch.testing.assert_close(version_1["weight"], initial + 1.0)
+    assert read_manifest(tmp_path, read_latest(tmp_path))["step"] == 5
