@@ -5,8 +5,8 @@ the device (``float(loss)`` is a host sync), so a fast training loop is not slow
 Unsized datasets (``batch_num`` unknown) show a counter and rate without ETA. In sink mode the
 bar advances by the sink size at each step hook.
 
-`progress_bar_default()` says whether a bar should be shown when the user did not ask: only on
-an interactive terminal, and not under CI.
+`progress_bar_default()` says whether a bar should be shown when the user did not ask: on an
+interactive terminal or in a Jupyter notebook (``tqdm.auto`` draws a widget there), not under CI.
 
 >>> import io
 >>> bar = ProgressBar(refresh_interval=0.5, file=io.StringIO())
@@ -31,13 +31,15 @@ _CI_VARS = ("CI", "CONTINUOUS_INTEGRATION", "GITHUB_ACTIONS", "GITLAB_CI", "JENK
 
 
 def progress_bar_default() -> bool:
-    """True when stderr is an interactive terminal and no CI environment is detected."""
+    """True on an interactive terminal (stderr) or in a notebook kernel, and no CI environment detected."""
     for var in _CI_VARS:
         value = os.environ.get(var, "")
         if value and value.lower() not in ("0", "false", "no"):
             return False
     if os.environ.get("TERM") == "dumb":
         return False
+    if "ipykernel" in sys.modules:  # a notebook: no terminal, but tqdm.auto draws a widget there
+        return True
     stream = sys.stderr
     try:
         return bool(stream is not None and stream.isatty())

@@ -144,6 +144,11 @@ def test_progress_bar_default(monkeypatch):
     monkeypatch.setenv("CI", "false")
     assert progress_bar_default() is True
     monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    assert progress_bar_default() is False
+    monkeypatch.setitem(sys.modules, "ipykernel", object())  # a Jupyter kernel: no tty, a widget bar
+    assert progress_bar_default() is True
+    monkeypatch.setenv("CI", "true")
     assert progress_bar_default() is False
 
 
