@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # usage errors: exit 2
     owner = f"recstream {args.command}"
     previous = signal.signal(signal.SIGTERM, _terminate)  # a command may install its own (serve does)
+    # Ctrl-C / SIGINT too, explicitly: a process started with SIGINT ignored (a background job of a
+    # non-interactive shell) would otherwise never see it, and `produce` would not stop on it.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.run(args)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Interrupted
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 if __name__ == "__main__":
