@@ -102,18 +102,26 @@ def test_produce_to_an_unreachable_broker_fails_in_one_line():
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, EXIT_INTERRUPTED, "interrupted"),
                                              (signal.SIGTERM, EXIT_TERMINATED, "terminated")])
-def test_produce_stops_cleanly_on_a_signal(tmp_path, sig, code, word):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_produce_stops_cleanly_on_a_signal(tmp_path, sig, code, word, inherited):
+    # "ignored": started as a non-interactive shell starts a background job (SIGINT ignored): the CLI
+    # still stops on it (it used to ignore it and run on).
+    def start_child():
+        if inherited == "ignored":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen([sys.executable, "-m", "recstream", "produce", "--synthetic", "--rows", "0",
                              "--num-dense", "1", "--num-categorical", "1", "--rate", "2000",
                              "--file-records", "1000000", "--directory", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=start_child)
     try:
         deadline = time.monotonic() + 60
         while not any(n.endswith(".tmp") and os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)):
             assert proc.poll() is None and time.monotonic() < deadline, "produce wrote nothing"
             time.sleep(0.05)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert "Traceback" not in err, err
@@ -149,7 +157,7 @@ def test_serve_waits_on_an_empty_directory_and_stops_on_sigterm(tmp_path):
     try:
         assert proc.stdout.readline().startswith("recstream serve: listening on http://127.0.0.1:")
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0
