@@ -60,6 +60,18 @@ def _one_pass(dataset) -> Iterator:
             close()
 
 
+def put_unless_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put `item` into the bounded queue `q`, waiting in short slices so that a `stop` set meanwhile
+    (the consumer closing) ends the wait; False when stopped. The producer threads' one put."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def repeat_forever(dataset, name: str = "train_dataset", end_when_empty: bool = False, stopped=None) -> Iterator:
     """Traverse `dataset` endlessly, ``reset()`` between passes.
 
@@ -152,13 +164,7 @@ class DataChannel:
         return Item(moved, event, position, meta)
 
     def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._stop)
 
     def _produce_items(self, dataset, total, passes, reset_after_pass) -> Iterator:
         """Items and markers in order, ending with `DONE` (the one producer, for both drivers)."""

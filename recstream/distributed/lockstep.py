@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.batch import Batch
+from ..data.channel import put_unless_stopped
 from ..data.protocol import (
     BadRecordDataset,
     CommittableDataset,
@@ -249,13 +250,7 @@ class _Reader:
             self._put(_Failed(exc))
 
     def _put(self, item) -> bool:
-        while not self._halt.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._halt)
 
     def peek(self, timeout: float):
         """The next item (left in place), or None if none came within `timeout` seconds."""
