@@ -590,6 +590,10 @@ class HashEmbedding(nn.Module):
         new_ripe = _where(new_counts >= permit)
         n_cand = ripe.numel() + new_ripe.numel()
         if n_cand > self._num_free:
+            # The LRU pass scans row_last_seen, which the lookup only refreshes after this:
+            # mark this batch's admitted keys seen now, or the pass could evict them.
+            fr = t.rows.index_select(0, fs)
+            self.row_last_seen.index_fill_(0, fr.index_select(0, _where(fr >= 0)), step)
             self._evict_lru_rows(n_cand - self._num_free + self._headroom(self.capacity))
         n_admit = min(n_cand, self._num_free)
         ripe = ripe[:n_admit]
