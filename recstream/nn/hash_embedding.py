@@ -568,9 +568,45 @@ class HashEmbedding(nn.Module):
     def _train_slots(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Count ``uniq`` (with ``counts`` occurrences), admit, insert; return slots.
 
-        Slots are -1 only for new keys dropped because the pending budget was
-        exhausted by this very batch.
+        Slots are -1 only for new keys dropped because the pending budget (or, with
+        ``permit_filter_value=1``, the capacity) was exhausted by this very batch.
         """
+        if self.permit_filter_value == 1 and self._num_pending == 0:  # (pending keys: a checkpoint of permit > 1)
+            return self._admit_all(uniq, counts)
+        return self._count_and_admit(uniq, counts)
+
+    def _admit_all(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """:meth:`_train_slots` when every key is admitted at first sight (``permit_filter_value=1``,
+        the default): no key is ever pending, so no admission bookkeeping -- a third of the ops of
+        the general path, which matters because on a CPU a lookup's cost is its op count."""
+        t, step = self.table, self._step
+        start = t.start_of(uniq)  # hashed once for the find and the insert
+        slots = t.find(uniq, start)
+        new = _where(slots < 0)  # host sync: how many rows to hand out
+        n_new = new.numel()
+        if n_new:
+            if n_new > self._num_free:
+                # Mark this batch's keys seen before the LRU pass (see _count_and_admit).
+                seen = slots.index_select(0, _where(slots >= 0))
+                self.row_last_seen.index_fill_(0, t.rows.index_select(0, seen), step)
+                self._evict_lru_rows(n_new - self._num_free + self._headroom(self.capacity))
+            new = new[:self._num_free]  # a batch with more new keys than capacity: the rest read the default
+            if self._rehash_if_needed(new.numel()):
+                slots, start = t.find(uniq), t.start_of(uniq)  # a rehash moves every key (rare)
+            ins = t.insert(uniq.index_select(0, new), start.index_select(0, new))
+            slots.index_copy_(0, new, ins)
+            self._assign_rows(ins)
+            if new.numel() < n_new:  # over capacity: count only the keys that got a slot
+                keep = _where(slots >= 0)
+                t.counts.index_add_(0, slots.index_select(0, keep), counts.index_select(0, keep))
+                t.last_seen.index_fill_(0, slots.index_select(0, keep), step)
+                return slots
+        t.counts.index_add_(0, slots, counts)
+        t.last_seen.index_fill_(0, slots, step)
+        return slots
+
+    def _count_and_admit(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """:meth:`_train_slots` with admission after ``permit_filter_value`` > 1 occurrences."""
         t, step, permit = self.table, self._step, self.permit_filter_value
         slots = t.find(uniq)
         found = slots >= 0

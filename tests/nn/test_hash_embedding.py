@@ -359,3 +359,26 @@ def test_lru_order_survives_a_state_dict_round_trip():
     dst.load_state_dict(src.state_dict())
     dst(k(7, 8))  # evicts the two least recently seen: 3 and 4
     assert [key for key in range(1, 9) if row_of(dst, key) == -1] == [3, 4]
+
+
+def test_admit_at_first_sight_path_matches_the_general_admission_path(monkeypatch):
+    """permit_filter_value=1 takes a shorter path (no pending state); it must leave the table,
+    rows and outputs exactly as the general path does, through growth, LRU eviction and a batch
+    with more new keys than capacity."""
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 400, (int(n),), generator=gen) for n in torch.randint(1, 60, (120,), generator=gen)]
+    batches.append(torch.arange(1000, 1300))  # more new keys than capacity
+    runs = []
+    for general in (False, True):
+        if general:
+            monkeypatch.setattr(HashEmbedding, "_admit_all", HashEmbedding._count_and_admit)
+        torch.manual_seed(0)
+        emb = HashEmbedding(3, capacity=200, evict_low_watermark=0.9)
+        outs = [emb(b) for b in batches]
+        runs.append((outs, emb.state_dict()))
+    (fast_out, fast_sd), (gen_out, gen_sd) = runs
+    for a, b in zip(fast_out, gen_out, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert fast_sd.keys() == gen_sd.keys()
+    for name in fast_sd:
+        assert torch.equal(fast_sd[name], gen_sd[name]), name
