@@ -14,6 +14,7 @@
 - `LambdaCallback`: a callback made of plain functions.
 - `ProgressBar`: tqdm bars with steps/s, ETA and the loss (`progress_bar_default()`: show it?).
 - `TensorBoard`: write loss, learning rates and metrics for TensorBoard.
+- `MLflowLogger`: log loss, learning rates, metrics and run parameters to MLflow (extra ``mlflow``).
 - `PrequentialMonitor`: score each batch before training on it; rolling AUC and log loss.
 
 Publishing model versions for serving while training is a callback too, `ModelPublisher`; it
@@ -36,6 +37,7 @@ from .history import History
 from .lambda_callback import LambdaCallback
 from .loss_monitor import LossMonitor
 from .lr_scheduler import LearningRateScheduler
+from .mlflow_logger import MLflowLogger
 from .model_checkpoint import ModelCheckpoint
 from .prequential import PrequentialMonitor
 from .progress_bar import ProgressBar, progress_bar_default
@@ -47,5 +49,5 @@ __all__ = [
     "Callback", "CallbackList", "RunContext", "CallbackParams", "LossMonitor", "TimeMonitor",
     "ModelCheckpoint", "CheckpointConfig", "save_checkpoint", "load_checkpoint", "CheckpointError",
     "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
-    "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor", "EpochSummary",
+    "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor", "EpochSummary", "MLflowLogger",
 ]

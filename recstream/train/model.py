@@ -472,7 +472,7 @@ class Model:
             parallel_mode=self._parallel_mode, device_number=world_size(), rank=rank(),
             train_dataset=dataset, train_dataset_element=None, list_callback=list(callbacks),
             cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None,
-            batch_observers=[])
+            batch_observers=[], amp_level=self._amp_level, boost_level=self._boost_level)
 
     def _default_callbacks(self, user_callbacks) -> list:
         """A `History` (returned by train/fit) unless the user passed one, and the run's visible
