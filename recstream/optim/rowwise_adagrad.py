@@ -83,7 +83,10 @@ class RowWiseAdagrad(SparseRowOptimizer):
             # Out of place: never modify the caller's .grad.
             grad = grad.add(w, alpha=wd)
         acc = take_rows(state["sum"], rows)
-        acc.add_(grad.reshape(grad.shape[0], -1).square().mean(dim=1))
+        # Mean over every dim but the row's (not reshape(n, -1): no -1 to infer when n == 0, i.e. a
+        # HashEmbedding step whose keys are all still pending).
+        sq = grad.square()
+        acc.add_(sq.mean(dim=tuple(range(1, sq.dim()))) if sq.dim() > 1 else sq)
         put_rows(state["sum"], rows, acc)
         std = row_broadcast(acc.sqrt().add_(eps), grad)
         w.addcdiv_(grad, std, value=-lr)

@@ -133,3 +133,27 @@ def test_unsupported_gradient_layouts():
     from recstream.optim._base import _rows_and_values
     with pytest.raises(TypeError, match="layout"):
         _rows_and_values(p, torch.eye(3).to_sparse_csr())
+
+
+@pytest.mark.parametrize("cls", [RowWiseAdagrad, LazyAdam, FTRL])
+def test_a_sparse_gradient_with_no_rows_is_a_no_op(cls):
+    """A HashEmbedding step whose keys are all still pending has a gradient with no rows: nothing
+    changes. (RowWiseAdagrad used to fail reshaping the empty gradient.)"""
+    p = _param_with_resets()
+    opt = cls([p], lr=0.1)
+    p.grad = sparse_grad([], torch.ones(0, 3), p.shape)
+    opt.step()
+    assert not p.detach().any()
+
+
+def test_default_optimizer_trains_a_step_whose_dynamic_keys_are_all_pending():
+    from recstream import Model
+    from recstream.data import Batch, CategoricalFeature, Features, Schema
+    from recstream.models import WideDeep, default_optimizer
+
+    schema = Schema(["x"], [CategoricalFeature("user", dynamic=True, capacity=100, permit_filter_value=2)])
+    net = WideDeep(schema, hidden=(4,))
+    x = Features.from_lengths(torch.zeros(3, 1), torch.tensor([1, 2, 3]), torch.ones(1, 3), keys=["user"])
+    history = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False).train(
+        1, [Batch(x, torch.zeros(3))])
+    assert len(history.history["net_output"]) == 1
