@@ -61,8 +61,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.optim import Optimizer
 
 from ..checkpoint import fsync_dir, fsync_file
@@ -98,6 +96,15 @@ def is_complete(directory: str | os.PathLike) -> bool:
     return not path.endswith(PARTIAL_SUFFIX) and os.path.isfile(os.path.join(path, META_FILE))
 
 
+def _dcp():
+    """``torch.distributed.checkpoint`` and its safetensors reader/writer, imported on first use: the
+    import takes ~0.7 s (a third of ``import recstream.train``), paid by every script and CLI
+    command, most of which never write a sharded checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp, (dcp.HuggingFaceStorageReader, dcp.HuggingFaceStorageWriter)
+
+
 def save_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimizer: Optimizer | None = None,
                  extra=None) -> None:
     """Write `network` (and `optimizer`) to `directory`, each rank its own shard (collective).
@@ -121,6 +128,7 @@ def save_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
         doc["optimizer"] = optimizer_doc(owner, network, optimizer)
     doc["extra"] = _gather_extras(owner, extra, doc.get("optimizer"))
     _on_rank_zero(owner, lambda: _fresh_dir(partial))
+    dcp, (_, HuggingFaceStorageWriter) = _dcp()
     with _single_process_quiet():
         dcp.save(state, storage_writer=HuggingFaceStorageWriter(partial, save_distributed=True),
                  no_dist=not is_distributed())
@@ -144,6 +152,7 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
         doc = json.load(f)
     if doc.get("format") != FORMAT:
         raise ValueError(f"{owner}: {path!r} has format {doc.get('format')!r}, expected {FORMAT!r}")
+    dcp, (HuggingFaceStorageReader, _) = _dcp()
     reader = HuggingFaceStorageReader(path)
     saved = reader.read_metadata().state_dict_metadata  # shapes from the safetensors headers
     model = network_tensors(owner, network, _mesh(), empty=True)
