@@ -2,7 +2,8 @@
 
 Synthetic Criteo-shaped data (13 dense + 26 categorical fields, power-law ids, a known ground
 truth), one epoch per variant per repetition; samples/s of the training epoch (evaluation not
-timed) and test AUC. Variants:
+timed), test AUC and peak memory (resident memory above the process's before the variant, so
+model, optimizer state and activations; on CUDA the peak of allocated memory). Variants:
 
 - ``hand``: the idiomatic network (26 ``nn.Embedding`` + MLP) in a hand loop with ``torch.optim.Adam``
 - ``hand_tuned``: one fused sparse table (offsets per field), ``SparseAdam`` + fused ``Adam``
@@ -14,11 +15,14 @@ timed) and test AUC. Variants:
     python benchmarks/bench_boost.py --rows 200000 --reps 3 --threads 2
     python benchmarks/bench_boost.py --device cuda --rows 1000000 --batch-size 4096
 
-Prints a Markdown table (median samples/s, ratio to ``hand``, AUC) and writes it as JSON with --out.
+Prints a Markdown table (median samples/s, ratio to ``hand``, AUC, peak MiB) and writes it as JSON
+with --out. ``main(argv, field=...)`` runs comparison systems (``field_runners``) interleaved with these.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import statistics
 import time
@@ -118,6 +122,50 @@ def _model(model, batches, device):
     return time.perf_counter() - start
 
 
+class PeakMemory:
+    """Peak memory of what runs inside it, in MiB above the memory in use when it starts.
+
+    CPU: the process's resident high-water mark (VmHWM), reset on entry through
+    /proc/self/clear_refs after handing freed heap back (malloc_trim), so one process can measure
+    variant after variant; nan where that is unavailable. CUDA: torch's peak allocated memory.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device, self.mib = device, float("nan")
+
+    def __enter__(self):
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device) / 2 ** 20
+            return self
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # 5: reset the peak resident size to the current one
+            self._base = _status_mib("VmRSS:")
+        except (OSError, AttributeError):  # not Linux / not glibc: no per-variant peak
+            self._base = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.mib = torch.cuda.max_memory_allocated(self.device) / 2 ** 20 - self._base
+        elif self._base is not None:
+            self.mib = _status_mib("VmHWM:") - self._base
+        return False
+
+
+def _status_mib(key: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    raise OSError(f"no {key} in /proc/self/status")
+
+
 def run_variant(name, args, data):
     gen, train, test = data
     device, hidden = torch.device(args.device), tuple(args.hidden)
@@ -154,7 +202,8 @@ def run_variant(name, args, data):
     raise ValueError(f"unknown variant {name!r}")
 
 
-def main(argv=None):
+def main(argv=None, field=None):
+    """Runs the variants; `field(args, data)` may return more, ``{name: run() -> (seconds, auc)}``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=200_000, help="training rows per epoch")
     p.add_argument("--test-rows", type=int, default=100_000)
@@ -176,22 +225,27 @@ def main(argv=None):
     rows = len(data[1]) * args.batch_size
     print(f"rows/epoch={rows:,} batch={args.batch_size} vocab/field={args.vocab:,} dim={args.dim} "
           f"hidden={args.hidden} threads={args.threads} device={args.device} torch={torch.__version__}", flush=True)
-    seconds = {v: [] for v in args.variants}
-    aucs = {v: [] for v in args.variants}
+    runs = {v: (lambda v=v: run_variant(v, args, data)) for v in args.variants}
+    runs.update(field(args, data) if field else {})
+    seconds, aucs, peaks = ({v: [] for v in runs} for _ in range(3))
     for rep in range(args.reps):  # interleaved: a load change hits every variant alike
-        for v in args.variants:
-            s, auc = run_variant(v, args, data)
+        for v, run in runs.items():
+            with PeakMemory(torch.device(args.device)) as mem:
+                s, auc = run()
             seconds[v].append(s)
             aucs[v].append(auc)
-            print(f"  rep {rep} {v:12s} {rows / s:10,.0f} samples/s  AUC {auc:.4f}", flush=True)
+            peaks[v].append(mem.mib)
+            print(f"  rep {rep} {v:14s} {rows / s:10,.0f} samples/s  AUC {auc:.4f}  peak {mem.mib:7.0f} MiB",
+                  flush=True)
     base = statistics.median(seconds["hand"]) if "hand" in seconds else None
     results = {v: {"samples_per_s": rows / statistics.median(seconds[v]), "auc": float(np.mean(aucs[v])),
-                   "vs_hand": base / statistics.median(seconds[v]) if base else None} for v in args.variants}
-    print("\n| variant | samples/s | vs hand | test AUC |\n| --- | --- | --- | --- |")
+                   "vs_hand": base / statistics.median(seconds[v]) if base else None,
+                   "peak_mib": float(np.median(peaks[v]))} for v in runs}
+    print("\n| variant | samples/s | vs hand | test AUC | peak MiB |\n| --- | --- | --- | --- | --- |")
     for v, r in results.items():
         ratio = f"{r['vs_hand']:.2f}x" if r["vs_hand"] else "-"
         auc = "-" if np.isnan(r["auc"]) else f"{r['auc']:.4f}"
-        print(f"| {v} | {r['samples_per_s']:,.0f} | {ratio} | {auc} |")
+        print(f"| {v} | {r['samples_per_s']:,.0f} | {ratio} | {auc} | {r['peak_mib']:,.0f} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
