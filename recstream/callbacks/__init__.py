@@ -10,7 +10,8 @@
 - `ReduceLROnPlateau`: lower the learning rate when a monitored metric plateaus.
 - `LearningRateScheduler`: set the lr from a function of the step, or drive a torch LR scheduler.
 - `History`: per-epoch training loss and evaluation results (`Model.train`/`fit` return one).
-- `EpochSummary`: one line per epoch on stderr, the default where no progress bar is drawn.
+- `EpochSummary`: one line per epoch on stderr (online: per interval, and one at the end), the
+  default where no progress bar is drawn.
 - `LambdaCallback`: a callback made of plain functions.
 - `ProgressBar`: tqdm bars with steps/s, ETA and the loss (`progress_bar_default()`: show it?).
 - `TensorBoard`: write loss, learning rates and metrics for TensorBoard.

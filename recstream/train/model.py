@@ -476,7 +476,8 @@ class Model:
 
     def _default_callbacks(self, user_callbacks) -> list:
         """A `History` (returned by train/fit) unless the user passed one, and the run's visible
-        output: a progress bar on a terminal, else one `EpochSummary` line per epoch."""
+        output: a progress bar on a terminal, else `EpochSummary` lines (one per epoch; online,
+        periodic ones and a final one)."""
         defaults = [] if any(isinstance(cb, History) for cb in user_callbacks) else [History()]
         if self._progress_bar is False or any(isinstance(cb, (ProgressBar, EpochSummary)) for cb in user_callbacks):
             return defaults
