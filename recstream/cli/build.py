@@ -99,6 +99,15 @@ def _decoder(cfg, doc, fmt: str, schema):
         return CSVLineDecoder(schema, _DELIMITERS[fmt], **meta)
 
 
+def kafka_client(doc):
+    """`KafkaStream`, or a ConfigError at ``stream.kafka`` naming the extra to install (confluent-kafka)."""
+    from ..data import streams
+    try:
+        return streams.KafkaStream
+    except ImportError as e:
+        raise ConfigError(f"{doc.path}:{doc.line(('stream', 'kafka'), key=True)}: stream.kafka: {e}") from e
+
+
 def build_stream(cfg, doc, schema, run_dir: str):
     """The online source of ``stream:`` (a DirectoryStream or a KafkaStream)."""
     st = cfg.stream
@@ -113,15 +122,13 @@ def build_stream(cfg, doc, schema, run_dir: str):
             return DirectoryStream(d.path, format=d.format, pattern=d.pattern, poll_interval=d.poll_interval,
                                    decoder=decoder, header=d.header,
                                    commit_path=os.path.join(run_dir, "stream_position.json"), **common)
-    from ..data import streams
     k = st.kafka
-    try:
-        kafka_stream = streams.KafkaStream
-    except ImportError as e:
-        raise ConfigError(f"{doc.path}:{doc.line(('stream', 'kafka'), key=True)}: stream.kafka: {e}") from e
+    kafka_stream = kafka_client(doc)
     decoder = _decoder(cfg, doc, k.format, schema)
+    assignment = None if k.partitions is None else [(t, p) for t in k.topics for p in k.partitions]
     with at(doc, ("stream", "kafka"), k.bootstrap_servers):
-        return kafka_stream(k.topics, k.bootstrap_servers, k.group_id, decoder=decoder, start=k.start, **common)
+        return kafka_stream(k.topics, k.bootstrap_servers, k.group_id, decoder=decoder, start=k.start,
+                            assignment=assignment, consumer_config=k.consumer_config, **common)
 
 
 def build_network(cfg, schema, doc):
@@ -154,8 +161,9 @@ def build_model(cfg, doc, schema, *, online: bool = False):
     return model, net
 
 
-def build_callbacks(cfg, doc, run_dir: str, *, online: bool) -> list:
-    """The callbacks of ``callbacks:`` (a final checkpoint always; prequential by default online)."""
+def build_callbacks(cfg, doc, run_dir: str, *, online: bool, schema=None) -> list:
+    """The callbacks of ``callbacks:`` (a final checkpoint always; prequential by default online),
+    and the publisher of ``publish:`` last (it publishes what the checkpoint before it saved)."""
     from ..callbacks import CheckpointConfig, EarlyStopping, ModelCheckpoint, PrequentialMonitor, TensorBoard
     from .config import CheckpointSection, PrequentialSection
     cbs = cfg.callbacks
@@ -186,4 +194,31 @@ def build_callbacks(cfg, doc, run_dir: str, *, online: bool) -> list:
     elif cbs.prequential is not None:
         raise doc.error(("callbacks", "prequential"), cbs.prequential.args(),
                         "prequential metrics are for recstream online (train and eval use data.eval)")
+    if cfg.publish is not None:
+        out.append(build_publisher(cfg, doc, schema, run_dir, online=online))
     return out
+
+
+def preprocessing(cfg, *, online: bool) -> dict:
+    """What the training data's reader or decoder does to raw values, for servers to do the same to
+    requests: Criteo fills empty counts with 0 and takes their log1p; CSV/Parquet files as configured."""
+    fmt = (cfg.stream.directory or cfg.stream.kafka).format if online else cfg.data.train.format
+    if fmt == "criteo":
+        return {"fill_missing_dense": 0.0, "log1p_dense": True}
+    if online:
+        return {}  # the stream decoders of a config take no dense transform
+    d = cfg.data.train
+    out = {} if d.fill_missing_dense is None else {"fill_missing_dense": d.fill_missing_dense}
+    return {**out, "log1p_dense": True} if d.log1p_dense else out
+
+
+def build_publisher(cfg, doc, schema, run_dir: str, *, online: bool):
+    """The `ModelPublisher` of ``publish:``: versions of the network a server rebuilds from the config's
+    model arguments, into ``publish.directory`` (default ``<run_dir>/published``)."""
+    from ..serving import ModelPublisher
+    pub = cfg.publish
+    directory = pub.directory if pub.directory is not None else os.path.join(run_dir, "published")
+    with at(doc, ("publish",)):
+        return ModelPublisher(directory, schema, pub.every_steps, pub.every_seconds, pub.keep,
+                              model_config=cfg.model.args(), full_every=pub.full_every,
+                              preprocessing=preprocessing(cfg, online=online), on_error=pub.on_error)

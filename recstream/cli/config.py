@@ -66,12 +66,16 @@ class CriteoSchema(Section):
 
 class CategoricalColumn(Section):
     """One categorical column (`recstream.data.CategoricalFeature`); one of vocab_size /
-    hash_buckets / vocabulary."""
+    hash_buckets / vocabulary / dynamic (any int64 or string id, in a hash table of capacity rows)."""
 
     name: str
     vocab_size: PositiveInt | None = None
     hash_buckets: Annotated[int, Field(ge=2)] | None = None
     vocabulary: list[str] | None = None
+    dynamic: bool = False
+    capacity: PositiveInt | None = None
+    permit_filter_value: PositiveInt = 1
+    evict_filter_value: PositiveInt | None = None
     embedding_dim: PositiveInt = 16
     multi_hot: bool = False
     max_len: PositiveInt | None = None
@@ -157,6 +161,8 @@ class KafkaSource(Section):
     group_id: str = "recstream"
     format: Literal["criteo", "csv", "jsonl"] = "csv"
     start: Literal["earliest", "latest"] = "earliest"
+    partitions: list[NonNegativeInt] | None = None  # explicit assignment: no group membership, no rebalances
+    consumer_config: dict[str, str | int | float | bool] | None = None  # librdkafka settings, e.g. security
 
     _one_topic = field_validator("topics", mode="before")(classmethod(lambda cls, v: [v] if isinstance(v, str) else v))
 
@@ -297,6 +303,24 @@ class CallbacksSection(Section):
     prequential: PrequentialSection | None = None
 
 
+class PublishSection(Section):
+    """Model versions for serving, `recstream.serving.ModelPublisher` (train and online)."""
+
+    directory: str | None = None  # default: <run_dir>/published
+    every_steps: PositiveInt | None = None
+    every_seconds: PositiveFloat | None = None
+    keep: PositiveInt = 5
+    full_every: PositiveInt = 10
+    on_error: Literal["log", "raise"] = "log"
+
+    @field_validator("directory")
+    @classmethod
+    def _a_directory(cls, value: str | None) -> str | None:
+        if value is not None and os.path.exists(value) and not os.path.isdir(value):
+            raise PydanticCustomError("not_a_directory", "must be a directory (or a path to create), it is a file")
+        return value
+
+
 class EvalSection(Section):
     checkpoint: str | None = None  # a file or directory; default: <run_dir>/checkpoints
 
@@ -317,6 +341,7 @@ class Config(Section):
     optimizer: OptimizerSection = OptimizerSection()
     train: TrainSection = TrainSection()
     callbacks: CallbacksSection = CallbacksSection()
+    publish: PublishSection | None = None
     eval: EvalSection = EvalSection()
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=False)

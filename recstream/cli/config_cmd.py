@@ -53,14 +53,30 @@ def setup_torch(cfg) -> None:
     torch.manual_seed(cfg.train.seed)
 
 
-def emit(args, result: dict, line: str) -> int:
-    """Print the result (see the module docstring); returns exit status 0."""
+def emit(args, result: dict, line: str, status: str = "ok") -> int:
+    """Print the result (see the module docstring); returns exit status 0. `status`: the JSON's
+    ``status`` (``online`` stopped by a signal: ``interrupted`` / ``terminated``)."""
     if args.json:
         print(line, file=sys.stderr, flush=True)
-        print(json.dumps({"command": args.command, "status": "ok", **result}), flush=True)
+        print(json.dumps({"command": args.command, "status": status, **result}), flush=True)
     else:
         print(line, flush=True)
     return 0
+
+
+def published(callbacks: list) -> tuple[dict | None, str]:
+    """The result's ``published`` entry (``{"directory", "version", "step"}`` of the newest version; None
+    without ``publish:``) and its words for the result line."""
+    from ..serving import ModelPublisher
+    publisher = next((cb for cb in callbacks if isinstance(cb, ModelPublisher)), None)
+    if publisher is None:
+        return None, ""
+    if not publisher.manifests:
+        return {"directory": publisher.directory, "version": None, "step": None}, \
+            f"; nothing published to {publisher.directory}"
+    last = publisher.manifests[-1]
+    return ({"directory": publisher.directory, "version": last["version"], "step": last["step"]},
+            f"; published version {last['version']} to {publisher.directory}")
 
 
 def summary(metrics: dict) -> str:

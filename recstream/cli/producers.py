@@ -119,19 +119,25 @@ def append_meta(lines: Sequence[bytes], fmt: str, event_ids: np.ndarray, times: 
 
 # --- pacing --------------------------------------------------------------------------------
 class RateLimiter:
-    """Sleeps so that ``n`` records took at least ``n / rate`` seconds since the start."""
+    """Sleeps so that ``n`` records took at least ``n / rate`` seconds since the start: the first
+    `chunk` call, when the first records are ready (counting from the limiter's creation sent the
+    seconds of imports, connecting and making the first block as one burst)."""
 
     def __init__(self, rate: float) -> None:
         self.rate = check_number("RateLimiter", "rate", rate, minimum=0)  # events/s, 0: no limit
-        self.start = time.monotonic()
+        self.start: float | None = None
         self.sent = 0
 
     def chunk(self) -> int:
         """Records to send between two waits (~100 waits per second)."""
+        if self.start is None:
+            self.start = time.monotonic()
         return 4096 if self.rate == 0 else max(1, min(4096, int(self.rate / 100)))
 
     def wait(self, n: int) -> None:
         self.sent += n
+        if self.start is None:
+            self.start = time.monotonic()
         if self.rate:
             delay = self.start + self.sent / self.rate - time.monotonic()
             if delay > 0:

@@ -7,6 +7,7 @@ Layout (``run_dir:`` of the config)::
     metrics.jsonl/.csv   one row per epoch (train) or prequential report (online)
     eval.jsonl/.csv      one row per `recstream eval`
     checkpoints/         ModelCheckpoint files (model-*.safetensors)
+    published/           model versions for serving, with publish: (unless publish.directory is elsewhere)
     tensorboard/         TensorBoard events, when callbacks.tensorboard is set
 
 >>> import os, tempfile

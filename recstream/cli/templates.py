@@ -57,6 +57,8 @@ callbacks:
     monitor: auc
     patience: 2
   # tensorboard: {}              # events in <run_dir>/tensorboard (pip install 'recstream[tensorboard]')
+
+# publish: {}                    # the trained model for `recstream serve runs/criteo_offline/published --port 8080`
 """
 
 ONLINE = """# recstream config: Wide&Deep trained online on Criteo-format events arriving in a directory.
@@ -106,4 +108,8 @@ callbacks:
   prequential:                   # test-then-train AUC and log loss over the last `window` events
     window: 5000
     log_every: 20
+
+# publish:                       # model versions for `recstream serve runs/criteo_online/published --port 8080`
+#   every_seconds: 30            # and/or every_steps: N; a final version is published when the run ends
+#   keep: 5                      # versions kept (directory: default <run_dir>/published)
 """

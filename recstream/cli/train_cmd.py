@@ -10,7 +10,7 @@ import logging
 import os
 import time
 
-from .config_cmd import add_config_parser, emit, load, setup_torch, summary
+from .config_cmd import add_config_parser, emit, load, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Train the config's model on data.train (Model.fit), evaluating data.eval.
@@ -39,7 +39,7 @@ def run(args) -> int:
                             "ahead, so one sink per epoch is unknown: set sink_size >= 1 or sink_mode: false")
         valid = build_reader(cfg, doc, "eval", schema) if cfg.data.eval is not None else None
         model, net = build_model(cfg, doc, schema)
-        callbacks = build_callbacks(cfg, doc, run_dir.path, online=False)
+        callbacks = build_callbacks(cfg, doc, run_dir.path, online=False, schema=schema)
         metrics = MetricsLog(run_dir.path)
         log.info("train %s: %s on %s, %d epochs", args.config, type(net).__name__, train, cfg.train.epochs)
         start = time.perf_counter()
@@ -50,9 +50,11 @@ def run(args) -> int:
         last = metrics.last
         scores = {k: v for k, v in last.items() if k not in ("epoch", "step", "seconds")}
         checkpoint = callbacks[0].latest_ckpt_file_name
+        versions, versions_words = published(callbacks)
         result = {"run_dir": run_dir.path, "epochs": last.get("epoch"), "steps": last.get("step"),
-                  "seconds": round(seconds, 3), "metrics": scores, "checkpoint": checkpoint}
+                  "seconds": round(seconds, 3), "metrics": scores, "checkpoint": checkpoint, "published": versions}
         line = (f"recstream train: {last.get('epoch')} epochs, {last.get('step')} steps in {seconds:.1f} s: "
-                f"{summary(scores)}; run directory {run_dir.path}, checkpoint {os.path.basename(checkpoint)}")
+                f"{summary(scores)}; run directory {run_dir.path}, checkpoint {os.path.basename(checkpoint)}"
+                f"{versions_words}")
         log.info("%s", line)
         return emit(args, result, line)

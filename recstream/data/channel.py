@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..validation import check_int
+from ..validation import check_bool, check_int
 from .protocol import MetadataDataset, SeekableDataset, interrupt, reset
 from .transfer import pin_memory as pin
 from .transfer import record_stream, to_device
@@ -72,13 +72,24 @@ def put_unless_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
-def repeat_forever(dataset, name: str = "train_dataset", end_when_empty: bool = False, stopped=None) -> Iterator:
+def empty_first_pass(name: str) -> ValueError:
+    """The error for online training on a dataset, not a stream, whose first pass yields nothing."""
+    return ValueError(f"'{name}' yielded no batch at all: it is empty, or a one-shot iterator (e.g. a generator) "
+                      "already consumed; a recstream stream that ends before its first batch ends training "
+                      "instead (nothing new)")
+
+
+def repeat_forever(dataset, name: str = "train_dataset", end_when_empty: bool = False, stopped=None,
+                   nothing_new_ends: bool = False) -> Iterator:
     """Traverse `dataset` endlessly, ``reset()`` between passes.
 
     A pass yielding nothing is an error (an empty dataset, or a one-shot iterator already
     consumed) rather than a busy loop; with `end_when_empty` (online training) an empty pass
     after batches were seen means the source has ended (a stream that reports its end): the
-    traversal ends. `stopped()` true ends it too (the channel is closing).
+    traversal ends. With `nothing_new_ends` too (the dataset is a stream: its iteration ends only
+    when its source has ended), an empty FIRST pass ends it as well: a stream resumed at its end,
+    or with no data yet, has nothing new, which is not a mistake. `stopped()` true ends it too
+    (the channel is closing).
     """
     passes = 0
     while stopped is None or not stopped():
@@ -92,10 +103,9 @@ def repeat_forever(dataset, name: str = "train_dataset", end_when_empty: bool = 
             if not end_when_empty:
                 raise ValueError(f"'{name}' yielded no batch in a pass: it is empty, or a one-shot iterator "
                                  "(e.g. a generator) that cannot be traversed again; pass a re-iterable dataset")
-            if passes:
+            if passes or nothing_new_ends:
                 return  # the source reported its end
-            raise ValueError(f"'{name}' yielded no batch at all: it is empty, or a stream that ended "
-                             "(exhausted, idle_timeout or max_batches reached) before its first batch")
+            raise empty_first_pass(name)
         passes += 1
         reset(dataset)
 
@@ -113,12 +123,17 @@ class DataChannel:
         pin_memory: page-lock batches before copying (default: when `device` is CUDA).
         end_when_empty: with ``passes=None``, a pass that yields nothing after earlier batches
             ends the traversal (`DONE`): the source has ended (see `repeat_forever`).
+        nothing_new_ends: with `end_when_empty`, an empty first pass ends it too (`DONE` with no
+            batch before it): the dataset is a stream that had nothing new.
     """
 
     def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
                  passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
-                 name: str = "recstream-data-channel", end_when_empty: bool = False, background: bool = True):
+                 name: str = "recstream-data-channel", end_when_empty: bool = False, background: bool = True,
+                 nothing_new_ends: bool = False):
         check_int("DataChannel", "depth", depth, minimum=1)
+        self._end_when_empty = check_bool("DataChannel", "end_when_empty", end_when_empty)
+        self._nothing_new_ends = check_bool("DataChannel", "nothing_new_ends", nothing_new_ends)
         self.device = torch.device(device) if device is not None else None
         cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
@@ -126,7 +141,6 @@ class DataChannel:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._dataset = dataset
-        self._end_when_empty = end_when_empty
         self.done = False  # DONE was handed out: the producer has nothing more to give
         # Read in the producer thread right after each batch, so it travels with that batch.
         self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
@@ -140,7 +154,8 @@ class DataChannel:
     # ------------------------------------------------------------------ producer
     def _source(self, dataset, passes, reset_after_pass):
         if passes is None:
-            yield from repeat_forever(dataset, end_when_empty=self._end_when_empty, stopped=self._stop.is_set)
+            yield from repeat_forever(dataset, end_when_empty=self._end_when_empty, stopped=self._stop.is_set,
+                                      nothing_new_ends=self._nothing_new_ends)
             return
         for _ in range(passes):
             yield from _one_pass(dataset)

@@ -3,8 +3,9 @@
 `online_train` reuses the one training loop (`Model._train_loop`) with endless epochs, allows any
 positive `sink_size`, and stops cleanly on `request_stop()`, SIGINT or SIGTERM, or when a finite
 stream reports its end (the current step finishes, `ModelCheckpoint` writes the final checkpoint
-with the stream position, `on_train_end` runs, `online_train` returns). The contract is in
-docs/semantics.md, section 7.
+with the stream position, `on_train_end` runs, `online_train` returns). A stream that ends before
+its first batch (a scheduled rerun with nothing new) trains 0 steps and changes nothing. The
+contract is in docs/semantics.md, section 7.
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
 batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
@@ -98,10 +99,28 @@ class RecModel(Model):
 
     def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1):
         """Train on `train_dataset` until a stop is requested (a callback, SIGINT or SIGTERM) or the
-        stream ends (a pass yields no batch after earlier ones did; an empty first pass is an error).
+        stream ends (a pass yields no batch after earlier ones did).
 
         Without sink, an epoch is one pass of the dataset's iterator, then ``reset()``; with sink,
         an epoch is `sink_size` batches (any positive size) and step hooks run once per sink.
+
+        Nothing new: a `Stream` whose first pass ends without a batch (a `DirectoryStream` or
+        `KafkaStream` resumed at its end whose `idle_timeout` passes, an exhausted `IterableStream`,
+        or a stream with no data yet) trains 0 steps: `on_train_begin`, one empty epoch and
+        `on_train_end` run, `ModelCheckpoint` writes no file and commits nothing, the stream stays
+        where it was, and this returns. A dataset that is not a stream (a list, a generator) and
+        yields nothing at all is a mistake: `ValueError`.
+
+        >>> import torch
+        >>> from recstream.data.streams import IterableStream
+        >>> net = torch.nn.Linear(4, 2)
+        >>> model = RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+        ...                  progress_bar=False)
+        >>> stream = IterableStream(iter([(torch.randn(8, 4), torch.randint(0, 2, (8,)))] * 4))
+        >>> model.online_train(stream, sink_size=2)  # trains the 4 batches, then the stream ends
+        >>> model.online_train(stream, sink_size=2)  # a rerun: nothing new, 0 steps
+        >>> stream.position()
+        {'batches': 4}
         """
         check_bool("RecModel.online_train", "dataset_sink_mode", dataset_sink_mode)
         if dataset_sink_mode:
@@ -115,11 +134,14 @@ class RecModel(Model):
             # log line: Python's default filter shows it once).
             warnings.warn("online_train without a ModelCheckpoint callback on a committing stream: nothing is "
                           "saved or committed, so a restart trains everything again", UserWarning, stacklevel=2)
+        # a Stream's iteration ends only when its source has: an empty first pass is "nothing new"
+        nothing_new = isinstance(train_dataset, Stream)
         lockstep = self._lockstep(train_dataset)
         if lockstep is not None:
             train_dataset = lockstep
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
-                               epoch_num=None, device=self._device, end_when_empty=True)
+                               epoch_num=None, device=self._device, end_when_empty=True,
+                               nothing_new_ends=nothing_new)
         params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
         params.online = True  # ModelCheckpoint: a restart continues the same series of files
         if not dataset_sink_mode:
@@ -136,6 +158,9 @@ class RecModel(Model):
             cbs = [cb for cb in cbs if not cb.rank_zero_only]
         with CallbackList(cbs) as cbs:
             self._train_loop(epochs, helper, cbs, params, first_step=self._resume_step)
+        if params.cur_step_num == self._resume_step and helper.ended:
+            log.info("online_train: the stream ended before its first batch: nothing new, 0 steps trained "
+                     "(still at step %d)", self._resume_step)
         if last:  # after the final checkpoint: every rank commits its part of it
             last[0].agree()
 

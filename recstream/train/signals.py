@@ -2,9 +2,10 @@
 
 `StopOnSignal` is a callback: at train begin it installs handlers that only *request* a stop (the
 loop checks after each step, and a wait for data is interrupted), so checkpoints are written by
-the normal end-of-training path. A second SIGINT restores the default handler and interrupts at
-once, an escape hatch for a stuck step. Handlers are restored when the callback is exited, after
-every `on_train_end` (so a second SIGTERM cannot kill the final checkpoint's write).
+the normal end-of-training path (``cb_params.stop_signal`` holds the signal's number). A second
+SIGINT restores the default handler and interrupts at once, an escape hatch for a stuck step.
+Handlers are restored when the callback is exited, after every `on_train_end` (so a second
+SIGTERM cannot kill the final checkpoint's write).
 
 On several ranks a stop must happen after the same step on every rank (each step and the final
 checkpoint are collectives), so there the handler only hands the wish to `on_signal` (the
@@ -17,8 +18,8 @@ round (see `RecModel.online_train`).
 >>> stopper = StopOnSignal(signals=(signal.SIGUSR1,))
 >>> stopper.on_train_begin(ctx)
 >>> os.kill(os.getpid(), signal.SIGUSR1)  # handled in the main thread: only a stop request
->>> ctx.get_stop_requested(), stopper.received == signal.SIGUSR1
-(True, True)
+>>> ctx.get_stop_requested(), stopper.received == signal.SIGUSR1, ctx.original_args().stop_signal == signal.SIGUSR1
+(True, True, True)
 >>> stopper.__exit__(None, None, None)  # the previous handler is back
 """
 from __future__ import annotations
@@ -57,6 +58,8 @@ class StopOnSignal(Callback):
             self._restore()
             raise KeyboardInterrupt  # second Ctrl-C: stop now
         self.received = signum
+        # who asked for the stop, for the caller (`recstream online` exits 130/143 after a clean stop)
+        self._context.original_args().stop_signal = signum
         log.warning("received %s: finishing the current step, then stopping", signal.Signals(signum).name)
         if self.on_signal is not None:  # several ranks: they stop together, once they agreed
             self.on_signal()

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..data.channel import DataChannel, Item
+from ..data.channel import DataChannel, Item, empty_first_pass
 from ..data.protocol import InterruptibleDataset, MetadataDataset, SeekableDataset, dataset_size, unpack
 from ..data.transfer import to_device
 from ..validation import check_bool, check_int
@@ -138,11 +138,14 @@ class DatasetHelper:
 
     ``sink_size > 0`` traverses the dataset endlessly, each epoch continuing where the last
     stopped; ``sink_size=-1`` makes each sink one full pass. `epoch_num` bounds the total
-    prefetched (None: unbounded, for online training).
+    prefetched (None: unbounded, for online training). Online, `end_when_empty`: an empty pass
+    after earlier batches means the source ended (`ended`); with `nothing_new_ends` (a stream) an
+    empty first pass does too, else it is a `ValueError`.
     """
 
     def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
-                 epoch_num: int | None = 1, device=None, prefetch: int = 2, end_when_empty: bool = False):
+                 epoch_num: int | None = 1, device=None, prefetch: int = 2, end_when_empty: bool = False,
+                 nothing_new_ends: bool = False):
         self._channel: DataChannel | None = None
         check_bool("DatasetHelper", "dataset_sink_mode", dataset_sink_mode)
         check_sink_size("DatasetHelper", sink_size)
@@ -155,6 +158,9 @@ class DatasetHelper:
         self.steps_done = 0
         # online training: a pass that yields nothing after earlier batches means the source ended
         self.end_when_empty = check_bool("DatasetHelper", "end_when_empty", end_when_empty)
+        # ... and so does an empty FIRST pass of a stream (it ends an iteration only when its source
+        # has: resumed at its end, or no data yet): nothing new, not an empty dataset
+        self.nothing_new_ends = check_bool("DatasetHelper", "nothing_new_ends", nothing_new_ends)
         self._passes_seen = 0
         self._ended = False
         self.should_stop = None  # set by the training loop: lets a stop interrupt a wait for data
@@ -185,7 +191,8 @@ class DatasetHelper:
             if self._sink_size > 0:
                 total = None if self.epoch_num is None else self.epoch_num * self._sink_size
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total,
-                                            end_when_empty=self.end_when_empty, background=background)
+                                            end_when_empty=self.end_when_empty, background=background,
+                                            nothing_new_ends=self.nothing_new_ends)
             else:
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num,
                                             background=background)
@@ -222,9 +229,8 @@ class DatasetHelper:
             else:
                 yield BatchStep(batch, position(), [meta()] if meta is not None else [])
         if self.end_when_empty and empty and not (self.should_stop is not None and self.should_stop()):
-            if not self._passes_seen:
-                raise ValueError("'train_dataset' yielded no batch at all: it is empty, or a stream that ended "
-                                 "(exhausted, idle_timeout or max_batches reached) before its first batch")
+            if not (self._passes_seen or self.nothing_new_ends):
+                raise empty_first_pass("train_dataset")
             self._ended = True  # the source reported its end
         self._passes_seen += 1
 
@@ -240,6 +246,7 @@ class DatasetHelper:
     def release(self) -> None:
         """Stop the background producer (training ended or was stopped)."""
         if self._channel is not None:
+            self._ended = self._ended or self._channel.done  # `ended` still answers after the release
             self._channel.close()
             self._channel = None
 

@@ -16,8 +16,8 @@ import torch
 
 from recstream.cli import export as export_cli
 from recstream.cli.errors import EXIT_FAILURE, EXIT_USAGE
-from recstream.data import SyntheticCTR
-from recstream.models import DLRM, WideDeep
+from recstream.data import CategoricalFeature, Features, Schema, SyntheticCTR
+from recstream.models import DLRM, WideDeep, default_optimizer
 from recstream.serving import export as export_lib
 from recstream.serving.layout import MODEL_FILE, version_path
 from recstream.serving.loader import load_latest
@@ -88,6 +88,32 @@ def test_torch_formats_from_a_run_directory(run_dir, tmp_path, fmt, name):
     x = features(9)
     with torch.no_grad():
         torch.testing.assert_close(module(x.dense, x.values, x.offsets), net(x), rtol=0.0, atol=1e-5)
+
+
+def test_a_published_model_with_dynamic_features(tmp_path):
+    # Dynamic ids are int64 keys of hash tables: the export carries the published keys frozen.
+    user = CategoricalFeature("user", dynamic=True, capacity=32, embedding_dim=4, permit_filter_value=2)
+    schema = Schema(["x"], [user, CategoricalFeature("item", vocab_size=10, embedding_dim=4)])
+    torch.manual_seed(0)
+    net = WideDeep(schema, hidden=(8,))
+    opt = default_optimizer(net, lr=0.05)
+    users = torch.tensor([-1, 7, 10**12, -1, 7, 10**12, 55])  # 55: seen once, pending (not published)
+    x = Features.from_lengths(torch.randn(7, 1), torch.cat([users, torch.arange(7)]), torch.ones(2, 7))
+    torch.nn.functional.binary_cross_entropy_with_logits(net(x), torch.ones(7)).backward()
+    opt.step()
+    publish_version(tmp_path / "pub", net, model_config={"hidden": [8]})
+    out = tmp_path / "model.pt"
+    result = cli(str(tmp_path / "pub"), "--format", "torchscript", "--output", str(out))  # and verified
+    assert result.returncode == 0, result.stderr
+    served, _ = load_latest(tmp_path / "pub")
+    probe = Features.from_lengths(torch.randn(6, 1), torch.tensor([-1, 7, 10**12, 55, -2, 2**60, *range(6)]),
+                                  torch.ones(2, 6))
+    with torch.no_grad():
+        want = served(probe)
+        torch.testing.assert_close(torch.jit.load(str(out))(probe.dense, probe.values, probe.offsets), want,
+                                   rtol=0.0, atol=1e-5)
+        assert torch.equal(want, net.eval()(probe))  # the published table is the trained one
+    assert served.embedding.dynamic.tables["user"].num_rows == 3  # 55 was pending: not published, default row
 
 
 def test_unknown_format_is_a_usage_error(run_dir, tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -113,3 +115,15 @@ def test_directory_writer_publishes_by_count_and_by_time(tmp_path):
         writer.write([b"a", b"b", b"c", b"d"])  # 3 make a file; the 4th is published at once (interval 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part-00000000.tsv", "part-00000001.tsv"]
     assert (tmp_path / "part-00000001.tsv").read_bytes() == b"d\n" and writer.count == 4
+
+
+def test_rate_paces_from_the_first_event(tmp_path):
+    """The rate's clock starts when the first events are ready, not at process start: the seconds
+    spent importing torch and making the first block used to be sent as one burst."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "recstream", "produce", "--synthetic", "--rows", "300", "--rate",
+                             "1000", "--num-dense", "1", "--num-categorical", "1", "--directory", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    times = [float(line.rsplit(",", 1)[1]) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
+    assert len(times) == 300 and max(times) - min(times) >= 0.25, max(times) - min(times)  # 300 at 1000/s
