@@ -42,7 +42,7 @@ import warnings
 
 import torch
 
-from ..callbacks import Callback, CallbackList, ModelCheckpoint
+from ..callbacks import Callback, CallbackList, History, ModelCheckpoint
 from ..callbacks.base import as_callback_list
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
@@ -153,7 +153,9 @@ class RecModel(Model):
         if lockstep is not None:  # every rank's position before the checkpoint; the stop agreed after all
             internal.append(PositionSync(lockstep, helper))
             last.append(StopAgreement(lockstep, internal[-1]))
-        cbs = internal + user_callbacks + self._default_callbacks(user_callbacks) + last
+        # No History here: online_train returns none, and one record per sink would grow without end.
+        shown = [cb for cb in self._default_callbacks(user_callbacks) if not isinstance(cb, History)]
+        cbs = internal + user_callbacks + shown + last
         if rank() != 0:  # printing, files and publishing happen once, on rank 0
             cbs = [cb for cb in cbs if not cb.rank_zero_only]
         with CallbackList(cbs) as cbs:

@@ -35,6 +35,19 @@ def test_sink_epochs_never_run_out_and_hooks_once_per_sink():
     assert rec.calls[-1][0] == "train_end"
 
 
+def test_online_runs_keep_no_history_that_grows_with_every_sink(monkeypatch):
+    """online_train returns nothing: a default History would only hold one record per sink, forever."""
+    from recstream.callbacks import History
+
+    recorded = []
+    monkeypatch.setattr(History, "on_train_epoch_end", lambda self, ctx: recorded.append(self))
+    _, model = _model()
+    model.online_train([batch(i) for i in range(4)], callbacks=[Recorder(stop_at=("step_end", 5, 5))], sink_size=1)
+    assert recorded == []
+    model.train(1, [batch(i) for i in range(4)])  # offline runs still get theirs
+    assert len(recorded) == 1
+
+
 def test_non_sink_epoch_is_one_pass_then_reset():
     class Resettable(list):
         resets = 0
