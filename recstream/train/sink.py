@@ -211,6 +211,9 @@ class DatasetHelper:
         """One epoch of steps: a `BatchStep` per batch, or one `Sink` in sink mode."""
         if self.dataset_sink_mode:
             sink = self._sink()
+            if sink.first is None and self._offline_first_pass():  # (the loop reads `first` first too)
+                raise empty_first_pass("train_dataset")
+            self._passes_seen += 1
             yield sink
             self.steps_done += sink.count  # resumed after the loop ran the sink
             return
@@ -228,11 +231,19 @@ class DatasetHelper:
                 yield BatchStep(batch)
             else:
                 yield BatchStep(batch, position(), [meta()] if meta is not None else [])
+        if empty and self._offline_first_pass():
+            raise empty_first_pass("train_dataset")
         if self.end_when_empty and empty and not (self.should_stop is not None and self.should_stop()):
             if not (self._passes_seen or self.nothing_new_ends):
                 raise empty_first_pass("train_dataset")
             self._ended = True  # the source reported its end
         self._passes_seen += 1
+
+    def _offline_first_pass(self) -> bool:
+        """Offline, an empty first pass is a mistake (an empty dataset), not a result: 0 steps trained
+        in silence would look like a finished training. (Online, `end_when_empty` decides.)"""
+        return not self.end_when_empty and not self._passes_seen and not (
+            self.should_stop is not None and self.should_stop())
 
     def __iter__(self):
         """MindSpore's view: each batch (normal mode), or ``(sink,)`` once per epoch (sink mode)."""

@@ -218,6 +218,15 @@ def test_offline_training_on_an_empty_dataset_is_still_an_error_that_says_so(mak
         _model().train(2, make(), dataset_sink_mode=True, sink_size=2)
 
 
+@pytest.mark.parametrize("make, mode", [
+    (list, {}), (lambda: IterableStream(iter([])), {}), (list, {"dataset_sink_mode": True, "sink_size": -1}),
+], ids=["empty-list", "empty-stream", "empty-list-sink-whole-pass"])
+def test_offline_training_on_an_empty_dataset_fails_in_every_mode(make, mode):
+    """Normal mode and whole-pass sinks used to train 0 steps in silence, which looks like a finished run."""
+    with pytest.raises(ValueError, match="'train_dataset' yielded no batch at all: it is empty"):
+        _model().train(2, make(), **mode)
+
+
 def _run_idle_then_sigterm(model, stream, sink, idle_s=1.5):
     """online_train on `stream` (one batch, then idle); SIGTERM after `idle_s`.
     Returns (CPU seconds used while idle, seconds from the signal to the return)."""
