@@ -211,7 +211,7 @@ class Features:
         if indices == list(range(nf)):
             return self
         keys = None if self.keys is None else tuple(self.keys[i] for i in indices)
-        if self.values.device.type == "cpu":
+        if self.values.device.type == "cpu" and not torch.compiler.is_exporting():  # numpy: not traceable
             values, offsets = _take_bags(_host(self.values), _host(self.offsets), nf, b, indices, slice(None))
             values, offsets = _like(values, self.values), _like(offsets, self.offsets)
         else:
@@ -226,7 +226,12 @@ class Features:
         offsets = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=device)
         torch.cumsum(lens, 0, out=offsets[1:])
         # A reordering keeps every id, so the size is known without asking the device.
-        total = self.values.numel() if complete else int(offsets[-1])
+        if complete:
+            total = self.values.numel()
+        else:  # .item(), not int(): under torch.export a symbolic size, bounded by these checks
+            total = offsets[-1].item()
+            torch._check(total >= 0)
+            torch._check(total <= self.values.numel())
         idx = torch.repeat_interleave(starts - offsets[:-1], lens, output_size=total)
         idx += torch.arange(total, dtype=torch.int64, device=device)
         return self.values[idx], offsets

@@ -30,8 +30,9 @@ torchscript (LibTorch, Triton's pytorch backend) and exported-program (torch.exp
 a .pt2 file). The exported model takes three tensors -- dense float32 [B, n_dense],
 values int64 [N] and offsets int64 [F*B+1] (the ids of feature f for example b are
 values[offsets[f*B+b]:offsets[f*B+b+1]]) -- and returns float32 [B], logits or
-probabilities as the published model does. Any batch size works. The file is checked
-against the network before it is written."""
+probabilities as the published model does. Any batch size works. Dynamic-id features
+take any int64 id: their tables are frozen as published (an id not in a table reads its
+default vector). The file is checked against the network before it is written."""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -22,6 +22,15 @@ The export reads ids without checking them against the vocabulary sizes (that ch
 data-dependent control flow, which the formats do not carry): an id past its table reads a
 row of the next table. Check ids before calling (the signature's ``schema`` has every size).
 
+Dynamic-id features (``dynamic=True``, a :class:`~recstream.nn.HashEmbedding` each) export
+too: the copy that is exported has each table frozen into its admitted keys and rows
+(:class:`~recstream.serving.frozen_hash_lookup.FrozenHashLookup`: a binary search of fixed
+depth, which every format carries). Any int64 id is valid for such a feature: an admitted key
+reads its row, any other -- never seen, pending, evicted -- the table's default vector, as
+the eval-mode network does (``max_norm`` applied to the rows). The file is a snapshot: keys
+admitted after the export are not in it. A key-sharded table (each rank holds some keys)
+is refused; export the published snapshot instead, loaded whole in one process.
+
 :func:`export_published` exports the newest usable version of a publish directory (or of
 the one publish directory inside a run directory), rebuilt as ``recstream serve`` does; on
 the command line: ``recstream export DIR --format onnx --output model.onnx``.
@@ -56,9 +65,12 @@ import torch
 from torch import nn
 
 from ..data.schema import Schema
-from ..nn import EmbeddingBagCollection
+from ..models.dynamic import DynamicTables
+from ..nn import EmbeddingBagCollection, HashEmbedding
 from ..validation import check_bool, check_choice, check_module, check_type
 from .export_signature import FlatInputs, dynamic_shapes, example_inputs, signature
+from .frozen_dynamic_tables import FrozenDynamicTables
+from .frozen_hash_lookup import FrozenHashLookup
 from .layout import list_versions
 from .loader import load_latest
 from .model_spec import OUTPUTS
@@ -96,12 +108,28 @@ def _check_extra(fmt: str) -> None:
         raise ImportError(f"ONNX export needs the export extra: pip install 'recstream[export]' ({e})") from e
 
 
+def _check_not_sharded(owner: str, network: nn.Module) -> None:
+    sharded = [n for n, m in network.named_modules() if isinstance(m, HashEmbedding) and m.sharded]
+    if sharded:  # each rank holds some keys only; a published snapshot holds them all
+        raise ValueError(f"{owner}: 'network' holds key-sharded HashEmbeddings {sharded} (each rank has only "
+                         "its own keys); export a published snapshot instead: export_published / recstream export")
+
+
 def _prepared(network: nn.Module) -> nn.Module:
-    """A CPU inference copy of `network` whose embedding lookups do not check ids (see module doc)."""
+    """A CPU inference copy of `network` whose embedding lookups do not check ids (see module doc)
+    and whose hash tables are frozen snapshots (:class:`FrozenDynamicTables`, :class:`FrozenHashLookup`)."""
     net = copy.deepcopy(network).to("cpu").eval().requires_grad_(False)
     for module in net.modules():
         if isinstance(module, EmbeddingBagCollection):
             module.validate = False  # its checks branch on tensor values: not exportable
+    # Hash tables probe in data-dependent rounds: frozen into fixed-depth searches. A model's
+    # DynamicTables first (they also slice bags by data-dependent bounds), then any other table.
+    for kind, freeze in ((DynamicTables, FrozenDynamicTables.from_dynamic_tables),
+                         (HashEmbedding, FrozenHashLookup.from_hash_embedding)):
+        found = [(name, m) for name, m in net.named_modules() if name and isinstance(m, kind)]
+        for name, module in found:
+            parent, _, attr = name.rpartition(".")
+            net.get_submodule(parent)._modules[attr] = freeze(module)  # ModuleDict / Sequential children too
     return net
 
 
@@ -222,7 +250,9 @@ def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathL
     if clash:
         raise ValueError(f"{owner}: 'metadata' must not redefine the signature's own entries, got {clash}")
     sig.update(metadata or {})
-    wrapper = FlatInputs(_prepared(network), schema.num_categorical)
+    _check_not_sharded(owner, network)
+    wrapper = FlatInputs(_prepared(network), schema.num_categorical,
+                         schema.categorical_names if schema.dynamic_names else None)
     program = _trace(wrapper, schema)
     directory, name = os.path.split(os.path.abspath(path))
     # The file gets its final name inside a temporary directory beside `path` (the archive

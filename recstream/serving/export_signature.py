@@ -12,6 +12,9 @@ Inputs (all on CPU; ``B`` = batch size, dynamic; ``F`` = the schema's categorica
   ``values[offsets[f * B + b] : offsets[f * B + b + 1]]`` (``offsets[0] == 0``,
   ``offsets[-1] == N``), i.e. :attr:`Features.offsets <recstream.features.Features>`.
 
+A ``dynamic=True`` feature (the signature's ``schema`` says ``"dynamic": true``) takes any
+int64 id in ``values``; an id its frozen table does not hold reads the table's default vector.
+
 Output: float32 ``[B]``, named ``logits`` or ``probabilities`` after what the network returns
 (the published manifest's ``model.output``; recstream models return logits).
 
@@ -23,6 +26,8 @@ Output: float32 ``[B]``, named ``logits`` or ``probabilities`` after what the ne
 [{'name': 'logits', 'dtype': 'float32', 'shape': ['batch']}]
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -38,17 +43,20 @@ LAYOUT = ("feature-major: the ids of feature f for example b are "
 class FlatInputs(nn.Module):
     """``network`` called on ``(dense, values, offsets)`` tensors instead of a Features.
 
-    The features are unnamed and in schema order, so the network reads them by position.
+    The features are in schema order. Given `names` (the schema's categorical names; a schema
+    with dynamic features needs them: their tables read bags by name) they are named, else
+    unnamed and the network reads them by position.
     """
 
-    def __init__(self, network: nn.Module, num_features: int) -> None:
+    def __init__(self, network: nn.Module, num_features: int, names: Sequence[str] | None = None) -> None:
         super().__init__()
         self.network = network
         self.num_features = num_features
+        self.names = None if names is None else tuple(names)
 
     def forward(self, dense: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         # dense.shape[0] stays symbolic under torch.export: the batch size is not fixed.
-        return self.network(Features(dense, values, offsets, dense.shape[0], self.num_features))
+        return self.network(Features(dense, values, offsets, dense.shape[0], self.num_features, self.names))
 
 
 def signature(schema: Schema, output: str = "logits") -> dict:
@@ -68,7 +76,8 @@ def signature(schema: Schema, output: str = "logits") -> dict:
 
 
 def example_inputs(schema: Schema, batch_size: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deterministic valid inputs to trace with: ragged bags (0 to 2 ids), ids within each table.
+    """Deterministic valid inputs to trace with: ragged bags (0 to 2 ids), ids within each table
+    (below ``capacity`` for a dynamic feature: any int64 is valid there).
 
     Bags of different lengths keep the tracer from relating ``N`` to ``B`` (single-hot
     examples would have ``N == F * B``, which an export could then require).

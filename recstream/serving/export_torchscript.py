@@ -36,7 +36,12 @@ def _plain_graph(program: torch.export.ExportedProgram) -> fx.GraphModule:
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
             graph.erase_node(node)
-        elif node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
+    # Before the overloads become packets: fx keeps a node whose result is unused only when it
+    # knows the operator mutates an input (``cumsum.out`` into a slice), which an overload's
+    # schema tells and a packet does not.
+    graph.eliminate_dead_code()
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.sym_size.int:
             node.target = torch.ops.aten.size
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             node.target = node.target.overloadpacket
@@ -45,7 +50,6 @@ def _plain_graph(program: torch.export.ExportedProgram) -> fx.GraphModule:
             if isinstance(results, (tuple, list)) and len(results) == 1:
                 node.args = (results[0],)
     graph._codegen = fx.graph.CodeGen()  # positional arguments in, the result out (no pytree)
-    graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
     return gm

@@ -15,7 +15,8 @@ import torch
 
 from recstream.data import CategoricalFeature, Schema
 from recstream.features import Features
-from recstream.models import DLRM, DCNv2, DeepFM, WideDeep
+from recstream.models import DLRM, DCNv2, DeepFM, WideDeep, default_optimizer
+from recstream.nn import HashEmbedding
 from recstream.serving.export import (
     FORMATS,
     ExportError,
@@ -26,7 +27,7 @@ from recstream.serving.export import (
 )
 from recstream.serving.layout import MODEL_FILE, SnapshotError, version_path
 from recstream.serving.publish import publish_version
-from tests.serving.helpers import new_model
+from tests.serving.helpers import make_batch, new_model, train_step
 
 # Loading TorchScript the way LibTorch users do: its deprecation warning is not this test's concern.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
@@ -192,11 +193,17 @@ def test_export_published_errors(tmp_path):
     assert not os.path.exists(tmp_path / "m.pt")
 
 
-def test_a_network_holding_a_hash_embedding_is_refused_cleanly(tmp_path):
-    net, _ = new_model()
-    with pytest.raises(ExportError, match="HashCTR"):
-        export_model(net, net.schema, str(tmp_path / "m.pt"), format="torchscript")
-    assert os.listdir(tmp_path) == []
+def test_a_user_network_holding_a_hash_embedding_exports(tmp_path):
+    net, opt = new_model()  # one HashEmbedding for all features, called with the network's own keys
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        train_step(net, opt, make_batch(rng))
+    net.eval()
+    path = str(tmp_path / "m.pt")
+    export_model(net, net.schema, path, format="torchscript")
+    x = make_batch(np.random.default_rng(1), batch_size=9, users=600).features  # half the users never seen
+    with torch.no_grad():
+        torch.testing.assert_close(run_file(path, "torchscript", x), net(x), rtol=0.0, atol=1e-5)
 
 
 def test_onnx_keeps_the_stock_translation_for_other_pooling_modes(tmp_path):
@@ -218,3 +225,101 @@ def test_onnx_keeps_the_stock_translation_for_other_pooling_modes(tmp_path):
     x = Features.from_lengths(torch.randn(6, 3), torch.from_numpy(rng.integers(0, 25, 18)), torch.ones(3, 6))
     with torch.no_grad():
         torch.testing.assert_close(run_file(path, "onnx", x), net(x), rtol=0.0, atol=1e-5)
+
+
+# Dynamic-id features (a HashEmbedding each) mixed with fixed ones. WideDeep's mixed widths give its
+# deep collection two groups (the ids of the dynamic features go to a padding row); DeepFM's one
+# width makes its collection select its own features out of the batch (a data-dependent size).
+DYN_SCHEMA = Schema(["x0", "x1"], [
+    CategoricalFeature("user", dynamic=True, capacity=64, embedding_dim=4, permit_filter_value=2),
+    CategoricalFeature("item", vocab_size=25, embedding_dim=8),
+    CategoricalFeature("tags", dynamic=True, capacity=64, embedding_dim=4, multi_hot=True, pooling="mean"),
+    CategoricalFeature("city", vocab_size=10, embedding_dim=4),
+])
+DYN_MODELS = {
+    "WideDeep": lambda: WideDeep(DYN_SCHEMA, hidden=(8,)),
+    "DeepFM": lambda: DeepFM(DYN_SCHEMA, hidden=(8,), embedding_dim=4),  # first-order weights in the tables
+}
+ADMITTED = [-1, -2, *range(10**12, 10**12 + 10)]  # seen twice in training (-1/-2: the reserved ids)
+PENDING = list(range(10**12 + 100, 10**12 + 105))  # seen once: permit_filter_value=2 keeps them pending
+UNSEEN = [10**13, 2**62, -5, 0, 2**63 - 1]
+TAGS = [-1, *range(12)]
+
+
+def dyn_batch(users, rng, tags=TAGS) -> Features:
+    b = len(users)
+    n_tags = rng.integers(0, 4, b)  # some bags empty
+    values = np.concatenate([np.asarray(users, np.int64), rng.integers(0, 25, b),
+                             rng.choice(np.asarray(tags, np.int64), int(n_tags.sum())), rng.integers(0, 10, b)])
+    lengths = np.stack([np.ones(b, np.int64), np.ones(b, np.int64), n_tags, np.ones(b, np.int64)])
+    dense = torch.from_numpy(rng.standard_normal((b, 2)).astype(np.float32))
+    return Features.from_lengths(dense, torch.from_numpy(values.astype(np.int64)), torch.from_numpy(lengths))
+
+
+def user_table(net) -> HashEmbedding:
+    return next(m for n, m in net.named_modules() if isinstance(m, HashEmbedding) and n.endswith("user")
+                and m.embedding_size > 1)  # the embedding's table, not the wide term's
+
+
+def dyn_network(name: str, max_norm: bool = False) -> torch.nn.Module:
+    """Trained 3 steps: ADMITTED users admitted, PENDING pending, every tag admitted."""
+    torch.manual_seed(2)
+    net = DYN_MODELS[name]()
+    opt = default_optimizer(net, lr=0.05)
+    rng = np.random.default_rng(5)
+    users = rng.permutation(np.array(ADMITTED * 2 + PENDING, np.int64))
+    for part in np.array_split(users, 3):
+        x = dyn_batch(part, rng)
+        net.train()
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(net(x), torch.ones(len(part))).backward()
+        opt.step()
+    table = user_table(net)
+    assert table.num_rows == len(ADMITTED) and table.num_pending == len(PENDING)
+    if max_norm:  # about half the rows get scaled in eval mode
+        table.max_norm = float(table.export(reset_delta=False)["values"].norm(dim=1).median())
+    return net.eval()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name, max_norm", [("WideDeep", False), ("DeepFM", True)])
+def test_dynamic_features_export_scores_like_the_network(name, max_norm, fmt, tmp_path):
+    net = dyn_network(name, max_norm)
+    path = str(tmp_path / f"model.{SUFFIX[fmt]}")
+    export_model(net, DYN_SCHEMA, path, format=fmt, verify=False)  # the test is the check here
+    rng = np.random.default_rng(11)
+    pool = np.array(ADMITTED + PENDING + UNSEEN, np.int64)
+    for users in (pool, rng.choice(pool, 7), pool[:1], rng.choice(pool, 33)):
+        x = dyn_batch(users, rng, tags=TAGS + [-2, 99, 2**40])  # unseen tags too
+        with torch.no_grad():
+            want = net(x)
+        got = run_file(path, fmt, x)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0.0, atol=1e-5)
+
+
+def test_a_dynamic_export_is_a_snapshot_and_says_which_features_are_dynamic(tmp_path):
+    net = dyn_network("WideDeep")
+    path = str(tmp_path / "m.pt")
+    sig = export_model(net, DYN_SCHEMA, path, format="torchscript")  # verified on example inputs too
+    stored = read_signature(path, "torchscript")["schema"]["categorical"]
+    assert stored == sig["schema"]["categorical"]
+    assert [c["name"] for c in stored if c.get("dynamic")] == ["user", "tags"]
+    new_user = 10**12 + 100  # pending at export time; admitted by one more training forward
+    x = dyn_batch([new_user, ADMITTED[0]], np.random.default_rng(3))
+    before = run_file(path, "torchscript", x)
+    net.train()(x)
+    net.eval()
+    assert user_table(net).num_pending == len(PENDING) - 1
+    with torch.no_grad():
+        now = net(x)
+    assert run_file(path, "torchscript", x)[0] == before[0] != now[0]  # the file still reads the default
+    torch.testing.assert_close(run_file(path, "torchscript", x)[1], now[1], rtol=0.0, atol=1e-5)
+
+
+def test_a_key_sharded_table_is_refused(tmp_path, monkeypatch):
+    net = dyn_network("WideDeep")
+    monkeypatch.setattr(HashEmbedding, "sharded", property(lambda self: True))
+    with pytest.raises(ValueError, match=r"export_model: 'network' holds key-sharded HashEmbeddings \['wide"):
+        export_model(net, DYN_SCHEMA, str(tmp_path / "m.pt"), format="torchscript")
+    assert os.listdir(tmp_path) == []
