@@ -73,7 +73,8 @@ def put_unless_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
 
 
 def empty_first_pass(name: str) -> ValueError:
-    """The error for online training on a dataset, not a stream, whose first pass yields nothing."""
+    """The error for a first pass that yields nothing: an empty dataset offline, or online one that
+    is not a stream (a stream's empty first pass online means "nothing new")."""
     return ValueError(f"'{name}' yielded no batch at all: it is empty, or a one-shot iterator (e.g. a generator) "
                       "already consumed; a recstream stream that ends before its first batch ends training "
                       "instead (nothing new)")

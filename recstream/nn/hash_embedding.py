@@ -571,7 +571,8 @@ class HashEmbedding(nn.Module):
         Slots are -1 only for new keys dropped because the pending budget (or, with
         ``permit_filter_value=1``, the capacity) was exhausted by this very batch.
         """
-        if self.permit_filter_value == 1 and self._num_pending == 0:  # (pending keys: a checkpoint of permit > 1)
+        # Pending keys with permit 1 exist only in a state loaded from a table with permit > 1.
+        if self.permit_filter_value == 1 and self._num_pending == 0:
             return self._admit_all(uniq, counts)
         return self._count_and_admit(uniq, counts)
 
@@ -592,7 +593,7 @@ class HashEmbedding(nn.Module):
                 self._evict_lru_rows(n_new - self._num_free + self._headroom(self.capacity))
             new = new[:self._num_free]  # a batch with more new keys than capacity: the rest read the default
             if self._rehash_if_needed(new.numel()):
-                slots, start = t.find(uniq), t.start_of(uniq)  # a rehash moves every key (rare)
+                slots = t.find(uniq, start)  # a rehash moves every key (rare); their start slots stay
             ins = t.insert(uniq.index_select(0, new), start.index_select(0, new))
             slots.index_copy_(0, new, ins)
             self._assign_rows(ins)
