@@ -1,4 +1,5 @@
-"""Reading a monitored quantity at epoch end, shared by EarlyStopping and ReduceLROnPlateau.
+"""Reading a monitored quantity at epoch end, shared by EarlyStopping and ReduceLROnPlateau, and the
+scalar evaluation results the loggers (TensorBoard, MLflowLogger) write.
 
 ``monitor="loss"`` is the training loss (the last step's `net_outputs`, as MindSpore); any other
 name is looked up in ``cb_params.eval_results`` (metrics + ``eval_loss``, set by ``fit`` on the
@@ -23,6 +24,23 @@ from .loss_monitor import loss_value
 SMALLER_IS_BETTER = frozenset({"hausdorff_distance", "mae", "mse", "rmse", "loss", "perplexity",
                                "mean_surface_distance", "root_mean_square_distance", "eval_loss", "logloss"})
 MODES = ("auto", "min", "max")
+
+
+def scalar_results(owner: str, results) -> list[tuple[str, float]]:
+    """``(name, value)`` of each evaluation result a logger can plot, names as they are (stripping
+    ``eval_`` would make fit's ``eval_loss`` and a metric named ``loss`` collide). None (not
+    available this time, e.g. eval_loss without eval indexes) is left out, and so is a non-scalar,
+    with a warning naming `owner`."""
+    out = []
+    for name, value in results.items():
+        if value is None:
+            continue
+        try:
+            out.append((name, float(value)))
+        except (TypeError, ValueError, RuntimeError):
+            warnings.warn(f"{owner}: skipping non-scalar result {name!r} ({type(value).__name__})",
+                          RuntimeWarning, stacklevel=4)
+    return out
 
 
 def smaller_is_better(name: str) -> bool:

@@ -16,6 +16,7 @@ import torch
 
 from ..data.protocol import unpack
 from ..validation import check_bool, check_choice, check_int, check_str, check_type, describe
+from ._monitoring import scalar_results
 from .base import Callback
 from .loss_monitor import loss_value
 
@@ -336,19 +337,7 @@ class MLflowLogger(Callback):
         return out
 
     def _result_metrics(self, results: Mapping, step: int) -> list:
-        out = []
-        for name, value in results.items():
-            if value is None:  # not available this time (e.g. eval_loss without eval indexes)
-                continue
-            try:
-                value = float(value)
-            except (TypeError, ValueError, RuntimeError):
-                warnings.warn(f"{_OWNER}: skipping non-scalar result {name!r} ({type(value).__name__})",
-                              RuntimeWarning, stacklevel=3)
-                continue
-            # The name as it is: stripping "eval_" would make fit's eval_loss and a metric "loss" collide.
-            out.append(self._metric(f"eval/{name}", value, step))
-        return out
+        return [self._metric(f"eval/{name}", value, step) for name, value in scalar_results(_OWNER, results)]
 
     def _prequential_metrics(self, p) -> list:
         """A `PrequentialMonitor` report not logged yet (it sets ``cb_params.prequential``)."""

@@ -18,9 +18,9 @@ Files are flushed at each epoch end and closed at the end of training (or on ``_
 from __future__ import annotations
 
 import os
-import warnings
 
 from ..validation import check_bool, check_choice, check_int, check_number, check_type
+from ._monitoring import scalar_results
 from .base import Callback
 from .loss_monitor import loss_value
 
@@ -82,14 +82,7 @@ class TensorBoard(Callback):
                 self.writer.add_scalar(tag, float(group["lr"]), step)
 
     def _write_results(self, results: dict, step: int) -> None:
-        for name, value in results.items():
-            try:
-                value = float(value)
-            except (TypeError, ValueError, RuntimeError):
-                warnings.warn(f"TensorBoard: skipping non-scalar result {name!r} ({type(value).__name__})",
-                              RuntimeWarning, stacklevel=3)
-                continue
-            # The name as it is: stripping "eval_" made fit's eval_loss and a metric named "loss" collide.
+        for name, value in scalar_results("TensorBoard", results):
             self.writer.add_scalar(f"eval/{name}", value, step)
 
     def on_train_begin(self, run_context):
