@@ -90,9 +90,10 @@ def test_online_publishes_versions_that_serving_loads(tmp_path):
     assert result["published"]["directory"] == os.path.join("run", "published")
     versions = list_versions(published)
     manifests = [read_manifest(published, v) for v in versions]
-    # every 5 steps, and the final version at the last step; the newest 3 kept, and the versions
-    # their delta chain needs (a full one at least every 3)
-    assert versions[-1] == result["published"]["version"] >= 6 and manifests[-1]["step"] == 40
+    # every 5 steps (a write still in flight when the next falls due moves it on: on a loaded box fewer
+    # versions, never fewer than the first and the final one), and the final version at the last step;
+    # the newest 3 kept, and the versions their delta chain needs (a full one at least every 3)
+    assert versions[-1] == result["published"]["version"] >= 2 and manifests[-1]["step"] == 40
     assert "delta" in [m["kind"] for m in manifests] and len(versions) <= 3 + 2
     assert not [n for n in os.listdir(published) if n.startswith(".")]  # no temporary leftovers
 
