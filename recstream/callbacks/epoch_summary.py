@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..data.protocol import unpack
+from ..data.protocol import batch_rows
 from ..validation import check_callable, check_number, describe
 from .base import Callback
 from .console import say
@@ -146,7 +146,7 @@ class EpochSummary(Callback):
         self._say(f"online training ended at step {end.step}: {', '.join(parts)}")
 
     def _count(self, batch) -> None:
-        self._events += _rows(batch)
+        self._events += batch_rows(batch) or 0
 
     def _mark(self, p) -> _Mark:
         return _Mark(self.clock(), p.cur_step_num or 0, self._events)
@@ -176,20 +176,6 @@ def _prequential(p) -> list[str]:
     if not report or not monitors or any(cb.verbose for cb in monitors):
         return []
     return [f"{name}={_fmt(report.get(name))}" for name in ("auc_total", "logloss_total")]
-
-
-def _rows(batch) -> int:
-    """Rows of a batch from its shapes (no device read): `Batch.batch_size`, else the first
-    tensor's first dimension; 0 where there is none."""
-    args, kwargs = unpack(batch)
-    for part in (batch, *args, *kwargs.values()):
-        shape = getattr(part, "shape", None)  # a tensor or an array
-        if isinstance(shape, tuple) and shape:
-            return int(shape[0])
-        size = getattr(part, "batch_size", None)
-        if isinstance(size, int):
-            return size
-    return 0
 
 
 def _fmt(value) -> str:

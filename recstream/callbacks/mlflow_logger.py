@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..data.protocol import unpack
+from ..data.protocol import batch_rows
 from ..validation import check_bool, check_choice, check_int, check_str, check_type, describe
 from ._monitoring import scalar_results
 from .base import Callback
@@ -66,27 +66,6 @@ def _str_dict(name: str, value) -> dict[str, str]:
 
 def _key(name: str) -> str:
     return _BAD_KEY_CHARS.sub("_", name)
-
-
-def _first_tensor(obj, depth: int = 2) -> torch.Tensor | None:
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.dim() >= 1 else None
-    if depth and isinstance(obj, (tuple, list, Mapping)):
-        for item in obj.values() if isinstance(obj, Mapping) else obj:
-            found = _first_tensor(item, depth - 1)
-            if found is not None:
-                return found
-    return None
-
-
-def _batch_size(batch) -> int | None:
-    """The leading dimension of the first tensor of a batch (None when it has none)."""
-    try:
-        args, kwargs = unpack(batch)
-    except (TypeError, ValueError):
-        return None
-    tensor = _first_tensor((args, kwargs))
-    return None if tensor is None else int(tensor.shape[0])
 
 
 def _hyperparameter(value):
@@ -368,7 +347,7 @@ class MLflowLogger(Callback):
         metrics, params = [], None
         if self._batch_size_pending:
             self._batch_size_pending = False
-            size = _batch_size(p.train_dataset_element)
+            size = batch_rows(p.train_dataset_element)
             params = None if size is None else {"batch_size": str(size)}
         if self.log_every_n_steps != "epoch" and step - self._last_logged_step >= self.log_every_n_steps:
             self._last_logged_step = step

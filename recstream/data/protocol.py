@@ -44,7 +44,7 @@ import torch
 
 __all__ = ["SizedDataset", "ResettableDataset", "SeekableDataset", "CommittableDataset", "MetadataDataset",
            "BadRecordDataset", "InterruptibleDataset", "interrupt", "dataset_size", "check_dataset", "reset",
-           "unpack", "split_label", "split_batch", "check_batch"]
+           "unpack", "split_label", "split_batch", "check_batch", "batch_rows"]
 
 
 # ------------------------------------------------------------------ dataset capabilities
@@ -144,6 +144,26 @@ def unpack(batch) -> tuple[tuple, dict]:
     if isinstance(batch, dict):
         return (), batch
     return (batch,), {}
+
+
+def batch_rows(batch) -> int | None:
+    """Rows of a batch, from shapes only (no device read): the batch's or its first part's
+    ``batch_size`` (a `Batch`, `Features`), else the first dimension of the first tensor or array
+    among its parts; None where no part has one.
+
+    >>> import torch
+    >>> batch_rows((torch.zeros(4, 3), torch.zeros(4))), batch_rows({"x": torch.zeros(2, 1)}), batch_rows((1.0,))
+    (4, 2, None)
+    """
+    args, kwargs = unpack(batch)
+    for part in (batch, *args, *kwargs.values()):
+        shape = getattr(part, "shape", None)
+        if isinstance(shape, tuple) and shape:
+            return int(shape[0])
+        size = getattr(part, "batch_size", None)
+        if isinstance(size, int) and not isinstance(size, bool):
+            return size
+    return None
 
 
 def split_label(args: tuple, kwargs: dict) -> tuple[tuple, dict, Any]:
