@@ -506,11 +506,16 @@ class HashEmbedding(nn.Module):
         """Extra keys one LRU pass evicts beyond the step's need (see ``evict_low_watermark``)."""
         return int(budget * (1.0 - self.evict_low_watermark) + 1e-9)  # floor, robust to 0.1 != 1 - 0.9
 
-    def _evict_lru_rows(self, k: int) -> None:
+    def _evict_lru_rows(self, k: int, seen_slots: torch.Tensor) -> None:
         """Evict up to ``k`` admitted keys not seen in the current step. O(capacity).
 
         Runs over ``row_last_seen`` (one entry per row), not over the ~3x more hash slots.
+        ``seen_slots``: the slots of this step's keys found in the table (admitted or pending),
+        marked seen first -- the lookup refreshes ``row_last_seen`` only after admission, so
+        without this the pass could evict a key of the very batch that needs the rows.
         """
+        rows = self.table.rows.index_select(0, seen_slots)
+        self.row_last_seen.index_fill_(0, rows.index_select(0, _where(rows >= 0)), self._step)
         # Free rows read last_seen=+inf, so `< step` also excludes them.
         ls = self.row_last_seen
         rows = self._oldest(ls, ls < self._step, k)
@@ -587,23 +592,19 @@ class HashEmbedding(nn.Module):
         n_new = new.numel()
         if n_new:
             if n_new > self._num_free:
-                # Mark this batch's keys seen before the LRU pass (see _count_and_admit).
-                seen = slots.index_select(0, _where(slots >= 0))
-                self.row_last_seen.index_fill_(0, t.rows.index_select(0, seen), step)
-                self._evict_lru_rows(n_new - self._num_free + self._headroom(self.capacity))
+                self._evict_lru_rows(n_new - self._num_free + self._headroom(self.capacity),
+                                     slots.index_select(0, _where(slots >= 0)))
             new = new[:self._num_free]  # a batch with more new keys than capacity: the rest read the default
             if self._rehash_if_needed(new.numel()):
                 slots = t.find(uniq, start)  # a rehash moves every key (rare); their start slots stay
             ins = t.insert(uniq.index_select(0, new), start.index_select(0, new))
             slots.index_copy_(0, new, ins)
             self._assign_rows(ins)
-            if new.numel() < n_new:  # over capacity: count only the keys that got a slot
-                keep = _where(slots >= 0)
-                t.counts.index_add_(0, slots.index_select(0, keep), counts.index_select(0, keep))
-                t.last_seen.index_fill_(0, slots.index_select(0, keep), step)
-                return slots
-        t.counts.index_add_(0, slots, counts)
-        t.last_seen.index_fill_(0, slots, step)
+        # Over capacity some keys got no slot (-1): count only the others.
+        keep = None if new.numel() == n_new else _where(slots >= 0)
+        seen = slots if keep is None else slots.index_select(0, keep)
+        t.counts.index_add_(0, seen, counts if keep is None else counts.index_select(0, keep))
+        t.last_seen.index_fill_(0, seen, step)
         return slots
 
     def _count_and_admit(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -627,11 +628,7 @@ class HashEmbedding(nn.Module):
         new_ripe = _where(new_counts >= permit)
         n_cand = ripe.numel() + new_ripe.numel()
         if n_cand > self._num_free:
-            # The LRU pass scans row_last_seen, which the lookup only refreshes after this:
-            # mark this batch's admitted keys seen now, or the pass could evict them.
-            fr = t.rows.index_select(0, fs)
-            self.row_last_seen.index_fill_(0, fr.index_select(0, _where(fr >= 0)), step)
-            self._evict_lru_rows(n_cand - self._num_free + self._headroom(self.capacity))
+            self._evict_lru_rows(n_cand - self._num_free + self._headroom(self.capacity), fs)
         n_admit = min(n_cand, self._num_free)
         ripe = ripe[:n_admit]
         ripe_keys = t.keys.index_select(0, ripe)
