@@ -211,7 +211,7 @@ class DatasetHelper:
         """One epoch of steps: a `BatchStep` per batch, or one `Sink` in sink mode."""
         if self.dataset_sink_mode:
             sink = self._sink()
-            if sink.first is None and self._offline_first_pass():  # (the loop reads `first` first too)
+            if sink.first is None and self._empty_pass_fails():  # (the loop reads `first` first too)
                 raise empty_first_pass("train_dataset")
             self._passes_seen += 1
             yield sink
@@ -231,19 +231,20 @@ class DatasetHelper:
                 yield BatchStep(batch)
             else:
                 yield BatchStep(batch, position(), [meta()] if meta is not None else [])
-        if empty and self._offline_first_pass():
+        if empty and self._empty_pass_fails():
             raise empty_first_pass("train_dataset")
-        if self.end_when_empty and empty and not (self.should_stop is not None and self.should_stop()):
-            if not (self._passes_seen or self.nothing_new_ends):
-                raise empty_first_pass("train_dataset")
+        if empty and self.end_when_empty and not self._stopping():
             self._ended = True  # the source reported its end
         self._passes_seen += 1
 
-    def _offline_first_pass(self) -> bool:
-        """Offline, an empty first pass is a mistake (an empty dataset), not a result: 0 steps trained
-        in silence would look like a finished training. (Online, `end_when_empty` decides.)"""
-        return not self.end_when_empty and not self._passes_seen and not (
-            self.should_stop is not None and self.should_stop())
+    def _stopping(self) -> bool:
+        return self.should_stop is not None and self.should_stop()
+
+    def _empty_pass_fails(self) -> bool:
+        """Whether an empty pass is a mistake: the first one is (an empty dataset: 0 steps trained in
+        silence would look like a finished training), except online on a stream (`nothing_new_ends`:
+        nothing new) and when a stop request emptied it."""
+        return not self._passes_seen and not (self.end_when_empty and self.nothing_new_ends) and not self._stopping()
 
     def __iter__(self):
         """MindSpore's view: each batch (normal mode), or ``(sink,)`` once per epoch (sink mode)."""
