@@ -385,13 +385,14 @@ class HashEmbedding(nn.Module):
         # holds exactly the touched rows, never a placeholder row for pending keys.
         emb = F.embedding(r, self.values, sparse=self.sparse)
         if self.max_norm is not None and not mutate:  # the same rows, renormalised out of place
-            emb = emb * self._renorm_scale(emb.detach().norm(dim=1)).unsqueeze(1)
+            emb = emb * self.renorm_scale(emb.detach().norm(dim=1)).unsqueeze(1)
         out = self.default_value.to(emb.dtype).expand(uniq.numel(), -1).clone()
         out = out.index_copy(0, has_row, emb)
         return out if inverse is None else out.index_select(0, inverse)
 
-    def _renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
-        # Same rule as torch.embedding_renorm_: scale = max_norm / (norm + 1e-7).
+    def renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
+        """The factor ``max_norm`` applies to rows of norm `norm` (1 where within it); the rule of
+        ``torch.embedding_renorm_``: ``max_norm / (norm + 1e-7)``. Used by exports that freeze the rows."""
         return torch.where(norm > self.max_norm, self.max_norm / (norm + 1e-7), torch.ones_like(norm))
 
     @torch.no_grad()
@@ -399,7 +400,7 @@ class HashEmbedding(nn.Module):
         w = self.values.index_select(0, rows)
         norm = w.norm(dim=1)
         changed = norm > self.max_norm
-        self.values.index_copy_(0, rows, w * self._renorm_scale(norm).unsqueeze(1))
+        self.values.index_copy_(0, rows, w * self.renorm_scale(norm).unsqueeze(1))
         self.dirty.index_copy_(0, rows, self.dirty.index_select(0, rows) | changed)
 
         # ---------------------------------------------------------- row life cycle

@@ -78,7 +78,7 @@ class FrozenHashLookup(nn.Module):
         exported = table.export(reset_delta=False)  # leaves the table's delta baseline alone
         rows = exported["values"]
         if table.max_norm is not None:  # the same rule and arithmetic as the table's eval forward
-            rows = rows * table._renorm_scale(rows.norm(dim=1)).unsqueeze(1)
+            rows = rows * table.renorm_scale(rows.norm(dim=1)).unsqueeze(1)
         return cls(exported["keys"], rows, table.default_value)
 
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
