@@ -1,7 +1,7 @@
 """Online learning on a drifting stream (DriftingCTR): prequential AUC vs a model trained once, vs the Bayes curve,
 for fixed (hashed) and dynamic (HashEmbedding) user/item tables.
 
-For each table kind: a DeepFM is trained offline, one pass, on the first ``--warmup`` fraction of the
+For each table kind: a DeepFM (``--model widedeep``: a WideDeep) is trained offline, one pass, on the first ``--warmup`` fraction of the
 stream. Then
 
 * offline-once: that model, frozen, scores the rest of the stream (eval mode: a dynamic table
@@ -28,7 +28,9 @@ from recstream import RecModel
 from recstream.callbacks import Callback, PrequentialMonitor
 from recstream.data import DriftingCTR, roc_auc
 from recstream.data.streams import IterableStream
-from recstream.models import DeepFM, default_optimizer
+from recstream.models import DeepFM, WideDeep, default_optimizer
+
+MODELS = {"deepfm": DeepFM, "widedeep": WideDeep}
 
 
 class WindowScores(Callback):
@@ -56,7 +58,7 @@ def run(args, table: str) -> dict:
                       table_size=args.table_size, embedding_dim=args.dim)
     warm = int(args.batches * args.warmup)
     torch.manual_seed(0)
-    net = DeepFM(gen.schema, hidden=(64, 32), embedding_dim=args.dim)
+    net = MODELS[args.model](gen.schema, hidden=(64, 32), embedding_dim=args.dim)
     offline = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net, lr=args.lr), progress_bar=False)
     offline.train(1, [gen.batch(t) for t in range(warm)])
     online_net = copy.deepcopy(net)
@@ -104,10 +106,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tables", default="hashed,dynamic")
+    p.add_argument("--model", default="deepfm", choices=sorted(MODELS))
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"DriftingCTR: {args.batches} batches x {args.batch_size} events, user/item tables of {args.table_size} "
-          f"rows, DeepFM dim {args.dim}, default_optimizer(lr={args.lr}), 1 thread")
+          f"rows, {args.model} dim {args.dim}, default_optimizer(lr={args.lr}), 1 thread")
     for table in args.tables.split(","):
         report(run(args, table))
 

@@ -5,7 +5,10 @@
 * wide = :class:`~recstream.models.LinearTerm`: bias + one weight per categorical id
   (+ one per dense value), in its OWN width-1 sparse tables, so it can be trained by a
   different optimizer than the deep part (the paper uses FTRL with L1 for the wide part;
-  :func:`~recstream.models.default_optimizer` does the same);
+  :func:`~recstream.models.default_optimizer` does the same). A ``dynamic=True`` feature's
+  wide weight is instead column 0 of its deep hash table (as in DeepFM): one hash lookup per
+  feature and step instead of two -- the lookup, not the arithmetic, is what a dynamic
+  feature costs -- so those weights train with the tables' optimizer, not FTRL;
 * deep = MLP over the concatenated feature embeddings (one fused
   :class:`~recstream.nn.EmbeddingBagCollection`) and the dense values.
 
@@ -51,7 +54,8 @@ class WideDeep(CTRModel):
         validate: check ids on every step (see :class:`FeatureEmbedding`).
 
     Submodules: ``wide`` (:class:`LinearTerm`), ``embedding`` (:class:`FeatureEmbedding`),
-    ``deep`` (:class:`MLP`).
+    ``deep`` (:class:`MLP`). A ``dynamic=True`` feature's wide weight is column 0 of its
+    ``embedding`` hash table (width ``embedding_dim + 1``), not a table of ``wide``.
     """
 
     def __init__(self, schema: Schema, hidden: Sequence[int] = (256, 128), *, embedding_dim: int | None = None,
@@ -60,12 +64,15 @@ class WideDeep(CTRModel):
         super().__init__()
         self.schema = check_schema(type(self).__name__, schema)
         check_bool(type(self).__name__, "wide_dense", wide_dense)
-        self.wide = LinearTerm(schema, use_dense=wide_dense, validate=validate)
-        self.embedding = FeatureEmbedding(schema, embedding_dim, init_std=init_std, validate=validate)
+        # Dynamic features: the wide weight shares the deep row's hash lookup (see the module doc).
+        self.wide = LinearTerm(schema, use_dense=wide_dense, validate=validate, use_dynamic=False)
+        self.embedding = FeatureEmbedding(schema, embedding_dim, init_std=init_std, validate=validate,
+                                          first_order=True)
         self.deep = MLP(self.embedding.output_dim + schema.num_dense, hidden, out_features=1,
                         activation=activation, dropout=dropout, batch_norm=batch_norm)
 
     def forward(self, features: Features) -> torch.Tensor:
-        emb = self.embedding(features)
+        emb, first = self.embedding.with_first_order(features)
         deep = self.deep(torch.cat([emb, features.dense], dim=1)).squeeze(1)
-        return self.wide(features) + deep
+        wide = self.wide(features) if first is None else self.wide(features) + first
+        return wide + deep

@@ -57,8 +57,10 @@ def test_every_model_trains_dynamic_features_and_serves_unseen_keys(name):
     net = BUILDERS[name](dynamic_schema())
     hashed = tables(net)
     assert hashed and all(m.sparse for m in hashed.values())
-    if name in ("widedeep",):  # the wide part has its own width-1 hash tables
-        assert {"wide.dynamic.tables.user", "embedding.dynamic.tables.user"} <= set(hashed)
+    # One hash table per dynamic feature: WideDeep and DeepFM keep the linear weight in column 0.
+    assert set(hashed) == {"embedding.dynamic.tables.user", "embedding.dynamic.tables.tags"}
+    if name in ("widedeep", "deepfm"):
+        assert hashed["embedding.dynamic.tables.user"].embedding_size == net.embedding.dims[0] + 1
     assert net.embedding.ebc is not None and set(net.embedding.ebc.feature_names) == {"item", "genre"}
     model = rec_model(net)
     model.train(2, batches(12))
