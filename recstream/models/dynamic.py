@@ -44,7 +44,7 @@ def table_key(keys: torch.Tensor) -> torch.Tensor:
     >>> table_key(torch.tensor([5, -1, -2, -3])).tolist()
     [5, -9223372036854775807, -9223372036854775808, -3]
     """
-    return torch.where((keys == -1) | (keys == -2), keys + _RESERVED_SHIFT, keys)
+    return torch.where((keys | 1) == -1, keys + _RESERVED_SHIFT, keys)  # x | 1 == -1 only for -1 and -2
 
 
 def hash_init(owner: str, init_std: float) -> str:

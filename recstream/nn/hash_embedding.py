@@ -323,7 +323,7 @@ class HashEmbedding(nn.Module):
         """`keys` as int64, after rejecting the table's reserved sentinel values."""
         check_int_tensor(owner, "keys", keys)
         keys = keys.to(torch.int64)
-        bad = (keys == EMPTY) | (keys == DELETED)
+        bad = (keys | 1) == EMPTY  # EMPTY (-1) and DELETED (-2) are the two values x with x | 1 == -1
         if self.key_dtype == torch.int32:
             bad |= (keys < -2 ** 31) | (keys >= 2 ** 31)
         if bool(bad.any()):  # host sync: the only way to decide whether to raise
@@ -367,10 +367,13 @@ class HashEmbedding(nn.Module):
                        inverse: torch.Tensor | None = None) -> torch.Tensor:
         """The vectors of unique keys (counted and admitted if `mutate`), one per key or, given
         `inverse`, one per entry of ``uniq[inverse]``."""
-        slots = self._train_slots(uniq, counts) if mutate else self.table.find(uniq)
-        rows = torch.where(slots >= 0, self.table.rows.index_select(0, slots.clamp(min=0)), -1)
-        has_row = _where(rows >= 0)
-        r = rows.index_select(0, has_row)
+        slots, every_key_has_row = self._train_slots(uniq, counts) if mutate else (self.table.find(uniq), False)
+        if every_key_has_row:  # no key to filter out: spare a compaction (and its host sync)
+            rows = r = self.table.rows.index_select(0, slots)
+        else:
+            rows = torch.where(slots >= 0, self.table.rows.index_select(0, slots.clamp(min=0)), -1)
+            has_row = _where(rows >= 0)
+            r = rows.index_select(0, has_row)
         if self.max_norm is not None and mutate:
             self._renorm(r)
         if mutate:
@@ -571,8 +574,9 @@ class HashEmbedding(nn.Module):
         self.row_slots.index_copy_(0, self.table.rows.index_select(0, new), new)
         return True
 
-    def _train_slots(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Count ``uniq`` (with ``counts`` occurrences), admit, insert; return slots.
+    def _train_slots(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Count ``uniq`` (with ``counts`` occurrences), admit, insert; return their slots, and
+        whether every key is known to have a row now.
 
         Slots are -1 only for new keys dropped because the pending budget (or, with
         ``permit_filter_value=1``, the capacity) was exhausted by this very batch.
@@ -580,15 +584,15 @@ class HashEmbedding(nn.Module):
         # Pending keys with permit 1 exist only in a state loaded from a table with permit > 1.
         if self.permit_filter_value == 1 and self._num_pending == 0:
             return self._admit_all(uniq, counts)
-        return self._count_and_admit(uniq, counts)
+        return self._count_and_admit(uniq, counts), False
 
-    def _admit_all(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _admit_all(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """:meth:`_train_slots` when every key is admitted at first sight (``permit_filter_value=1``,
         the default): no key is ever pending, so no admission bookkeeping -- a third of the ops of
         the general path, which matters because on a CPU a lookup's cost is its op count."""
         t, step = self.table, self._step
         start = t.start_of(uniq)  # hashed once for the find and the insert
-        slots = t.find(uniq, start)
+        slots, free = t.locate(uniq, start)  # the new keys' free slots come with the lookup
         new = _where(slots < 0)  # host sync: how many rows to hand out
         n_new = new.numel()
         if n_new:
@@ -596,9 +600,12 @@ class HashEmbedding(nn.Module):
                 self._evict_lru_rows(n_new - self._num_free + self._headroom(self.capacity),
                                      slots.index_select(0, _where(slots >= 0)))
             new = new[:self._num_free]  # a batch with more new keys than capacity: the rest read the default
+            # An eviction above leaves `slots` and `free` valid (it spares this batch's keys and makes
+            # tombstones, never EMPTY slots); a rehash moves every key (rare): locate again.
             if self._rehash_if_needed(new.numel()):
-                slots = t.find(uniq, start)  # a rehash moves every key (rare); their start slots stay
-            ins = t.insert(uniq.index_select(0, new), start.index_select(0, new))
+                slots, free = t.locate(uniq, start)  # start slots stay
+            new_start = start.index_select(0, new)
+            ins = t.insert_at(uniq.index_select(0, new), free.index_select(0, new), new_start)
             slots.index_copy_(0, new, ins)
             self._assign_rows(ins)
         # Over capacity some keys got no slot (-1): count only the others.
@@ -606,7 +613,7 @@ class HashEmbedding(nn.Module):
         seen = slots if keep is None else slots.index_select(0, keep)
         t.counts.index_add_(0, seen, counts if keep is None else counts.index_select(0, keep))
         t.last_seen.index_fill_(0, seen, step)
-        return slots
+        return slots, keep is None  # every key found or admitted: each one has a row
 
     def _count_and_admit(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """:meth:`_train_slots` with admission after ``permit_filter_value`` > 1 occurrences."""

