@@ -596,13 +596,14 @@ class HashEmbedding(nn.Module):
         new = _where(slots < 0)  # host sync: how many rows to hand out
         n_new = new.numel()
         if n_new:
-            if n_new > self._num_free:
+            evict = n_new > self._num_free
+            if evict:
                 self._evict_lru_rows(n_new - self._num_free + self._headroom(self.capacity),
                                      slots.index_select(0, _where(slots >= 0)))
             new = new[:self._num_free]  # a batch with more new keys than capacity: the rest read the default
-            # An eviction above leaves `slots` and `free` valid (it spares this batch's keys and makes
-            # tombstones, never EMPTY slots); a rehash moves every key (rare): locate again.
-            if self._rehash_if_needed(new.numel()):
+            # Locate again after an eviction (its tombstones may come earlier in a new key's probe
+            # sequence: reuse them, as insert() would) or a rehash (it moves every key). Both rare.
+            if self._rehash_if_needed(new.numel()) or evict:
                 slots, free = t.locate(uniq, start)  # start slots stay
             new_start = start.index_select(0, new)
             ins = t.insert_at(uniq.index_select(0, new), free.index_select(0, new), new_start)

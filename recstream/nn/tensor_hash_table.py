@@ -232,18 +232,33 @@ class TensorHashTable(nn.Module):
         """:meth:`insert` of unique absent ``keys`` whose free slots :meth:`locate` just found.
 
         Each key goes to its ``free`` slot: the first free slot of its probe sequence, so
-        :meth:`find` reaches it before any EMPTY slot. Where two keys want the same slot (rare at
-        the load kept here) every key goes through :meth:`insert` instead. ``start``: :meth:`start_of`.
+        :meth:`find` reaches it before any EMPTY slot. Where several keys want one slot (rare at
+        the load kept here, but a call on thousands of new keys has a few) the first takes it and
+        the others go through :meth:`insert`. ``start``: :meth:`start_of` of ``keys``. The layout
+        may differ from one :meth:`insert` of the same keys (which of two keys wanting one slot
+        reaches it first depends on the probe window); both are valid.
         """
         keys = keys.to(self.keys.dtype)
-        order = torch.sort(free)[0]
-        if keys.numel() > 1 and bool((order[1:] == order[:-1]).any()):  # host sync: a conflict
-            return self.insert(keys, start)
+        wanted, order = torch.sort(free, stable=True)  # the first of keys wanting one slot wins, as in insert()
+        first = torch.ones_like(wanted, dtype=torch.bool)
+        first[1:] = wanted[1:] != wanted[:-1]
+        lose = order.index_select(0, _where(~first))  # host sync: how many lost their slot
+        out = free.clone()
+        if lose.numel():
+            lose = lose.sort()[0]  # in call order, as insert() would have them compete
+            free = wanted.index_select(0, _where(first))
+            keep = order.index_select(0, _where(first))
+            keys_won = keys.index_select(0, keep)
+        else:
+            keys_won = keys
         n_reused = int((self.keys.index_select(0, free) == DELETED).sum())  # host sync: occupancy
-        self.keys.index_copy_(0, free, keys)
+        self.keys.index_copy_(0, free, keys_won)
         self._reset_payload(free)
-        self._set_counters(self.num_used + keys.numel() - n_reused, self.num_live + keys.numel())
-        return free
+        self._set_counters(self.num_used + free.numel() - n_reused, self.num_live + free.numel())
+        if lose.numel():  # they probe on past the slots taken above
+            start = self.start_of(keys) if start is None else start
+            out.index_copy_(0, lose, self.insert(keys.index_select(0, lose), start.index_select(0, lose)))
+        return out
 
     def _reset_payload(self, slots: torch.Tensor) -> None:
         """Payload of newly written slots: no row, no count, seen at step 0."""

@@ -140,3 +140,29 @@ def test_insert_at_places_keys_findably_and_falls_back_on_a_shared_slot(monkeypa
     assert free.unique().numel() == 1
     slots = u.insert_at(keys, free)
     assert slots.unique().numel() == 3 and torch.equal(u.find(keys), slots) and u.num_live == 3
+
+
+@pytest.mark.parametrize("with_tombstones", [False, True])
+@pytest.mark.parametrize("n_new", [200, 3000])  # a probe window of 8 and (over 4096 keys in the call) of 1
+def test_locate_then_insert_at_places_many_keys_wanting_shared_slots(with_tombstones, n_new):
+    """Many new keys at once: some want the same slot. Every key must end up findable in a slot of
+    its own, the table's counters must match its contents, and nothing else may change."""
+    t = TensorHashTable(1 << 13)
+    slots = t.insert(torch.arange(3000) * 5)
+    if with_tombstones:
+        t.delete(slots[::3])
+    before = t.keys.clone()
+    new = torch.randperm(10**6, generator=torch.Generator().manual_seed(1))[:n_new] * 5 + 2
+    new = torch.cat([new, torch.arange(3000) * 5])  # the old keys too: locate must skip the present ones
+    found, free = t.locate(new)
+    absent = (found < 0).nonzero().squeeze(1)
+    assert absent.numel() == n_new + (1000 if with_tombstones else 0)
+    wanted = free[absent]
+    assert wanted.unique().numel() < wanted.numel()  # the case under test: shared wanted slots
+    got = t.insert_at(new[absent], wanted)
+    assert got.unique().numel() == absent.numel() and torch.equal(t.find(new[absent]), got)
+    assert torch.equal(t.find(new), torch.where(found >= 0, found, torch.zeros_like(found)).index_put_(
+        (absent,), got))
+    changed = (t.keys != before).nonzero().squeeze(1)
+    assert torch.equal(changed.sort()[0], got.sort()[0])  # only the new keys' slots were written
+    assert t.num_live == int(t.occupied().sum()) and t.num_used == int((t.keys != EMPTY).sum())
