@@ -1,8 +1,8 @@
 """Online learning on a drifting stream (DriftingCTR): prequential AUC vs a model trained once, vs the Bayes curve,
 for fixed (hashed) and dynamic (HashEmbedding) user/item tables.
 
-For each table kind: a DeepFM (``--model widedeep``: a WideDeep) is trained offline, one pass, on the first ``--warmup`` fraction of the
-stream. Then
+For each table kind: a DeepFM (``--model widedeep``: a WideDeep) is trained offline, one pass, on the
+first ``--warmup`` fraction of the stream. Then
 
 * offline-once: that model, frozen, scores the rest of the stream (eval mode: a dynamic table
   answers unseen ids with its default vector, a hashed one with whatever row the bucket holds);
