@@ -297,7 +297,7 @@ class HashEmbedding(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def pop_reset_rows(self) -> torch.Tensor:
-        """Rows (re)assigned to a new key since the last call (sorted LongTensor); clears them.
+        """Rows (re)assigned to a new key since the last call (distinct, LongTensor); clears them.
 
         Also reachable as ``self.values.pop_reset_rows``. O(rows assigned), no
         host sync of its own.
@@ -306,7 +306,9 @@ class HashEmbedding(nn.Module):
             return torch.empty(0, dtype=torch.int64, device=self.reset_mask.device)
         # The rows assigned since the last call, kept as a list: a scan of `reset_mask`
         # (O(capacity)) per optimizer step would cost more than the step's own lookups.
-        rows = torch.unique(torch.cat(self._reset_parts))
+        # One part (one admitting call since the last pop, the usual case) holds distinct rows already.
+        parts = self._reset_parts
+        rows = parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
         self._reset_parts = []
         self.reset_mask.index_fill_(0, rows, False)
         return rows

@@ -240,22 +240,21 @@ class TensorHashTable(nn.Module):
         """
         keys = keys.to(self.keys.dtype)
         wanted, order = torch.sort(free, stable=True)  # the first of keys wanting one slot wins, as in insert()
-        first = torch.ones_like(wanted, dtype=torch.bool)
-        first[1:] = wanted[1:] != wanted[:-1]
-        lose = order.index_select(0, _where(~first))  # host sync: how many lost their slot
-        out = free.clone()
-        if lose.numel():
-            lose = lose.sort()[0]  # in call order, as insert() would have them compete
-            free = wanted.index_select(0, _where(first))
+        shared = wanted[1:] == wanted[:-1]
+        lose = None
+        if keys.numel() > 1 and bool(shared.any()):  # host sync: is any slot wanted twice
+            first = torch.cat([shared.new_ones(1), ~shared])
+            lose = order.index_select(0, _where(~first)).sort()[0]  # in call order, as insert() has them compete
             keep = order.index_select(0, _where(first))
-            keys_won = keys.index_select(0, keep)
+            out, free, keys_won = free.clone(), wanted.index_select(0, _where(first)), keys.index_select(0, keep)
         else:
-            keys_won = keys
-        n_reused = int((self.keys.index_select(0, free) == DELETED).sum())  # host sync: occupancy
+            out, keys_won = free, keys
+        # Tombstones reused: only a table that has some can reuse one (spares a gather and a host sync).
+        n_reused = int((self.keys.index_select(0, free) == DELETED).sum()) if self.num_used > self.num_live else 0
         self.keys.index_copy_(0, free, keys_won)
         self._reset_payload(free)
         self._set_counters(self.num_used + free.numel() - n_reused, self.num_live + free.numel())
-        if lose.numel():  # they probe on past the slots taken above
+        if lose is not None:  # they probe on past the slots taken above
             start = self.start_of(keys) if start is None else start
             out.index_copy_(0, lose, self.insert(keys.index_select(0, lose), start.index_select(0, lose)))
         return out
