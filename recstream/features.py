@@ -211,7 +211,14 @@ class Features:
         if indices == list(range(nf)):
             return self
         keys = None if self.keys is None else tuple(self.keys[i] for i in indices)
-        if self.values.device.type == "cpu" and not torch.compiler.is_exporting():  # numpy: not traceable
+        on_cpu = self.values.device.type == "cpu" and not torch.compiler.is_exporting()  # numpy: not traceable
+        consecutive = bool(indices) and indices == list(range(indices[0], indices[0] + len(indices)))
+        if on_cpu and consecutive:
+            # Consecutive features (e.g. a model's fixed-vocabulary ones, next to its dynamic ones) are
+            # contiguous in the feature-major layout: views, no copy.
+            offs = self.offsets[indices[0] * b: (indices[-1] + 1) * b + 1]
+            values, offsets = self.values[int(offs[0]): int(offs[-1])], offs - offs[0]
+        elif on_cpu:
             values, offsets = _take_bags(_host(self.values), _host(self.offsets), nf, b, indices, slice(None))
             values, offsets = _like(values, self.values), _like(offsets, self.offsets)
         else:

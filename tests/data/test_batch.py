@@ -131,7 +131,8 @@ def test_select_and_permute_by_name_and_position():
     f, bags = random_features()
     named = Features(f.dense, f.values, f.offsets, f.batch_size, f.num_features, keys=KEYS)
     assert named.select(KEYS) is named
-    for names in (["c2", "c0"], ["c1"], ["c2", "c1", "c0"]):
+    # (consecutive runs -- ["c1"], ["c1", "c2"], ["c0", "c1"] -- are views of the flat layout)
+    for names in (["c2", "c0"], ["c1"], ["c2", "c1", "c0"], ["c1", "c2"], ["c0", "c1"]):
         g = named.select(names)
         assert g.keys == tuple(names) and g.num_features == len(names) and g.dense is f.dense
         assert bags_of(g) == [bags[KEYS.index(n)] for n in names]
