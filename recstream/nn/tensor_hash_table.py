@@ -187,44 +187,55 @@ class TensorHashTable(nn.Module):
     def _probe(self, keys: torch.Tensor, start: torch.Tensor | None,
                want_free: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         keys = keys.to(self.keys.dtype)
-        out = torch.full(keys.shape, -1, dtype=torch.int64, device=keys.device)
-        free = out.clone() if want_free else None
-        idx = torch.arange(keys.numel(), device=keys.device)
         start = self.start_of(keys) if start is None else start
         width = self._width(keys.numel())
         tri = self._triangular(keys.device)
         tombstones = self.num_used > self.num_live  # else a probe's first free slot is its stop
+        note_free = want_free and tombstones
+        free = torch.full(keys.shape, -1, dtype=torch.int64, device=keys.device) if note_free else None
+        # Round 1 covers every key in order (idx None): its results are the outputs, no scatter. The
+        # few keys left unresolved go on in later rounds, idx holding their positions.
+        idx = out = None
         for probe in range(0, self.max_rounds, width):
-            if idx.numel() == 0:
-                break
             pos, cur = self._window(start, tri[probe:probe + width])
             hit = cur == keys.unsqueeze(1)
             empty = cur == EMPTY
             stop = hit | empty  # the key, or an EMPTY slot: it is absent (tombstones are probed past)
-            if want_free and tombstones:  # a key's first free slot: keep the one of an earlier round
+            if note_free:  # a key's first free slot: keep the one of an earlier round
                 self._note_free(free, idx, pos, empty | (cur == DELETED))
             if width > 1:  # the first stop in the window
                 first = stop.to(torch.uint8).argmax(1, keepdim=True)
                 hit, pos, stop = hit.gather(1, first), pos.gather(1, first), stop.any(1, keepdim=True)
-            # idx holds only unresolved keys, so writing -1 for misses (and for keys whose window
-            # had no stop: they are rewritten in a later round) is safe.
-            out.index_copy_(0, idx, torch.where(hit, pos, -1).view(-1))
-            if want_free and not tombstones:  # the first free slot is the EMPTY one that stopped the probe
-                free.index_copy_(0, idx, torch.where(hit, -1, pos).view(-1))
+            # Writing -1 for misses (and for keys whose window had no stop: they are rewritten in
+            # a later round) is safe: idx holds only unresolved keys.
+            found = torch.where(hit, pos, -1).view(-1)
+            stop_free = torch.where(hit, -1, pos).view(-1) if want_free and not tombstones else None
+            if idx is None:
+                out, free = found, (free if stop_free is None else stop_free)
+            else:
+                out.index_copy_(0, idx, found)
+                if stop_free is not None:  # the first free slot is the EMPTY one that stopped the probe
+                    free.index_copy_(0, idx, stop_free)
             go = _where(~stop.view(-1))  # host sync: next round's size
-            idx, keys, start = idx.index_select(0, go), keys.index_select(0, go), start.index_select(0, go)
-        if idx.numel():
+            if go.numel() == 0:
+                break
+            idx = go if idx is None else idx.index_select(0, go)
+            keys, start = keys.index_select(0, go), start.index_select(0, go)
+        else:
             raise RuntimeError(f"hash table probe exceeded max_rounds={self.max_rounds}")
-        if want_free and tombstones:  # a found key needs no slot (its window may have held a free one)
+        if note_free:  # a found key needs no slot (its window may have held a free one)
             free.masked_fill_(out >= 0, -1)
         return out, free
 
     @staticmethod
-    def _note_free(free: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, is_free: torch.Tensor) -> None:
-        """Record in ``free[idx]`` the first free slot of this round's window ``pos`` ``[n, w]``
-        (``is_free``), for keys that have none from an earlier round."""
+    def _note_free(free: torch.Tensor, idx: torch.Tensor | None, pos: torch.Tensor, is_free: torch.Tensor) -> None:
+        """Record in ``free[idx]`` (``idx`` None: all of ``free``) the first free slot of this round's
+        window ``pos`` ``[n, w]`` (``is_free``), for keys that have none from an earlier round."""
         first = is_free.to(torch.uint8).argmax(1, keepdim=True)
         here = torch.where(is_free.any(1), pos.gather(1, first).squeeze(1), -1)
+        if idx is None:  # round 1: no earlier slot to keep
+            free.copy_(here)
+            return
         before = free.index_select(0, idx)
         free.index_copy_(0, idx, torch.where(before >= 0, before, here))
 
