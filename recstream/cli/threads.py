@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import os
 
-
-def available_cores() -> int:
-    """Cores this process may run on (the affinity mask, e.g. a container's limit)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+from ..data.channel import available_cores
 
 
 def default_threads(cores: int | None = None, load: float | None = None) -> int:

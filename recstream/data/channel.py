@@ -18,6 +18,7 @@ what was trained, not what was prefetched.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -31,6 +32,11 @@ from .transfer import pin_memory as pin
 from .transfer import record_stream, to_device
 
 log = logging.getLogger("recstream.data")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, e.g. a container's limit)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 END_OF_PASS = object()  # after each full pass (when `passes` is given)
 DONE = object()         # the producer has nothing more to give
@@ -126,13 +132,20 @@ class DataChannel:
             ends the traversal (`DONE`): the source has ended (see `repeat_forever`).
         nothing_new_ends: with `end_when_empty`, an empty first pass ends it too (`DONE` with no
             batch before it): the dataset is a stream that had nothing new.
+        producer_threads: torch intra-op threads of the producer thread's own ops (the dataset's
+            preparation, pinning). None: the cores training leaves free -- available cores minus
+            the creating thread's ``torch.get_num_threads()`` -- at least 1. A producer that
+            inherits training's thread count starts a second pool as wide as the first on cores
+            that are already busy (measured on 2 cores with 2 training threads: a sink with its
+            producer thread took 1.94x the plain loop's time; with 1 producer thread 1.14x).
     """
 
     def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
                  passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
                  name: str = "recstream-data-channel", end_when_empty: bool = False, background: bool = True,
-                 nothing_new_ends: bool = False):
+                 nothing_new_ends: bool = False, producer_threads: int | None = None):
         check_int("DataChannel", "depth", depth, minimum=1)
+        check_int("DataChannel", "producer_threads", producer_threads, minimum=1, allow_none=True)
         self._end_when_empty = check_bool("DataChannel", "end_when_empty", end_when_empty)
         self._nothing_new_ends = check_bool("DataChannel", "nothing_new_ends", nothing_new_ends)
         self.device = torch.device(device) if device is not None else None
@@ -149,8 +162,16 @@ class DataChannel:
         self._items = self._produce_items(dataset, total, passes, reset_after_pass)
         self._thread = None
         if background:
-            self._thread = threading.Thread(target=self._produce, daemon=True, name=name)
+            training_threads = torch.get_num_threads()
+            self._producer_threads = producer_threads or max(1, available_cores() - training_threads)
+            sized = threading.Event()
+            self._thread = threading.Thread(target=self._produce, args=(sized,), daemon=True, name=name)
             self._thread.start()
+            # torch.set_num_threads sets the calling thread's pool AND the default of threads started
+            # later: once the producer has sized its own, put that default back (this thread keeps its
+            # count either way).
+            sized.wait()
+            torch.set_num_threads(training_threads)
 
     # ------------------------------------------------------------------ producer
     def _source(self, dataset, passes, reset_after_pass):
@@ -196,8 +217,15 @@ class DataChannel:
                     break  # stop before pulling a batch nobody will train on
         yield DONE
 
-    def _produce(self):
+    def _produce(self, sized: threading.Event):
         """The producer thread: the items into the queue; an error is handed to the consumer."""
+        try:
+            # get_num_threads first: a thread's first torch call resets its pool to the process default,
+            # which would undo set_num_threads once the creating thread has put that default back.
+            torch.get_num_threads()
+            torch.set_num_threads(self._producer_threads)  # this thread's ops only (see producer_threads)
+        finally:
+            sized.set()
         try:
             for item in self._items:
                 if not self._put(item):

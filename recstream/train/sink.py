@@ -31,13 +31,12 @@ The pieces, each in one place:
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from ..data.channel import DataChannel, Item, empty_first_pass
+from ..data.channel import DataChannel, Item, available_cores, empty_first_pass
 from ..data.protocol import InterruptibleDataset, MetadataDataset, SeekableDataset, dataset_size, unpack
 from ..data.transfer import to_device
 from ..validation import check_bool, check_int
@@ -182,8 +181,7 @@ class DatasetHelper:
         contend with the step (measured with benchmarks/bench_overhead.py: README)."""
         if self.device.type != "cpu" or isinstance(self.dataset, InterruptibleDataset):
             return True
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return torch.get_num_threads() < cores
+        return torch.get_num_threads() < available_cores()
 
     def _open(self) -> DataChannel:
         if self._channel is None:

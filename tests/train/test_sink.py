@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from recstream.train import DatasetHelper, TrainOneStepCell, WithLossCell, connect_network_with_dataset
+from recstream.train import sink as sink_module
 from recstream.train.sink import DataChannel
 
 from .helpers import MSDataset, Recorder, batches, linear_model
@@ -43,7 +44,9 @@ def _sink_model():
     return net, Model(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), progress_bar=False)
 
 
-def test_sink_size_continues_across_epochs_and_cycles_dataset():
+def test_sink_size_continues_across_epochs_and_cycles_dataset(monkeypatch):
+    # A core that training leaves free: the sink prefetches on its thread (whatever this machine has).
+    monkeypatch.setattr(sink_module, "available_cores", lambda: torch.get_num_threads() + 1)
     net, model = _sink_model()
     data, rec = Tagged(5), Recorder()
     model.train(4, data, callbacks=[rec], dataset_sink_mode=True, sink_size=3)
