@@ -155,3 +155,28 @@ def test_zero_dim_and_one_dim_params(name):
         opt.step()
     assert s.shape == () and s.item() < 0.0
     assert v[0].item() < 0.0 == v[1].item() < v[2].item()
+
+
+@pytest.mark.parametrize("dim", [1, 16])
+def test_a_large_gradient_is_summed_like_coalesce(name, dim):
+    """From VECTORIZED_COALESCE_MIN entries a CPU gradient is summed by unique + index_add_, not
+    coalesce(): the same rows, sums equal to float rounding, and the same step."""
+    from recstream.optim import _base
+    gen = torch.Generator().manual_seed(1)
+    n = _base.VECTORIZED_COALESCE_MIN + 1000
+    idx = torch.randint(0, 3000, (n,), generator=gen)  # many duplicates, unsorted
+    values = torch.randn(n, dim, generator=gen)
+    grad = torch.sparse_coo_tensor(idx[None], values, (3000, dim), check_invariants=True)
+    assert not grad.is_coalesced()
+    rows, summed = _base._rows_and_values(grad, grad)
+    ref = grad.coalesce()
+    assert torch.equal(rows, ref.indices()[0])
+    torch.testing.assert_close(summed, ref.values(), rtol=1e-5, atol=1e-5)
+    stepped = []
+    for g in (grad, ref):  # the same optimizer step either way
+        p = nn.Parameter(torch.randn(3000, dim, generator=torch.Generator().manual_seed(2)))
+        opt = FACTORIES[name]([p])
+        p.grad = g
+        opt.step()
+        stepped.append(p.detach().clone())
+    torch.testing.assert_close(stepped[0], stepped[1], rtol=1e-5, atol=1e-6)
