@@ -87,6 +87,16 @@ def _after_load(module, incompatible_keys) -> None:
     module._sync_counters()
 
 
+def _first_per_slot(wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One winner per wanted slot: ``(sorted slots, order, first)`` where ``order`` sorts `wanted`
+    stably and ``first`` marks the first of each run of equal slots -- of the keys wanting one slot,
+    the earliest in call order takes it (deterministic on CPU and CUDA)."""
+    slots, order = torch.sort(wanted, stable=True)
+    first = torch.ones_like(slots, dtype=torch.bool)
+    first[1:] = slots[1:] != slots[:-1]
+    return slots, order, first
+
+
 class TensorHashTable(nn.Module):
     """Key -> slot map with per-slot payload, all state in buffers.
 
@@ -250,11 +260,9 @@ class TensorHashTable(nn.Module):
         reaches it first depends on the probe window); both are valid.
         """
         keys = keys.to(self.keys.dtype)
-        wanted, order = torch.sort(free, stable=True)  # the first of keys wanting one slot wins, as in insert()
-        shared = wanted[1:] == wanted[:-1]
+        wanted, order, first = _first_per_slot(free)  # the rule insert() applies
         lose = None
-        if keys.numel() > 1 and bool(shared.any()):  # host sync: is any slot wanted twice
-            first = torch.cat([shared.new_ones(1), ~shared])
+        if not bool(first.all()):  # host sync: is any slot wanted twice
             lose = order.index_select(0, _where(~first)).sort()[0]  # in call order, as insert() has them compete
             keep = order.index_select(0, _where(first))
             out, free, keys_won = free.clone(), wanted.index_select(0, _where(first)), keys.index_select(0, keep)
@@ -300,11 +308,8 @@ class TensorHashTable(nn.Module):
             free = ((cur == EMPTY) | (cur == DELETED)) & (step < self.max_rounds)  # find looks only there
             first = free.to(torch.uint8).argmax(1, keepdim=True)  # the first free slot in the window
             want, was = pos.gather(1, first).squeeze(1), cur.gather(1, first).squeeze(1)
-            # One winner per wanted slot: sort candidates by slot, first of each run wins.
             cand = _where(free.any(1))  # host sync: candidate count
-            cpos, order = torch.sort(want.index_select(0, cand), stable=True)
-            head = torch.ones_like(cpos, dtype=torch.bool)
-            head[1:] = cpos[1:] != cpos[:-1]
+            _, order, head = _first_per_slot(want.index_select(0, cand))
             win = cand.index_select(0, order.index_select(0, _where(head)))
             wpos = want.index_select(0, win)
             reused += (was.index_select(0, win) == DELETED).sum()
