@@ -8,7 +8,8 @@ fixed model has ``vocab_size=--rows`` tables for user and item; the dynamic one
 forward, backward, ``default_optimizer`` step -- is compared like for like. One thread; the two
 models run interleaved in rounds of ``--steps`` steps (so load changes on a shared machine hit
 both alike); the report is the median per-round events/s (per second of this thread's CPU time)
-and the ratio fixed/dynamic.
+and the ratio fixed/dynamic. With ``--device cuda`` the models and batches live on the GPU and
+a round is timed by the wall clock (the device synchronised before and after it).
 
     python benchmarks/bench_dynamic.py --rows 100000 --batch-size 1024 --rounds 5 --steps 20
 """
@@ -71,11 +72,15 @@ def run(args, name: str) -> dict:
     # Fresh batches every round, as a stream brings them: the long tail keeps bringing ids the
     # dynamic tables have not seen (about 60 of the ~430 distinct ids of a 1024-batch here), and
     # admitting them is part of a dynamic table's cost. Both models train on the same batches.
-    data = batches(args.warmup + args.rounds * args.steps, args.batch_size, args.rows)
+    device = torch.device(args.device)
+    data = [(x.to(device), y.to(device)) for x, y in
+            batches(args.warmup + args.rounds * args.steps, args.batch_size, args.rows)]
+    # On CUDA the thread's CPU time misses the time spent waiting for the device: wall clock there.
+    clock = time.perf_counter if device.type == "cuda" else time.thread_time
     steps = {}
     for dynamic in (False, True):
         torch.manual_seed(0)
-        steps[dynamic] = make_step(MODELS[name](schema(args.rows, dynamic)))
+        steps[dynamic] = make_step(MODELS[name](schema(args.rows, dynamic)).to(device))
         for x, y in data[:args.warmup]:
             steps[dynamic](x, y)
     rates = {False: [], True: []}
@@ -84,12 +89,19 @@ def run(args, name: str) -> dict:
         for dynamic in ((False, True) if r % 2 == 0 else (True, False)):
             # CPU time of this thread (torch runs single-threaded here): what other processes on a
             # shared machine do shows up far less than in wall time.
-            t0 = time.thread_time()
+            _sync(device)
+            t0 = clock()
             for x, y in chunk:
                 steps[dynamic](x, y)
-            rates[dynamic].append(len(chunk) * args.batch_size / (time.thread_time() - t0))
+            _sync(device)
+            rates[dynamic].append(len(chunk) * args.batch_size / (clock() - t0))
     fixed, dyn = statistics.median(rates[False]), statistics.median(rates[True])
     return {"model": name, "fixed": fixed, "dynamic": dyn, "ratio": fixed / dyn}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -100,9 +112,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--models", default="widedeep,deepfm,dcnv2,dlrm")
+    p.add_argument("--device", default="cpu")
     args = p.parse_args()
     torch.set_num_threads(1)
-    print(f"rows={args.rows} batch={args.batch_size} rounds={args.rounds}x{args.steps} steps, 1 thread")
+    print(f"rows={args.rows} batch={args.batch_size} rounds={args.rounds}x{args.steps} steps, 1 thread, "
+          f"device={args.device}")
     print(f"{'model':10s} {'fixed ev/s':>11s} {'dynamic ev/s':>13s} {'fixed/dynamic':>14s}")
     for name in args.models.split(","):
         r = run(args, name)

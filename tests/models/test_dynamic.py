@@ -176,3 +176,42 @@ def test_checkpoint_and_restore_keep_tables_and_optimizer_state(tmp_path, name):
         for k in sa:
             for field, value in sa[k].items():
                 assert torch.equal(torch.as_tensor(value), torch.as_tensor(sb[k][field])), (child, k, field)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_dynamic_features_train_on_cuda_and_checkpoints_cross_devices(tmp_path, name):
+    """The hash tables on CUDA (probing, admission, LRU eviction: 40 users in 24 rows) admit and evict
+    the keys the CPU does, into the same rows; the sink's side-stream copies train like the plain loop
+    (new rows draw their initial values from the device's generator, so CPU and CUDA values differ:
+    values are compared CUDA to CUDA); a checkpoint written on CUDA restores onto the CPU."""
+    data = batches(10)
+    nets = {}
+    for run, dev, sink in (("cpu", "cpu", False), ("cuda", "cuda", False), ("cuda_sink", "cuda", True)):
+        torch.manual_seed(0)
+        net = BUILDERS[name](dynamic_schema(capacity=24)).to(dev)
+        callbacks = [ModelCheckpoint("dyn", tmp_path, CheckpointConfig(save_checkpoint_steps=10))] if sink else []
+        rec_model(net).online_train(IterableStream(lambda: iter(data)), callbacks=callbacks, dataset_sink_mode=sink)
+        nets[run] = net.eval()
+    assert 20 <= tables(nets["cpu"])["embedding.dynamic.tables.user"].num_rows <= 24  # full: evictions ran
+
+    def same_tables(a, b, values=True):
+        for (n, ta), (_, tb) in zip(tables(a).items(), tables(b).items(), strict=True):
+            assert (ta.num_rows, int(ta.global_step)) == (tb.num_rows, int(tb.global_step)), n
+            ea, eb = ta.export(reset_delta=False), tb.export(reset_delta=False)
+            assert torch.equal(ea["keys"].cpu(), eb["keys"].cpu()), n
+            if values:
+                torch.testing.assert_close(ea["values"].cpu(), eb["values"].cpu(), rtol=1e-4, atol=1e-5)
+
+    same_tables(nets["cpu"], nets["cuda"], values=False)
+    same_tables(nets["cuda"], nets["cuda_sink"])
+    x = batches(1, seed=3)[0].features
+    with torch.no_grad():
+        torch.testing.assert_close(nets["cuda_sink"](x.to("cuda")), nets["cuda"](x.to("cuda")), rtol=1e-4, atol=1e-5)
+
+    torch.manual_seed(1)
+    restored = BUILDERS[name](dynamic_schema(capacity=24))
+    assert rec_model(restored).restore(tmp_path)["cur_step_num"] == 10
+    same_tables(nets["cuda_sink"], restored)
+    with torch.no_grad():
+        torch.testing.assert_close(restored.eval()(x), nets["cuda_sink"](x.to("cuda")).cpu(), rtol=1e-4, atol=1e-5)

@@ -180,3 +180,22 @@ def test_a_large_gradient_is_summed_like_coalesce(name, dim):
         opt.step()
         stepped.append(p.detach().clone())
     torch.testing.assert_close(stepped[0], stepped[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_steps_equal_cpu_steps(name):
+    """On CUDA the gradient is summed by coalesce() (index_add_ sums in a varying order there):
+    a few steps with duplicate rows, small and large gradients, give the CPU's parameters and state."""
+    gen = torch.Generator().manual_seed(3)
+    params = {dev: nn.Parameter(torch.randn(3000, 8, generator=torch.Generator().manual_seed(4)).to(dev))
+              for dev in ("cpu", "cuda")}
+    opts = {dev: FACTORIES[name]([p]) for dev, p in params.items()}
+    for n in (50, 9000, 50):  # 9000: above VECTORIZED_COALESCE_MIN, the CPU's other summing path
+        idx, values = torch.randint(0, 3000, (n,), generator=gen), torch.randn(n, 8, generator=gen)
+        for dev, p in params.items():
+            p.grad = sparse_grad(idx, values, p.shape).to(dev)
+            opts[dev].step()
+    torch.testing.assert_close(params["cuda"].detach().cpu(), params["cpu"].detach(), rtol=1e-4, atol=1e-5)
+    for key in STATE_KEYS[name]:
+        torch.testing.assert_close(opts["cuda"].state[params["cuda"]][key].cpu(),
+                                   opts["cpu"].state[params["cpu"]][key], rtol=1e-4, atol=1e-5)

@@ -143,3 +143,28 @@ def test_channel_close_stops_an_endless_producer():
     channel.get()
     channel.close()
     assert not channel._thread.is_alive()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sink_on_cuda_copies_on_the_side_stream_in_order_and_trains_like_the_plain_loop():
+    """On CUDA the channel pins each batch and copies it on a side stream from its own thread; a step
+    must wait for its copy (one that did not would read a half-written batch): the batches arrive in
+    order, and sink and plain loop end with the same weights."""
+    from recstream import Model
+    net, model = _sink_model()
+    net.cuda()
+    data = Tagged(6)
+    model.train(2, data, dataset_sink_mode=True)
+    assert net.seen == [0, 1, 2, 3, 4, 5] * 2 and data.threads == {"recstream-data-channel"}
+
+    g = torch.Generator().manual_seed(0)
+    big = [(torch.randn(4096, 32, generator=g), torch.randint(0, 2, (4096,), generator=g)) for _ in range(12)]
+    weights = {}
+    for sink in (False, True):
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2)).cuda()
+        Model(mlp, torch.nn.CrossEntropyLoss(), torch.optim.Adam(mlp.parameters(), lr=1e-3),
+              progress_bar=False).train(2, big, dataset_sink_mode=sink)
+        weights[sink] = [p.detach().cpu() for p in mlp.parameters()]
+    for a, b in zip(weights[False], weights[True], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
