@@ -9,7 +9,9 @@ forward, backward, ``default_optimizer`` step -- is compared like for like. One 
 models run interleaved in rounds of ``--steps`` steps (so load changes on a shared machine hit
 both alike); the report is the median per-round events/s (per second of this thread's CPU time)
 and the ratio fixed/dynamic. With ``--device cuda`` the models and batches live on the GPU and
-a round is timed by the wall clock (the device synchronised before and after it).
+a round is timed by the wall clock (the device synchronised before and after it). With
+``--shared-table`` the dynamic model's user and item features share one hash table (``table=``,
+twice the capacity): one lookup a step instead of two.
 
     python benchmarks/bench_dynamic.py --rows 100000 --batch-size 1024 --rounds 5 --steps 20
 """
@@ -33,9 +35,10 @@ MODELS = {
 }
 
 
-def schema(rows: int, dynamic: bool) -> Schema:
-    ids = [CategoricalFeature(n, dynamic=True, capacity=rows) if dynamic else CategoricalFeature(n, vocab_size=rows)
-           for n in ("user", "item")]
+def schema(rows: int, dynamic: bool, shared: bool = False) -> Schema:
+    table = "ids" if shared else None
+    ids = [CategoricalFeature(n, dynamic=True, capacity=rows, table=table) if dynamic
+           else CategoricalFeature(n, vocab_size=rows) for n in ("user", "item")]
     return Schema([f"x{i}" for i in range(4)], [*ids, CategoricalFeature("category", vocab_size=100),
                                                  CategoricalFeature("hour", vocab_size=24)])
 
@@ -80,7 +83,7 @@ def run(args, name: str) -> dict:
     steps = {}
     for dynamic in (False, True):
         torch.manual_seed(0)
-        steps[dynamic] = make_step(MODELS[name](schema(args.rows, dynamic)).to(device))
+        steps[dynamic] = make_step(MODELS[name](schema(args.rows, dynamic, args.shared_table)).to(device))
         for x, y in data[:args.warmup]:
             steps[dynamic](x, y)
     rates = {False: [], True: []}
@@ -113,10 +116,11 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--models", default="widedeep,deepfm,dcnv2,dlrm")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--shared-table", action="store_true", help="user and item in one hash table")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"rows={args.rows} batch={args.batch_size} rounds={args.rounds}x{args.steps} steps, 1 thread, "
-          f"device={args.device}")
+          f"device={args.device}{', user and item in one table' if args.shared_table else ''}")
     print(f"{'model':10s} {'fixed ev/s':>11s} {'dynamic ev/s':>13s} {'fixed/dynamic':>14s}")
     for name in args.models.split(","):
         r = run(args, name)

@@ -76,6 +76,7 @@ class CategoricalColumn(Section):
     capacity: PositiveInt | None = None
     permit_filter_value: PositiveInt = 1
     evict_filter_value: PositiveInt | None = None
+    table: str | None = None
     embedding_dim: PositiveInt = 16
     multi_hot: bool = False
     max_len: PositiveInt | None = None

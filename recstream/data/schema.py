@@ -19,6 +19,8 @@ Id conventions, per categorical feature:
   strings holding a decimal integer, so CSV ``"12"`` is Parquet ``12``) are their own key;
   any other string is keyed by its stable 64-bit hash (:func:`~recstream.data.hash_strings`).
   A missing value is a bad row, as for ``vocab_size``. Unknown keys read a default vector.
+  Dynamic features that name the same ``table`` share one hash table (one lookup a step for all
+  of them; see :class:`CategoricalFeature`).
 
 >>> s = Schema([DenseFeature("price")], [CategoricalFeature("item", hash_buckets=1000)])
 >>> s.num_embeddings("item"), Schema.from_dict(s.to_dict()) == s
@@ -72,6 +74,14 @@ class CategoricalFeature:
     ``evict_filter_value`` (steps unseen before a key is evicted; None: only capacity evicts);
     these three apply to dynamic features only.
 
+    ``table`` (dynamic features only) names a hash table that several dynamic features share:
+    one table, one lookup per step for all of them, instead of a table and a lookup each -- what
+    keeps many dynamic features fast. Each feature's keys are kept apart from the others' (mixed
+    with a 64-bit hash of the feature's name, so the same id in two features has two rows); the
+    table's capacity is the sum of its features' ``capacity``, and its least recently seen keys
+    are evicted whichever feature they belong to. Features of one table need the same
+    ``permit_filter_value``, ``evict_filter_value`` and embedding width.
+
     >>> f = CategoricalFeature("genres", vocabulary=["drama", "comedy"], multi_hot=True)
     >>> f.num_embeddings, f.vocab_size
     (3, 3)
@@ -92,6 +102,7 @@ class CategoricalFeature:
     capacity: int | None = None
     permit_filter_value: int = 1
     evict_filter_value: int | None = None
+    table: str | None = None
 
     def __post_init__(self) -> None:
         check_str("CategoricalFeature", "name", self.name)
@@ -108,10 +119,11 @@ class CategoricalFeature:
             self._set_vocabulary(owner)
         if self.dynamic:
             self._check_dynamic(owner)
-        elif (self.capacity, self.permit_filter_value, self.evict_filter_value) != (None, 1, None):
-            raise ValueError(f"{owner}: 'capacity', 'permit_filter_value' and 'evict_filter_value' apply to "
-                             f"dynamic=True features only (got capacity={self.capacity!r}, permit_filter_value="
-                             f"{self.permit_filter_value!r}, evict_filter_value={self.evict_filter_value!r})")
+        elif (self.capacity, self.permit_filter_value, self.evict_filter_value, self.table) != (None, 1, None, None):
+            raise ValueError(f"{owner}: 'capacity', 'permit_filter_value', 'evict_filter_value' and 'table' apply "
+                             f"to dynamic=True features only (got capacity={self.capacity!r}, permit_filter_value="
+                             f"{self.permit_filter_value!r}, evict_filter_value={self.evict_filter_value!r}, "
+                             f"table={self.table!r})")
         elif (self.vocab_size is None) == (self.hash_buckets is None):
             raise ValueError(f"{owner}: give exactly one of 'vocab_size' or 'hash_buckets' (or 'vocabulary', or "
                              f"dynamic=True with 'capacity'), got vocab_size={self.vocab_size!r}, "
@@ -129,6 +141,8 @@ class CategoricalFeature:
                              f"(got {given})")
         if self.capacity is None:
             raise ValueError(f"{owner}: dynamic=True needs 'capacity' (rows of its hash table), got None")
+        if self.table is not None:
+            check_str(owner, "table", self.table)
 
     def _set_vocabulary(self, owner: str) -> None:
         vocab = self.vocabulary
@@ -167,6 +181,8 @@ class CategoricalFeature:
         if self.dynamic:
             d.update(dynamic=True, capacity=self.capacity, permit_filter_value=self.permit_filter_value,
                      evict_filter_value=self.evict_filter_value)
+            if self.table is not None:
+                d["table"] = self.table
         elif self.vocabulary is not None:
             d["vocabulary"] = list(self.vocabulary)
         elif self.hash_buckets is not None:
@@ -212,7 +228,21 @@ class Schema:
             raise ValueError(f"Schema: column names must be unique (label included), duplicated: {dupes}")
         if not self.dense and not self.categorical:
             raise ValueError("Schema: needs at least one dense or categorical feature")
+        self._check_shared_tables()
         self._index = {c.name: i for i, c in enumerate(self.categorical)}
+
+    def _check_shared_tables(self) -> None:
+        """Dynamic features of one ``table`` admit and evict alike (it is one hash table)."""
+        first: dict[str, CategoricalFeature] = {}
+        for c in self.categorical:
+            if c.table is None:
+                continue
+            a = first.setdefault(c.table, c)
+            ours, theirs = ((f.permit_filter_value, f.evict_filter_value, f.embedding_dim) for f in (c, a))
+            if ours != theirs:
+                raise ValueError(f"Schema: dynamic features of table {c.table!r} need the same permit_filter_value, "
+                                 f"evict_filter_value and embedding_dim: {a.name!r} has {theirs}, {c.name!r} has "
+                                 f"{ours}")
 
     @property
     def dense_names(self) -> tuple[str, ...]:

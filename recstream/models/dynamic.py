@@ -1,4 +1,5 @@
-"""Pooled lookups of a schema's ``dynamic=True`` features: one :class:`~recstream.nn.HashEmbedding` each.
+"""Pooled lookups of a schema's ``dynamic=True`` features: one :class:`~recstream.nn.HashEmbedding` each,
+or one for all the features that name the same ``table``.
 
 A dynamic feature has no id space: its ids are int64 keys, and its table gives a row to every
 key seen ``permit_filter_value`` times in training (evicting the least recently seen beyond
@@ -13,6 +14,12 @@ next to the fused :class:`~recstream.nn.EmbeddingBagCollection` of the fixed one
 Keys ``-1`` and ``-2`` are the hash table's reserved EMPTY/DELETED markers; they are stored as
 ``-2**63 + 1`` and ``-2**63`` instead (so an id -1, a common "unknown" code, still trains).
 
+Features that share a table (``CategoricalFeature(table=...)``) are looked up together, one call
+for all their ids; each one's keys are XOR-ed with a 64-bit hash of its name first
+(:func:`feature_salt`), so equal ids of two features stay two keys. Two keys of different features
+could still meet -- when their XOR equals the XOR of the two salts --, a chance of about one in
+2**64 per pair of keys, the same as for two string ids hashing alike.
+
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Features
 >>> tables = DynamicTables([CategoricalFeature("user", dynamic=True, capacity=100)], [4], init_std=0.01)
@@ -24,10 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+import pyarrow as pa
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.hashing import hash_strings
 from ..data.schema import CategoricalFeature
 from ..features import Features
 from ..nn import HashEmbedding
@@ -47,6 +57,21 @@ def table_key(keys: torch.Tensor) -> torch.Tensor:
     return torch.where((keys | 1) == -1, keys + _RESERVED_SHIFT, keys)  # x | 1 == -1 only for -1 and -2
 
 
+def feature_salt(feature: CategoricalFeature) -> int:
+    """What a shared table's feature XORs its keys with: the stable hash of its name (part of a
+    trained model's meaning: it never changes); 0 (keys as they are) for a feature with a table of
+    its own.
+
+    >>> feature_salt(CategoricalFeature("user", dynamic=True, capacity=8))
+    0
+    >>> feature_salt(CategoricalFeature("user", dynamic=True, capacity=8, table="ids"))
+    -403470525483829148
+    """
+    if feature.table is None:
+        return 0
+    return int(hash_strings(pa.array([feature.name])).view(np.int64)[0])
+
+
 def hash_init(owner: str, init_std: float) -> str:
     """HashEmbedding's ``param_init`` for a model's `init_std`: it has two fixed choices."""
     init_std = check_number(owner, "init_std", init_std, minimum=0.0)
@@ -59,40 +84,76 @@ def hash_init(owner: str, init_std: float) -> str:
 
 
 class DynamicTables(nn.Module):
-    """One HashEmbedding per dynamic feature; ``forward(features)`` -> ``{name: pooled [B, dim]}``.
+    """The dynamic features' hash tables; ``forward(features)`` -> ``{name: pooled [B, dim]}``.
 
     Args:
         features: the dynamic features (schema order).
-        dims: the width of each one's table.
+        dims: the width of each one's table (features of one ``table``: the same width).
         init_std: 0.0 (rows start at zero: a linear term) or 0.01 (see :func:`hash_init`).
         sparse: sparse COO gradients on the rows (use a row-sparse optimizer).
 
-    Submodule ``tables`` is an ``nn.ModuleDict`` keyed by feature name ('.' becomes '_').
+    Submodule ``tables`` is an ``nn.ModuleDict`` of :class:`~recstream.nn.HashEmbedding`, keyed by
+    feature name, or by ``table`` name for features that share one ('.' becomes '_'); a shared
+    table has the sum of its features' capacities.
     """
 
     def __init__(self, features: Sequence[CategoricalFeature], dims: Sequence[int], *, init_std: float = 0.01,
                  sparse: bool = True) -> None:
         super().__init__()
-        init = hash_init(type(self).__name__, init_std)
+        owner = type(self).__name__
+        init = hash_init(owner, init_std)
         self.features = tuple(features)
         self.names = tuple(f.name for f in self.features)
-        self._table_names = tuple(f.name.replace(".", "_") for f in self.features)
-        self.tables = nn.ModuleDict({
-            f.name.replace(".", "_"): HashEmbedding(d, param_init=init, sparse=sparse, capacity=f.capacity,
-                                                    permit_filter_value=f.permit_filter_value,
-                                                    evict_filter_value=f.evict_filter_value)
-            for f, d in zip(self.features, dims, strict=True)})
+        dims = tuple(dims)
+        if len(dims) != len(self.features):
+            raise ValueError(f"{owner}: needs one width per feature, got {len(dims)} for {len(self.features)}")
+        # table key -> its features (positions in self.features), in schema order
+        self._members: dict[str, list[int]] = {}
+        for i, f in enumerate(self.features):
+            self._members.setdefault((f.table or f.name).replace(".", "_"), []).append(i)
+        shared = {f.table.replace(".", "_") for f in self.features if f.table is not None}
+        own = [f.name.replace(".", "_") for f in self.features if f.table is None]
+        if clash := sorted(shared.intersection(own)):
+            raise ValueError(f"{owner}: a shared table's name is also a dynamic feature's own table: {clash}; "
+                             f"rename the table")
+        self._salts = tuple(feature_salt(f) for f in self.features)
+        tables = {}
+        for key, members in self._members.items():
+            f = self.features[members[0]]
+            widths = {dims[i] for i in members}
+            if len(widths) != 1:
+                raise ValueError(f"{owner}: the features of table {key!r} need one width, got "
+                                 f"{[(self.features[i].name, dims[i]) for i in members]}")
+            tables[key] = HashEmbedding(dims[members[0]], param_init=init, sparse=sparse,
+                                        capacity=sum(self.features[i].capacity for i in members),
+                                        permit_filter_value=f.permit_filter_value,
+                                        evict_filter_value=f.evict_filter_value)
+        self.tables = nn.ModuleDict(tables)
+
+    def table_of(self, name: str) -> HashEmbedding:
+        """The hash table that feature `name` reads (shared with others, or its own)."""
+        if name not in self.names:
+            raise ValueError(f"{type(self).__name__}: no dynamic feature {name!r}; there are {list(self.names)}")
+        f = self.features[self.names.index(name)]
+        return self.tables[(f.table or f.name).replace(".", "_")]
 
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         """Pooled vectors of every dynamic feature (`features` must carry ``keys``)."""
         out = {}
-        b = features.batch_size
-        for f, name in zip(self.features, self._table_names, strict=True):
-            ids, offsets = features.bag(f.name)
-            emb = self.tables[name](table_key(ids))  # [n, dim]
-            if not f.multi_hot and ids.numel() == b:  # one id per bag: nothing to pool
-                out[f.name] = emb
-            else:  # pool the looked-up rows per bag (empty bags give zeros)
-                out[f.name] = F.embedding_bag(torch.arange(ids.numel(), device=ids.device), emb, offsets,
-                                              mode=f.pooling, include_last_offset=True)
-        return out
+        for key, members in self._members.items():
+            bags = [features.bag(self.features[i].name) for i in members]
+            keys = [ids ^ self._salts[i] if self._salts[i] else ids for i, (ids, _) in zip(members, bags, strict=True)]
+            # one lookup for all the features of the table: its cost is mostly per call, not per key
+            emb = self.tables[key](table_key(keys[0] if len(keys) == 1 else torch.cat(keys)))  # [n, dim]
+            for i, (ids, offsets), part in zip(members, bags, emb.split([k.numel() for k in keys]), strict=True):
+                out[self.features[i].name] = self._pool(self.features[i], ids, offsets, part, features.batch_size)
+        return {name: out[name] for name in self.names}  # schema order
+
+    @staticmethod
+    def _pool(f: CategoricalFeature, ids: torch.Tensor, offsets: torch.Tensor, emb: torch.Tensor,
+              batch_size: int) -> torch.Tensor:
+        if not f.multi_hot and ids.numel() == batch_size:  # one id per bag: nothing to pool
+            return emb
+        # pool the looked-up rows per bag (empty bags give zeros)
+        return F.embedding_bag(torch.arange(ids.numel(), device=ids.device), emb, offsets, mode=f.pooling,
+                               include_last_offset=True)

@@ -26,12 +26,26 @@ def test_round_trip_and_properties():
     (dict(dynamic=True, capacity="10"), TypeError, "capacity"),
     (dict(dynamic="yes", capacity=10), TypeError, "dynamic"),
     (dict(vocab_size=5, capacity=10), ValueError, "dynamic=True features only"),
+    (dict(vocab_size=5, table="ids"), ValueError, "dynamic=True features only"),
+    (dict(dynamic=True, capacity=10, table=""), ValueError, "table"),
+    (dict(dynamic=True, capacity=10, table=3), TypeError, "table"),
     (dict(hash_buckets=5, permit_filter_value=2), ValueError, "dynamic=True features only"),
 ])
 def test_validation(kwargs, error, fragment):
     with pytest.raises(error, match=fragment) as e:
         CategoricalFeature("user", **kwargs)
     assert "'user'" in str(e.value)
+
+
+def test_a_shared_table_round_trips_and_its_features_must_admit_and_evict_alike():
+    a = CategoricalFeature("user", dynamic=True, capacity=10, table="ids")
+    s = Schema(["x"], [a, CategoricalFeature("item", dynamic=True, capacity=5, table="ids")])
+    assert Schema.from_dict(s.to_dict()) == s and s.to_dict()["categorical"][1]["table"] == "ids"
+    assert "table" not in Schema(["x"], [CategoricalFeature("u", dynamic=True, capacity=3)]).to_dict()["categorical"][0]
+    for other in (dict(permit_filter_value=2), dict(evict_filter_value=9), dict(embedding_dim=8)):
+        b = CategoricalFeature("item", dynamic=True, capacity=5, table="ids", **other)
+        with pytest.raises(ValueError, match=r"table 'ids' need the same .* 'user' has \(1, None, 16\)"):
+            Schema(["x"], [a, b])
 
 
 def test_converter_keys_ints_as_themselves_and_hashes_other_strings():

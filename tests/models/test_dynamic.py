@@ -8,7 +8,7 @@ from recstream.callbacks import CheckpointConfig, ModelCheckpoint
 from recstream.data import Batch, CategoricalFeature, Features, Schema
 from recstream.data.streams import IterableStream
 from recstream.models import WideDeep, ctr_metrics, default_optimizer
-from recstream.models.dynamic import table_key
+from recstream.models.dynamic import DynamicTables, table_key
 from recstream.nn import HashEmbedding
 
 from .helpers import BUILDERS, MODEL_NAMES
@@ -77,6 +77,67 @@ def test_every_model_trains_dynamic_features_and_serves_unseen_keys(name):
         other.values[4:8] = -2  # another unseen key: the same default vector
         assert torch.equal(net(other), out)
     assert {n: (m.num_rows, m.global_step) for n, m in hashed.items()} == before  # serving does not mutate
+
+
+def shared_schema(capacity: int = 32) -> Schema:
+    """dynamic_schema with user and tags in one table "ids" (tags admitted at first sight, as users)."""
+    return Schema(["d0", "d1"], [
+        CategoricalFeature("item", vocab_size=20, embedding_dim=4),
+        CategoricalFeature("user", dynamic=True, capacity=capacity, embedding_dim=4, table="ids"),
+        CategoricalFeature("tags", dynamic=True, capacity=capacity, multi_hot=True, pooling="mean",
+                           embedding_dim=4, table="ids"),
+        CategoricalFeature("genre", vocab_size=5, multi_hot=True, embedding_dim=4),
+    ])
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_features_of_one_table_train_with_one_lookup_and_checkpoint(tmp_path, name, monkeypatch):
+    torch.manual_seed(0)
+    net = BUILDERS[name](shared_schema(capacity=24))  # 40 users + ~50 tags in 48 rows: evictions
+    assert set(tables(net)) == {"embedding.dynamic.tables.ids"}
+    table = tables(net)["embedding.dynamic.tables.ids"]
+    assert table.capacity == 48
+    calls = []
+    forward = HashEmbedding.forward
+    monkeypatch.setattr(HashEmbedding, "forward", lambda self, keys: calls.append(keys.numel()) or forward(self, keys))
+    model = rec_model(net)
+    ckpt = ModelCheckpoint("shared", tmp_path, CheckpointConfig(save_checkpoint_steps=12))
+    data = batches(12)
+    model.online_train(IterableStream(lambda: iter(data)), callbacks=[ckpt], dataset_sink_mode=False)
+    # one lookup per step for both features: the 32 users' ids and the tags' ids together
+    assert len(calls) == 12 and all(n > 32 for n in calls)
+    assert table.num_rows > 40  # the users' rows and the tags' rows share the table's 48
+    saved = table.export(reset_delta=False)
+    model.train(2, batches(12, seed=4))
+    assert model.eval(batches(8, seed=1))["auc"] > 0.65
+
+    torch.manual_seed(1)
+    restored = BUILDERS[name](shared_schema(capacity=24))
+    assert rec_model(restored).restore(tmp_path)["cur_step_num"] == 12
+    got = tables(restored)["embedding.dynamic.tables.ids"].export(reset_delta=False)
+    assert torch.equal(got["keys"], saved["keys"]) and torch.equal(got["values"], saved["values"])
+
+
+def test_the_same_id_in_two_features_of_one_table_has_two_rows():
+    schema = Schema([], [CategoricalFeature("u", dynamic=True, capacity=8, embedding_dim=2, table="t"),
+                         CategoricalFeature("v", dynamic=True, capacity=8, embedding_dim=2, table="t")])
+    net = WideDeep(schema, hidden=(2,))
+    x = Features.from_lengths(torch.zeros(2, 0), torch.tensor([7, 9, 7, 7]), torch.ones(2, 2), keys=["u", "v"])
+    net(x)
+    table = net.embedding.dynamic.table_of("u")
+    assert table is net.embedding.dynamic.table_of("v") and table.num_rows == 3  # u:7, u:9, v:7
+    looked_up = net.embedding.dynamic(x)
+    assert not torch.equal(looked_up["u"][0], looked_up["v"][0])
+    assert torch.equal(looked_up["v"][0], looked_up["v"][1])
+
+
+def test_a_shared_table_named_like_another_features_own_table_is_refused():
+    features = [CategoricalFeature("user", dynamic=True, capacity=8, table="item"),
+                CategoricalFeature("item", dynamic=True, capacity=8)]
+    with pytest.raises(ValueError, match=r"also a dynamic feature's own table: \['item'\]"):
+        DynamicTables(features, [4, 4])
+    with pytest.raises(ValueError, match=r"features of table 'ids' need one width"):
+        DynamicTables([CategoricalFeature(n, dynamic=True, capacity=8, table="ids") for n in "ab"], [4, 5])
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

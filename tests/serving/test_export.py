@@ -206,6 +206,30 @@ def test_a_user_network_holding_a_hash_embedding_exports(tmp_path):
         torch.testing.assert_close(run_file(path, "torchscript", x), net(x), rtol=0.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_model_whose_dynamic_features_share_a_table_exports(fmt, tmp_path):
+    schema = Schema(["x0", "x1", "x2"], [
+        CategoricalFeature("user", dynamic=True, capacity=64, embedding_dim=4, table="ids"),
+        CategoricalFeature("item", vocab_size=25, embedding_dim=4),
+        CategoricalFeature("tags", dynamic=True, capacity=64, embedding_dim=4, multi_hot=True, table="ids"),
+    ])
+    torch.manual_seed(0)
+    net = DeepFM(schema, hidden=(8,))
+    opt = default_optimizer(net)
+    for seed in range(3):  # rows for the ids of a few batches (users 0..39, tags 0..29: the same ids)
+        x = batch(16, seed)
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+    net.eval()
+    path = str(tmp_path / f"model.{SUFFIX[fmt]}")
+    export_model(net, schema, path, format=fmt, verify=False)
+    for batch_size, seed in ((4, 5), (9, 6)):
+        x = batch(batch_size, seed)
+        with torch.no_grad():
+            torch.testing.assert_close(run_file(path, fmt, x), net(x), rtol=0.0, atol=1e-5)
+
+
 def test_onnx_keeps_the_stock_translation_for_other_pooling_modes(tmp_path):
     class MaxPooled(torch.nn.Module):  # a user network: nn.EmbeddingBag in "max" mode, not the collection's "sum"
         def __init__(self):

@@ -110,3 +110,30 @@ def test_frozen_dynamic_tables_pool_like_the_live_ones():
     assert list(got) == ["user", "tags"]
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0.0, atol=1e-7)
+
+
+def test_frozen_shared_table_reads_each_features_keys_like_the_live_one():
+    """Two features of one table (and one with a table of its own): each reads its own salted keys."""
+    features = [CategoricalFeature("user", dynamic=True, capacity=8, table="ids"),
+                CategoricalFeature("tags", dynamic=True, capacity=8, multi_hot=True, table="ids"),
+                CategoricalFeature("city", dynamic=True, capacity=8)]
+    tables = DynamicTables(features, [3, 3, 2], init_std=0.01, sparse=False)
+    assert list(tables.tables) == ["ids", "city"] and tables.tables["ids"].capacity == 16
+    lengths = torch.tensor([[1, 1, 1], [2, 0, 1], [1, 1, 1]])
+    train = Features.from_lengths(torch.zeros(3, 0), torch.tensor([5, 8, -1, 8, 5, 5, 4, 5, 6]), lengths,
+                                  keys=["user", "tags", "city"])
+    tables(train)  # user 5, 8, -1 and tags 8, 5 are five keys of "ids": the same ids, other features
+    assert tables.tables["ids"].num_rows == 5 and tables.tables["city"].num_rows == 3
+    tables.eval()
+    frozen = FrozenDynamicTables.from_dynamic_tables(tables)
+    assert frozen.table_index == (0, 0, 1)
+    probe = Features.from_lengths(torch.zeros(4, 0), torch.tensor([5, 8, 7, -1, 8, 5, 5, 9, 4, 4, 5, 1]),
+                                  torch.tensor([[1, 1, 1, 1], [1, 2, 0, 1], [1, 1, 1, 1]]),
+                                  keys=["user", "tags", "city"])
+    with torch.no_grad():
+        want = tables(probe)
+    got = frozen(probe)
+    assert list(got) == ["user", "tags", "city"]
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0.0, atol=1e-7)
+    assert not torch.equal(want["user"][0], want["tags"][1])  # id 5 as a user is not id 5 as a tag
