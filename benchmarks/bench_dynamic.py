@@ -10,8 +10,9 @@ models run interleaved in rounds of ``--steps`` steps (so load changes on a shar
 both alike); the report is the median per-round events/s (per second of this thread's CPU time)
 and the ratio fixed/dynamic. With ``--device cuda`` the models and batches live on the GPU and
 a round is timed by the wall clock (the device synchronised before and after it). With
-``--shared-table`` the dynamic model's user and item features share one hash table (``table=``,
-twice the capacity): one lookup a step instead of two.
+``--shared-table`` the dynamic model's id features share one hash table (``table=``, the summed
+capacity): one lookup a step instead of one each; ``--id-features 26`` compares 26 such features
+(a Criteo-like model) instead of user and item.
 
     python benchmarks/bench_dynamic.py --rows 100000 --batch-size 1024 --rounds 5 --steps 20
 """
@@ -35,25 +36,31 @@ MODELS = {
 }
 
 
-def schema(rows: int, dynamic: bool, shared: bool = False) -> Schema:
+def id_names(count: int) -> tuple[str, ...]:
+    """The features that are fixed in one model and dynamic in the other."""
+    return ("user", "item") if count == 2 else tuple(f"id{i}" for i in range(count))
+
+
+def schema(rows: int, dynamic: bool, shared: bool = False, id_features: int = 2) -> Schema:
     table = "ids" if shared else None
     ids = [CategoricalFeature(n, dynamic=True, capacity=rows, table=table) if dynamic
-           else CategoricalFeature(n, vocab_size=rows) for n in ("user", "item")]
+           else CategoricalFeature(n, vocab_size=rows) for n in id_names(id_features)]
     return Schema([f"x{i}" for i in range(4)], [*ids, CategoricalFeature("category", vocab_size=100),
                                                  CategoricalFeature("hour", vocab_size=24)])
 
 
-def batches(n: int, batch_size: int, rows: int, seed: int = 0) -> list[tuple[Features, torch.Tensor]]:
+def batches(n: int, batch_size: int, rows: int, seed: int = 0, id_features: int = 2) -> list:
     rng = np.random.default_rng(seed)
-    names = ("user", "item", "category", "hour")
+    names = (*id_names(id_features), "category", "hour")
     out = []
     for _ in range(n):
-        cols = [(rng.zipf(1.2, batch_size) * 7919) % rows for _ in range(2)]  # heavy head, long tail, scattered
+        # heavy head, long tail, scattered
+        cols = [(rng.zipf(1.2, batch_size) * 7919) % rows for _ in range(id_features)]
         cols += [rng.integers(0, 100, batch_size), rng.integers(0, 24, batch_size)]
         values = torch.from_numpy(np.concatenate(cols).astype(np.int64))
-        offsets = torch.arange(4 * batch_size + 1, dtype=torch.int64)
+        offsets = torch.arange(len(names) * batch_size + 1, dtype=torch.int64)
         dense = torch.from_numpy(rng.standard_normal((batch_size, 4), dtype=np.float32))
-        out.append((Features(dense, values, offsets, batch_size, 4, names),
+        out.append((Features(dense, values, offsets, batch_size, len(names), names),
                     torch.from_numpy((rng.random(batch_size) < 0.25).astype(np.float32))))
     return out
 
@@ -77,13 +84,14 @@ def run(args, name: str) -> dict:
     # admitting them is part of a dynamic table's cost. Both models train on the same batches.
     device = torch.device(args.device)
     data = [(x.to(device), y.to(device)) for x, y in
-            batches(args.warmup + args.rounds * args.steps, args.batch_size, args.rows)]
+            batches(args.warmup + args.rounds * args.steps, args.batch_size, args.rows, id_features=args.id_features)]
     # On CUDA the thread's CPU time misses the time spent waiting for the device: wall clock there.
     clock = time.perf_counter if device.type == "cuda" else time.thread_time
     steps = {}
     for dynamic in (False, True):
         torch.manual_seed(0)
-        steps[dynamic] = make_step(MODELS[name](schema(args.rows, dynamic, args.shared_table)).to(device))
+        net = MODELS[name](schema(args.rows, dynamic, args.shared_table, args.id_features))
+        steps[dynamic] = make_step(net.to(device))
         for x, y in data[:args.warmup]:
             steps[dynamic](x, y)
     rates = {False: [], True: []}
@@ -116,11 +124,15 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--models", default="widedeep,deepfm,dcnv2,dlrm")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--shared-table", action="store_true", help="user and item in one hash table")
+    p.add_argument("--shared-table", action="store_true", help="the dynamic features in one hash table")
+    p.add_argument("--id-features", type=int, default=2,
+                   help="features fixed in one model, dynamic in the other (2: user and item)")
     args = p.parse_args()
+    if args.id_features < 1:
+        p.error(f"--id-features must be >= 1, got {args.id_features}")
     torch.set_num_threads(1)
     print(f"rows={args.rows} batch={args.batch_size} rounds={args.rounds}x{args.steps} steps, 1 thread, "
-          f"device={args.device}{', user and item in one table' if args.shared_table else ''}")
+          f"device={args.device}, {args.id_features} id features{' in one table' if args.shared_table else ''}")
     print(f"{'model':10s} {'fixed ev/s':>11s} {'dynamic ev/s':>13s} {'fixed/dynamic':>14s}")
     for name in args.models.split(","):
         r = run(args, name)
