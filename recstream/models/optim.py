@@ -24,6 +24,8 @@ and by LR schedulers.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -93,5 +95,13 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
         # per tensor (CPU step of WideDeep/DLRM with a (256, 128) MLP: 6-10% less; on CUDA fewer
         # launches). Same update up to float rounding; where it has no kernel, the default Adam.
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in dense) or None
-        children["dense"] = torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay, fused=fused)
+        children["dense"] = adam = torch.optim.Adam(dense, lr=lr, weight_decay=weight_decay, fused=fused)
+        # load_state_dict copies the saved groups' flags back: a state saved unfused (before this
+        # default, or elsewhere) would otherwise turn the kernel off for good.
+        adam.register_load_state_dict_post_hook(functools.partial(_set_fused, fused=fused))
     return CombinedOptimizer(children)
+
+
+def _set_fused(optimizer: torch.optim.Optimizer, fused: bool | None) -> None:
+    for group in optimizer.param_groups:
+        group["fused"] = fused

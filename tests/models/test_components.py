@@ -162,3 +162,22 @@ def test_default_optimizer_options():
             default_optimizer(net, **kwargs)
     with pytest.raises(TypeError, match="'model' must be a torch.nn.Module"):
         default_optimizer([nn.Linear(2, 1)])
+
+
+def test_default_optimizer_keeps_adams_fused_kernel_across_a_load():
+    """The dense Adam runs fused; a state saved without the flag (an older checkpoint) does not turn it
+    off, and the loaded state is the saved one."""
+    net = WideDeep(mixed_schema(), hidden=(4,), embedding_dim=4)
+    opt = default_optimizer(net)
+    assert opt.optimizers["dense"].param_groups[0]["fused"] is True
+    net(random_features(mixed_schema(), 8, torch.Generator().manual_seed(0))).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    for group in saved["optimizers"]["dense"]["param_groups"]:
+        group["fused"] = None
+    again = default_optimizer(net)
+    again.load_state_dict(saved)
+    dense = again.optimizers["dense"]
+    assert all(g["fused"] is True for g in dense.param_groups)
+    first = next(iter(opt.optimizers["dense"].state.values()))
+    assert torch.equal(next(iter(dense.state.values()))["exp_avg"], first["exp_avg"])
