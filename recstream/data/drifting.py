@@ -26,7 +26,8 @@ model scores there; :meth:`bayes_curve` gives it per window, for comparison with
 
 ``table`` picks how ``user`` and ``item`` reach a model: ``"dynamic"`` (raw keys,
 ``CategoricalFeature(dynamic=True, capacity=table_size)``: a
-:class:`~recstream.nn.HashEmbedding` each) or ``"hashed"`` (``hash_buckets=table_size``,
+:class:`~recstream.nn.HashEmbedding` each), ``"shared"`` (the same, both in one hash table,
+``table="ids"``, of twice the capacity) or ``"hashed"`` (``hash_buckets=table_size``,
 hashed exactly as the file readers do: a fixed table of the same size, where colliding ids
 share rows). ``category`` is a fixed ``vocab_size`` feature in both.
 
@@ -53,7 +54,7 @@ from .hashing import hash_strings, splitmix64, to_buckets
 from .schema import CategoricalFeature, DenseFeature, Schema
 from .synthetic import roc_auc
 
-TABLES = ("dynamic", "hashed")
+TABLES = ("dynamic", "shared", "hashed")
 _KEY_SPACE = np.uint64(1 << 62)
 # Odd multipliers / offsets of the id scattering (bijective mod 2**62): fixed, part of the data's meaning.
 _SCATTER = {"user": (0x9E3779B97F4A7C15, 0x1234567), "item": (0xBF58476D1CE4E5B9, 0x7654321)}
@@ -68,7 +69,7 @@ class DriftingCTR:
         num_batches: stream length in batches.
         batch_size: events per batch.
         seed: everything is a function of ``(seed, batch index)``.
-        table: ``"dynamic"`` or ``"hashed"`` user/item features (see the module doc).
+        table: ``"dynamic"``, ``"shared"`` or ``"hashed"`` user/item features (see the module doc).
         table_size: rows of each user/item table (``capacity`` or ``hash_buckets``).
         embedding_dim: width of every feature's table.
         num_dense: dense features.
@@ -116,8 +117,9 @@ class DriftingCTR:
                                         permit_filter_value, evict_filter_value)
 
     def _make_schema(self, dim: int, permit: int, evict: int | None) -> Schema:
-        if self.table == "dynamic":
-            ids = [CategoricalFeature(n, dynamic=True, capacity=self.table_size, embedding_dim=dim,
+        if self.table != "hashed":
+            shared = "ids" if self.table == "shared" else None
+            ids = [CategoricalFeature(n, dynamic=True, capacity=self.table_size, embedding_dim=dim, table=shared,
                                       permit_filter_value=permit, evict_filter_value=evict) for n in ("user", "item")]
         else:
             ids = [CategoricalFeature(n, hash_buckets=self.table_size, embedding_dim=dim) for n in ("user", "item")]
@@ -180,7 +182,7 @@ class DriftingCTR:
 
     def _keys(self, kind: str, index: np.ndarray) -> np.ndarray:
         raw = self.raw_ids(kind, index)
-        if self.table == "dynamic":
+        if self.table != "hashed":
             return raw
         return to_buckets(hash_strings(pa.array(raw).cast(pa.string())), self.table_size)  # as the readers do
 

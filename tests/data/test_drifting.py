@@ -45,6 +45,9 @@ def test_population_grows_and_ids_are_raw_keys_or_buckets():
     ids = hashed.batch(0).features.bag("user")[0]
     assert hashed.schema.feature("user").hash_buckets == 1000 and int(ids.min()) >= 1 and int(ids.max()) < 1000
     assert torch.equal(hashed.batch(5).labels, dyn.batch(5).labels)  # the same events, other ids
+    shared = DriftingCTR(num_batches=100, batch_size=256, seed=0, table="shared")
+    assert {shared.schema.feature(n).table for n in ("user", "item")} == {"ids"}
+    assert torch.equal(shared.batch(5).features.values, dyn.batch(5).features.values)  # the same raw keys
 
 
 def test_bayes_auc_is_pinned_and_flat_over_time():
