@@ -112,6 +112,7 @@ from torch import nn
 
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from .key_sharding import KeySharding
+from .row_gather import gather_rows
 from .tensor_hash_table import DELETED, EMPTY, NEVER_SEEN, TensorHashTable, _where
 
 __all__ = ["HashEmbedding", "table_entries"]
@@ -382,8 +383,14 @@ class HashEmbedding(nn.Module):
             self.dirty.index_fill_(0, r, True)  # they get gradients: the optimizer changes them
             self.row_last_seen.index_fill_(0, r, self._step)
         if r.numel() == uniq.numel() and (self.max_norm is None or mutate):
-            # Every key has a row (the common case once keys are admitted): one gather, whose
-            # sparse gradient the optimizer coalesces -- no scatter into a per-key buffer.
+            # Every key has a row (the common case once keys are admitted): one gather.
+            if mutate and self.sparse and self.values.device.type == "cpu":
+                # The keys are unique, so are their rows: sorted, they make a gradient the
+                # optimizer need not sort and sum again (gather_rows).
+                sorted_rows, order = rows.sort()
+                rank = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel()))
+                return gather_rows(self.values, sorted_rows, rank if inverse is None else rank.index_select(0, inverse))
+            # Elsewhere the optimizer coalesces the sparse gradient.
             return F.embedding(rows if inverse is None else rows.index_select(0, inverse), self.values,
                                sparse=self.sparse)
         # Gather only admitted rows (one per unique key): the sparse gradient then

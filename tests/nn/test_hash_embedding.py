@@ -383,3 +383,22 @@ def test_admit_at_first_sight_path_matches_the_general_admission_path(monkeypatc
     assert fast_sd.keys() == gen_sd.keys()
     for name in fast_sd:
         assert torch.equal(fast_sd[name], gen_sd[name]), name
+
+
+def test_the_training_gradient_arrives_coalesced_and_equals_the_plain_gathers():
+    """On a CPU the lookup hands autograd its sorted unique rows: the optimizer gets a coalesced
+    gradient (no sort of all the ids again) with the sums a plain F.embedding gradient coalesces to."""
+    emb = HashEmbedding(3, capacity=64)
+    keys = torch.tensor([[40, 7, 40, 13], [7, 7, 99, -5]])
+    emb(keys)  # admit the keys: the next call takes the every-key-has-a-row path
+    emb.values.grad = None
+    up = torch.randn(2, 4, 3, generator=torch.Generator().manual_seed(0))
+    (emb(keys) * up).sum().backward()
+    grad = emb.values.grad
+    assert grad.is_coalesced()
+    rows = torch.tensor([row_of(emb, int(x)) for x in keys.reshape(-1)])
+    plain = torch.nn.Parameter(emb.values.detach().clone())
+    (torch.nn.functional.embedding(rows, plain, sparse=True).view(2, 4, 3) * up).sum().backward()
+    want = plain.grad.coalesce()
+    assert torch.equal(grad.indices(), want.indices())
+    torch.testing.assert_close(grad.values(), want.values())
