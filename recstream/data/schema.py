@@ -233,16 +233,16 @@ class Schema:
 
     def _check_shared_tables(self) -> None:
         """Dynamic features of one ``table`` admit and evict alike (it is one hash table)."""
-        first: dict[str, CategoricalFeature] = {}
+        first_of_table: dict[str, CategoricalFeature] = {}
         for c in self.categorical:
             if c.table is None:
                 continue
-            a = first.setdefault(c.table, c)
-            ours, theirs = ((f.permit_filter_value, f.evict_filter_value, f.embedding_dim) for f in (c, a))
+            first = first_of_table.setdefault(c.table, c)
+            ours, theirs = ((f.permit_filter_value, f.evict_filter_value, f.embedding_dim) for f in (c, first))
             if ours != theirs:
                 raise ValueError(f"Schema: dynamic features of table {c.table!r} need the same permit_filter_value, "
-                                 f"evict_filter_value and embedding_dim: {a.name!r} has {theirs}, {c.name!r} has "
-                                 f"{ours}")
+                                 f"evict_filter_value and embedding_dim: {first.name!r} has {theirs}, {c.name!r} "
+                                 f"has {ours}")
 
     @property
     def dense_names(self) -> tuple[str, ...]:

@@ -9,9 +9,10 @@ offsets start at 0 and end at ``N``: no slicing), then the feature's ``B`` rows 
 Each dynamic feature costs one lookup of the ``N`` ids (a few gathers each) instead of its own.
 
 The keys go through :func:`~recstream.models.dynamic.table_key` first (ids -1 and -2 are
-stored under other keys), and a feature of a shared table XORs them with its salt first
-(:func:`~recstream.models.dynamic.feature_salt`), as in training. The result is ``{name: pooled [B, dim]}``, equal to
-the eval forward of the tables: sum or mean pooling, zeros for an empty bag.
+stored under other keys), and a feature of a shared table XORs them with its salt before that
+(:func:`~recstream.models.dynamic.feature_salt`), as in training. The result is
+``{name: pooled [B, dim]}``, equal to the eval forward of the tables: sum or mean pooling, zeros
+for an empty bag.
 
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Features
