@@ -83,6 +83,12 @@ def hash_init(owner: str, init_std: float) -> str:
     return "normal"
 
 
+def _table_key(feature: CategoricalFeature) -> str:
+    """The key of the table `feature` reads in ``DynamicTables.tables``: its shared table's name or its
+    own ('.' is not allowed in a module name)."""
+    return (feature.table or feature.name).replace(".", "_")
+
+
 class DynamicTables(nn.Module):
     """The dynamic features' hash tables; ``forward(features)`` -> ``{name: pooled [B, dim]}``.
 
@@ -110,9 +116,9 @@ class DynamicTables(nn.Module):
         # table key -> its features (positions in self.features), in schema order
         self._members: dict[str, list[int]] = {}
         for i, f in enumerate(self.features):
-            self._members.setdefault((f.table or f.name).replace(".", "_"), []).append(i)
-        shared = {f.table.replace(".", "_") for f in self.features if f.table is not None}
-        own = [f.name.replace(".", "_") for f in self.features if f.table is None]
+            self._members.setdefault(_table_key(f), []).append(i)
+        shared = {_table_key(f) for f in self.features if f.table is not None}
+        own = [_table_key(f) for f in self.features if f.table is None]
         if clash := sorted(shared.intersection(own)):
             raise ValueError(f"{owner}: a shared table's name is also a dynamic feature's own table: {clash}; "
                              f"rename the table")
@@ -134,8 +140,7 @@ class DynamicTables(nn.Module):
         """The hash table that feature `name` reads (shared with others, or its own)."""
         if name not in self.names:
             raise ValueError(f"{type(self).__name__}: no dynamic feature {name!r}; there are {list(self.names)}")
-        f = self.features[self.names.index(name)]
-        return self.tables[(f.table or f.name).replace(".", "_")]
+        return self.tables[_table_key(self.features[self.names.index(name)])]
 
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         """Pooled vectors of every dynamic feature (`features` must carry ``keys``)."""
