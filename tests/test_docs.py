@@ -67,3 +67,16 @@ def test_docs_block_runs(name, index, code, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, f"{name} block {index} failed:\n{code}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("blocked, outcome", [("mlflow", "1 skipped"), ("torch.nn.functional._nothing", "1 passed")])
+def test_a_docstring_example_of_a_missing_extra_is_skipped_with_its_install_line(blocked, outcome):
+    """The root conftest: MLflowLogger's example, run where `mlflow` cannot be imported, is skipped and
+    names `pip install 'recstream[mlflow]'` (it failed before); with mlflow there, it runs."""
+    code = (f"import sys; sys.modules[{blocked!r}] = None; import pytest; "
+            "sys.exit(pytest.main(['recstream/callbacks/mlflow_logger.py', '-rs', '-p', 'no:cacheprovider']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert outcome in done.stdout
+    if blocked == "mlflow":
+        assert "needs an optional extra" in done.stdout and "pip install 'recstream[mlflow]'" in done.stdout
