@@ -110,6 +110,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..sorting import sort_bounded, unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from .key_sharding import KeySharding
 from .row_gather import gather_rows
@@ -359,7 +360,7 @@ class HashEmbedding(nn.Module):
             self.step()
         if flat.numel() == 0 and self._sharding is None:  # sharded: still answer the other ranks
             return self.values.new_zeros(*keys.shape, self.embedding_size)
-        uniq, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+        uniq, inverse, counts = unique(flat, return_inverse=True, return_counts=True)
         if self._sharding is not None:  # keys routed to their owners; every rank takes part
             out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
             return out.index_select(0, inverse).view(*keys.shape, self.embedding_size)
@@ -387,7 +388,7 @@ class HashEmbedding(nn.Module):
             if mutate and self.sparse and self.values.device.type == "cpu":
                 # The keys are unique, so are their rows: sorted, they make a gradient the
                 # optimizer need not sort and sum again (gather_rows).
-                sorted_rows, order = rows.sort()
+                sorted_rows, order = sort_bounded(rows, self.capacity)
                 rank = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel()))
                 return gather_rows(self.values, sorted_rows, rank if inverse is None else rank.index_select(0, inverse))
             # Elsewhere the optimizer coalesces the sparse gradient.

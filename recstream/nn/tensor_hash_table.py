@@ -52,6 +52,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..sorting import sort_bounded
 from ..validation import check_choice, check_int
 
 __all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "PROBE_WINDOW", "hash_keys"]
@@ -87,11 +88,11 @@ def _after_load(module, incompatible_keys) -> None:
     module._sync_counters()
 
 
-def _first_per_slot(wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _first_per_slot(wanted: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One winner per wanted slot: ``(sorted slots, order, first)`` where ``order`` sorts `wanted`
     stably and ``first`` marks the first of each run of equal slots -- of the keys wanting one slot,
     the earliest in call order takes it (deterministic on CPU and CUDA)."""
-    slots, order = torch.sort(wanted, stable=True)
+    slots, order = sort_bounded(wanted, num_slots)
     first = torch.ones_like(slots, dtype=torch.bool)
     first[1:] = slots[1:] != slots[:-1]
     return slots, order, first
@@ -198,7 +199,6 @@ class TensorHashTable(nn.Module):
                want_free: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         keys = keys.to(self.keys.dtype)
         start = self.start_of(keys) if start is None else start
-        width = self._width(keys.numel())
         tri = self._triangular(keys.device)
         tombstones = self.num_used > self.num_live  # else a probe's first free slot is its stop
         note_free = want_free and tombstones
@@ -206,7 +206,11 @@ class TensorHashTable(nn.Module):
         # Round 1 covers every key in order (idx None): its results are the outputs, no scatter. The
         # few keys left unresolved go on in later rounds, idx holding their positions.
         idx = out = None
-        for probe in range(0, self.max_rounds, width):
+        probe = 0
+        while probe < self.max_rounds:
+            # Per round: a large call's first round pays for bytes (width 1), the few keys that
+            # go on pay for ops (a wide window resolves them in one or two more rounds, not ten).
+            width = self._width(keys.numel())
             pos, cur = self._window(start, tri[probe:probe + width])
             hit = cur == keys.unsqueeze(1)
             empty = cur == EMPTY
@@ -229,6 +233,7 @@ class TensorHashTable(nn.Module):
             go = _where(~stop.view(-1))  # host sync: next round's size
             if go.numel() == 0:
                 break
+            probe += width
             idx = go if idx is None else idx.index_select(0, go)
             keys, start = keys.index_select(0, go), start.index_select(0, go)
         else:
@@ -260,7 +265,7 @@ class TensorHashTable(nn.Module):
         reaches it first depends on the probe window); both are valid.
         """
         keys = keys.to(self.keys.dtype)
-        wanted, order, first = _first_per_slot(free)  # the rule insert() applies
+        wanted, order, first = _first_per_slot(free, self.num_slots)  # the rule insert() applies
         lose = None
         if not bool(first.all()):  # host sync: is any slot wanted twice
             lose = order.index_select(0, _where(~first)).sort()[0]  # in call order, as insert() has them compete
@@ -309,7 +314,7 @@ class TensorHashTable(nn.Module):
             first = free.to(torch.uint8).argmax(1, keepdim=True)  # the first free slot in the window
             want, was = pos.gather(1, first).squeeze(1), cur.gather(1, first).squeeze(1)
             cand = _where(free.any(1))  # host sync: candidate count
-            _, order, head = _first_per_slot(want.index_select(0, cand))
+            _, order, head = _first_per_slot(want.index_select(0, cand), self.num_slots)
             win = cand.index_select(0, order.index_select(0, _where(head)))
             wpos = want.index_select(0, win)
             reused += (was.index_select(0, win) == DELETED).sum()

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from recstream.sorting import unique
 from recstream.validation import check_number, check_type
 
 __all__ = ["SparseRowOptimizer"]
@@ -181,7 +182,7 @@ def _rows_and_values(p: Tensor, grad: Tensor) -> tuple[Tensor | None, Tensor]:
         return grad._indices()[0], grad._values()
     rows, values = grad._indices()[0], grad._values()
     if grad.device.type == "cpu" and rows.numel() >= VECTORIZED_COALESCE_MIN:
-        rows, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        rows, inverse = unique(rows, return_inverse=True, bound=p.shape[0] if p.dim() > 0 else 1)
         return rows, values.new_zeros((rows.numel(), *values.shape[1:])).index_add_(0, inverse, values)
     g = grad.coalesce()
     return g._indices()[0], g._values()
