@@ -38,23 +38,57 @@ from recstream.validation import check_number, check_type
 __all__ = ["SparseRowOptimizer"]
 
 
+def _one_value_rows(t: Tensor) -> bool:
+    """Whether each row of `t` holds one value (``[n]``, ``[n, 1]``): a width-1 table, a per-row
+    accumulator. Those gather and scatter as a flat vector: on a CPU ``index_select`` of ``[n, 1]``
+    runs a generic strided loop, 3.5x the time of the same rows of ``[n]`` (19k of 2.6M rows:
+    0.17 vs 0.05 ms), and there 1-D ``scatter_`` takes half the time of ``index_copy_``."""
+    return t.dim() > 1 and t.numel() == t.shape[0] and t.is_contiguous()
+
+
 def take_rows(t: Tensor, rows: Tensor | None) -> Tensor:
     """Rows ``rows`` of ``t`` (a copy), or ``t`` itself when every row counts.
 
     Returning the tensor itself on the dense path lets the kernels update
     optimizer state in place with no gather/scatter cost.
     """
-    return t if rows is None else t.index_select(0, rows)
+    if rows is None:
+        return t
+    if _one_value_rows(t):
+        return t.view(-1).index_select(0, rows).view(-1, *t.shape[1:])
+    return t.index_select(0, rows)
 
 
 def put_rows(t: Tensor, rows: Tensor | None, values: Tensor) -> None:
-    """Write ``values`` back into rows ``rows`` of ``t`` (no-op if in place)."""
+    """Write ``values`` back into rows ``rows`` of ``t`` (no-op if in place).
+
+    The rows are unique (a coalesced gradient's), so the write is deterministic."""
     if rows is None:
         if values is not t:
             t.copy_(values)
+    elif t.device.type == "cpu" and (t.dim() == 1 or _one_value_rows(t)):
+        t.view(-1).scatter_(0, rows, values.reshape(-1))
     else:
-        # Rows are unique after coalesce(), so index_copy_ is deterministic.
         t.index_copy_(0, rows, values)
+
+
+def addcdiv_rows(t: Tensor, rows: Tensor | None, numerator: Tensor, denominator: Tensor, value: float) -> None:
+    """``t[rows] += value * numerator / denominator`` (``rows`` None: every row, in place).
+
+    On a CPU the step goes in with one ``index_add_`` (rows unique: each gets one addition):
+    no gather of the old rows, and a faster scatter than ``index_copy_`` -- 19k rows of a
+    ``[2.6M, 16]`` table: gather 0.23-0.30 ms + index_copy_ 0.60-0.72 ms against index_add_
+    0.54 ms. Elsewhere (CUDA's ``index_add_`` is atomics, refused in deterministic mode) the
+    rows are gathered, updated and written back.
+    """
+    if rows is None:
+        t.addcdiv_(numerator, denominator, value=value)
+    elif t.device.type == "cpu" and not _one_value_rows(t):
+        t.index_add_(0, rows, numerator.div(denominator).mul_(value))
+    else:
+        w = take_rows(t, rows)
+        w.addcdiv_(numerator, denominator, value=value)
+        put_rows(t, rows, w)
 
 
 def row_broadcast(v: Tensor, like: Tensor) -> Tensor:

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from recstream.validation import check_number, check_type
 
-from ._base import SparseRowOptimizer, put_rows, take_rows
+from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, take_rows
 
 __all__ = ["LazyAdam"]
 
@@ -110,6 +110,4 @@ def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor
     put_rows(exp_avg, rows, m)
     put_rows(exp_avg_sq, rows, v)
     denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
-    w = take_rows(p, rows)
-    w.addcdiv_(m, denom, value=-step_size)
-    put_rows(p, rows, w)
+    addcdiv_rows(p, rows, m, denom, -step_size)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
-from ._base import SparseRowOptimizer, put_rows, row_broadcast, take_rows
+from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, row_broadcast, take_rows
 
 __all__ = ["RowWiseAdagrad"]
 
@@ -78,10 +78,9 @@ class RowWiseAdagrad(SparseRowOptimizer):
                 state: dict[str, Any], group: dict[str, Any]) -> None:
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         state["step"] += 1
-        w = take_rows(p, rows)
         if wd != 0:
             # Out of place: never modify the caller's .grad.
-            grad = grad.add(w, alpha=wd)
+            grad = grad.add(take_rows(p, rows), alpha=wd)
         acc = take_rows(state["sum"], rows)
         # Mean over every dim but the row's (not reshape(n, -1): no -1 to infer when n == 0, i.e. a
         # HashEmbedding step whose keys are all still pending).
@@ -89,5 +88,4 @@ class RowWiseAdagrad(SparseRowOptimizer):
         acc.add_(sq.mean(dim=tuple(range(1, sq.dim()))) if sq.dim() > 1 else sq)
         put_rows(state["sum"], rows, acc)
         std = row_broadcast(acc.sqrt().add_(eps), grad)
-        w.addcdiv_(grad, std, value=-lr)
-        put_rows(p, rows, w)
+        addcdiv_rows(p, rows, grad, std, -lr)
