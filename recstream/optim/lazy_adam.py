@@ -99,15 +99,36 @@ def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor
     `grad` holds the gradient of those rows only. Shared by `LazyAdam` and by boost's sparse-row
     hooks on `torch.optim.Adam` (which keep Adam's own state entries, so its state dict is Adam's).
     """
+    lazy_adam_tables([(p, rows, grad, exp_avg, exp_avg_sq)], t, lr, beta1, beta2, eps)
+
+
+def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]], t: int | float,
+                     lr: float, beta1: float, beta2: float, eps: float) -> None:
+    """:func:`lazy_adam_rows` of several tables ``(p, rows, grad, exp_avg, exp_avg_sq)`` that share
+    hyper-parameters and step `t`: their rows' moments are gathered into one tensor, so the
+    arithmetic runs once for all of them (a user's network has a table per field: 26 small
+    updates cost their number of ops, not their size). Each element gets the same operations as
+    alone, so the results are the same bits."""
     # Python floats: the step count lives on the host, so no device sync.
     step_size = lr / (1.0 - beta1 ** t)
     bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
-    if exp_avg.dim() == 0:
-        exp_avg, exp_avg_sq = exp_avg.unsqueeze(0), exp_avg_sq.unsqueeze(0)
+    tables = [(p, rows, grad, *(s.unsqueeze(0) if s.dim() == 0 else s for s in (m, v)))
+              for p, rows, grad, m, v in tables]
+
+    def joined(tensors: list[Tensor]) -> Tensor:
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
     # Same op sequence as torch.optim.Adam so dense results match it.
-    m = take_rows(exp_avg, rows).lerp_(grad, 1.0 - beta1)
-    v = take_rows(exp_avg_sq, rows).mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-    put_rows(exp_avg, rows, m)
-    put_rows(exp_avg_sq, rows, v)
+    m = joined([take_rows(exp_avg, rows) for _, rows, _, exp_avg, _ in tables])
+    grad = joined([grad for _, _, grad, _, _ in tables])
+    m.lerp_(grad, 1.0 - beta1)
+    v = joined([take_rows(exp_avg_sq, rows) for _, rows, _, _, exp_avg_sq in tables])
+    v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
-    addcdiv_rows(p, rows, m, denom, -step_size)
+    sizes = [grad.shape[0] for _, _, grad, _, _ in tables]
+    parts = zip(tables, m.split(sizes), v.split(sizes), denom.split(sizes)) if len(tables) > 1 \
+        else [(tables[0], m, v, denom)]
+    for (p, rows, _, exp_avg, exp_avg_sq), m_rows, v_rows, denom_rows in parts:
+        put_rows(exp_avg, rows, m_rows)
+        put_rows(exp_avg_sq, rows, v_rows)
+        addcdiv_rows(p, rows, m_rows, denom_rows, -step_size)

@@ -10,7 +10,8 @@ with boost loads without it and back:
   install.
 - ``torch.optim.Adam`` / ``AdamW`` refuse them. `accept_sparse_rows` installs step hooks: before
   the step the sparse gradients are set aside (Adam then sees only its dense ones), after it the
-  set-aside rows get a lazy-Adam update (`lazy_adam_rows`) written into Adam's own per-parameter
+  set-aside rows get a lazy-Adam update (`lazy_adam_tables`: tables that share a param group
+  and step count in one update) written into Adam's own per-parameter
   entries ``step`` / ``exp_avg`` / ``exp_avg_sq``. Lazy means untouched rows keep their moments
   (TF LazyAdam, ``torch.optim.SparseAdam``): the one change of maths boost O1 makes, measured in
   the benchmark. The hyper-parameters are read from the live param group on every step, so LR
@@ -40,9 +41,9 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from ._base import SparseRowOptimizer
+from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
-from .lazy_adam import lazy_adam_rows
+from .lazy_adam import lazy_adam_tables
 
 __all__ = ["accept_sparse_rows", "sparse_rows_refusal", "weight_decay_of"]
 
@@ -148,31 +149,46 @@ class _LazyAdamHooks:
                     p.grad = None  # Adam skips parameters without gradient
 
     def update(self, optimizer: Optimizer, args, kwargs) -> None:
-        for group, p, grad in self._aside:
-            _lazy_adam_step(optimizer, group, p, grad)
+        aside, self._aside = self._aside, []
+        if not aside:
+            return
+        with torch.no_grad():
+            updates = _coalesced(optimizer, aside)
+            # Tables that share hyper-parameters, step count, dtype, device and row shape take one
+            # update together (lazy_adam_tables): the arithmetic runs once, not once per table.
+            batches: dict[tuple, tuple[dict[str, Any], list]] = {}
+            for (group, p, _), (t, rows, values) in zip(aside, updates):
+                key = (id(group), t, p.dtype, p.device, tuple(p.shape[1:]))
+                state = optimizer.state[p]
+                batches.setdefault(key, (group, []))[1].append((p, rows, values, state["exp_avg"], state["exp_avg_sq"]))
+            for (_, t, *_), (group, tables) in batches.items():
+                lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
+                lazy_adam_tables(tables, t, lr, beta1, beta2, eps)
+        for _, p, grad in aside:
             p.grad = grad  # the user's zero_grad / inspection see what backward produced
-        self._aside.clear()
 
 
-def _lazy_adam_step(optimizer: Optimizer, group: dict[str, Any], p: Tensor, grad: Tensor) -> None:
-    state = optimizer.state[p]
-    if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
-        state["step"] = torch.tensor(0.0)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    if state["step"].device.type != "cpu":
-        # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
-        state["step"] = state["step"].cpu()
-    state["step"] += 1
-    grad = grad.coalesce()
-    rows, values = grad.indices()[0], grad.values()
-    lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
-    weight_decay = group.get("weight_decay", 0)
-    with torch.no_grad():
+def _coalesced(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list[tuple[float, Tensor, Tensor]]:
+    """Each set-aside table's ``(step t, rows, values)``: Adam's state entries created or advanced,
+    the gradient coalesced (all tables' together, `coalesce_rows`), weight decay applied."""
+    out = []
+    rows_values = coalesce_rows([p for _, p, _ in aside], [grad for _, _, grad in aside])
+    for (group, p, _), (rows, values) in zip(aside, rows_values):
+        state = optimizer.state[p]
+        if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if state["step"].device.type != "cpu":
+            # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
+            state["step"] = state["step"].cpu()
+        state["step"] += 1
+        weight_decay = group.get("weight_decay", 0)
         if weight_decay:  # only reached with lazy_weight_decay: decay the touched rows alone
+            lr = float(group["lr"])
             if isinstance(optimizer, torch.optim.AdamW):
                 p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - lr * weight_decay))
             else:
                 values = values.add(p.index_select(0, rows), alpha=weight_decay)
-        lazy_adam_rows(p, rows, values, state["exp_avg"], state["exp_avg_sq"], float(state["step"]),
-                       lr, beta1, beta2, eps)
+        out.append((float(state["step"]), rows, values))
+    return out

@@ -123,7 +123,7 @@ def _sparse_embeddings(network: nn.Module, optimizer, wanted: dict[str, bool], r
     uses: dict[int, int] = {}
     for _, p in network.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
-    done, skipped, decayed = [], [], []
+    done, skipped, decayed, tables = [], [], [], []
     for name, module in network.named_modules():
         if not isinstance(module, (nn.Embedding, nn.EmbeddingBag)) or module.sparse:
             continue
@@ -134,8 +134,10 @@ def _sparse_embeddings(network: nn.Module, optimizer, wanted: dict[str, bool], r
         if weight_decay_of(optimizer, module.weight):
             decayed.append(name or "network")
         module.sparse = True
-        accept_sparse_rows(optimizer, [module.weight])
+        tables.append(module.weight)
         done.append(name or "network")
+    # One set of step hooks for all the tables (per-table hooks would each walk every param group).
+    accept_sparse_rows(optimizer, tables)
     if not done and not skipped:
         report.note("sparse_embeddings", False, "no dense nn.Embedding / nn.EmbeddingBag in the network")
     else:
