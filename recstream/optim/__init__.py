@@ -9,6 +9,8 @@ rows present in the gradient, honour ``param.pop_reset_rows``):
 
 :class:`CombinedOptimizer` / :func:`sparse_and_dense` pair a sparse optimizer
 for embeddings with a dense one for the rest as a single ``Optimizer``.
+:class:`FusedTables` keeps several tables of one torch Adam in one storage (boost's
+``fused_tables``).
 
 Example:
     >>> import torch
@@ -23,12 +25,14 @@ Example:
 from ._base import SparseRowOptimizer
 from .combined import CombinedOptimizer, sparse_and_dense, split_sparse_dense
 from .ftrl import FTRL
+from .fused_tables import FusedTables
 from .lazy_adam import LazyAdam
 from .rowwise_adagrad import RowWiseAdagrad
 
 __all__ = [
     "CombinedOptimizer",
     "FTRL",
+    "FusedTables",
     "LazyAdam",
     "RowWiseAdagrad",
     "SparseRowOptimizer",

@@ -43,6 +43,7 @@ from torch.optim import Optimizer
 
 from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
+from .fused_tables import FusedTables, decay_rows
 from .lazy_adam import lazy_adam_tables
 
 __all__ = ["accept_sparse_rows", "sparse_rows_refusal", "weight_decay_of"]
@@ -98,10 +99,12 @@ def sparse_rows_refusal(optimizer: Optimizer, params: Iterable[Tensor], lazy_wei
     return None
 
 
-def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor]) -> _Handles:
+def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor], fuse: bool = False) -> _Handles:
     """Make `optimizer` update `params` from row-sparse gradients (see the module docstring).
 
-    Call `sparse_rows_refusal` first. Returns a handle whose ``remove()`` uninstalls the hooks.
+    Call `sparse_rows_refusal` first. `fuse`: tables of one Adam/AdamW param group (same dtype,
+    device and row shape) are kept in one storage and stepped as one (`FusedTables`). Returns a
+    handle whose ``remove()`` uninstalls the hooks and whose ``fused`` lists the fused sets.
     """
     adam: dict[int, list[Tensor]] = {}
     optimizers: dict[int, Optimizer] = {}
@@ -112,10 +115,22 @@ def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor]) -> _Handl
             optimizers[id(opt)] = opt
     handles = _Handles()
     for key, ps in adam.items():
-        hooks = _LazyAdamHooks(ps)
+        fused = _fuse_tables(optimizers[key], ps) if fuse else []
+        handles.fused += fused
+        hooks = _LazyAdamHooks(ps, fused)
         handles.add(optimizers[key].register_step_pre_hook(hooks.set_aside))
         handles.add(optimizers[key].register_step_post_hook(hooks.update))
     return handles
+
+
+def _fuse_tables(optimizer: Optimizer, params: list[Tensor]) -> list[FusedTables]:
+    """A `FusedTables` for each set of two or more `params` that share a param group of
+    `optimizer`, a dtype, a device and a row shape."""
+    sets: dict[tuple, list[Tensor]] = {}
+    for p in params:
+        if p.dim() >= 1:
+            sets.setdefault((id(_group_of(optimizer, p)), p.dtype, p.device, tuple(p.shape[1:])), []).append(p)
+    return [FusedTables(ps) for ps in sets.values() if len(ps) > 1]
 
 
 class _Handles:
@@ -123,6 +138,7 @@ class _Handles:
 
     def __init__(self):
         self._handles = []
+        self.fused: list[FusedTables] = []
 
     def add(self, handle) -> None:
         self._handles.append(handle)
@@ -136,8 +152,9 @@ class _Handles:
 class _LazyAdamHooks:
     """Adam's step hooks for its row-sparse parameters (one instance per optimizer)."""
 
-    def __init__(self, params: list[Tensor]):
+    def __init__(self, params: list[Tensor], fused: list[FusedTables]):
         self._ids = {id(p) for p in params}
+        self._fused = fused
         self._aside: list[tuple[dict[str, Any], Tensor, Tensor]] = []
 
     def set_aside(self, optimizer: Optimizer, args, kwargs) -> None:
@@ -153,6 +170,8 @@ class _LazyAdamHooks:
         if not aside:
             return
         with torch.no_grad():
+            aside_now = aside
+            aside = self._step_fused(optimizer, aside)  # the tables left to step one by one
             updates = _coalesced(optimizer, aside)
             # Tables that share hyper-parameters, step count, dtype, device and row shape take one
             # update together (lazy_adam_tables): the arithmetic runs once, not once per table.
@@ -164,8 +183,22 @@ class _LazyAdamHooks:
             for (_, t, *_), (group, tables) in batches.items():
                 lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
                 lazy_adam_tables(tables, t, lr, beta1, beta2, eps)
-        for _, p, grad in aside:
+        for _, p, grad in aside_now:
             p.grad = grad  # the user's zero_grad / inspection see what backward produced
+
+    def _step_fused(self, optimizer: Optimizer, aside: list) -> list:
+        """Step each fused set whose tables all have a gradient and one step count (the usual case:
+        every field in every batch); return the entries of `aside` not stepped."""
+        if not self._fused:
+            return aside
+        by_param = {id(p): (group, grad) for group, p, grad in aside}
+        stepped: set[int] = set()
+        for fused in self._fused:
+            if all(id(p) in by_param for p in fused.params) and fused.ready(optimizer):
+                group = by_param[id(fused.params[0])][0]
+                fused.step(optimizer, group, [by_param[id(p)][1] for p in fused.params])
+                stepped.update(id(p) for p in fused.params)
+        return [entry for entry in aside if id(entry[1]) not in stepped]
 
 
 def _coalesced(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list[tuple[float, Tensor, Tensor]]:
@@ -183,12 +216,6 @@ def _coalesced(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, T
             # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
             state["step"] = state["step"].cpu()
         state["step"] += 1
-        weight_decay = group.get("weight_decay", 0)
-        if weight_decay:  # only reached with lazy_weight_decay: decay the touched rows alone
-            lr = float(group["lr"])
-            if isinstance(optimizer, torch.optim.AdamW):
-                p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - lr * weight_decay))
-            else:
-                values = values.add(p.index_select(0, rows), alpha=weight_decay)
-        out.append((float(state["step"]), rows, values))
+        # Weight decay is only reached with lazy_weight_decay: the touched rows alone.
+        out.append((float(state["step"]), rows, decay_rows(optimizer, group, p, rows, values)))
     return out

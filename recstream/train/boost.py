@@ -15,6 +15,12 @@ Level "O1" (same maths, up to floating-point rounding and the lazy moments noted
   this is where a user's idiomatic CTR network loses most of its time. Skipped per table when its
   weight is shared with another module, for ``mode="max"`` bags, and when the optimizer cannot take
   sparse rows (the log says why).
+- ``fused_tables``: the sparse tables of one Adam/AdamW param group (same dtype, device and row
+  width) kept in one storage, each table's weight and moments a view of it
+  (`recstream.optim.FusedTables`): one coalesce and one lazy-Adam update per step for all of them,
+  as a hand-written single table gets, instead of a dozen small ops per table. What is stored is
+  unchanged (each table keeps its own ``Parameter``, keys and shapes). Skipped with several
+  processes and for SGD/Adagrad (they step each table natively).
 - ``fused_optimizer``: Adam/AdamW's dense parameters stepped by torch's fused kernel (one pass over
   the memory instead of one per operation).
 - ``cuda_graphs``: on a GPU, the whole training step (forward, backward, optimizer) captured once
@@ -36,7 +42,7 @@ Level "O2" = O1 plus approximations:
 >>> opt = torch.optim.Adam(net.parameters())
 >>> report = apply_boost(net, opt, "O1", None, amp_level="O0")
 >>> net[0].sparse, [line.split(":")[0] for line in report.lines]
-(True, ['sparse_embeddings', 'lazy_weight_decay', 'fused_optimizer', 'bf16_autocast', 'cuda_graphs'])
+(True, ['sparse_embeddings', 'fused_tables', 'lazy_weight_decay', 'fused_optimizer', 'bf16_autocast', 'cuda_graphs'])
 """
 from __future__ import annotations
 
@@ -55,13 +61,14 @@ from .cuda_graph import WARMUP_STEPS, capture_refusal, make_capturable
 
 log = logging.getLogger(__name__)
 
-ACCELERATIONS = ("sparse_embeddings", "fused_optimizer", "cuda_graphs", "lazy_weight_decay", "bf16_autocast")
+ACCELERATIONS = ("sparse_embeddings", "fused_tables", "fused_optimizer", "cuda_graphs", "lazy_weight_decay",
+                 "bf16_autocast")
 # On a GPU a dense (fused) Adam pass over a table is bandwidth-bound and cheap (100k x 16 values:
 # ~15 us on an H100), while a row-sparse update costs a dozen small kernel launches per table
 # (~170 us measured there with 26 tables): sparse pays only from about 2**24 values per table.
 # On a CPU the dense pass is the expensive one (milliseconds per 100k-row table), so every table goes sparse.
 CUDA_SPARSE_MIN_VALUES = 1 << 24
-LEVELS = {"O0": (), "O1": ("sparse_embeddings", "fused_optimizer", "cuda_graphs"), "O2": ACCELERATIONS}
+LEVELS = {"O0": (), "O1": ("sparse_embeddings", "fused_tables", "fused_optimizer", "cuda_graphs"), "O2": ACCELERATIONS}
 
 
 @dataclass
@@ -113,12 +120,14 @@ def _sparse_embeddings(network: nn.Module, optimizer, wanted: dict[str, bool], r
                        forced: bool) -> None:
     if not wanted["sparse_embeddings"]:
         report.note("sparse_embeddings", False, "switched off")
-        report.note("lazy_weight_decay", False, "needs sparse_embeddings")
+        for name in ("fused_tables", "lazy_weight_decay"):
+            report.note(name, False, "needs sparse_embeddings")
         return
     if is_distributed() and "gloo" not in torch.distributed.get_backend():
         report.note("sparse_embeddings", False, f"the {torch.distributed.get_backend()} backend cannot all-reduce "
                                                 "sparse gradients")
-        report.note("lazy_weight_decay", False, "needs sparse_embeddings")
+        for name in ("fused_tables", "lazy_weight_decay"):
+            report.note(name, False, "needs sparse_embeddings")
         return
     uses: dict[int, int] = {}
     for _, p in network.named_parameters(remove_duplicate=False):
@@ -136,16 +145,31 @@ def _sparse_embeddings(network: nn.Module, optimizer, wanted: dict[str, bool], r
         module.sparse = True
         tables.append(module.weight)
         done.append(name or "network")
+    # Several processes: DDP's gradient hooks and buckets are set up per parameter; views of one
+    # storage are not a case it is built or tested for.
+    fuse = wanted["fused_tables"] and not is_distributed()
     # One set of step hooks for all the tables (per-table hooks would each walk every param group).
-    accept_sparse_rows(optimizer, tables)
+    fused = accept_sparse_rows(optimizer, tables, fuse=fuse).fused
     if not done and not skipped:
         report.note("sparse_embeddings", False, "no dense nn.Embedding / nn.EmbeddingBag in the network")
     else:
         detail = f"{len(done)} of {len(done) + len(skipped)} tables" + "".join(f"; skipped {s}" for s in skipped)
         report.note("sparse_embeddings", bool(done), detail)
+    _note_fused_tables(report, wanted["fused_tables"], fused)
     report.note("lazy_weight_decay", bool(decayed),
                 f"tables {decayed}" if decayed else "no sparse table has weight decay" if wanted["lazy_weight_decay"]
                 else "switched off (level O2 turns it on)")
+
+
+def _note_fused_tables(report: BoostReport, wanted: bool, fused: list) -> None:
+    if fused:
+        sizes = ", ".join(str(len(f.params)) for f in fused)
+        report.note("fused_tables", True, f"{sum(len(f.params) for f in fused)} tables in {len(fused)} "
+                                          f"storage(s) of {sizes}")
+    else:
+        report.note("fused_tables", False, "switched off" if not wanted else "several processes" if is_distributed()
+                    else "no two sparse tables share an Adam/AdamW param group, dtype, device and row width "
+                         "(SGD and Adagrad step each table themselves)")
 
 
 def _table_refusal(module: nn.Module, uses: dict[int, int], optimizer, lazy_weight_decay: bool,

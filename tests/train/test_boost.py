@@ -143,7 +143,8 @@ def test_weight_decay_is_kept_at_o1_and_made_lazy_at_o2():
     assert not net.tables[0].sparse and "weight_decay=0.01" in model.boost_report[0]
     net, model = build("O2", torch.optim.AdamW)
     assert net.tables[0].sparse
-    assert model.boost_report[1].startswith("lazy_weight_decay: applied (tables ['tables.0'")
+    assert model.boost_report[2].startswith("lazy_weight_decay: applied (tables ['tables.0'")
+    assert model.boost_report[1] == "fused_tables: applied (4 tables in 1 storage(s) of 4)"
     net, model = build("O2", torch.optim.RMSprop)
     assert not net.tables[0].sparse and "RMSprop has no row-sparse update" in model.boost_report[0]
 

@@ -1,0 +1,132 @@
+"""Several embedding tables of one Adam param group kept in one storage: :class:`FusedTables`.
+
+A user's CTR network has a table per field (26 ``nn.Embedding`` for Criteo), so a row-sparse
+step on them is 26 small gathers and scatters per state tensor, whose per-call cost exceeds
+their work. Fused, the tables' weights are slices (views) of one ``[sum of rows, ...]`` tensor
+and Adam's ``exp_avg`` / ``exp_avg_sq`` of each are slices of two more, so one step is one
+coalesce of all the rows and one lazy-Adam update: what a hand-written single fused table does.
+
+What is stored does not change: each table's ``weight`` stays its own ``nn.Parameter`` (a view
+now), ``state_dict`` keys and shapes are the same, and Adam's state holds per-table tensors
+(views too). Anything that swaps one of those tensors for another -- ``load_state_dict`` of the
+optimizer, ``module.to(...)``, assigning ``weight.data`` -- is noticed on the next step (a
+pointer comparison per tensor) and the tables are fused again from their current values (one
+copy of the tables), so fusing is never wrong, at worst undone for a step.
+
+>>> import torch
+>>> a, b = torch.nn.Embedding(3, 2, sparse=True), torch.nn.Embedding(5, 2, sparse=True)
+>>> adam = torch.optim.Adam([a.weight, b.weight], lr=0.1)
+>>> fused = FusedTables([a.weight, b.weight])
+>>> fused.weight.shape, b.weight.data_ptr() == fused.weight[3:].data_ptr()
+(torch.Size([8, 2]), True)
+>>> (a(torch.tensor([0, 2])).sum() + b(torch.tensor([4])).sum()).backward()
+>>> fused.step(adam, adam.param_groups[0], [a.weight.grad, b.weight.grad])
+>>> float(adam.state[b.weight]["step"]), adam.state[b.weight]["exp_avg"].shape
+(1.0, torch.Size([5, 2]))
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from ._base import _rows_and_values
+from .lazy_adam import lazy_adam_rows
+
+__all__ = ["FusedTables", "decay_rows"]
+
+
+class FusedTables:
+    """Tables (parameters of one Adam/AdamW param group with equal dtype, device and row shape)
+    whose weights and Adam moments live in one storage each; :meth:`step` updates them all.
+
+    Args:
+        params: the tables' weights, in order (at least two).
+    """
+
+    def __init__(self, params: list[Tensor]) -> None:
+        first = params[0]
+        if len(params) < 2 or any(p.dtype != first.dtype or p.device != first.device
+                                  or p.shape[1:] != first.shape[1:] or p.dim() < 1 for p in params):
+            raise ValueError("FusedTables: 'params' must be two or more tables of one dtype, device and row shape")
+        self.params = list(params)
+        self.starts = [0]
+        for p in self.params:
+            self.starts.append(self.starts[-1] + p.shape[0])
+        self.weight = self._fuse(self.params)
+        self.exp_avg = self.exp_avg_sq = None  # fused on the first step
+
+    def _fuse(self, tensors: list[Tensor]) -> Tensor:
+        """One tensor holding `tensors` one after another; each of them made a view of its slice."""
+        with torch.no_grad():
+            joined = torch.cat([t.detach() for t in tensors])
+            for t, a, b in zip(tensors, self.starts, self.starts[1:]):
+                t.data = joined[a:b]
+        return joined
+
+    def _is_slice_of(self, tensors: list[Tensor], joined: Tensor | None) -> bool:
+        """Whether each of `tensors` still is its slice of `joined` (nothing swapped it since)."""
+        if joined is None:
+            return False
+        row_bytes = joined[0].numel() * joined.element_size()
+        return all(t.data_ptr() == joined.data_ptr() + a * row_bytes and t.shape == joined[a:b].shape
+                   for t, a, b in zip(tensors, self.starts, self.starts[1:]))
+
+    def ready(self, optimizer: Optimizer) -> bool:
+        """Whether a joint step can run: every table has Adam state at one step count, or none has."""
+        states = [optimizer.state[p] for p in self.params]
+        if not any(states):
+            return True
+        if not all(states):
+            return False
+        steps = {float(s["step"]) for s in states}
+        return len(steps) == 1
+
+    def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor]) -> None:
+        """One lazy-Adam step of every table from its row-sparse gradient `grads` (in order), with
+        `group`'s hyper-parameters, into Adam's own state entries. Call when :meth:`ready`."""
+        with torch.no_grad():
+            if not self._is_slice_of(self.params, self.weight):
+                self.weight = self._fuse(self.params)
+            states = [optimizer.state[p] for p in self.params]
+            self._fuse_state(states)
+            for state in states:
+                if state["step"].device.type != "cpu":  # loaded from a fused/capturable Adam
+                    state["step"] = state["step"].cpu()
+                state["step"] += 1
+            shifted = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts)])
+            joint = torch.sparse_coo_tensor(shifted.unsqueeze(0), torch.cat([g._values() for g in grads]),
+                                            self.weight.shape, check_invariants=False)
+            rows, values = _rows_and_values(self.weight, joint)
+            values = decay_rows(optimizer, group, self.weight, rows, values)
+            lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
+            lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, float(states[0]["step"]),
+                           lr, beta1, beta2, eps)
+
+    def _fuse_state(self, states: list[dict[str, Any]]) -> None:
+        """Adam's entries of every table as slices of the fused moments (created at zero, as Adam
+        creates its own, or joined from what the tables hold, e.g. after a load)."""
+        if not states[0]:
+            self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.weight), torch.zeros_like(self.weight)
+            for state, a, b in zip(states, self.starts, self.starts[1:]):
+                # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
+                state.update(step=torch.tensor(0.0), exp_avg=self.exp_avg[a:b], exp_avg_sq=self.exp_avg_sq[a:b])
+            return
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors = [state[key] for state in states]
+            if not self._is_slice_of(tensors, getattr(self, key)):
+                setattr(self, key, self._fuse(tensors))
+
+
+def decay_rows(optimizer: Optimizer, group: dict[str, Any], p: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+    """Weight decay of `group` on the touched `rows` of `p` alone (boost's ``lazy_weight_decay``):
+    AdamW shrinks those rows now; Adam adds the decay to their gradient `values` (returned)."""
+    weight_decay = group.get("weight_decay", 0)
+    if not weight_decay:
+        return values
+    if isinstance(optimizer, torch.optim.AdamW):
+        p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - float(group["lr"]) * weight_decay))
+        return values
+    return values.add(p.index_select(0, rows), alpha=weight_decay)
