@@ -103,6 +103,22 @@ def test_each_acceleration_is_switched_by_name_and_logged(caplog):
     assert not any(line.startswith("fused_optimizer") and "applied" in line for line in model.boost_report)
 
 
+def test_fused_tables_put_the_tables_of_one_adam_in_one_storage_unless_switched_off():
+    def storages(net):
+        return {t.weight.untyped_storage().data_ptr() for t in net.tables}
+
+    fused_losses, net, model = _losses("O1", lambda p: torch.optim.Adam(p, lr=0.01), steps=6)
+    assert "fused_tables: applied (4 tables in 1 storage(s) of 4)" in model.boost_report
+    assert len(storages(net)) == 1
+    apart_losses, net, model = _losses("O1", lambda p: torch.optim.Adam(p, lr=0.01), steps=6,
+                                       boost_config_dict={"fused_tables": False})
+    assert "fused_tables: skipped (switched off)" in model.boost_report
+    assert len(storages(net)) == FIELDS
+    torch.testing.assert_close(fused_losses, apart_losses, rtol=1e-5, atol=1e-6)
+    _, _, model = _losses("O1", lambda p: torch.optim.SGD(p, lr=0.1), steps=1)
+    assert any(line.startswith("fused_tables: skipped (no two sparse tables share an Adam") for line in model.boost_report)
+
+
 def test_boost_config_dict_is_validated():
     net = Idiomatic()
     with pytest.raises(ValueError, match="unknown acceleration 'fast'.*allowed: sparse_embeddings"):
