@@ -362,6 +362,8 @@ class EmbeddingBagCollection(nn.Module):
         if check:
             self._check_ids(values, fid, layout)
         ids = values + layout.shift[fid]
+        if self._one_id_per_bag(values, offsets, nf * B):
+            return self._gather_single(ids, nf, B, layout)
         psw = None
         if self._any_mean:
             bag_len = offsets[1:] - offsets[:-1]
@@ -393,6 +395,25 @@ class EmbeddingBagCollection(nn.Module):
         if self._needs_perm:
             out = out.index_select(1, self._col_perm)
         return out
+
+    def _one_id_per_bag(self, values: torch.Tensor, offsets: torch.Tensor, num_bags: int) -> bool:
+        """Whether every bag holds exactly one id (single-hot fields, the usual CTR input), on a CPU
+        with one dim group and no sharding: then :meth:`_gather_single` applies. One pass over the
+        offsets; on CUDA not asked (the answer would cost a host sync)."""
+        if values.numel() != num_bags or self._pad or self._sharding is not None or values.device.type != "cpu":
+            return False
+        return torch.equal(offsets, torch.arange(num_bags + 1))
+
+    def _gather_single(self, ids: torch.Tensor, nf: int, B: int, layout: _InputLayout) -> torch.Tensor:
+        """:meth:`_pool` when each bag is one id: a row gather. The same values and gradient as a
+        sum (or mean) of one, at a fraction of the cost on a CPU: `embedding_bag`'s sparse
+        backward took 2.2 ms for 26,624 ids of dim 16, `embedding`'s 0.35 ms (one thread)."""
+        w = getattr(self, self._group_param_names[0])
+        pooled = F.embedding(ids, w, sparse=self.sparse).view(nf, B, -1)
+        if layout.group_positions[0] is not None:
+            pooled = pooled.index_select(0, layout.group_positions[0])
+        out = pooled.transpose(0, 1).reshape(B, -1)
+        return out.index_select(1, self._col_perm) if self._needs_perm else out
 
     def _pool_sharded(self, g: int, w: torch.Tensor, ids: torch.Tensor, fid: torch.Tensor, offsets: torch.Tensor,
                       psw: torch.Tensor | None, layout: _InputLayout, num_bags: int) -> torch.Tensor:

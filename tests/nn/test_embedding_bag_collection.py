@@ -74,6 +74,36 @@ def test_values_and_sparse_grads_match_per_table_embedding_bag(tables):
             assert getattr(ebc, name).grad.to_dense()[-1].abs().sum() == 0
 
 
+@pytest.mark.parametrize("keys", [None, ("y", "x", "z")], ids=["positional", "by_name"])
+def test_single_hot_features_gather_rows_with_the_values_and_gradients_of_the_bags(monkeypatch, keys):
+    """Every bag one id (single-hot fields): a row gather instead of embedding_bag, same results."""
+    tables = [EmbeddingTableConfig("x", 9, 6), EmbeddingTableConfig("y", 13, 6, pooling="mean"),
+              EmbeddingTableConfig("z", 4, 6)]
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.stack([torch.randint(0, t.num_embeddings, (B,), generator=gen) for t in tables])
+    if keys:  # input order y, x, z
+        ids = ids[[1, 0, 2]]
+    features = Features(torch.zeros(B, 1), ids.reshape(-1), torch.arange(3 * B + 1), B, 3, keys)
+    upstream = torch.randn(B, 18, generator=gen)
+    results = []
+    real = torch.nn.functional.embedding_bag
+    for single in (True, False):
+        torch.manual_seed(0)
+        ebc = EmbeddingBagCollection(tables)
+        bags = []
+        monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *a, **k: bags.append(1) or real(*a, **k))
+        if not single:
+            monkeypatch.setattr(EmbeddingBagCollection, "_one_id_per_bag", lambda *a: False)
+        out = ebc(features)
+        (out * upstream).sum().backward()
+        assert len(bags) == (0 if single else 1)
+        grad = ebc.get_parameter(ebc._group_param_names[0]).grad
+        assert grad.layout == torch.sparse_coo
+        results.append((out.detach(), grad.to_dense()))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+
+
 def test_one_embedding_bag_call_per_dim_group(monkeypatch):
     ebc = EmbeddingBagCollection(mixed_tables())
     values, offsets = random_batch(ebc, torch.Generator().manual_seed(2))
