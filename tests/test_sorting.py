@@ -45,7 +45,7 @@ def test_unique_matches_torch_unique(n, bound):
             got = unique(values, return_inverse=inverse, return_counts=counts, bound=bound)
             want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
             assert len(got) == len(want)
-            for a, b in zip(got, want):
+            for a, b in zip(got, want, strict=True):
                 assert a.dtype == b.dtype and torch.equal(a, b)
 
 

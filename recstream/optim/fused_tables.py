@@ -26,6 +26,7 @@ copy of the tables), so fusing is never wrong, at worst undone for a step.
 """
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -55,6 +56,7 @@ class FusedTables:
         self.starts = [0]
         for p in self.params:
             self.starts.append(self.starts[-1] + p.shape[0])
+        self.spans = list(pairwise(self.starts))  # each table's rows [a, b) in the fused tensor
         self.weight = self._fuse(self.params)
         self.exp_avg = self.exp_avg_sq = None  # fused on the first step
 
@@ -62,7 +64,7 @@ class FusedTables:
         """One tensor holding `tensors` one after another; each of them made a view of its slice."""
         with torch.no_grad():
             joined = torch.cat([t.detach() for t in tensors])
-            for t, a, b in zip(tensors, self.starts, self.starts[1:]):
+            for t, (a, b) in zip(tensors, self.spans, strict=True):
                 t.data = joined[a:b]
         return joined
 
@@ -72,7 +74,7 @@ class FusedTables:
             return False
         row_bytes = joined[0].numel() * joined.element_size()
         return all(t.data_ptr() == joined.data_ptr() + a * row_bytes and t.shape == joined[a:b].shape
-                   for t, a, b in zip(tensors, self.starts, self.starts[1:]))
+                   for t, (a, b) in zip(tensors, self.spans, strict=True))
 
     def ready(self, optimizer: Optimizer) -> bool:
         """Whether a joint step can run: every table has Adam state at one step count, or none has."""
@@ -96,7 +98,7 @@ class FusedTables:
                 if state["step"].device.type != "cpu":  # loaded from a fused/capturable Adam
                     state["step"] = state["step"].cpu()
                 state["step"] += 1
-            shifted = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts)])
+            shifted = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts[:-1], strict=True)])
             joint = torch.sparse_coo_tensor(shifted.unsqueeze(0), torch.cat([g._values() for g in grads]),
                                             self.weight.shape, check_invariants=False)
             rows, values = _rows_and_values(self.weight, joint)
@@ -110,7 +112,7 @@ class FusedTables:
         creates its own, or joined from what the tables hold, e.g. after a load)."""
         if not states[0]:
             self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.weight), torch.zeros_like(self.weight)
-            for state, a, b in zip(states, self.starts, self.starts[1:]):
+            for state, (a, b) in zip(states, self.spans, strict=True):
                 # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
                 state.update(step=torch.tensor(0.0), exp_avg=self.exp_avg[a:b], exp_avg_sq=self.exp_avg_sq[a:b])
             return

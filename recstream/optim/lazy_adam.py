@@ -126,7 +126,7 @@ def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, T
     v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
     sizes = [grad.shape[0] for _, _, grad, _, _ in tables]
-    parts = zip(tables, m.split(sizes), v.split(sizes), denom.split(sizes)) if len(tables) > 1 \
+    parts = zip(tables, m.split(sizes), v.split(sizes), denom.split(sizes), strict=True) if len(tables) > 1 \
         else [(tables[0], m, v, denom)]
     for (p, rows, _, exp_avg, exp_avg_sq), m_rows, v_rows, denom_rows in parts:
         put_rows(exp_avg, rows, m_rows)

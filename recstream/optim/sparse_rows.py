@@ -176,7 +176,7 @@ class _LazyAdamHooks:
             # Tables that share hyper-parameters, step count, dtype, device and row shape take one
             # update together (lazy_adam_tables): the arithmetic runs once, not once per table.
             batches: dict[tuple, tuple[dict[str, Any], list]] = {}
-            for (group, p, _), (t, rows, values) in zip(aside, updates):
+            for (group, p, _), (t, rows, values) in zip(aside, updates, strict=True):
                 key = (id(group), t, p.dtype, p.device, tuple(p.shape[1:]))
                 state = optimizer.state[p]
                 batches.setdefault(key, (group, []))[1].append((p, rows, values, state["exp_avg"], state["exp_avg_sq"]))
@@ -201,12 +201,13 @@ class _LazyAdamHooks:
         return [entry for entry in aside if id(entry[1]) not in stepped]
 
 
-def _coalesced(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list[tuple[float, Tensor, Tensor]]:
+def _coalesced(optimizer: Optimizer,
+               aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list[tuple[float, Tensor, Tensor]]:
     """Each set-aside table's ``(step t, rows, values)``: Adam's state entries created or advanced,
     the gradient coalesced (all tables' together, `coalesce_rows`), weight decay applied."""
     out = []
     rows_values = coalesce_rows([p for _, p, _ in aside], [grad for _, _, grad in aside])
-    for (group, p, _), (rows, values) in zip(aside, rows_values):
+    for (group, p, _), (rows, values) in zip(aside, rows_values, strict=True):
         state = optimizer.state[p]
         if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
             state["step"] = torch.tensor(0.0)

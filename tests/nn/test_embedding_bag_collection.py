@@ -85,13 +85,13 @@ def test_single_hot_features_gather_rows_with_the_values_and_gradients_of_the_ba
         ids = ids[[1, 0, 2]]
     features = Features(torch.zeros(B, 1), ids.reshape(-1), torch.arange(3 * B + 1), B, 3, keys)
     upstream = torch.randn(B, 18, generator=gen)
-    results = []
+    results, bags = [], []
     real = torch.nn.functional.embedding_bag
+    monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *a, **k: bags.append(1) or real(*a, **k))
     for single in (True, False):
         torch.manual_seed(0)
         ebc = EmbeddingBagCollection(tables)
-        bags = []
-        monkeypatch.setattr(torch.nn.functional, "embedding_bag", lambda *a, **k: bags.append(1) or real(*a, **k))
+        bags.clear()
         if not single:
             monkeypatch.setattr(EmbeddingBagCollection, "_one_id_per_bag", lambda *a: False)
         out = ebc(features)
@@ -102,6 +102,16 @@ def test_single_hot_features_gather_rows_with_the_values_and_gradients_of_the_ba
         results.append((out.detach(), grad.to_dense()))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_single_hot_features_on_cuda_keep_embedding_bag():
+    """The row-gather path is CPU-only (asking whether every bag holds one id is a host sync on CUDA)."""
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("x", 9, 6)]).cuda()
+    assert not ebc._one_id_per_bag(torch.zeros(B, dtype=torch.int64, device="cuda"),
+                                   torch.arange(B + 1, device="cuda"), B)
+    out = ebc(torch.zeros(B, dtype=torch.int64, device="cuda"), torch.arange(B + 1, device="cuda"), B)
+    torch.testing.assert_close(out, ebc.table_weight("x")[0].expand(B, 6))
 
 
 def test_one_embedding_bag_call_per_dim_group(monkeypatch):

@@ -11,19 +11,19 @@ from ._optim_helpers import sparse_grad
 SIZES = (6, 1, 40, 13)
 
 
-def _tables(seed=0, dtype=torch.float32):
+def _tables(seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(n, 3, generator=gen, dtype=dtype)) for n in SIZES]
+    return [torch.nn.Parameter(torch.randn(n, 3, generator=gen).to(device)) for n in SIZES]
 
 
-def _grads(gen, entries=12):
-    return [sparse_grad(torch.randint(0, n, (entries,), generator=gen), torch.randn(entries, 3, generator=gen), (n, 3))
-            for n in SIZES]
+def _grads(gen, entries=12, device="cpu"):
+    return [sparse_grad(torch.randint(0, n, (entries,), generator=gen), torch.randn(entries, 3, generator=gen),
+                        (n, 3)).to(device) for n in SIZES]
 
 
 def _train(ours, ref, adam, lazy, steps, gen, skip=None):
     for step in range(steps):
-        for i, g in enumerate(_grads(gen)):
+        for i, g in enumerate(_grads(gen, device=ours[0].device)):
             out = skip is not None and (step, i) == skip
             ours[i].grad = None if out else g
             ref[i].grad = None if out else g.clone()
@@ -33,15 +33,15 @@ def _train(ours, ref, adam, lazy, steps, gen, skip=None):
 
 
 def _check_equal(ours, ref, adam, lazy):
-    for a, b, opt in zip(ours, ref, lazy):
+    for a, b, opt in zip(ours, ref, lazy, strict=True):
         # Duplicate ids are summed in another order by the joint coalesce: float rounding only.
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(adam.state[a]["exp_avg"], opt.state[b]["exp_avg"], rtol=1e-5, atol=1e-7)
         assert float(adam.state[a]["step"]) == opt.state[b]["step"]
 
 
-def _setup():
-    ours, ref = _tables(), _tables()
+def _setup(device="cpu"):
+    ours, ref = _tables(device=device), _tables(device=device)
     adam = torch.optim.Adam(ours, lr=0.05)
     handles = accept_sparse_rows(adam, ours, fuse=True)
     lazy = [LazyAdam([p], lr=0.05) for p in ref]
@@ -52,7 +52,7 @@ def test_tables_become_views_of_one_storage_and_keep_their_values():
     ours, ref, adam, _, fused = _setup()
     assert len(fused) == 1 and fused[0].weight.shape == (sum(SIZES), 3)
     base = fused[0].weight.untyped_storage().data_ptr()
-    for p, r in zip(ours, ref):
+    for p, r in zip(ours, ref, strict=True):
         assert isinstance(p, torch.nn.Parameter) and p.is_leaf
         assert p.untyped_storage().data_ptr() == base
         assert torch.equal(p, r)
@@ -68,8 +68,10 @@ def test_joint_steps_equal_lazy_adam_on_each_table_also_when_one_sits_a_step_out
     assert fused[0].ready(adam) is False
 
 
-def test_the_joint_step_is_what_runs_and_moments_are_views_too():
-    ours, ref, adam, lazy, fused = _setup()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_the_joint_step_is_what_runs_and_moments_are_views_too(device):
+    ours, ref, adam, lazy, fused = _setup(device)
     gen = torch.Generator().manual_seed(2)
     _train(ours, ref, adam, lazy, 3, gen)
     _check_equal(ours, ref, adam, lazy)

@@ -31,7 +31,7 @@ def test_coalesce_rows_equals_coalescing_each_gradient(numpy_from):
     grads.append(torch.randn(5, 3, generator=gen))  # dense: every row
     params = [torch.zeros(n, 3) for n in sizes] + [torch.zeros(5, 3)]
     got = coalesce_rows(params, grads)
-    for (rows, values), p, g in zip(got, params, grads):
+    for (rows, values), p, g in zip(got, params, grads, strict=True):
         want_rows, want_values = _rows_and_values(p, g)
         if want_rows is None:
             assert rows is None and values is g
@@ -50,9 +50,9 @@ def test_lazy_adam_tables_gives_each_table_the_bits_it_gets_alone():
         tables.append((p, rows, grad, m, v))
         alone.append((p.clone(), rows, grad, m.clone(), v.clone()))
     lazy_adam_tables(tables, 3, 0.1, 0.9, 0.99, 1e-8)
-    for together, (p, rows, grad, m, v) in zip(tables, alone):
+    for together, (p, rows, grad, m, v) in zip(tables, alone, strict=True):
         lazy_adam_rows(p, rows, grad, m, v, 3, 0.1, 0.9, 0.99, 1e-8)
-        for a, b in zip((together[0], together[3], together[4]), (p, m, v)):
+        for a, b in zip((together[0], together[3], together[4]), (p, m, v), strict=True):
             assert torch.equal(a, b)
 
 
@@ -75,7 +75,7 @@ def test_adam_with_sparse_rows_steps_many_tables_like_lazy_adam_on_each(numpy_fr
         adam.step()
         for opt in lazy:
             opt.step()
-    for a, b, opt in zip(ours, ref, lazy):
+    for a, b, opt in zip(ours, ref, lazy, strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-7)
         assert float(adam.state[a]["step"]) == opt.state[b]["step"]
         torch.testing.assert_close(adam.state[a]["exp_avg_sq"], opt.state[b]["exp_avg_sq"])

@@ -116,7 +116,8 @@ def test_fused_tables_put_the_tables_of_one_adam_in_one_storage_unless_switched_
     assert len(storages(net)) == FIELDS
     torch.testing.assert_close(fused_losses, apart_losses, rtol=1e-5, atol=1e-6)
     _, _, model = _losses("O1", lambda p: torch.optim.SGD(p, lr=0.1), steps=1)
-    assert any(line.startswith("fused_tables: skipped (no two sparse tables share an Adam") for line in model.boost_report)
+    assert any(line.startswith("fused_tables: skipped (no two sparse tables share an Adam")
+               for line in model.boost_report)
 
 
 def test_boost_config_dict_is_validated():
