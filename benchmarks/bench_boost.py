@@ -11,6 +11,8 @@ model, optimizer state and activations; on CUDA the peak of allocated memory). V
 - ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2
 - ``dense_only`` / ``dense_only_bf16``: the MLP alone on fixed inputs, fp32 / bf16 autocast (the
   floor no embedding work can beat)
+- ``dense_only_dx``: ``dense_only`` also computing its input's gradient, as every model that learns
+  its embeddings does (the first layer's backward has two matmuls instead of one)
 
     python benchmarks/bench_boost.py --rows 200000 --reps 3 --threads 2
     python benchmarks/bench_boost.py --device cuda --rows 1000000 --batch-size 4096
@@ -195,8 +197,12 @@ def run_variant(name, args, data):
         inputs = [(torch.randn(len(y), DENSE + FIELDS * args.dim, device=device), None, y) for _, _, y in plain_train]
         opt = torch.optim.Adam(mlp.parameters(), lr=args.lr, fused=True)
         low = name.endswith("bf16")
+        # "dense_only_dx": the input also gets its gradient, as the embeddings' output does in any
+        # model that learns them (the first layer's backward then has two matmuls, not one).
+        dx = name.endswith("dx")
 
         def forward(x, _):
+            x = x.detach().requires_grad_(dx)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=low):
                 return mlp(x).squeeze(-1).float()
         return _hand(forward, [opt], inputs, device), float("nan")
@@ -218,7 +224,7 @@ def main(argv=None, field=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", nargs="+",
                    default=["hand", "hand_tuned", "O0", "O1", "O2", "widedeep", "widedeep_O2", "dense_only",
-                            "dense_only_bf16"])
+                            "dense_only_dx", "dense_only_bf16"])
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

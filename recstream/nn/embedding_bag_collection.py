@@ -399,7 +399,11 @@ class EmbeddingBagCollection(nn.Module):
     def _one_id_per_bag(self, values: torch.Tensor, offsets: torch.Tensor, num_bags: int) -> bool:
         """Whether every bag holds exactly one id (single-hot fields, the usual CTR input), on a CPU
         with one dim group and no sharding: then :meth:`_gather_single` applies. One pass over the
-        offsets; on CUDA not asked (the answer would cost a host sync)."""
+        offsets; on CUDA not asked (the answer would cost a host sync), nor while the network is
+        traced for export or compiled (a graph must hold for any offsets: the general path)."""
+        # Asked first: under export even comparing the sizes would pin num_ids == num_bags in the graph.
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+            return False
         if values.numel() != num_bags or self._pad or self._sharding is not None or values.device.type != "cpu":
             return False
         return torch.equal(offsets, torch.arange(num_bags + 1))

@@ -233,7 +233,9 @@ def coalesce_rows(params: list[Tensor], grads: list[Tensor]) -> list[tuple[Tenso
     """
     joint = [i for i, g in enumerate(grads) if g.device.type == "cpu" and g.layout == torch.sparse_coo
              and g.sparse_dim() == 1 and not g.is_coalesced()]
-    out = [None if i in joint else _rows_and_values(p, g) for i, (p, g) in enumerate(zip(params, grads, strict=True))]
+    apart = set(range(len(grads))) - set(joint)
+    out = [_rows_and_values(p, g) if i in apart else None
+           for i, (p, g) in enumerate(zip(params, grads, strict=True))]
     if len(joint) < 2:
         return [_rows_and_values(params[i], grads[i]) if r is None else r for i, r in enumerate(out)]
     starts = [0]
