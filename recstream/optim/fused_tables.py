@@ -48,7 +48,7 @@ class FusedTables:
     """
 
     def __init__(self, params: list[Tensor]) -> None:
-        first = params[0]
+        first = params[0] if len(params) else None
         if len(params) < 2 or any(p.dtype != first.dtype or p.device != first.device
                                   or p.shape[1:] != first.shape[1:] or p.dim() < 1 for p in params):
             raise ValueError("FusedTables: 'params' must be two or more tables of one dtype, device and row shape")
@@ -72,7 +72,7 @@ class FusedTables:
         """Whether each of `tensors` still is its slice of `joined` (nothing swapped it since)."""
         if joined is None:
             return False
-        row_bytes = joined[0].numel() * joined.element_size()
+        row_bytes = joined.stride(0) * joined.element_size()
         return all(t.data_ptr() == joined.data_ptr() + a * row_bytes and t.shape == joined[a:b].shape
                    for t, (a, b) in zip(tensors, self.spans, strict=True))
 

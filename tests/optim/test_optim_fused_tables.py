@@ -110,6 +110,8 @@ def test_a_weight_swapped_by_the_user_is_fused_again_with_its_new_values():
 
 def test_only_tables_alike_are_fused():
     with pytest.raises(ValueError, match="two or more tables of one dtype"):
+        FusedTables([])
+    with pytest.raises(ValueError, match="two or more tables of one dtype"):
         FusedTables([torch.nn.Parameter(torch.zeros(3, 2))])
     with pytest.raises(ValueError, match="two or more tables of one dtype"):
         FusedTables([torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(3, 4))])
