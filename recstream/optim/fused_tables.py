@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from ._base import _rows_and_values
+from ._base import coalesce_joined
 from .lazy_adam import lazy_adam_rows
 
 __all__ = ["FusedTables", "decay_rows"]
@@ -98,10 +98,7 @@ class FusedTables:
                 if state["step"].device.type != "cpu":  # loaded from a fused/capturable Adam
                     state["step"] = state["step"].cpu()
                 state["step"] += 1
-            shifted = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts[:-1], strict=True)])
-            joint = torch.sparse_coo_tensor(shifted.unsqueeze(0), torch.cat([g._values() for g in grads]),
-                                            self.weight.shape, check_invariants=False)
-            rows, values = _rows_and_values(self.weight, joint)
+            rows, values = coalesce_joined(grads, self.starts)
             values = decay_rows(optimizer, group, self.weight, rows, values)
             lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
             lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, float(states[0]["step"]),
