@@ -36,7 +36,7 @@ from torch.optim import Optimizer
 from ._base import coalesce_joined
 from .lazy_adam import lazy_adam_rows
 
-__all__ = ["FusedTables", "decay_rows"]
+__all__ = ["FusedTables", "advance_step", "decay_rows"]
 
 
 class FusedTables:
@@ -95,14 +95,11 @@ class FusedTables:
             states = [optimizer.state[p] for p in self.params]
             self._fuse_state(states)
             for state in states:
-                if state["step"].device.type != "cpu":  # loaded from a fused/capturable Adam
-                    state["step"] = state["step"].cpu()
-                state["step"] += 1
+                t = advance_step(state)  # the same count for every table: see ready()
             rows, values = coalesce_joined(grads, self.starts)
             values = decay_rows(optimizer, group, self.weight, rows, values)
             lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
-            lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, float(states[0]["step"]),
-                           lr, beta1, beta2, eps)
+            lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, t, lr, beta1, beta2, eps)
 
     def _fuse_state(self, states: list[dict[str, Any]]) -> None:
         """Adam's entries of every table as slices of the fused moments (created at zero, as Adam
@@ -117,6 +114,15 @@ class FusedTables:
             tensors = [state[key] for state in states]
             if not self._is_slice_of(tensors, getattr(self, key)):
                 setattr(self, key, self._fuse(tensors))
+
+
+def advance_step(state: dict[str, Any]) -> float:
+    """Count one more step in Adam's ``state["step"]`` and return the count (on the host)."""
+    if state["step"].device.type != "cpu":
+        # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
+        state["step"] = state["step"].cpu()
+    state["step"] += 1
+    return float(state["step"])
 
 
 def decay_rows(optimizer: Optimizer, group: dict[str, Any], p: Tensor, rows: Tensor, values: Tensor) -> Tensor:

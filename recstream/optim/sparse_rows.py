@@ -43,7 +43,7 @@ from torch.optim import Optimizer
 
 from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
-from .fused_tables import FusedTables, decay_rows
+from .fused_tables import FusedTables, advance_step, decay_rows
 from .lazy_adam import lazy_adam_tables
 
 __all__ = ["accept_sparse_rows", "sparse_rows_refusal", "weight_decay_of"]
@@ -213,10 +213,7 @@ def _coalesced(optimizer: Optimizer,
             state["step"] = torch.tensor(0.0)
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        if state["step"].device.type != "cpu":
-            # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
-            state["step"] = state["step"].cpu()
-        state["step"] += 1
+        t = advance_step(state)
         # Weight decay is only reached with lazy_weight_decay: the touched rows alone.
-        out.append((float(state["step"]), rows, decay_rows(optimizer, group, p, rows, values)))
+        out.append((t, rows, decay_rows(optimizer, group, p, rows, values)))
     return out
