@@ -73,8 +73,8 @@ class FusedTables:
         if joined is None:
             return False
         row_bytes = joined.stride(0) * joined.element_size()
-        return all(t.data_ptr() == joined.data_ptr() + a * row_bytes and t.shape == joined[a:b].shape
-                   for t, (a, b) in zip(tensors, self.spans, strict=True))
+        return all(t.data_ptr() == joined.data_ptr() + a * row_bytes and t.shape[0] == b - a
+                   and t.shape[1:] == joined.shape[1:] for t, (a, b) in zip(tensors, self.spans, strict=True))
 
     def ready(self, optimizer: Optimizer) -> bool:
         """Whether a joint step can run: every table has Adam state at one step count, or none has."""
