@@ -601,8 +601,7 @@ class HashEmbedding(nn.Module):
         the default): no key is ever pending, so no admission bookkeeping -- a third of the ops of
         the general path, which matters because on a CPU a lookup's cost is its op count."""
         t, step = self.table, self._step
-        start = t.start_of(uniq)  # hashed once for the find and the insert
-        slots, free = t.locate(uniq, start)  # the new keys' free slots come with the lookup
+        slots, free = t.locate(uniq)  # the new keys' free slots come with the lookup
         new = _where(slots < 0)  # host sync: how many rows to hand out
         n_new = new.numel()
         if n_new:
@@ -614,9 +613,8 @@ class HashEmbedding(nn.Module):
             # Locate again after an eviction (its tombstones may come earlier in a new key's probe
             # sequence: reuse them, as insert() would) or a rehash (it moves every key). Both rare.
             if self._rehash_if_needed(new.numel()) or evict:
-                slots, free = t.locate(uniq, start)  # start slots stay
-            new_start = start.index_select(0, new)
-            ins = t.insert_at(uniq.index_select(0, new), free.index_select(0, new), new_start)
+                slots, free = t.locate(uniq)
+            ins = t.insert_at(uniq.index_select(0, new), free.index_select(0, new))
             slots.index_copy_(0, new, ins)
             self._assign_rows(ins)
         # Over capacity some keys got no slot (-1): count only the others.

@@ -34,6 +34,14 @@ Design
   absent key's first free slot while it probes, and :meth:`insert_at` writes the keys there when
   no two want the same slot -- one probe instead of two (a lookup of ~400 keys with ~60 new ones
   took 25% less time).
+* Compiled kernels: on a CPU, tables of int64 keys look up and insert through ``_hash_kernels``
+  (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
+  the next keys' probes prefetched, the same probe sequence, tombstone rule and first-claim-wins
+  order of contested free slots as the torch ops, which run on CUDA, for int32 keys, and wherever
+  the extension was not built (``NATIVE`` says whether it was). Keys that lose a contested slot,
+  or that :meth:`insert` places without a noted free slot, take the first free slot of their probe
+  sequence in call order; the torch ops' rounds may order such keys differently (a layout as
+  valid: :meth:`find` reaches every key before an EMPTY slot either way).
 * Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
   default: ~1.5 probes per successful lookup). Tombstones count as used
   (misses probe past them); when ``used`` would exceed a second, higher bound
@@ -55,7 +63,14 @@ from torch import nn
 from ..sorting import sort_bounded
 from ..validation import check_choice, check_int
 
-__all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "PROBE_WINDOW", "hash_keys"]
+try:  # the compiled CPU kernels (module doc); the torch ops below do the same where it is not built
+    from . import _hash_kernels as _native
+except ImportError:  # pragma: no cover - depends on the install having had a C compiler
+    _native = None
+
+__all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "PROBE_WINDOW", "NATIVE", "hash_keys"]
+
+NATIVE = _native is not None  # whether CPU tables of int64 keys run the compiled kernels
 
 EMPTY = -1
 DELETED = -2
@@ -150,6 +165,11 @@ class TensorHashTable(nn.Module):
         self.num_used_t.fill_(used)
         self.num_live_t.fill_(live)
 
+    def _native_ok(self, keys: torch.Tensor) -> bool:
+        """Whether this call runs the compiled kernels: a CPU table of int64 keys (module doc)."""
+        return _native is not None and self.keys.device.type == "cpu" and self.keys.dtype == torch.int64 \
+            and keys.device.type == "cpu"
+
     def occupied(self) -> torch.Tensor:
         """Bool mask of slots holding a key."""
         return (self.keys != EMPTY) & (self.keys != DELETED)
@@ -197,6 +217,13 @@ class TensorHashTable(nn.Module):
 
     def _probe(self, keys: torch.Tensor, start: torch.Tensor | None,
                want_free: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._native_ok(keys):
+            keys = keys.to(torch.int64).contiguous()
+            slots = torch.empty_like(keys)
+            free = torch.empty_like(keys) if want_free else None
+            _native.locate(self.keys.numpy(), keys.numpy(), slots.numpy(), None if free is None else free.numpy(),
+                           self.max_rounds)
+            return slots, free
         keys = keys.to(self.keys.dtype)
         start = self.start_of(keys) if start is None else start
         tri = self._triangular(keys.device)
@@ -264,6 +291,8 @@ class TensorHashTable(nn.Module):
         may differ from one :meth:`insert` of the same keys (which of two keys wanting one slot
         reaches it first depends on the probe window); both are valid.
         """
+        if self._native_ok(keys):
+            return self._insert_native(keys, free)
         keys = keys.to(self.keys.dtype)
         wanted, order, first = _first_per_slot(free, self.num_slots)  # the rule insert() applies
         lose = None
@@ -279,8 +308,18 @@ class TensorHashTable(nn.Module):
         self._reset_payload(free)
         self._set_counters(self.num_used + free.numel() - n_reused, self.num_live + free.numel())
         if lose is not None:  # they probe on past the slots taken above
-            start = self.start_of(keys) if start is None else start
-            out.index_copy_(0, lose, self.insert(keys.index_select(0, lose), start.index_select(0, lose)))
+            lose_start = self.start_of(keys.index_select(0, lose)) if start is None else start.index_select(0, lose)
+            out.index_copy_(0, lose, self.insert(keys.index_select(0, lose), lose_start))
+        return out
+
+    def _insert_native(self, keys: torch.Tensor, free: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`insert_at` (`free` given) or :meth:`insert` (None) by the compiled kernel."""
+        keys = keys.to(torch.int64).contiguous()
+        out = torch.empty_like(keys)
+        free = None if free is None else free.to(torch.int64).contiguous().numpy()
+        reused = _native.insert(self.keys.numpy(), self.rows.numpy(), self.counts.numpy(), self.last_seen.numpy(),
+                                keys.numpy(), free, out.numpy(), self.max_rounds, PROBE_WINDOW, WIDE_WINDOW_MAX_KEYS)
+        self._set_counters(self.num_used + keys.numel() - reused, self.num_live + keys.numel())
         return out
 
     def _reset_payload(self, slots: torch.Tensor) -> None:
@@ -296,6 +335,8 @@ class TensorHashTable(nn.Module):
         bound; see :meth:`needs_rehash`). Payload of the new slots is reset
         (``last_seen`` to 0). ``start``: :meth:`start_of` of ``keys``.
         """
+        if self._native_ok(keys):
+            return self._insert_native(keys, None)
         keys = keys.to(self.keys.dtype)
         n = keys.numel()
         out = torch.empty(n, dtype=torch.int64, device=keys.device)

@@ -6,7 +6,10 @@ import pytest
 import torch
 
 from recstream.nn import HashEmbedding
-from recstream.nn import tensor_hash_table as tht
+
+from .conftest import colliding_keys
+
+pytestmark = pytest.mark.usefixtures("hash_kernels")  # every test on the compiled kernels and on torch ops
 
 
 def k(*keys):
@@ -232,10 +235,9 @@ def test_many_colliding_keys_multiples_of_table_size():
     torch.testing.assert_close(emb(keys.flip(0)), out.flip(0).detach())
 
 
-def test_fully_colliding_hash_still_correct(monkeypatch):
-    monkeypatch.setattr(tht, "hash_keys", lambda x: torch.zeros_like(x, dtype=torch.int64))
+def test_fully_colliding_hash_still_correct():
     emb = HashEmbedding(2, capacity=48)
-    keys = torch.arange(48) * 7
+    keys = colliding_keys(48, 0, emb.num_slots)
     out = emb(keys)
     rows = emb.table.rows[emb.table.find(keys)]
     assert rows.unique().numel() == 48

@@ -5,6 +5,8 @@ import torch
 
 from recstream.nn import HashEmbedding
 
+pytestmark = pytest.mark.usefixtures("hash_kernels")  # every test on the compiled kernels and on torch ops
+
 
 def k(*keys):
     return torch.tensor(keys, dtype=torch.int64)

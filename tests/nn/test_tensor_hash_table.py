@@ -3,8 +3,11 @@
 import pytest
 import torch
 
-from recstream.nn import tensor_hash_table as tht
 from recstream.nn.tensor_hash_table import DELETED, EMPTY, TensorHashTable, hash_keys
+
+from .conftest import colliding_keys
+
+pytestmark = pytest.mark.usefixtures("hash_kernels")  # every test on the compiled kernels and on torch ops
 
 
 def test_insert_then_find_and_miss():
@@ -33,12 +36,11 @@ def test_many_keys_multiple_of_table_size():
     assert torch.equal(t.find(keys), slots)
 
 
-def test_all_keys_colliding_resolve_one_per_round(monkeypatch):
+def test_all_keys_colliding_resolve_one_per_round():
     # Worst case: every key hashes to slot 3, so each round exactly one key wins
     # the contested slot and the others move on along the probe sequence.
-    monkeypatch.setattr(tht, "hash_keys", lambda k: torch.full_like(k, 3, dtype=torch.int64))
     t = TensorHashTable(64)
-    keys = torch.arange(100, 140)
+    keys = colliding_keys(40, 3, 64)
     slots = t.insert(keys)
     assert slots.unique().numel() == 40
     assert torch.equal(t.find(keys), slots)
@@ -52,11 +54,14 @@ def test_all_keys_colliding_resolve_one_per_round(monkeypatch):
     assert t.num_used == 40 and t.num_live == 35
 
 
-def test_probe_limit_raises(monkeypatch):
-    monkeypatch.setattr(tht, "hash_keys", lambda k: torch.zeros_like(k, dtype=torch.int64))
+def test_probe_limit_raises():
     t = TensorHashTable(64, max_rounds=4)
     with pytest.raises(RuntimeError, match="max_rounds=4"):
-        t.insert(torch.arange(10))
+        t.insert(colliding_keys(10, 0, 64))
+    full = TensorHashTable(64, max_rounds=4)
+    full.insert(colliding_keys(4, 0, 64))  # probes 0..3 of slot 0's sequence taken
+    with pytest.raises(RuntimeError, match="max_rounds=4"):
+        full.find(colliding_keys(5, 0, 64)[4:])  # neither the key nor an EMPTY slot within 4 probes
 
 
 def test_delete_and_rehash_keep_payload():
@@ -116,7 +121,7 @@ def test_locate_reports_the_slot_insert_gives_each_new_key(with_tombstones, n_ke
         assert alone.insert(torch.tensor([key])).item() == slot
 
 
-def test_insert_at_places_keys_findably_and_falls_back_on_a_shared_slot(monkeypatch):
+def test_insert_at_places_keys_findably_and_falls_back_on_a_shared_slot():
     t = TensorHashTable(1 << 12)
     old = torch.arange(1500) * 3
     slots = t.insert(old)
@@ -133,9 +138,8 @@ def test_insert_at_places_keys_findably_and_falls_back_on_a_shared_slot(monkeypa
     assert bool((t.rows[got] == -1).all() and (t.counts[got] == 0).all())
     # Two new keys with one start slot: locate gives both the same free slot; insert_at must not
     # write one over the other.
-    monkeypatch.setattr(tht, "hash_keys", lambda k: torch.full_like(k, 5, dtype=torch.int64))
     u = TensorHashTable(64)
-    keys = torch.tensor([11, 22, 33])
+    keys = colliding_keys(3, 5, 64)
     _, free = u.locate(keys)
     assert free.unique().numel() == 1
     slots = u.insert_at(keys, free)

@@ -1,0 +1,344 @@
+/*
+ * Compiled CPU kernels of recstream.nn.TensorHashTable: lookup and insert of int64 keys.
+ *
+ * Why C and not torch ops: on a CPU a batched lookup in torch costs ~80 ops over every key
+ * (hash, a window of probes, a compaction per round, winner selection for contested slots);
+ * a full HashEmbedding spent most of its forward there. One pass per key, with the next keys'
+ * first probe prefetched, does the same work with one random memory access per probe. No
+ * library offers an open-addressing table over caller-owned arrays with this probe sequence
+ * and tombstone rule (the layout must stay the one the torch ops of TensorHashTable read and
+ * write, on CPU and CUDA alike), so it is written here; tensor_hash_table.py falls back to its
+ * torch ops when this module is not built.
+ *
+ * Table layout (owned by TensorHashTable): keys[num_slots] (int64, EMPTY = -1, DELETED = -2),
+ * num_slots a power of two, triangular probing h, h+1, h+3, h+6, ... from
+ * h = hash_keys(key) & (num_slots - 1), at most max_rounds probes per key. The payload arrays
+ * rows / counts / last_seen are reset here for inserted keys, as TensorHashTable._reset_payload
+ * does.
+ *
+ * Arguments are C-contiguous int64 buffers (numpy views of CPU tensors, no copy); every slot
+ * index read from the caller is bounds-checked, so a wrong argument raises instead of writing
+ * out of bounds. The GIL is released while a kernel runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EMPTY (-1)
+#define DELETED (-2)
+#define M32 0xFFFFFFFFull
+/* Keys ahead whose first probe slot is prefetched: enough misses in flight to cover DRAM latency. */
+#define AHEAD 16
+
+/* hash_keys of tensor_hash_table.py, bit for bit (unsigned arithmetic: the products stay < 2**63). */
+static inline uint64_t hash_key(int64_t key) {
+    uint64_t u = (uint64_t)key;
+    uint64_t lo = u & M32, hi = (u >> 32) & M32;
+    uint64_t h = lo ^ ((hi * 0x5BD1E995ull) & M32);
+    h = ((h ^ (h >> 16)) * 0x27D4EB2Full) & M32;
+    h = ((h ^ (h >> 13)) * 0x165667B1ull) & M32;
+    return h ^ (h >> 16);
+}
+
+static inline void prefetch(const int64_t *p) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p);
+#else
+    (void)p;
+#endif
+}
+
+static inline int is_free(int64_t cur) { return cur == EMPTY || cur == DELETED; }
+
+typedef struct {
+    Py_buffer view;
+    int64_t *data;
+    Py_ssize_t n;
+} Array;
+
+/* An int64 buffer argument: C-contiguous, a whole number of int64s. */
+static int get_array(PyObject *obj, Array *a, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &a->view, flags) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s int64 buffer", name,
+                     writable ? " writable" : "");
+        return -1;
+    }
+    if (a->view.len % 8 != 0) {
+        PyBuffer_Release(&a->view);
+        PyErr_Format(PyExc_ValueError, "%s: buffer length %zd is not a multiple of 8", name, a->view.len);
+        return -1;
+    }
+    a->data = (int64_t *)a->view.buf;
+    a->n = a->view.len / 8;
+    return 0;
+}
+
+static void release(Array *arrays, int count) {
+    for (int i = 0; i < count; i++) PyBuffer_Release(&arrays[i].view);
+}
+
+/* Probe for `key`: its slot, or -1 when absent; *free_slot gets the first EMPTY or DELETED slot
+ * of its probe sequence (-1 if none). Returns 0, or -1 when no hit and no EMPTY slot came within
+ * max_rounds probes. */
+static inline int probe(const int64_t *table, uint64_t mask, int64_t max_rounds, int64_t key,
+                        int64_t *slot, int64_t *free_slot) {
+    uint64_t pos = hash_key(key) & mask;
+    *free_slot = -1;
+    for (int64_t r = 0; r < max_rounds; r++) {
+        int64_t cur = table[pos];
+        if (cur == key) {
+            *slot = (int64_t)pos;
+            return 0;
+        }
+        if (is_free(cur)) {
+            if (*free_slot < 0) *free_slot = (int64_t)pos;
+            if (cur == EMPTY) {
+                *slot = -1;
+                return 0;
+            }
+        }
+        pos = (pos + (uint64_t)r + 1) & mask; /* offsets r(r+1)/2: add r+1 to go from probe r to r+1 */
+    }
+    return -1;
+}
+
+static int check_table(const Array *table) {
+    uint64_t n = (uint64_t)table->n;
+    if (n == 0 || (n & (n - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "table_keys: length must be a power of two, got %zd", table->n);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_same_length(const Array *a, const char *name, Py_ssize_t n) {
+    if (a->n != n) {
+        PyErr_Format(PyExc_ValueError, "%s: length %zd, expected %zd", name, a->n, n);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(locate_doc,
+"locate(table_keys, keys, slots, free, max_rounds) -> int\n\n"
+"Slot of each key in slots (-1 if absent) and, if free is not None, each absent key's first\n"
+"free slot (EMPTY or DELETED) in free (-1 for present keys). Returns the number of absent keys.\n"
+"RuntimeError when a key's probe meets neither it nor an EMPTY slot within max_rounds.");
+
+static PyObject *locate(PyObject *self, PyObject *args) {
+    PyObject *o_table, *o_keys, *o_slots, *o_free;
+    Py_ssize_t max_rounds;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o_table, &o_keys, &o_slots, &o_free, &max_rounds)) return NULL;
+    Array a[4];
+    int got = 0;
+    int want_free = o_free != Py_None;
+    if (get_array(o_table, &a[got], 0, "table_keys") < 0) goto fail;
+    got++;
+    if (get_array(o_keys, &a[got], 0, "keys") < 0) goto fail;
+    got++;
+    if (get_array(o_slots, &a[got], 1, "slots") < 0) goto fail;
+    got++;
+    if (want_free) {
+        if (get_array(o_free, &a[got], 1, "free") < 0) goto fail;
+        got++;
+    }
+    if (check_table(&a[0]) < 0 || check_same_length(&a[2], "slots", a[1].n) < 0
+        || (want_free && check_same_length(&a[3], "free", a[1].n) < 0)) goto fail;
+
+    const int64_t *table = a[0].data, *keys = a[1].data;
+    int64_t *slots = a[2].data, *free_out = want_free ? a[3].data : NULL;
+    uint64_t mask = (uint64_t)a[0].n - 1;
+    Py_ssize_t n = a[1].n, absent = 0, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) prefetch(table + (hash_key(keys[i + AHEAD]) & mask));
+        int64_t slot, free_slot;
+        if (probe(table, mask, max_rounds, keys[i], &slot, &free_slot) < 0) {
+            bad = i;
+            break;
+        }
+        slots[i] = slot;
+        if (free_out) free_out[i] = slot >= 0 ? -1 : free_slot;
+        absent += slot < 0;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        PyErr_Format(PyExc_RuntimeError, "hash table probe exceeded max_rounds=%zd (key %lld)", max_rounds,
+                     (long long)keys[bad]);
+        goto fail;
+    }
+    release(a, got);
+    return PyLong_FromSsize_t(absent);
+fail:
+    release(a, got);
+    return NULL;
+}
+
+/* Write `key` into free slot `s` and reset the slot's payload; returns 1 if s held a tombstone. */
+static inline int take(int64_t *table, int64_t *rows, int64_t *counts, int64_t *last_seen, int64_t s,
+                       int64_t key) {
+    int reused = table[s] == DELETED;
+    table[s] = key;
+    rows[s] = -1;
+    counts[s] = 0;
+    last_seen[s] = 0;
+    return reused;
+}
+
+
+/* Slot of probe number r of a key whose probe sequence starts at `start`. */
+static inline uint64_t probe_slot(uint64_t start, int64_t r, uint64_t mask) {
+    return (start + (uint64_t)r * (uint64_t)(r + 1) / 2) & mask;
+}
+
+/* TensorHashTable.insert's torch ops, round for round, so that both leave the same layout: each
+ * round every unplaced key looks at `width` probes from its next one, in the table as the round
+ * found it, and wants the first free slot there; of the keys wanting one slot the first in order
+ * takes it; losers go on past the slot they lost, keys that saw no free slot past the window.
+ * `idx` lists the keys to place (ascending); `next_probe` and `want` are scratch of the same length.
+ * Returns the index of a key that ran out of probes (max_rounds), or -1. */
+static Py_ssize_t insert_rounds(int64_t *table, int64_t *rows, int64_t *counts, int64_t *last_seen, uint64_t mask,
+                                int64_t max_rounds, int64_t width, const int64_t *keys, int64_t *out,
+                                int64_t *idx, Py_ssize_t pending, int64_t *next_probe, int64_t *want,
+                                Py_ssize_t *reused) {
+    for (Py_ssize_t j = 0; j < pending; j++) next_probe[j] = 0;
+    while (pending > 0) {
+        for (Py_ssize_t j = 0; j < pending; j++) { /* wants, against the table as the round found it */
+            if (j + AHEAD < pending) prefetch(table + probe_slot(hash_key(keys[idx[j + AHEAD]]) & mask,
+                                                                 next_probe[j + AHEAD], mask));
+            uint64_t start = hash_key(keys[idx[j]]) & mask;
+            int64_t d = 0;
+            want[j] = -1;
+            for (; d < width && next_probe[j] + d < max_rounds; d++) {
+                uint64_t pos = probe_slot(start, next_probe[j] + d, mask);
+                if (is_free(table[pos])) {
+                    want[j] = (int64_t)pos;
+                    break;
+                }
+            }
+            next_probe[j] += want[j] >= 0 ? d + 1 : width; /* where a loser goes on from */
+        }
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t j = 0; j < pending; j++) { /* claims, in call order */
+            int64_t s = want[j];
+            if (s >= 0 && is_free(table[s])) {
+                *reused += take(table, rows, counts, last_seen, s, keys[idx[j]]);
+                out[idx[j]] = s;
+                continue;
+            }
+            if (next_probe[j] >= max_rounds) return idx[j];
+            idx[kept] = idx[j];
+            next_probe[kept] = next_probe[j];
+            kept++;
+        }
+        pending = kept;
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(insert_doc,
+"insert(table_keys, rows, counts, last_seen, keys, free, out, max_rounds, probe_window, wide_window_max_keys)\n"
+"-> int\n\n"
+"Insert unique keys that are not in the table; their slots go to out. With free (locate's free\n"
+"slots of these keys) each key first claims its free slot -- of several claiming one, the first\n"
+"in order takes it -- and the others, like every key when free is None, are placed in the rounds\n"
+"of TensorHashTable.insert (probe_window probes per round when at most wide_window_max_keys keys\n"
+"are placed, else one). Payload of the new slots is reset (row -1, count 0, last seen 0).\n"
+"Returns the number of tombstones reused.");
+
+static PyObject *insert(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    Py_ssize_t max_rounds, probe_window, wide_max;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &max_rounds,
+                          &probe_window, &wide_max))
+        return NULL;
+    if (max_rounds < 1 || probe_window < 1) {
+        PyErr_Format(PyExc_ValueError, "max_rounds and probe_window must be >= 1, got %zd and %zd", max_rounds,
+                     probe_window);
+        return NULL;
+    }
+    static const char *names[7] = {"table_keys", "rows", "counts", "last_seen", "keys", "free", "out"};
+    static const int writable[7] = {1, 1, 1, 1, 0, 0, 1};
+    Array a[7];
+    int held[7] = {0}, have_free = o[5] != Py_None;
+    int64_t *scratch = NULL;
+    PyObject *result = NULL;
+    for (int k = 0; k < 7; k++) {
+        a[k].n = 0;
+        if (k == 5 && !have_free) continue;
+        if (get_array(o[k], &a[k], writable[k], names[k]) < 0) goto done;
+        held[k] = 1;
+    }
+    if (check_table(&a[0]) < 0) goto done;
+    for (int k = 1; k < 4; k++)
+        if (check_same_length(&a[k], names[k], a[0].n) < 0) goto done;
+    if (check_same_length(&a[6], "out", a[4].n) < 0 || (have_free && check_same_length(&a[5], "free", a[4].n) < 0))
+        goto done;
+
+    int64_t *table = a[0].data, *rows = a[1].data, *counts = a[2].data, *last_seen = a[3].data, *out = a[6].data;
+    const int64_t *keys = a[4].data, *free_in = have_free ? a[5].data : NULL;
+    uint64_t mask = (uint64_t)a[0].n - 1;
+    Py_ssize_t n = a[4].n, reused = 0, bad_free = -1, full = -1;
+    scratch = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)(n > 0 ? n : 1));
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *idx = scratch, *probe_at = scratch + n, *want = scratch + 2 * n;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t pending = 0;
+    for (Py_ssize_t i = 0; free_in && i < n; i++) { /* every slot checked before anything is written */
+        if (free_in[i] < 0 || (uint64_t)free_in[i] > mask) {
+            bad_free = i;
+            break;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n && bad_free < 0; i++) {
+        out[i] = -1;
+        if (free_in) { /* claims in call order: the first of the keys wanting a slot takes it */
+            int64_t s = free_in[i];
+            if (is_free(table[s])) {
+                reused += take(table, rows, counts, last_seen, s, keys[i]);
+                out[i] = s;
+                continue;
+            }
+        }
+        idx[pending++] = i;
+    }
+    if (bad_free < 0 && pending > 0) {
+        int64_t width = pending <= wide_max ? probe_window : 1;
+        if (width > max_rounds) width = max_rounds;
+        full = insert_rounds(table, rows, counts, last_seen, mask, max_rounds, width, keys, out, idx, pending,
+                             probe_at, want, &reused);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad_free >= 0) {
+        PyErr_Format(PyExc_ValueError, "free[%zd]=%lld is not a slot of a table of %zd slots", bad_free,
+                     (long long)free_in[bad_free], a[0].n);
+    } else if (full >= 0) {
+        PyErr_Format(PyExc_RuntimeError, "hash table insert exceeded max_rounds=%zd (key %lld)", max_rounds,
+                     (long long)keys[full]);
+    } else {
+        result = PyLong_FromSsize_t(reused);
+    }
+done:
+    PyMem_Free(scratch);
+    for (int k = 0; k < 7; k++)
+        if (held[k]) PyBuffer_Release(&a[k].view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"locate", locate, METH_VARARGS, locate_doc},
+    {"insert", insert, METH_VARARGS, insert_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hash_kernels",
+    "Compiled CPU kernels of recstream.nn.TensorHashTable (see the comment atop _hash_kernels.c).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__hash_kernels(void) { return PyModule_Create(&module); }
