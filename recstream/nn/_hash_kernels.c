@@ -1,5 +1,6 @@
 /*
- * Compiled CPU kernels of recstream.nn.TensorHashTable: lookup and insert of int64 keys.
+ * Compiled CPU kernels of recstream.nn's hash tables: TensorHashTable's lookup and insert of int64
+ * keys, and the least-recently-seen selection of HashEmbedding's eviction (lru_select.oldest).
  *
  * Why C and not torch ops: on a CPU a batched lookup in torch costs ~80 ops over every key
  * (hash, a window of probes, a compaction per round, winner selection for contested slots);
@@ -8,7 +9,9 @@
  * library offers an open-addressing table over caller-owned arrays with this probe sequence
  * and tombstone rule (the layout must stay the one the torch ops of TensorHashTable read and
  * write, on CPU and CUDA alike), so it is written here; tensor_hash_table.py falls back to its
- * torch ops when this module is not built.
+ * torch ops when this module is not built. Likewise the LRU select: a dozen torch ops, each a pass
+ * over every row of the table (a full table of 2.6M rows spent ~30 ms per eviction there), are
+ * three passes here, selecting the same rows in the same order.
  *
  * Table layout (owned by TensorHashTable): keys[num_slots] (int64, EMPTY = -1, DELETED = -2),
  * num_slots a power of two, triangular probing h, h+1, h+3, h+6, ... from
@@ -330,15 +333,143 @@ done:
     return result;
 }
 
+/* Number of bits of x (0 for 0): Python's int.bit_length. */
+static inline int bit_length(uint64_t x) {
+    int n = 0;
+    while (x) {
+        n++;
+        x >>= 1;
+    }
+    return n;
+}
+
+typedef struct {
+    int64_t age, index;
+} Aged;
+
+static int by_age_then_index(const void *a, const void *b) {
+    const Aged *x = a, *y = b;
+    if (x->age != y->age) return x->age < y->age ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+PyDoc_STRVAR(oldest_doc,
+"oldest(last_seen, rows, step, k, bucket_bits, out) -> int\n\n"
+"recstream.nn.lru_select.oldest's histogram select in three passes: the indices of the k\n"
+"candidates (last_seen < step, and rows < 0 where rows is not None) seen longest ago go to out\n"
+"(length >= k): every candidate of an older bucket, in index order, then the oldest (buckets of\n"
+"several steps) or evenly spread (buckets of one step) part of the bucket holding the k-th.\n"
+"Returns how many were written: min(k, candidates).");
+
+static PyObject *oldest(PyObject *self, PyObject *args) {
+    PyObject *o_ls, *o_rows, *o_out;
+    long long step_ll, k_ll;
+    int bits;
+    if (!PyArg_ParseTuple(args, "OOLLiO", &o_ls, &o_rows, &step_ll, &k_ll, &bits, &o_out)) return NULL;
+    if (bits < 1 || bits > 24) {
+        PyErr_Format(PyExc_ValueError, "bucket_bits must be in [1, 24], got %d", bits);
+        return NULL;
+    }
+    Array a[3];
+    int held[3] = {0};
+    PyObject *result = NULL;
+    int64_t *hist = NULL;
+    Aged *edge = NULL;
+    if (get_array(o_ls, &a[0], 0, "last_seen") < 0) goto done;
+    held[0] = 1;
+    if (o_rows != Py_None) {
+        if (get_array(o_rows, &a[1], 0, "rows") < 0) goto done;
+        held[1] = 1;
+        if (check_same_length(&a[1], "rows", a[0].n) < 0) goto done;
+    }
+    if (get_array(o_out, &a[2], 1, "out") < 0) goto done;
+    held[2] = 1;
+    if (k_ll > a[2].n) {
+        PyErr_Format(PyExc_ValueError, "out: length %zd, expected at least k=%lld", a[2].n, k_ll);
+        goto done;
+    }
+    const int64_t *ls = a[0].data, *rows = held[1] ? a[1].data : NULL, step = step_ll;
+    int64_t *out = a[2].data, k = k_ll;
+    Py_ssize_t n = a[0].n, n_cand = 0, written = 0;
+    int64_t lo = INT64_MAX;
+#define CANDIDATE(i) (ls[i] < step && (rows == NULL || rows[i] < 0))
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (CANDIDATE(i)) {
+            n_cand++;
+            if (ls[i] < lo) lo = ls[i];
+        }
+    Py_END_ALLOW_THREADS
+    if (k <= 0 || n_cand == 0) {
+        result = PyLong_FromLong(0);
+        goto done;
+    }
+    if (k >= n_cand) { /* every candidate */
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (CANDIDATE(i)) out[written++] = i;
+        result = PyLong_FromSsize_t(written);
+        goto done;
+    }
+    /* Power-of-two bucket width (see lru_select.oldest); span >= 1 as lo < step. */
+    uint64_t span = (uint64_t)step - (uint64_t)lo;
+    int shift = bit_length(span - 1) - bits;
+    if (shift < 0) shift = 0;
+    Py_ssize_t buckets = (Py_ssize_t)1 << bits;
+    hist = PyMem_Calloc((size_t)buckets, sizeof(int64_t));
+    if (hist == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (CANDIDATE(i)) hist[((uint64_t)ls[i] - (uint64_t)lo) >> shift]++;
+    Py_END_ALLOW_THREADS
+    Py_ssize_t t = 0, older = 0;
+    while (older + hist[t] < k) older += hist[t++]; /* t: the first bucket reaching k */
+    Py_ssize_t n_edge = hist[t], m = k - older, e = 0;
+    edge = PyMem_Malloc(sizeof(Aged) * (size_t)n_edge);
+    if (edge == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!CANDIDATE(i)) continue;
+        Py_ssize_t b = (Py_ssize_t)(((uint64_t)ls[i] - (uint64_t)lo) >> shift);
+        if (b < t) {
+            out[written++] = i;
+        } else if (b == t) {
+            edge[e].age = ls[i];
+            edge[e++].index = i;
+        }
+    }
+    if (shift) { /* the edge bucket spans several steps: its oldest, ties in index order */
+        qsort(edge, (size_t)n_edge, sizeof(Aged), by_age_then_index);
+        for (Py_ssize_t j = 0; j < m; j++) out[written++] = edge[j].index;
+    } else { /* one age: m of its entries evenly spread */
+        for (Py_ssize_t j = 0; j < m; j++) out[written++] = edge[j * n_edge / m].index;
+    }
+    Py_END_ALLOW_THREADS
+#undef CANDIDATE
+    result = PyLong_FromSsize_t(written);
+done:
+    PyMem_Free(hist);
+    PyMem_Free(edge);
+    for (int i = 0; i < 3; i++)
+        if (held[i]) PyBuffer_Release(&a[i].view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"locate", locate, METH_VARARGS, locate_doc},
     {"insert", insert, METH_VARARGS, insert_doc},
+    {"oldest", oldest, METH_VARARGS, oldest_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_hash_kernels",
-    "Compiled CPU kernels of recstream.nn.TensorHashTable (see the comment atop _hash_kernels.c).", -1, methods,
+    "Compiled CPU kernels of recstream.nn's hash tables (see the comment atop _hash_kernels.c).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__hash_kernels(void) { return PyModule_Create(&module); }

@@ -3,14 +3,16 @@
 import pytest
 import torch
 
+from recstream.nn import lru_select
 from recstream.nn import tensor_hash_table as tht
 
 
 @pytest.fixture(params=["native", "torch"])
 def hash_kernels(request, monkeypatch):
-    """Run a test on TensorHashTable's compiled CPU kernels and again on its torch ops."""
+    """Run a test on the hash tables' compiled CPU kernels and again on their torch ops."""
     if request.param == "torch":
         monkeypatch.setattr(tht, "_native", None)
+        monkeypatch.setattr(lru_select, "_native", None)
     elif not tht.NATIVE:
         pytest.fail("recstream.nn._hash_kernels was not built (pip install -e . needs a C compiler)")
     return request.param

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from recstream.nn import lru_select
 from recstream.nn import tensor_hash_table as tht
 from recstream.nn.tensor_hash_table import EMPTY, TensorHashTable, hash_keys
 
@@ -88,6 +89,24 @@ def test_many_keys_wanting_one_slot_in_a_large_call(monkeypatch):
     assert torch.equal(*layouts)
 
 
+@pytest.mark.parametrize("span", [50, 10**6, 2**40])  # one step per bucket, and buckets of several steps
+@pytest.mark.parametrize("with_rows", [False, True])
+def test_oldest_selects_what_the_torch_ops_select(span, with_rows):
+    gen = torch.Generator().manual_seed(span)
+    n, step = 20_000, 7
+    last_seen = step - 1 - torch.randint(0, span, (n,), generator=gen)
+    last_seen[torch.randperm(n, generator=gen)[:3000]] = step  # seen this step: never evicted
+    last_seen[:500] = tht.NEVER_SEEN  # free rows
+    rows = torch.randint(-1, 2, (n,), generator=gen) if with_rows else None  # rows < 0: pending keys
+    candidate = (last_seen < step) & (rows < 0 if with_rows else True)
+    n_cand = int(candidate.sum())
+    for k in (0, 1, 37, 2000, n_cand - 1, n_cand, n_cand + 5):
+        got = lru_select.oldest(last_seen, step, k, rows)
+        want = lru_select._select(last_seen, candidate, step, k)
+        assert torch.equal(got, want), k
+        assert got.numel() == min(k, n_cand) and bool(candidate[got].all())
+
+
 def test_bad_arguments_raise_before_any_write():
     k = tht._native
     table = np.full(64, EMPTY, dtype=np.int64)
@@ -106,3 +125,5 @@ def test_bad_arguments_raise_before_any_write():
     with pytest.raises(ValueError, match="max_rounds"):
         k.insert(table, *payload, keys, None, out, 0, 8, 4096)
     assert (table[[0, 5, 6]] == EMPTY).all()  # the claims come after the check of every free slot
+    with pytest.raises(ValueError, match="expected at least k=4"):
+        k.oldest(np.zeros(8, dtype=np.int64), None, 1, 4, 16, out)

@@ -1,0 +1,87 @@
+"""Least-recently-seen selection for :class:`~recstream.nn.HashEmbedding`'s eviction: :func:`oldest`.
+
+Which ``k`` of a table's keys go when it is full: those seen longest ago. A histogram select
+instead of ``topk``: bucket the candidates' ages, find the bucket holding the k-th oldest, take
+everything older plus the oldest part of that bucket (~20x cheaper than ``topk`` for k ~ 2e4 of
+1e6 on a CPU, and deterministic on every device). On a CPU the compiled kernel
+(``_hash_kernels.oldest``) does it in three passes over the table; the torch ops, a dozen
+(each a pass over every row: a full table's eviction spent ~30 ms in them for 2.6M rows), run
+on CUDA and wherever the extension was not built. Both select the same indices in the same order.
+
+Example:
+    >>> import torch
+    >>> oldest(torch.tensor([5, 1, 9, 3, 1]), step=9, k=2).tolist()
+    [1, 4]
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # the compiled CPU kernel (module doc); the torch ops below do the same where it is not built
+    from . import _hash_kernels as _native
+except ImportError:  # pragma: no cover - depends on the install having had a C compiler
+    _native = None
+
+__all__ = ["oldest", "BUCKET_BITS"]
+
+BUCKET_BITS = 16  # 2**16 buckets: exact ages whenever the candidates span <= 65,536 steps
+_BUCKETS = 1 << BUCKET_BITS
+_NEVER_SEEN = torch.iinfo(torch.int64).max
+
+
+def _where(mask: torch.Tensor) -> torch.Tensor:
+    return mask.nonzero().squeeze(1)
+
+
+def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of the ``k`` candidates seen longest ago (fewer if there are fewer candidates).
+
+    Candidates: entries with ``last_seen < step`` and, given ``rows``, ``rows < 0`` (a hash table's
+    pending keys). The result: every candidate of an older bucket, in index order, then from the
+    bucket holding the k-th oldest its oldest entries (a bucket spanning several steps; ties in
+    index order) or, when it holds one age, entries evenly spread over it -- for hash slots,
+    taking the lowest first would empty one end of the table and crowd the other (keys seen in
+    one step, e.g. a bulk load, age together) until probe sequences there grow past max_rounds.
+    Host syncs: the candidate count, the minimum age, the threshold bucket.
+    """
+    if _native is not None and last_seen.device.type == "cpu":
+        out = torch.empty(max(k, 0), dtype=torch.int64)
+        n = _native.oldest(last_seen.contiguous().numpy(), None if rows is None else rows.contiguous().numpy(),
+                           step, k, BUCKET_BITS, out.numpy())
+        return out[:n]
+    candidate = last_seen < step
+    if rows is not None:
+        candidate &= rows < 0
+    return _select(last_seen, candidate, step, k)
+
+
+def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int) -> torch.Tensor:
+    """:func:`oldest` on torch ops."""
+    dev = candidate.device
+    n_cand = int(candidate.count_nonzero())
+    k = min(k, n_cand)
+    if k <= 0:
+        return torch.empty(0, dtype=torch.int64, device=dev)
+    if k == n_cand:
+        return _where(candidate)
+    ls = torch.where(candidate, last_seen, _NEVER_SEEN)
+    lo = int(ls.min())
+    span = step - lo  # candidates have lo <= last_seen < step
+    # Power-of-two bucket width (a shift, not an int64 division); width 1 --
+    # exact ages -- whenever the candidates span <= _BUCKETS steps.
+    shift = max(0, (span - 1).bit_length() - BUCKET_BITS)
+    # Non-candidates (NEVER_SEEN) land in the overflow bucket _BUCKETS; clamping before the
+    # subtraction keeps NEVER_SEEN - lo from overflowing when last_seen went negative
+    # (load_rows accepts any step).
+    bucket = ls.clamp_(max=lo + (_BUCKETS << shift)).sub_(lo) >> shift
+    cum = torch.bincount(bucket, minlength=_BUCKETS + 1).cumsum(0)
+    t = int(torch.searchsorted(cum, torch.tensor(k, device=dev)))  # first bucket reaching k
+    sel = _where(bucket <= t)  # the one full-size compaction
+    b = bucket.index_select(0, sel)
+    older, edge = sel.index_select(0, _where(b < t)), sel.index_select(0, _where(b == t))
+    m = k - older.numel()
+    if shift:  # the edge bucket spans several steps: order it by age
+        edge = edge.index_select(0, torch.sort(ls.index_select(0, edge), stable=True).indices)
+        return torch.cat([older, edge[:m]])
+    return torch.cat([older, edge.index_select(0, torch.arange(m, device=dev) * edge.numel() // m)])
