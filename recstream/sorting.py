@@ -12,8 +12,9 @@ results are identical either way.
 * :func:`sort_bounded` -- values known to lie in ``[0, bound)`` (rows, slots): each value is
   packed with its position into one int64 and the packed values sorted, which gives the order
   too, stably, at the cost of a plain sort (``torch.sort(..., stable=True)`` otherwise).
-* :func:`unique` -- ``torch.unique(sorted=True)`` with inverse and counts: on a CPU through
-  numpy's ``argsort`` for arbitrary int64, or :func:`sort_bounded` when a bound is given.
+* :func:`unique` -- ``torch.unique(sorted=True)`` with inverse and counts: on a CPU values and
+  positions packed the same way when the values' span allows (ids, keys prefixed by a feature
+  number), numpy's ``argsort`` for arbitrary int64 (hashed keys).
 
 >>> import torch
 >>> sort_bounded(torch.tensor([5, 2, 5, 0]), bound=8)
@@ -68,17 +69,23 @@ def sort_bounded(values: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.
 def unique(values: torch.Tensor, return_inverse: bool = False, return_counts: bool = False,
            bound: int | None = None):
     """``torch.unique(values, sorted=True, return_inverse=..., return_counts=...)`` of a 1-D
-    integer tensor, the same results; `bound`: entries are known to lie in ``[0, bound)``
-    (faster on a CPU)."""
+    integer tensor, the same results. On a CPU, values whose span (max - min) leaves room for a
+    position in an int64 -- ids, keys that carry a feature number in their high bits -- are sorted
+    packed with their positions (one plain sort, no argsort: ~2x faster at 26k values); hashed
+    64-bit keys span everything and take the argsort. `bound`: entries are known to lie in
+    ``[0, bound)``, which spares finding the span."""
     n = values.numel()
     if values.device.type != "cpu" or n < UNIQUE_NUMPY_MIN or values.dtype != torch.int64:
         return torch.unique(values, sorted=True, return_inverse=return_inverse, return_counts=return_counts)
     # numpy from here on too: a handful of passes over ~10^3-10^4 ints, where torch's per-op
     # overhead (~5 us) would cost as much as the work.
     array = values.contiguous().numpy()
-    bits = _packable(n, bound) if bound is not None else 0
+    lo = 0 if bound is not None else int(array.min())
+    bits = _packable(n, bound if bound is not None else int(array.max()) - lo + 1)  # python ints: no overflow
     if bits:
-        ordered, order = _sort_packed(array, bits)
+        ordered, order = _sort_packed(array - lo if lo else array, bits)
+        if lo:
+            ordered += lo
     else:
         order = np.argsort(array)
         ordered = array[order]

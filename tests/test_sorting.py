@@ -49,6 +49,18 @@ def test_unique_matches_torch_unique(n, bound):
                 assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("low", [-(2 ** 63), -(2 ** 40), 0, 2 ** 63 - 2 ** 20])
+def test_unique_of_values_in_a_narrow_span_anywhere_in_int64(low):
+    # A span of 2**20 leaves room for the positions: packed relative to the minimum, even at the
+    # ends of the int64 range (the span is computed in python ints, the shift can not overflow).
+    values = low + torch.randint(0, 2 ** 20, (20000,), generator=torch.Generator().manual_seed(1))
+    values[:2] = torch.tensor([low, low + 2 ** 20 - 1])
+    want = torch.unique(values, sorted=True, return_inverse=True, return_counts=True)
+    got = unique(values, return_inverse=True, return_counts=True)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_unique_of_a_non_contiguous_tensor():
     values = torch.tensor([[5, 1], [5, 2], [1, 3]]).t()[0]  # [5, 5, 1], strided
     uniq, inverse, counts = unique(values, return_inverse=True, return_counts=True)
