@@ -2,7 +2,7 @@
 
 TensorHashTable's CPU kernels (lookup and insert; the comment atop the C file says why they are C).
 The extension is optional: where no C compiler is found the install goes on and the table runs its
-torch ops (``recstream.nn.tensor_hash_table.NATIVE`` tells which).
+torch ops (``recstream.nn.native.AVAILABLE`` tells which).
 """
 from setuptools import Extension, setup
 

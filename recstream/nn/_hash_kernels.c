@@ -241,6 +241,31 @@ static Py_ssize_t insert_rounds(int64_t *table, int64_t *rows, int64_t *counts, 
     return -1;
 }
 
+/* Insert unique absent keys[0..n): with free_in, each first claims its free slot (the first in order
+ * wins a slot several claim), the rest -- every key without free_in -- go through insert_rounds.
+ * Slots to out, payload reset. free_in must hold valid slots. scratch: 3n int64. Returns the index
+ * of a key that ran out of probes, or -1. */
+static Py_ssize_t place(int64_t *table, int64_t *rows, int64_t *counts, int64_t *last_seen, uint64_t mask,
+                        int64_t max_rounds, int64_t probe_window, int64_t wide_max, const int64_t *keys,
+                        const int64_t *free_in, int64_t *out, Py_ssize_t n, int64_t *scratch, Py_ssize_t *reused) {
+    int64_t *idx = scratch, *probe_at = scratch + n, *want = scratch + 2 * n;
+    Py_ssize_t pending = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = -1;
+        if (free_in && is_free(table[free_in[i]])) { /* claims in call order */
+            *reused += take(table, rows, counts, last_seen, free_in[i], keys[i]);
+            out[i] = free_in[i];
+            continue;
+        }
+        idx[pending++] = i;
+    }
+    if (pending == 0) return -1;
+    int64_t width = pending <= wide_max ? probe_window : 1;
+    if (width > max_rounds) width = max_rounds;
+    return insert_rounds(table, rows, counts, last_seen, mask, max_rounds, width, keys, out, idx, pending, probe_at,
+                         want, reused);
+}
+
 PyDoc_STRVAR(insert_doc,
 "insert(table_keys, rows, counts, last_seen, keys, free, out, max_rounds, probe_window, wide_window_max_keys)\n"
 "-> int\n\n"
@@ -289,33 +314,16 @@ static PyObject *insert(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    int64_t *idx = scratch, *probe_at = scratch + n, *want = scratch + 2 * n;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t pending = 0;
     for (Py_ssize_t i = 0; free_in && i < n; i++) { /* every slot checked before anything is written */
         if (free_in[i] < 0 || (uint64_t)free_in[i] > mask) {
             bad_free = i;
             break;
         }
     }
-    for (Py_ssize_t i = 0; i < n && bad_free < 0; i++) {
-        out[i] = -1;
-        if (free_in) { /* claims in call order: the first of the keys wanting a slot takes it */
-            int64_t s = free_in[i];
-            if (is_free(table[s])) {
-                reused += take(table, rows, counts, last_seen, s, keys[i]);
-                out[i] = s;
-                continue;
-            }
-        }
-        idx[pending++] = i;
-    }
-    if (bad_free < 0 && pending > 0) {
-        int64_t width = pending <= wide_max ? probe_window : 1;
-        if (width > max_rounds) width = max_rounds;
-        full = insert_rounds(table, rows, counts, last_seen, mask, max_rounds, width, keys, out, idx, pending,
-                             probe_at, want, &reused);
-    }
+    if (bad_free < 0)
+        full = place(table, rows, counts, last_seen, mask, max_rounds, probe_window, wide_max, keys, free_in, out, n,
+                     scratch, &reused);
     Py_END_ALLOW_THREADS
     if (bad_free >= 0) {
         PyErr_Format(PyExc_ValueError, "free[%zd]=%lld is not a slot of a table of %zd slots", bad_free,
@@ -329,6 +337,147 @@ static PyObject *insert(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(scratch);
     for (int k = 0; k < 7; k++)
+        if (held[k]) PyBuffer_Release(&a[k].view);
+    return result;
+}
+
+PyDoc_STRVAR(admit_doc,
+"admit(table_keys, table_rows, counts, last_seen, row_slots, row_last_seen, dirty, free_rows, num_free,\n"
+"      keys, occurrences, slots, free, step, max_rounds, probe_window, wide_window_max_keys,\n"
+"      rows_out, new_rows_out) -> int\n\n"
+"HashEmbedding's admission of a step's unique keys when every new key gets a row at once (no\n"
+"eviction, no rehash): the absent keys (slots[i] == -1, free slots from locate) are inserted as\n"
+"insert() would with free; new key j takes row free_rows[num_free - 1 - j] (the top of the free\n"
+"stack first) and its slot goes to slots; then every key is counted (counts += occurrences),\n"
+"seen (last_seen, and its row's row_last_seen, = step), its row marked dirty and written to\n"
+"rows_out; the new rows to new_rows_out (its length: the number of new keys). Arguments are\n"
+"checked before anything is written. Returns the number of tombstones reused.");
+
+/* A writable C-contiguous byte buffer (a bool tensor's numpy view). */
+static int get_bytes(PyObject *obj, Py_buffer *view, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous writable byte buffer", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *admit(PyObject *self, PyObject *args) {
+    (void)self;
+    enum { TK, TR, CNT, LS, RS, RLS, FREE_ROWS, KEYS, OCC, SLOTS, FREE, ROWS_OUT, NEW_OUT, N_ARRAYS };
+    static const char *names[N_ARRAYS] = {"table_keys", "table_rows", "counts", "last_seen", "row_slots",
+                                          "row_last_seen", "free_rows", "keys", "occurrences", "slots", "free",
+                                          "rows_out", "new_rows_out"};
+    static const int writable[N_ARRAYS] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 1, 1};
+    PyObject *o[N_ARRAYS], *o_dirty;
+    Py_ssize_t num_free, max_rounds, probe_window, wide_max;
+    long long step;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOnOOOOLnnnOO", &o[TK], &o[TR], &o[CNT], &o[LS], &o[RS], &o[RLS], &o_dirty,
+                          &o[FREE_ROWS], &num_free, &o[KEYS], &o[OCC], &o[SLOTS], &o[FREE], &step, &max_rounds,
+                          &probe_window, &wide_max, &o[ROWS_OUT], &o[NEW_OUT]))
+        return NULL;
+    Array a[N_ARRAYS];
+    Py_buffer dirty_view;
+    int held[N_ARRAYS] = {0}, dirty_held = 0;
+    int64_t *scratch = NULL;
+    PyObject *result = NULL;
+    for (int k = 0; k < N_ARRAYS; k++) {
+        if (get_array(o[k], &a[k], writable[k], names[k]) < 0) goto done;
+        held[k] = 1;
+    }
+    if (get_bytes(o_dirty, &dirty_view, "dirty") < 0) goto done;
+    dirty_held = 1;
+    Py_ssize_t num_slots = a[TK].n, capacity = a[RS].n, n = a[KEYS].n, n_new = a[NEW_OUT].n;
+    if (check_table(&a[TK]) < 0) goto done;
+    for (int k = TR; k <= LS; k++)
+        if (check_same_length(&a[k], names[k], num_slots) < 0) goto done;
+    for (int k = RLS; k <= FREE_ROWS; k++)
+        if (check_same_length(&a[k], names[k], capacity) < 0) goto done;
+    for (int k = OCC; k <= ROWS_OUT; k++)
+        if (check_same_length(&a[k], names[k], n) < 0) goto done;
+    if (dirty_view.len != capacity || max_rounds < 1 || probe_window < 1 || num_free < n_new || num_free > capacity) {
+        PyErr_Format(PyExc_ValueError, "admit: dirty has %zd bytes for %zd rows; max_rounds %zd, probe_window %zd "
+                     "(>= 1); %zd new keys, %zd free rows", dirty_view.len, capacity, max_rounds, probe_window,
+                     n_new, num_free);
+        goto done;
+    }
+    int64_t *table = a[TK].data, *rows = a[TR].data, *counts = a[CNT].data, *last_seen = a[LS].data;
+    int64_t *row_slots = a[RS].data, *row_last_seen = a[RLS].data, *slots = a[SLOTS].data;
+    int64_t *rows_out = a[ROWS_OUT].data, *new_out = a[NEW_OUT].data;
+    const int64_t *free_rows = a[FREE_ROWS].data, *keys = a[KEYS].data, *occ = a[OCC].data, *free_in = a[FREE].data;
+    uint8_t *dirty = dirty_view.buf;
+    uint64_t mask = (uint64_t)num_slots - 1;
+    scratch = PyMem_Malloc(sizeof(int64_t) * 7 * (size_t)(n_new > 0 ? n_new : 1));
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *new_idx = scratch, *new_keys = scratch + n_new, *new_free = scratch + 2 * n_new;
+    int64_t *new_slots = scratch + 3 * n_new, *place_scratch = scratch + 4 * n_new;
+    Py_ssize_t bad = -1, absent = 0, full = -1, bad_row = -1, reused = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && bad < 0; i++) { /* everything checked before anything is written */
+        if (slots[i] < -1 || slots[i] >= num_slots) bad = i;
+        else if (slots[i] == -1 && (free_in[i] < 0 || free_in[i] >= num_slots)) bad = i;
+        else if (slots[i] == -1 && absent < n_new) {
+            new_idx[absent] = i;
+            new_keys[absent] = keys[i];
+            new_free[absent++] = free_in[i];
+        } else if (slots[i] == -1) absent++;
+    }
+    for (Py_ssize_t j = 0; bad < 0 && absent == n_new && j < n_new; j++)
+        if (free_rows[num_free - 1 - j] < 0 || free_rows[num_free - 1 - j] >= capacity) bad_row = j;
+    if (bad < 0 && bad_row < 0 && absent == n_new) {
+        full = place(table, rows, counts, last_seen, mask, max_rounds, probe_window, wide_max, new_keys, new_free,
+                     new_slots, n_new, place_scratch, &reused);
+    }
+    if (bad < 0 && bad_row < 0 && absent == n_new && full < 0) {
+        for (Py_ssize_t j = 0; j < n_new; j++) { /* the new keys' rows, top of the free stack first */
+            int64_t s = new_slots[j], r = free_rows[num_free - 1 - j];
+            rows[s] = r;
+            row_slots[r] = s;
+            slots[new_idx[j]] = s;
+            new_out[j] = r;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) { /* every key: counted, seen, its row dirty */
+            if (i + AHEAD < n) {
+                int64_t ahead = slots[i + AHEAD];
+                prefetch(rows + ahead);
+                prefetch(counts + ahead);
+                prefetch(last_seen + ahead);
+            }
+            int64_t s = slots[i], r = rows[s];
+            if (r < 0 || r >= capacity) {
+                bad_row = n_new + i; /* a found key without a row: a table admit() can not serve */
+                break;
+            }
+            counts[s] += occ[i];
+            last_seen[s] = step;
+            rows_out[i] = r;
+            dirty[r] = 1;
+            row_last_seen[r] = step;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0)
+        PyErr_Format(PyExc_ValueError, "admit: slots[%zd]=%lld / free[%zd]=%lld is not a slot of a table of %zd slots",
+                     bad, (long long)slots[bad], bad, (long long)free_in[bad], num_slots);
+    else if (absent != n_new)
+        PyErr_Format(PyExc_ValueError, "admit: %zd keys are absent, new_rows_out has room for %zd", absent, n_new);
+    else if (full >= 0)
+        PyErr_Format(PyExc_RuntimeError, "hash table insert exceeded max_rounds=%zd (key %lld)", max_rounds,
+                     (long long)new_keys[full]);
+    else if (bad_row >= 0 && bad_row < n_new)
+        PyErr_Format(PyExc_ValueError, "admit: free_rows[%zd] is not a row of %zd", num_free - 1 - bad_row, capacity);
+    else if (bad_row >= 0)
+        PyErr_Format(PyExc_RuntimeError, "admit: key %lld's slot holds no row (pending keys need the general path)",
+                     (long long)keys[bad_row - n_new]);
+    else
+        result = PyLong_FromSsize_t(reused);
+done:
+    PyMem_Free(scratch);
+    if (dirty_held) PyBuffer_Release(&dirty_view);
+    for (int k = 0; k < N_ARRAYS; k++)
         if (held[k]) PyBuffer_Release(&a[k].view);
     return result;
 }
@@ -463,6 +612,7 @@ done:
 static PyMethodDef methods[] = {
     {"locate", locate, METH_VARARGS, locate_doc},
     {"insert", insert, METH_VARARGS, insert_doc},
+    {"admit", admit, METH_VARARGS, admit_doc},
     {"oldest", oldest, METH_VARARGS, oldest_doc},
     {NULL, NULL, 0, NULL},
 };

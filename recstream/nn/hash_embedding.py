@@ -112,10 +112,19 @@ from torch import nn
 
 from ..sorting import sort_bounded, unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
+from . import native
 from .key_sharding import KeySharding
 from .lru_select import oldest
 from .row_gather import gather_rows
-from .tensor_hash_table import DELETED, EMPTY, NEVER_SEEN, TensorHashTable, _where
+from .tensor_hash_table import (
+    DELETED,
+    EMPTY,
+    NEVER_SEEN,
+    PROBE_WINDOW,
+    WIDE_WINDOW_MAX_KEYS,
+    TensorHashTable,
+    _where,
+)
 
 __all__ = ["HashEmbedding", "table_entries"]
 
@@ -370,18 +379,17 @@ class HashEmbedding(nn.Module):
                        inverse: torch.Tensor | None = None) -> torch.Tensor:
         """The vectors of unique keys (counted and admitted if `mutate`), one per key or, given
         `inverse`, one per entry of ``uniq[inverse]``."""
-        slots, every_key_has_row = self._train_slots(uniq, counts) if mutate else (self.table.find(uniq), False)
-        if every_key_has_row:  # no key to filter out: spare a compaction (and its host sync)
-            rows = r = self.table.rows.index_select(0, slots)
+        slots, rows = self._train_slots(uniq, counts) if mutate else (self.table.find(uniq), None)
+        if rows is not None:  # every key has a row, already marked (the training path's usual case)
+            r = rows
         else:
             rows = torch.where(slots >= 0, self.table.rows.index_select(0, slots.clamp(min=0)), -1)
             has_row = _where(rows >= 0)
             r = rows.index_select(0, has_row)
+            if mutate:
+                self._mark_seen(r)
         if self.max_norm is not None and mutate:
             self._renorm(r)
-        if mutate:
-            self.dirty.index_fill_(0, r, True)  # they get gradients: the optimizer changes them
-            self.row_last_seen.index_fill_(0, r, self._step)
         if r.numel() == uniq.numel() and (self.max_norm is None or mutate):
             # Every key has a row (the common case once keys are admitted): one gather.
             if mutate and self.sparse and self.values.device.type == "cpu":
@@ -401,6 +409,12 @@ class HashEmbedding(nn.Module):
         out = self.default_value.to(emb.dtype).expand(uniq.numel(), -1).clone()
         out = out.index_copy(0, has_row, emb)
         return out if inverse is None else out.index_select(0, inverse)
+
+    def _mark_seen(self, rows: torch.Tensor) -> None:
+        """Rows looked up in training: seen this step, and dirty (they get gradients: the optimizer
+        changes them)."""
+        self.dirty.index_fill_(0, rows, True)
+        self.row_last_seen.index_fill_(0, rows, self._step)
 
     def renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
         """The factor ``max_norm`` applies to rows of norm `norm` (1 where within it); the rule of
@@ -522,12 +536,21 @@ class HashEmbedding(nn.Module):
         rows = self._pop_free(slots.numel())
         self.table.rows.index_copy_(0, slots, rows)
         self.row_slots.index_copy_(0, rows, slots)
+        self._fresh_rows(rows)
+        return rows
+
+    def _fresh_rows(self, rows: torch.Tensor) -> None:
+        """Rows just given to new keys: initial values, dirty, their optimizer state to reset."""
         with torch.no_grad():
             self.values.index_copy_(0, rows, self._init_rows(rows.numel()))
         self.dirty.index_fill_(0, rows, True)
         self.reset_mask.index_fill_(0, rows, True)  # optimizer state of these rows is stale
         self._reset_parts.append(rows)
-        return rows
+
+    def _used_limit(self) -> float:
+        """The fraction of slots live keys and tombstones may use before a rebuild: half of what
+        ``max_load`` leaves free (see :meth:`_rehash_if_needed`)."""
+        return self.max_load + (1.0 - self.max_load) / 2
 
     def _rehash_if_needed(self, n_new: int) -> bool:
         """Drop tombstones if inserting ``n_new`` keys would pass the used-slot bound.
@@ -537,8 +560,7 @@ class HashEmbedding(nn.Module):
         steady eviction churn a rebuild happens every ~num_slots/4 evictions
         (fewer: inserts reuse tombstones they probe over).
         """
-        limit = self.max_load + (1.0 - self.max_load) / 2
-        if not self.table.needs_rehash(n_new, limit):
+        if not self.table.needs_rehash(n_new, self._used_limit()):
             return False
         _, new = self.table.rehash()
         adm = _where(self.table.rows.index_select(0, new) >= 0)
@@ -546,9 +568,9 @@ class HashEmbedding(nn.Module):
         self.row_slots.index_copy_(0, self.table.rows.index_select(0, new), new)
         return True
 
-    def _train_slots(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Count ``uniq`` (with ``counts`` occurrences), admit, insert; return their slots, and
-        whether every key is known to have a row now.
+    def _train_slots(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Count ``uniq`` (with ``counts`` occurrences), admit, insert; return their slots and, when
+        every key has a row now, the rows (marked seen and dirty: :meth:`_mark_seen`), else None.
 
         Slots are -1 only for new keys dropped because the pending budget (or, with
         ``permit_filter_value=1``, the capacity) was exhausted by this very batch.
@@ -556,9 +578,9 @@ class HashEmbedding(nn.Module):
         # Pending keys with permit 1 exist only in a state loaded from a table with permit > 1.
         if self.permit_filter_value == 1 and self._num_pending == 0:
             return self._admit_all(uniq, counts)
-        return self._count_and_admit(uniq, counts), False
+        return self._count_and_admit(uniq, counts), None
 
-    def _admit_all(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    def _admit_all(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`_train_slots` when every key is admitted at first sight (``permit_filter_value=1``,
         the default): no key is ever pending, so no admission bookkeeping -- a third of the ops of
         the general path, which matters because on a CPU a lookup's cost is its op count."""
@@ -566,6 +588,8 @@ class HashEmbedding(nn.Module):
         slots, free = t.locate(uniq)  # the new keys' free slots come with the lookup
         new = _where(slots < 0)  # host sync: how many rows to hand out
         n_new = new.numel()
+        if n_new <= self._num_free and t.runs_kernels(uniq) and not t.needs_rehash(n_new, self._used_limit()):
+            return slots, self._admit_in_kernel(uniq, counts, slots, free, n_new)
         if n_new:
             evict = n_new > self._num_free
             if evict:
@@ -584,7 +608,30 @@ class HashEmbedding(nn.Module):
         seen = slots if keep is None else slots.index_select(0, keep)
         t.counts.index_add_(0, seen, counts if keep is None else counts.index_select(0, keep))
         t.last_seen.index_fill_(0, seen, step)
-        return slots, keep is None  # every key found or admitted: each one has a row
+        if keep is not None:  # some new keys got no row
+            return slots, None
+        rows = t.rows.index_select(0, slots)
+        self._mark_seen(rows)
+        return slots, rows
+
+    def _admit_in_kernel(self, uniq: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor, free: torch.Tensor,
+                         n_new: int) -> torch.Tensor:
+        """:meth:`_admit_all`'s work after the lookup in one compiled pass (``admit`` in
+        ``_hash_kernels.c``) when every new key gets a free row without an eviction or a rehash:
+        insert the new keys, give them rows from the top of the free stack, count every key and mark
+        its row seen and dirty -- the torch ops' state, bit for bit, in one pass instead of ten
+        torch ops over the keys. Fills in ``slots``; returns the keys' rows."""
+        t = self.table
+        rows, new_rows = torch.empty_like(slots), torch.empty(n_new, dtype=torch.int64)
+        reused = native.kernels.admit(
+            t.keys.numpy(), t.rows.numpy(), t.counts.numpy(), t.last_seen.numpy(), self.row_slots.numpy(),
+            self.row_last_seen.numpy(), self.dirty.numpy(), self.free_rows.numpy(), self._num_free,
+            uniq.contiguous().numpy(), counts.contiguous().numpy(), slots.numpy(), free.numpy(), self._step,
+            t.max_rounds, PROBE_WINDOW, WIDE_WINDOW_MAX_KEYS, rows.numpy(), new_rows.numpy())
+        t.record_inserts(n_new, reused)
+        self._set_free(self._num_free - n_new)
+        self._fresh_rows(new_rows)
+        return rows
 
     def _count_and_admit(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """:meth:`_train_slots` with admission after ``permit_filter_value`` > 1 occurrences."""

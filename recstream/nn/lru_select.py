@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # the compiled CPU kernel (module doc); the torch ops below do the same where it is not built
-    from . import _hash_kernels as _native
-except ImportError:  # pragma: no cover - depends on the install having had a C compiler
-    _native = None
+from . import native
 
 __all__ = ["oldest", "BUCKET_BITS"]
 
@@ -45,10 +42,10 @@ def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None
     one step, e.g. a bulk load, age together) until probe sequences there grow past max_rounds.
     Host syncs: the candidate count, the minimum age, the threshold bucket.
     """
-    if _native is not None and last_seen.device.type == "cpu":
+    if native.kernels is not None and last_seen.device.type == "cpu":
         out = torch.empty(max(k, 0), dtype=torch.int64)
-        n = _native.oldest(last_seen.contiguous().numpy(), None if rows is None else rows.contiguous().numpy(),
-                           step, k, BUCKET_BITS, out.numpy())
+        n = native.kernels.oldest(last_seen.contiguous().numpy(), None if rows is None else rows.contiguous().numpy(),
+                                   step, k, BUCKET_BITS, out.numpy())
         return out[:n]
     candidate = last_seen < step
     if rows is not None:

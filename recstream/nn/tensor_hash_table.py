@@ -38,7 +38,7 @@ Design
   (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
   the next keys' probes prefetched, the same probe sequence, tombstone rule and first-claim-wins
   order of contested free slots as the torch ops, which run on CUDA, for int32 keys, and wherever
-  the extension was not built (``NATIVE`` says whether it was). Keys that lose a contested slot,
+  the extension was not built (:mod:`~recstream.nn.native`). Keys that lose a contested slot,
   or that :meth:`insert` places without a noted free slot, take the first free slot of their probe
   sequence in call order; the torch ops' rounds may order such keys differently (a layout as
   valid: :meth:`find` reaches every key before an EMPTY slot either way).
@@ -62,15 +62,9 @@ from torch import nn
 
 from ..sorting import sort_bounded
 from ..validation import check_choice, check_int
+from . import native
 
-try:  # the compiled CPU kernels (module doc); the torch ops below do the same where it is not built
-    from . import _hash_kernels as _native
-except ImportError:  # pragma: no cover - depends on the install having had a C compiler
-    _native = None
-
-__all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "PROBE_WINDOW", "NATIVE", "hash_keys"]
-
-NATIVE = _native is not None  # whether CPU tables of int64 keys run the compiled kernels
+__all__ = ["TensorHashTable", "EMPTY", "DELETED", "NEVER_SEEN", "PROBE_WINDOW", "hash_keys"]
 
 EMPTY = -1
 DELETED = -2
@@ -165,9 +159,10 @@ class TensorHashTable(nn.Module):
         self.num_used_t.fill_(used)
         self.num_live_t.fill_(live)
 
-    def _native_ok(self, keys: torch.Tensor) -> bool:
-        """Whether this call runs the compiled kernels: a CPU table of int64 keys (module doc)."""
-        return _native is not None and self.keys.device.type == "cpu" and self.keys.dtype == torch.int64 \
+    def runs_kernels(self, keys: torch.Tensor) -> bool:
+        """Whether a call on `keys` runs the compiled kernels: a CPU table of int64 keys, CPU keys,
+        the kernels built (module doc)."""
+        return native.kernels is not None and self.keys.device.type == "cpu" and self.keys.dtype == torch.int64 \
             and keys.device.type == "cpu"
 
     def occupied(self) -> torch.Tensor:
@@ -217,12 +212,12 @@ class TensorHashTable(nn.Module):
 
     def _probe(self, keys: torch.Tensor, start: torch.Tensor | None,
                want_free: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self._native_ok(keys):
+        if self.runs_kernels(keys):
             keys = keys.to(torch.int64).contiguous()
             slots = torch.empty_like(keys)
             free = torch.empty_like(keys) if want_free else None
-            _native.locate(self.keys.numpy(), keys.numpy(), slots.numpy(), None if free is None else free.numpy(),
-                           self.max_rounds)
+            native.kernels.locate(self.keys.numpy(), keys.numpy(), slots.numpy(),
+                                  None if free is None else free.numpy(), self.max_rounds)
             return slots, free
         keys = keys.to(self.keys.dtype)
         start = self.start_of(keys) if start is None else start
@@ -291,7 +286,7 @@ class TensorHashTable(nn.Module):
         may differ from one :meth:`insert` of the same keys (which of two keys wanting one slot
         reaches it first depends on the probe window); both are valid.
         """
-        if self._native_ok(keys):
+        if self.runs_kernels(keys):
             return self._insert_native(keys, free)
         keys = keys.to(self.keys.dtype)
         wanted, order, first = _first_per_slot(free, self.num_slots)  # the rule insert() applies
@@ -317,10 +312,16 @@ class TensorHashTable(nn.Module):
         keys = keys.to(torch.int64).contiguous()
         out = torch.empty_like(keys)
         free = None if free is None else free.to(torch.int64).contiguous().numpy()
-        reused = _native.insert(self.keys.numpy(), self.rows.numpy(), self.counts.numpy(), self.last_seen.numpy(),
-                                keys.numpy(), free, out.numpy(), self.max_rounds, PROBE_WINDOW, WIDE_WINDOW_MAX_KEYS)
-        self._set_counters(self.num_used + keys.numel() - reused, self.num_live + keys.numel())
+        reused = native.kernels.insert(
+            self.keys.numpy(), self.rows.numpy(), self.counts.numpy(), self.last_seen.numpy(), keys.numpy(), free,
+            out.numpy(), self.max_rounds, PROBE_WINDOW, WIDE_WINDOW_MAX_KEYS)
+        self.record_inserts(keys.numel(), reused)
         return out
+
+    def record_inserts(self, n: int, reused: int) -> None:
+        """Count `n` keys written into free slots, `reused` of them tombstones (:meth:`insert` does;
+        so does a kernel that inserts for its owner, HashEmbedding's admission)."""
+        self._set_counters(self.num_used + n - reused, self.num_live + n)
 
     def _reset_payload(self, slots: torch.Tensor) -> None:
         """Payload of newly written slots: no row, no count, seen at step 0."""
@@ -335,7 +336,7 @@ class TensorHashTable(nn.Module):
         bound; see :meth:`needs_rehash`). Payload of the new slots is reset
         (``last_seen`` to 0). ``start``: :meth:`start_of` of ``keys``.
         """
-        if self._native_ok(keys):
+        if self.runs_kernels(keys):
             return self._insert_native(keys, None)
         keys = keys.to(self.keys.dtype)
         n = keys.numel()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from recstream.nn import lru_select
+from recstream.nn import native
 from recstream.nn import tensor_hash_table as tht
 
 
@@ -11,9 +11,8 @@ from recstream.nn import tensor_hash_table as tht
 def hash_kernels(request, monkeypatch):
     """Run a test on the hash tables' compiled CPU kernels and again on their torch ops."""
     if request.param == "torch":
-        monkeypatch.setattr(tht, "_native", None)
-        monkeypatch.setattr(lru_select, "_native", None)
-    elif not tht.NATIVE:
+        monkeypatch.setattr(native, "kernels", None)
+    elif not native.AVAILABLE:
         pytest.fail("recstream.nn._hash_kernels was not built (pip install -e . needs a C compiler)")
     return request.param
 

@@ -374,7 +374,7 @@ def test_admit_at_first_sight_path_matches_the_general_admission_path(monkeypatc
     for general in (False, True):
         if general:
             monkeypatch.setattr(HashEmbedding, "_admit_all",
-                                lambda self, uniq, counts: (HashEmbedding._count_and_admit(self, uniq, counts), False))
+                                lambda self, uniq, counts: (HashEmbedding._count_and_admit(self, uniq, counts), None))
         torch.manual_seed(0)
         emb = HashEmbedding(3, capacity=200, evict_low_watermark=0.9)
         outs = [emb(b) for b in batches]
