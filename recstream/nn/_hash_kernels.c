@@ -1,6 +1,7 @@
 /*
- * Compiled CPU kernels of recstream.nn's hash tables: TensorHashTable's lookup and insert of int64
- * keys, and the least-recently-seen selection of HashEmbedding's eviction (lru_select.oldest).
+ * Compiled CPU kernels of recstream.nn's hash tables: TensorHashTable's lookup and insert of
+ * int64 keys, HashEmbedding's admission of a step's keys (admit), and the least-recently-seen
+ * selection of its eviction (oldest, for lru_select.oldest).
  *
  * Why C and not torch ops: on a CPU a batched lookup in torch costs ~80 ops over every key
  * (hash, a window of probes, a compaction per round, winner selection for contested slots);
@@ -8,10 +9,11 @@
  * first probe prefetched, does the same work with one random memory access per probe. No
  * library offers an open-addressing table over caller-owned arrays with this probe sequence
  * and tombstone rule (the layout must stay the one the torch ops of TensorHashTable read and
- * write, on CPU and CUDA alike), so it is written here; tensor_hash_table.py falls back to its
- * torch ops when this module is not built. Likewise the LRU select: a dozen torch ops, each a pass
- * over every row of the table (a full table of 2.6M rows spent ~30 ms per eviction there), are
- * three passes here, selecting the same rows in the same order.
+ * write, on CPU and CUDA alike), so it is written here. Likewise the admission (ten torch ops
+ * over the keys after the lookup become one pass) and the LRU select (a dozen torch ops, each a
+ * pass over every row -- ~30 ms per eviction for 2.6M rows -- become three passes). Each kernel
+ * leaves exactly the state its torch ops leave; recstream/nn/native.py says whether this module
+ * was built, and the torch ops run where it was not (and on CUDA).
  *
  * Table layout (owned by TensorHashTable): keys[num_slots] (int64, EMPTY = -1, DELETED = -2),
  * num_slots a power of two, triangular probing h, h+1, h+3, h+6, ... from
@@ -19,9 +21,10 @@
  * rows / counts / last_seen are reset here for inserted keys, as TensorHashTable._reset_payload
  * does.
  *
- * Arguments are C-contiguous int64 buffers (numpy views of CPU tensors, no copy); every slot
- * index read from the caller is bounds-checked, so a wrong argument raises instead of writing
- * out of bounds. The GIL is released while a kernel runs.
+ * Arguments are C-contiguous int64 buffers (numpy views of CPU tensors, no copy; HashEmbedding's
+ * dirty flags a byte buffer); every index read from the caller is bounds-checked before anything
+ * is written, so a wrong argument raises instead of writing out of bounds or half a result. The
+ * GIL is released while a kernel runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
