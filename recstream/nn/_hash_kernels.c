@@ -545,11 +545,22 @@ static PyObject *oldest(PyObject *self, PyObject *args) {
     Py_ssize_t n = a[0].n, n_cand = 0, written = 0;
     int64_t lo = INT64_MAX;
 #define CANDIDATE(i) (ls[i] < step && (rows == NULL || rows[i] < 0))
+    Py_ssize_t buckets = (Py_ssize_t)1 << bits;
+    hist = PyMem_Calloc((size_t)buckets, sizeof(int64_t));
+    if (hist == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* One pass for the count, the oldest step and -- by age, step - 1 - last_seen -- the histogram
+     * of the candidates seen in the last `buckets` steps: when they span no more (the usual case)
+     * that is the histogram the select needs, reversed, and the second pass is spared. */
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
         if (CANDIDATE(i)) {
             n_cand++;
             if (ls[i] < lo) lo = ls[i];
+            uint64_t age = (uint64_t)step - 1 - (uint64_t)ls[i];
+            if (age < (uint64_t)buckets) hist[age]++;
         }
     Py_END_ALLOW_THREADS
     if (k <= 0 || n_cand == 0) {
@@ -565,17 +576,20 @@ static PyObject *oldest(PyObject *self, PyObject *args) {
     /* Power-of-two bucket width (see lru_select.oldest); span >= 1 as lo < step. */
     uint64_t span = (uint64_t)step - (uint64_t)lo;
     int shift = bit_length(span - 1) - bits;
-    if (shift < 0) shift = 0;
-    Py_ssize_t buckets = (Py_ssize_t)1 << bits;
-    hist = PyMem_Calloc((size_t)buckets, sizeof(int64_t));
-    if (hist == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (shift <= 0) { /* bucket of last_seen = lo + b is age span - 1 - b: reverse ages [0, span) */
+        shift = 0;
+        for (Py_ssize_t b = 0, c = (Py_ssize_t)span - 1; b < c; b++, c--) {
+            int64_t x = hist[b];
+            hist[b] = hist[c];
+            hist[c] = x;
+        }
+    } else {
+        memset(hist, 0, sizeof(int64_t) * (size_t)buckets);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (CANDIDATE(i)) hist[((uint64_t)ls[i] - (uint64_t)lo) >> shift]++;
+        Py_END_ALLOW_THREADS
     }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (CANDIDATE(i)) hist[((uint64_t)ls[i] - (uint64_t)lo) >> shift]++;
-    Py_END_ALLOW_THREADS
     Py_ssize_t t = 0, older = 0;
     while (older + hist[t] < k) older += hist[t++]; /* t: the first bucket reaching k */
     Py_ssize_t n_edge = hist[t], m = k - older, e = 0;

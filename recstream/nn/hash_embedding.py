@@ -470,16 +470,20 @@ class HashEmbedding(nn.Module):
             self._evict_slots(_where(self.table.last_seen < self._step - n))
 
     # ---------------------------------------------------------- eviction
-    def _evict_slots(self, slots: torch.Tensor) -> None:
-        """Remove the keys in ``slots`` (unique, occupied); free their rows."""
+    def _evict_slots(self, slots: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Remove the keys in ``slots`` (unique, occupied); free their rows. ``rows``: the slots'
+        rows, when the caller knows every key is admitted (the LRU pass over rows): spares a
+        gather over the slots."""
         if slots.numel() == 0:
             return
         t = self.table
-        rows = t.rows.index_select(0, slots)
-        adm = _where(rows >= 0)
-        freed = rows.index_select(0, adm)
+        adm = None  # positions of the admitted keys in `slots`; None: all of them
+        if rows is None:
+            rows = t.rows.index_select(0, slots)
+            adm = _where(rows >= 0)
+        freed = rows if adm is None else rows.index_select(0, adm)
         if self._track_evictions:  # only once a baseline was exported (bounded log)
-            gone = t.keys.index_select(0, slots.index_select(0, adm))
+            gone = t.keys.index_select(0, slots if adm is None else slots.index_select(0, adm))
             self.evicted_keys = torch.cat([self.evicted_keys, gone])
         self.row_slots.index_fill_(0, freed, -1)
         self.row_last_seen.index_fill_(0, freed, NEVER_SEEN)
@@ -509,7 +513,7 @@ class HashEmbedding(nn.Module):
         self.row_last_seen.index_fill_(0, rows.index_select(0, _where(rows >= 0)), self._step)
         # Free rows read last_seen=+inf, so `< step` also excludes them.
         rows = self._oldest(self.row_last_seen, k)
-        self._evict_slots(self.row_slots.index_select(0, rows))
+        self._evict_slots(self.row_slots.index_select(0, rows), rows)
 
     def _evict_lru_pending(self, k: int) -> int:
         """Drop up to ``k`` pending keys not seen in the current step. O(num_slots)."""

@@ -89,7 +89,7 @@ def test_many_keys_wanting_one_slot_in_a_large_call(monkeypatch):
     assert torch.equal(*layouts)
 
 
-@pytest.mark.parametrize("span", [50, 10**6, 2**40])  # one step per bucket, and buckets of several steps
+@pytest.mark.parametrize("span", [50, 2**16, 2**16 + 1, 10**6, 2**40])  # one step per bucket (up to 2**16), or several
 @pytest.mark.parametrize("with_rows", [False, True])
 def test_oldest_selects_what_the_torch_ops_select(span, with_rows):
     gen = torch.Generator().manual_seed(span)
