@@ -11,7 +11,7 @@
  * and tombstone rule (the layout must stay the one the torch ops of TensorHashTable read and
  * write, on CPU and CUDA alike), so it is written here. Likewise the admission (ten torch ops
  * over the keys after the lookup become one pass) and the LRU select (a dozen torch ops, each a
- * pass over every row -- ~30 ms per eviction for 2.6M rows -- become three passes). Each kernel
+ * pass over every row -- ~30 ms per eviction for 2.6M rows -- become two or three passes). Each kernel
  * leaves exactly the state its torch ops leave; recstream/nn/native.py says whether this module
  * was built, and the torch ops run where it was not (and on CUDA).
  *
@@ -507,7 +507,8 @@ static int by_age_then_index(const void *a, const void *b) {
 
 PyDoc_STRVAR(oldest_doc,
 "oldest(last_seen, rows, step, k, bucket_bits, out) -> int\n\n"
-"recstream.nn.lru_select.oldest's histogram select in three passes: the indices of the k\n"
+"recstream.nn.lru_select.oldest's histogram select in two passes (three for a span of ages\n"
+"over 2**bucket_bits steps): the indices of the k\n"
 "candidates (last_seen < step, and rows < 0 where rows is not None) seen longest ago go to out\n"
 "(length >= k): every candidate of an older bucket, in index order, then the oldest (buckets of\n"
 "several steps) or evenly spread (buckets of one step) part of the bucket holding the k-th.\n"

@@ -36,12 +36,10 @@ Design
   took 25% less time).
 * Compiled kernels: on a CPU, tables of int64 keys look up and insert through ``_hash_kernels``
   (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
-  the next keys' probes prefetched, the same probe sequence, tombstone rule and first-claim-wins
-  order of contested free slots as the torch ops, which run on CUDA, for int32 keys, and wherever
-  the extension was not built (:mod:`~recstream.nn.native`). Keys that lose a contested slot,
-  or that :meth:`insert` places without a noted free slot, take the first free slot of their probe
-  sequence in call order; the torch ops' rounds may order such keys differently (a layout as
-  valid: :meth:`find` reaches every key before an EMPTY slot either way).
+  the next keys' probes prefetched, the same probe sequence and tombstone rule, and an insert that
+  replays the rounds below claim for claim, so both implementations leave the same layout. The
+  torch ops run on CUDA, for int32 keys, and wherever the extension was not built
+  (:mod:`~recstream.nn.native`).
 * Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
   default: ~1.5 probes per successful lookup). Tombstones count as used
   (misses probe past them); when ``used`` would exceed a second, higher bound
