@@ -81,8 +81,24 @@ static int get_array(PyObject *obj, Array *a, int writable, const char *name) {
     return 0;
 }
 
-static void release(Array *arrays, int count) {
-    for (int i = 0; i < count; i++) PyBuffer_Release(&arrays[i].view);
+/* The int64 buffer arguments objs[0..n) into a[0..n); held[k] (zeroed by the caller) marks each one
+ * taken, for release_arrays. An argument marked in `optional` may be None: a[k] is then empty (data
+ * NULL, n 0). Returns -1 with the error set. */
+static int get_arrays(PyObject *const *objs, const char *const *names, const int *writable, const int *optional,
+                      int n, Array *a, int *held) {
+    for (int k = 0; k < n; k++) {
+        a[k].data = NULL;
+        a[k].n = 0;
+        if (optional[k] && objs[k] == Py_None) continue;
+        if (get_array(objs[k], &a[k], writable[k], names[k]) < 0) return -1;
+        held[k] = 1;
+    }
+    return 0;
+}
+
+static void release_arrays(Array *a, const int *held, int n) {
+    for (int k = 0; k < n; k++)
+        if (held[k]) PyBuffer_Release(&a[k].view);
 }
 
 /* Probe for `key`: its slot, or -1 when absent; *free_slot gets the first EMPTY or DELETED slot
@@ -134,22 +150,15 @@ PyDoc_STRVAR(locate_doc,
 "RuntimeError when a key's probe meets neither it nor an EMPTY slot within max_rounds.");
 
 static PyObject *locate(PyObject *self, PyObject *args) {
-    PyObject *o_table, *o_keys, *o_slots, *o_free;
+    (void)self;
+    PyObject *o[4];
     Py_ssize_t max_rounds;
-    if (!PyArg_ParseTuple(args, "OOOOn", &o_table, &o_keys, &o_slots, &o_free, &max_rounds)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &max_rounds)) return NULL;
+    static const char *names[4] = {"table_keys", "keys", "slots", "free"};
+    static const int writable[4] = {0, 0, 1, 1}, optional[4] = {0, 0, 0, 1};
     Array a[4];
-    int got = 0;
-    int want_free = o_free != Py_None;
-    if (get_array(o_table, &a[got], 0, "table_keys") < 0) goto fail;
-    got++;
-    if (get_array(o_keys, &a[got], 0, "keys") < 0) goto fail;
-    got++;
-    if (get_array(o_slots, &a[got], 1, "slots") < 0) goto fail;
-    got++;
-    if (want_free) {
-        if (get_array(o_free, &a[got], 1, "free") < 0) goto fail;
-        got++;
-    }
+    int held[4] = {0}, want_free = o[3] != Py_None;
+    if (get_arrays(o, names, writable, optional, 4, a, held) < 0) goto fail;
     if (check_table(&a[0]) < 0 || check_same_length(&a[2], "slots", a[1].n) < 0
         || (want_free && check_same_length(&a[3], "free", a[1].n) < 0)) goto fail;
 
@@ -175,10 +184,10 @@ static PyObject *locate(PyObject *self, PyObject *args) {
                      (long long)keys[bad]);
         goto fail;
     }
-    release(a, got);
+    release_arrays(a, held, 4);
     return PyLong_FromSsize_t(absent);
 fail:
-    release(a, got);
+    release_arrays(a, held, 4);
     return NULL;
 }
 
@@ -280,6 +289,7 @@ PyDoc_STRVAR(insert_doc,
 "Returns the number of tombstones reused.");
 
 static PyObject *insert(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *o[7];
     Py_ssize_t max_rounds, probe_window, wide_max;
     if (!PyArg_ParseTuple(args, "OOOOOOOnnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &max_rounds,
@@ -291,17 +301,12 @@ static PyObject *insert(PyObject *self, PyObject *args) {
         return NULL;
     }
     static const char *names[7] = {"table_keys", "rows", "counts", "last_seen", "keys", "free", "out"};
-    static const int writable[7] = {1, 1, 1, 1, 0, 0, 1};
+    static const int writable[7] = {1, 1, 1, 1, 0, 0, 1}, optional[7] = {0, 0, 0, 0, 0, 1, 0};
     Array a[7];
     int held[7] = {0}, have_free = o[5] != Py_None;
     int64_t *scratch = NULL;
     PyObject *result = NULL;
-    for (int k = 0; k < 7; k++) {
-        a[k].n = 0;
-        if (k == 5 && !have_free) continue;
-        if (get_array(o[k], &a[k], writable[k], names[k]) < 0) goto done;
-        held[k] = 1;
-    }
+    if (get_arrays(o, names, writable, optional, 7, a, held) < 0) goto done;
     if (check_table(&a[0]) < 0) goto done;
     for (int k = 1; k < 4; k++)
         if (check_same_length(&a[k], names[k], a[0].n) < 0) goto done;
@@ -339,8 +344,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     }
 done:
     PyMem_Free(scratch);
-    for (int k = 0; k < 7; k++)
-        if (held[k]) PyBuffer_Release(&a[k].view);
+    release_arrays(a, held, 7);
     return result;
 }
 
@@ -371,7 +375,7 @@ static PyObject *admit(PyObject *self, PyObject *args) {
     static const char *names[N_ARRAYS] = {"table_keys", "table_rows", "counts", "last_seen", "row_slots",
                                           "row_last_seen", "free_rows", "keys", "occurrences", "slots", "free",
                                           "rows_out", "new_rows_out"};
-    static const int writable[N_ARRAYS] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 1, 1};
+    static const int writable[N_ARRAYS] = {1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 0, 1, 1}, optional[N_ARRAYS] = {0};
     PyObject *o[N_ARRAYS], *o_dirty;
     Py_ssize_t num_free, max_rounds, probe_window, wide_max;
     long long step;
@@ -384,10 +388,7 @@ static PyObject *admit(PyObject *self, PyObject *args) {
     int held[N_ARRAYS] = {0}, dirty_held = 0;
     int64_t *scratch = NULL;
     PyObject *result = NULL;
-    for (int k = 0; k < N_ARRAYS; k++) {
-        if (get_array(o[k], &a[k], writable[k], names[k]) < 0) goto done;
-        held[k] = 1;
-    }
+    if (get_arrays(o, names, writable, optional, N_ARRAYS, a, held) < 0) goto done;
     if (get_bytes(o_dirty, &dirty_view, "dirty") < 0) goto done;
     dirty_held = 1;
     Py_ssize_t num_slots = a[TK].n, capacity = a[RS].n, n = a[KEYS].n, n_new = a[NEW_OUT].n;
@@ -480,8 +481,7 @@ static PyObject *admit(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(scratch);
     if (dirty_held) PyBuffer_Release(&dirty_view);
-    for (int k = 0; k < N_ARRAYS; k++)
-        if (held[k]) PyBuffer_Release(&a[k].view);
+    release_arrays(a, held, N_ARRAYS);
     return result;
 }
 
@@ -515,28 +515,24 @@ PyDoc_STRVAR(oldest_doc,
 "Returns how many were written: min(k, candidates).");
 
 static PyObject *oldest(PyObject *self, PyObject *args) {
-    PyObject *o_ls, *o_rows, *o_out;
+    (void)self;
+    PyObject *o[3];
     long long step_ll, k_ll;
     int bits;
-    if (!PyArg_ParseTuple(args, "OOLLiO", &o_ls, &o_rows, &step_ll, &k_ll, &bits, &o_out)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOLLiO", &o[0], &o[1], &step_ll, &k_ll, &bits, &o[2])) return NULL;
     if (bits < 1 || bits > 24) {
         PyErr_Format(PyExc_ValueError, "bucket_bits must be in [1, 24], got %d", bits);
         return NULL;
     }
+    static const char *names[3] = {"last_seen", "rows", "out"};
+    static const int writable[3] = {0, 0, 1}, optional[3] = {0, 1, 0};
     Array a[3];
     int held[3] = {0};
     PyObject *result = NULL;
     int64_t *hist = NULL;
     Aged *edge = NULL;
-    if (get_array(o_ls, &a[0], 0, "last_seen") < 0) goto done;
-    held[0] = 1;
-    if (o_rows != Py_None) {
-        if (get_array(o_rows, &a[1], 0, "rows") < 0) goto done;
-        held[1] = 1;
-        if (check_same_length(&a[1], "rows", a[0].n) < 0) goto done;
-    }
-    if (get_array(o_out, &a[2], 1, "out") < 0) goto done;
-    held[2] = 1;
+    if (get_arrays(o, names, writable, optional, 3, a, held) < 0) goto done;
+    if (held[1] && check_same_length(&a[1], "rows", a[0].n) < 0) goto done;
     if (k_ll > a[2].n) {
         PyErr_Format(PyExc_ValueError, "out: length %zd, expected at least k=%lld", a[2].n, k_ll);
         goto done;
@@ -622,8 +618,7 @@ static PyObject *oldest(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(hist);
     PyMem_Free(edge);
-    for (int i = 0; i < 3; i++)
-        if (held[i]) PyBuffer_Release(&a[i].view);
+    release_arrays(a, held, 3);
     return result;
 }
 
@@ -638,6 +633,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_hash_kernels",
     "Compiled CPU kernels of recstream.nn's hash tables (see the comment atop _hash_kernels.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__hash_kernels(void) { return PyModule_Create(&module); }
