@@ -20,16 +20,12 @@ from __future__ import annotations
 import torch
 
 from . import native
+from .tensor_hash_table import NEVER_SEEN, _where
 
 __all__ = ["oldest", "BUCKET_BITS"]
 
 BUCKET_BITS = 16  # 2**16 buckets: exact ages whenever the candidates span <= 65,536 steps
 _BUCKETS = 1 << BUCKET_BITS
-_NEVER_SEEN = torch.iinfo(torch.int64).max
-
-
-def _where(mask: torch.Tensor) -> torch.Tensor:
-    return mask.nonzero().squeeze(1)
 
 
 def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,7 +59,7 @@ def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int)
         return torch.empty(0, dtype=torch.int64, device=dev)
     if k == n_cand:
         return _where(candidate)
-    ls = torch.where(candidate, last_seen, _NEVER_SEEN)
+    ls = torch.where(candidate, last_seen, NEVER_SEEN)
     lo = int(ls.min())
     span = step - lo  # candidates have lo <= last_seen < step
     # Power-of-two bucket width (a shift, not an int64 division); width 1 --
