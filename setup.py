@@ -1,9 +1,13 @@
-"""Build of the one compiled part of recstream; everything else is configured in pyproject.toml.
+"""Build of the compiled parts of recstream; everything else is configured in pyproject.toml.
 
-The hash tables' CPU kernels (lookup, insert, admission, LRU select; the comment atop the C file says
-why they are C). The extension is optional: where no C compiler is found the install goes on and the
-tables run their torch ops (``recstream.nn.native.AVAILABLE`` tells which).
+Two optional C extensions (the comment atop each C file says why it is C): the hash tables' CPU
+kernels (lookup, insert, admission, LRU select) and the row-sparse optimizers' CPU row updates
+(RowWiseAdagrad, FTRL). Where no C compiler is found the install goes on and the same algorithms run
+as torch ops (``recstream.nn.native.AVAILABLE`` / ``recstream.optim.native.AVAILABLE`` tell which).
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("recstream.nn._hash_kernels", ["recstream/nn/_hash_kernels.c"], optional=True)])
+setup(ext_modules=[
+    Extension("recstream.nn._hash_kernels", ["recstream/nn/_hash_kernels.c"], optional=True),
+    Extension("recstream.optim._row_kernels", ["recstream/optim/_row_kernels.c"], optional=True),
+])

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
+from . import native
 from ._base import SparseRowOptimizer, put_rows, take_rows
 
 __all__ = ["FTRL"]
@@ -98,6 +99,11 @@ class FTRL(SparseRowOptimizer):
         acc_t, lin_t = state["accumulator"], state["linear"]
         if acc_t.dim() == 0:
             acc_t, lin_t = acc_t.unsqueeze(0), lin_t.unsqueeze(0)
+        if power == 0.5 and native.runs_on_kernels(rows, [p, grad, acc_t, lin_t]):
+            # One pass over the touched rows instead of ~15 torch ops (see _row_kernels.c).
+            native.kernels.ftrl(p.detach().view(-1).numpy(), acc_t.view(-1).numpy(), lin_t.view(-1).numpy(),
+                                rows.numpy(), grad.reshape(-1).numpy(), p[0].numel(), lr, l1, l2)
+            return
 
         n = take_rows(acc_t, rows)
         z = take_rows(lin_t, rows)

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
+from . import native
 from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, row_broadcast, take_rows
 
 __all__ = ["RowWiseAdagrad"]
@@ -78,6 +79,11 @@ class RowWiseAdagrad(SparseRowOptimizer):
                 state: dict[str, Any], group: dict[str, Any]) -> None:
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         state["step"] += 1
+        if native.runs_on_kernels(rows, [p, grad, state["sum"]]):
+            # One pass over the touched rows instead of ~10 torch ops (see _row_kernels.c).
+            native.kernels.rowwise_adagrad(p.detach().view(-1).numpy(), state["sum"].numpy(), rows.numpy(),
+                                           grad.reshape(-1).numpy(), p[0].numel(), lr, eps, wd)
+            return
         if wd != 0:
             # Out of place: never modify the caller's .grad.
             grad = grad.add(take_rows(p, rows), alpha=wd)

@@ -1,0 +1,33 @@
+"""The row-sparse optimizers' compiled CPU row updates, where this install built them.
+
+``kernels`` is the extension module ``recstream.optim._row_kernels`` (``_row_kernels.c``; the
+comment atop it says what it does and why it is C), or None where it was not built (no C compiler
+at install time): :class:`~recstream.optim.RowWiseAdagrad` and :class:`~recstream.optim.FTRL` then
+update their rows with torch ops, which compute the same formulas (equal to float32 rounding).
+``AVAILABLE`` says which. Callers read ``native.kernels`` at call time, so a test can switch the
+kernels off for a run; :func:`runs_on_kernels` says whether an update's tensors qualify.
+
+>>> isinstance(AVAILABLE, bool)
+True
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:
+    from . import _row_kernels as kernels
+except ImportError:  # pragma: no cover - depends on the install having had a C compiler
+    kernels = None
+
+__all__ = ["kernels", "AVAILABLE", "runs_on_kernels"]
+
+AVAILABLE = kernels is not None
+
+
+def runs_on_kernels(rows: Tensor | None, values: list[Tensor]) -> bool:
+    """Whether a row update of `rows` (None: every row, which stays on torch ops) over the tensors
+    `values` (weight, state, gradient) runs on the kernels: built, CPU, float32, contiguous, int64 rows."""
+    return (kernels is not None and rows is not None and rows.device.type == "cpu" and rows.dtype == torch.long
+            and rows.is_contiguous()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in values))
