@@ -1,6 +1,6 @@
 /*
- * Compiled CPU kernels of recstream.optim's row-sparse updates: RowWiseAdagrad's and FTRL's
- * update of the touched rows of a float32 table (rowwise_adagrad, ftrl).
+ * Compiled CPU kernels of recstream.optim's row-sparse updates: lazy Adam's, RowWiseAdagrad's and
+ * FTRL's update of the touched rows of a float32 table (lazy_adam, rowwise_adagrad, ftrl).
  *
  * Why C and not torch ops: on a CPU the torch form of a row update gathers each state tensor's
  * rows (index_select), runs half a dozen elementwise ops over those copies and scatters them back
@@ -8,8 +8,8 @@
  * passes, three of them random accesses into tables of millions of rows, each paying its cache
  * misses again. One loop over the rows reads each touched row once, updates it in registers and
  * writes it back, with the next rows prefetched. No library offers a fused sparse update of these
- * two optimizers on a CPU (FBGEMM's fused embedding optimizers own their table storage and do not
- * keep FTRL), so it is written here.
+ * optimizers on a CPU over tensors it does not own (FBGEMM's fused embedding optimizers own their
+ * table storage, and boost keeps a user's Adam state in Adam's own tensors), so it is written here.
  *
  * The arithmetic is the one of the torch ops (same formulas, in float32, in the same order), so the
  * kernels and the ops agree to rounding: the ops' vectorised reductions and fused multiply-adds
@@ -118,6 +118,62 @@ static int check_sizes(const Array *a, Py_ssize_t dim, int n_state, Py_ssize_t s
         return -1;
     }
     return 0;
+}
+
+static const char lazy_adam_doc[] =
+    "lazy_adam(weight, exp_avg, exp_avg_sq, rows, grad, dim, beta1, beta2, eps, step_size, bias_correction2_sqrt)\n\n"
+    "Lazy Adam's update of the unique `rows` of `weight`, `exp_avg` (m) and `exp_avg_sq` (v), each\n"
+    "[num_rows * dim] float32, from their gradient `grad` ([len(rows) * dim]): m += (1 - beta1) (g - m),\n"
+    "v = beta2 v + (1 - beta2) g g, w -= step_size m / (sqrt(v) / bias_correction2_sqrt + eps).";
+
+static PyObject *lazy_adam(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[5];
+    Py_ssize_t dim;
+    float beta1, beta2, eps, step_size, bc2;
+    if (!PyArg_ParseTuple(args, "OOOOOnfffff:lazy_adam", &o[0], &o[1], &o[2], &o[3], &o[4], &dim, &beta1, &beta2,
+                          &eps, &step_size, &bc2))
+        return NULL;
+    static const char *const names[] = {"weight", "exp_avg", "exp_avg_sq", "rows", "grad"};
+    static const int writable[] = {1, 1, 1, 0, 0};
+    Array a[5];
+    if (get_arrays(o, names, "fffqf", writable, 5, a) < 0) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t num_rows;
+    if (check_sizes(a, dim, 2, dim, &num_rows) < 0) goto done;
+    float *w = a[0].data, *m = a[1].data, *v = a[2].data;
+    const int64_t *rows = a[3].data;
+    const float *grad = a[4].data;
+    Py_ssize_t n = a[3].n;
+    if (check_rows(rows, n, num_rows) < 0) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    float weight1 = 1.0f - beta1, weight2 = 1.0f - beta2, neg_step = -step_size;
+    int small = fabsf(weight1) < 0.5f;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) {
+            Py_ssize_t ahead = rows[i + AHEAD] * dim;
+            prefetch(w + ahead);
+            prefetch(m + ahead);
+            prefetch(v + ahead);
+        }
+        Py_ssize_t base = rows[i] * dim;
+        const float *g = grad + i * dim;
+        for (Py_ssize_t j = 0; j < dim; j++) {
+            float mj = small ? m[base + j] + weight1 * (g[j] - m[base + j]) /* torch's lerp, both forms */
+                             : g[j] - (g[j] - m[base + j]) * (1.0f - weight1);
+            float vj = v[base + j] * beta2 + weight2 * g[j] * g[j];
+            float denom = sqrtf(vj) / bc2 + eps;
+            m[base + j] = mj;
+            v[base + j] = vj;
+            w[base + j] += (mj / denom) * neg_step;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    release_arrays(a, 5);
+    return result;
 }
 
 static const char rowwise_adagrad_doc[] =
@@ -238,6 +294,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"lazy_adam", lazy_adam, METH_VARARGS, lazy_adam_doc},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, rowwise_adagrad_doc},
     {"ftrl", ftrl, METH_VARARGS, ftrl_doc},
     {NULL, NULL, 0, NULL},

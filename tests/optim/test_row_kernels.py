@@ -1,11 +1,11 @@
-"""The compiled row updates of RowWiseAdagrad and FTRL (recstream/optim/_row_kernels.c) against
+"""The compiled row updates of LazyAdam, RowWiseAdagrad and FTRL (recstream/optim/_row_kernels.c) against
 their torch ops, and the kernels' refusals of bad arguments."""
 
 import numpy as np
 import pytest
 import torch
 
-from recstream.optim import FTRL, RowWiseAdagrad, native
+from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad, native
 
 from ._optim_helpers import random_rows, sparse_grad
 
@@ -51,6 +51,8 @@ def train(cls, shape, kwargs, kernels, monkeypatch, steps=6, dtype=torch.float32
 
 
 CASES = [
+    (LazyAdam, (50, 16), dict(lr=0.01)),
+    (LazyAdam, (50,), dict(lr=0.1, betas=(0.3, 0.99), eps=1e-6)),  # 1 - beta1 >= 0.5: lerp's other form
     (RowWiseAdagrad, (50, 16), dict(lr=0.1)),
     (RowWiseAdagrad, (50, 5), dict(lr=0.1, weight_decay=0.01, initial_accumulator_value=0.1, eps=1e-6)),
     (RowWiseAdagrad, (50, 1), dict(lr=0.1)),
@@ -138,3 +140,26 @@ def test_ftrl_kernel_refuses_bad_arguments_before_writing(counting):
     with pytest.raises(ValueError, match=r"rows\[2\] = 9"):
         counting.ftrl(w, acc, lin, np.array([0, 1, 9]), grad, 4, 0.1, 0.0, 0.0)
     assert not w.any() and (acc == 1).all() and not lin.any()
+
+
+def test_boost_hooks_on_torch_adam_run_the_kernel(counting, monkeypatch):
+    """accept_sparse_rows (boost O1 on a user's Adam) steps its row-sparse tables on the kernel."""
+    from recstream.optim.sparse_rows import accept_sparse_rows
+
+    def run(kernels):
+        monkeypatch.setattr(native, "kernels", kernels)
+        torch.manual_seed(0)
+        tables = torch.nn.ModuleList(torch.nn.Embedding(40, 8, sparse=True) for _ in range(3))
+        opt = torch.optim.Adam(tables.parameters(), lr=0.05)
+        accept_sparse_rows(opt, list(tables.parameters()), fuse=True)
+        for step in range(4):
+            ids = torch.randint(0, 40, (3, 16), generator=torch.Generator().manual_seed(step))
+            sum(t(ids[i]).pow(2).sum() for i, t in enumerate(tables)).backward()
+            opt.step()
+            opt.zero_grad()
+        return [t.weight.detach().clone() for t in tables]
+
+    got = run(counting)
+    assert counting.calls == 4  # one fused set of three tables, one call per step
+    for a, b in zip(got, run(None), strict=True):  # weights ~1 moved by lr 0.05 four times: a few ulps apart
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
