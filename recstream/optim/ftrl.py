@@ -105,8 +105,7 @@ class FTRL(SparseRowOptimizer):
             acc_t, lin_t = acc_t.unsqueeze(0), lin_t.unsqueeze(0)
         if power == 0.5 and native.runs_on_kernels(rows, [p, grad, acc_t, lin_t]):
             # One pass over the touched rows instead of ~15 torch ops (see _row_kernels.c).
-            native.kernels.ftrl(p.detach().view(-1).numpy(), acc_t.view(-1).numpy(), lin_t.view(-1).numpy(),
-                                rows.numpy(), grad.reshape(-1).numpy(), p[0].numel(), lr, l1, l2)
+            native.update_rows("ftrl", [p, acc_t, lin_t], rows, grad, lr, l1, l2)
             return
 
         n = take_rows(acc_t, rows)

@@ -120,9 +120,7 @@ def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, T
     if all(native.runs_on_kernels(rows, [p, grad, m, v]) for p, rows, grad, m, v in tables):
         # One pass over each table's touched rows instead of a dozen torch ops (see _row_kernels.c).
         for p, rows, grad, m, v in tables:
-            native.kernels.lazy_adam(p.detach().view(-1).numpy(), m.view(-1).numpy(), v.view(-1).numpy(), rows.numpy(),
-                                     grad.reshape(-1).numpy(), p[0].numel(), beta1, beta2, eps, step_size,
-                                     bias_correction2_sqrt)
+            native.update_rows("lazy_adam", [p, m, v], rows, grad, beta1, beta2, eps, step_size, bias_correction2_sqrt)
         return
 
     def joined(tensors: list[Tensor]) -> Tensor:

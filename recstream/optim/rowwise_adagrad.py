@@ -85,8 +85,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
         state["step"] += 1
         if native.runs_on_kernels(rows, [p, grad, state["sum"]]):
             # One pass over the touched rows instead of ~10 torch ops (see _row_kernels.c).
-            native.kernels.rowwise_adagrad(p.detach().view(-1).numpy(), state["sum"].numpy(), rows.numpy(),
-                                           grad.reshape(-1).numpy(), p[0].numel(), lr, eps, wd)
+            native.update_rows("rowwise_adagrad", [p, state["sum"]], rows, grad, lr, eps, wd)
             return
         if wd != 0:
             # Out of place: never modify the caller's .grad.
