@@ -121,18 +121,20 @@ static int check_sizes(const Array *a, Py_ssize_t dim, int n_state, Py_ssize_t s
 }
 
 static const char lazy_adam_doc[] =
-    "lazy_adam(weight, exp_avg, exp_avg_sq, rows, grad, dim, beta1, beta2, eps, step_size, bias_correction2_sqrt)\n\n"
+    "lazy_adam(weight, exp_avg, exp_avg_sq, rows, grad, dim, one_minus_beta1, beta2, one_minus_beta2, eps,\n"
+    "          step_size, bias_correction2_sqrt)\n\n"
     "Lazy Adam's update of the unique `rows` of `weight`, `exp_avg` (m) and `exp_avg_sq` (v), each\n"
     "[num_rows * dim] float32, from their gradient `grad` ([len(rows) * dim]): m += (1 - beta1) (g - m),\n"
-    "v = beta2 v + (1 - beta2) g g, w -= step_size m / (sqrt(v) / bias_correction2_sqrt + eps).";
+    "v = beta2 v + (1 - beta2) g g, w -= step_size m / (sqrt(v) / bias_correction2_sqrt + eps). 1 - beta1\n"
+    "and 1 - beta2 come as the caller computed them (in double, as the torch ops get them).";
 
 static PyObject *lazy_adam(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *o[5];
     Py_ssize_t dim;
-    float beta1, beta2, eps, step_size, bc2;
-    if (!PyArg_ParseTuple(args, "OOOOOnfffff:lazy_adam", &o[0], &o[1], &o[2], &o[3], &o[4], &dim, &beta1, &beta2,
-                          &eps, &step_size, &bc2))
+    float weight1, beta2, weight2, eps, step_size, bc2;
+    if (!PyArg_ParseTuple(args, "OOOOOnffffff:lazy_adam", &o[0], &o[1], &o[2], &o[3], &o[4], &dim, &weight1, &beta2,
+                          &weight2, &eps, &step_size, &bc2))
         return NULL;
     static const char *const names[] = {"weight", "exp_avg", "exp_avg_sq", "rows", "grad"};
     static const int writable[] = {1, 1, 1, 0, 0};
@@ -147,7 +149,7 @@ static PyObject *lazy_adam(PyObject *self, PyObject *args) {
     Py_ssize_t n = a[3].n;
     if (check_rows(rows, n, num_rows) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
-    float weight1 = 1.0f - beta1, weight2 = 1.0f - beta2, neg_step = -step_size;
+    float neg_step = -step_size;
     int small = fabsf(weight1) < 0.5f;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + AHEAD < n) {

@@ -120,7 +120,8 @@ def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, T
     if all(native.runs_on_kernels(rows, [p, grad, m, v]) for p, rows, grad, m, v in tables):
         # One pass over each table's touched rows instead of a dozen torch ops (see _row_kernels.c).
         for p, rows, grad, m, v in tables:
-            native.update_rows("lazy_adam", [p, m, v], rows, grad, beta1, beta2, eps, step_size, bias_correction2_sqrt)
+            native.update_rows("lazy_adam", [p, m, v], rows, grad, 1.0 - beta1, beta2, 1.0 - beta2, eps, step_size,
+                               bias_correction2_sqrt)
         return
 
     def joined(tensors: list[Tensor]) -> Tensor:
