@@ -120,6 +120,39 @@ static int check_sizes(const Array *a, Py_ssize_t dim, int n_state, Py_ssize_t s
     return 0;
 }
 
+/* The arguments of a row update, taken and checked: the buffers objs[0..n_state + 3) (weight, n_state
+ * state buffers of state_width values per row, rows, grad) into a[], their sizes against `dim`, every
+ * row number against the table. Returns the number of rows (via *n) and 0, or -1 with the error set
+ * and nothing held. */
+static int take_update(PyObject *const *objs, const char *const *names, int n_state, Py_ssize_t state_width,
+                       Py_ssize_t dim, Array *a, Py_ssize_t *n) {
+    char kinds[8] = "f";
+    int writable[8] = {1};
+    for (int k = 1; k <= n_state; k++) {
+        kinds[k] = 'f';
+        writable[k] = 1;
+    }
+    kinds[n_state + 1] = 'q';
+    kinds[n_state + 2] = 'f';
+    writable[n_state + 1] = writable[n_state + 2] = 0;
+    int count = n_state + 3;
+    if (get_arrays(objs, names, kinds, writable, count, a) < 0) return -1;
+    Py_ssize_t num_rows;
+    if (check_sizes(a, dim, n_state, state_width < 0 ? dim : state_width, &num_rows) < 0 ||
+        check_rows(a[n_state + 1].data, a[n_state + 1].n, num_rows) < 0) {
+        release_arrays(a, count);
+        return -1;
+    }
+    *n = a[n_state + 1].n;
+    return 0;
+}
+
+/* What a row update returns once done: None, its buffers released. */
+static PyObject *updated(Array *a, int count) {
+    release_arrays(a, count);
+    Py_RETURN_NONE;
+}
+
 static const char lazy_adam_doc[] =
     "lazy_adam(weight, exp_avg, exp_avg_sq, rows, grad, dim, one_minus_beta1, beta2, one_minus_beta2, eps,\n"
     "          step_size, bias_correction2_sqrt)\n\n"
@@ -137,17 +170,12 @@ static PyObject *lazy_adam(PyObject *self, PyObject *args) {
                           &weight2, &eps, &step_size, &bc2))
         return NULL;
     static const char *const names[] = {"weight", "exp_avg", "exp_avg_sq", "rows", "grad"};
-    static const int writable[] = {1, 1, 1, 0, 0};
     Array a[5];
-    if (get_arrays(o, names, "fffqf", writable, 5, a) < 0) return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t num_rows;
-    if (check_sizes(a, dim, 2, dim, &num_rows) < 0) goto done;
+    Py_ssize_t n;
+    if (take_update(o, names, 2, -1, dim, a, &n) < 0) return NULL;
     float *w = a[0].data, *m = a[1].data, *v = a[2].data;
     const int64_t *rows = a[3].data;
     const float *grad = a[4].data;
-    Py_ssize_t n = a[3].n;
-    if (check_rows(rows, n, num_rows) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
     float neg_step = -step_size;
     int small = fabsf(weight1) < 0.5f;
@@ -171,11 +199,7 @@ static PyObject *lazy_adam(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    release_arrays(a, 5);
-    return result;
+    return updated(a, 5);
 }
 
 static const char rowwise_adagrad_doc[] =
@@ -192,17 +216,12 @@ static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOnfff:rowwise_adagrad", &o[0], &o[1], &o[2], &o[3], &dim, &lr, &eps, &wd))
         return NULL;
     static const char *const names[] = {"weight", "acc", "rows", "grad"};
-    static const int writable[] = {1, 1, 0, 0};
     Array a[4];
-    if (get_arrays(o, names, "ffqf", writable, 4, a) < 0) return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t num_rows;
-    if (check_sizes(a, dim, 1, 1, &num_rows) < 0) goto done;
+    Py_ssize_t n;
+    if (take_update(o, names, 1, 1, dim, a, &n) < 0) return NULL;
     float *w = a[0].data, *acc = a[1].data;
     const int64_t *rows = a[2].data;
     const float *grad = a[3].data;
-    Py_ssize_t n = a[2].n;
-    if (check_rows(rows, n, num_rows) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
     float neg_lr = -lr;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -228,11 +247,7 @@ static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    release_arrays(a, 4);
-    return result;
+    return updated(a, 4);
 }
 
 static const char ftrl_doc[] =
@@ -250,21 +265,16 @@ static PyObject *ftrl(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOnfff:ftrl", &o[0], &o[1], &o[2], &o[3], &o[4], &dim, &lr, &l1, &l2))
         return NULL;
     static const char *const names[] = {"weight", "accumulator", "linear", "rows", "grad"};
-    static const int writable[] = {1, 1, 1, 0, 0};
-    Array a[5];
-    if (get_arrays(o, names, "fffqf", writable, 5, a) < 0) return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t num_rows;
-    if (check_sizes(a, dim, 2, dim, &num_rows) < 0) goto done;
     if (!(lr > 0.0f)) {
         PyErr_Format(PyExc_ValueError, "lr must be > 0, got %g", (double)lr);
-        goto done;
+        return NULL;
     }
+    Array a[5];
+    Py_ssize_t n;
+    if (take_update(o, names, 2, -1, dim, a, &n) < 0) return NULL;
     float *w = a[0].data, *acc = a[1].data, *lin = a[2].data;
     const int64_t *rows = a[3].data;
     const float *grad = a[4].data;
-    Py_ssize_t n = a[3].n;
-    if (check_rows(rows, n, num_rows) < 0) goto done;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + AHEAD < n) {
@@ -288,11 +298,7 @@ static PyObject *ftrl(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    release_arrays(a, 5);
-    return result;
+    return updated(a, 5);
 }
 
 static PyMethodDef methods[] = {
