@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..features import Features
+from ..hostpath import host_reads_free
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
@@ -408,7 +409,7 @@ class EmbeddingBagCollection(nn.Module):
         # Asked first: under export even comparing the sizes would pin num_ids == num_bags in the graph.
         if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
             return False
-        if values.numel() != num_bags or self._pad or self._sharding is not None or values.device.type != "cpu":
+        if values.numel() != num_bags or self._pad or self._sharding is not None or not host_reads_free(values):
             return False
         return torch.equal(offsets, torch.arange(num_bags + 1))
 
