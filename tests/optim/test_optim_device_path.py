@@ -12,6 +12,7 @@ OPTIMIZERS = {
     "ftrl": lambda p: FTRL(p, lr=0.1, l1=0.05, l2=0.01),
     "rowwise_adagrad": lambda p: RowWiseAdagrad(p, lr=0.1, weight_decay=0.01),
     "lazy_adam": lambda p: LazyAdam(p, lr=0.05),
+    "adam_boost": lambda p: torch.optim.Adam(p, lr=0.05),
 }
 
 
@@ -51,6 +52,14 @@ def test_device_path_matches_host_path_without_syncs(name):
         for key, value in host_opt.state[p_host].items():
             if isinstance(value, torch.Tensor):
                 torch.testing.assert_close(dev_opt.state[p_dev][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_tables_device_path_matches_host_path_without_syncs():
+    host, _, _ = _train(OPTIMIZERS["adam_boost"], False, dims=(4, 4, 4), fuse=True)
+    dev, _, counter = _train(OPTIMIZERS["adam_boost"], True, dims=(4, 4, 4), fuse=True)
+    assert counter.syncs == 0, dict(counter.sync_ops)
+    for a, b in zip(host, dev, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_device_path_leaves_untouched_rows_alone():
