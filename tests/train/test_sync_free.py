@@ -38,7 +38,7 @@ def _count(model: Model, data, label: str) -> tuple[int, float]:
     with device_path(), counter:
         model.train(1, data, callbacks=[_Steps(counter)])
     steady = counter.per_step[1 + WARM:]  # [0]: before the first step; [i]: step i up to step i+1's beginning
-    assert len(steady) == STEPS - 1, len(counter.per_step)
+    assert len(steady) == STEPS, len(counter.per_step)
     syncs = max(s.syncs for s in steady)
     ops = sum(s.ops for s in steady) / len(steady)
     print(f"\n{label}: {syncs} sync-forcing ops / {ops:.0f} dispatched ops per step {dict(steady[-1].sync_ops)}")
@@ -123,17 +123,3 @@ def test_row_sparse_optimizers_step_without_host_syncs(optimizer):
     model = Model(net, nn.BCEWithLogitsLoss(), ROW_OPTIMIZERS[optimizer](net.parameters()), progress_bar=False)
     syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), f"row-sparse {optimizer}")
     assert syncs == 0
-
-
-def test_loss_scaling_steps_without_host_syncs():
-    torch.manual_seed(0)
-    net = Idiomatic()
-    model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters(), lr=0.01),
-                  loss_scale_manager=_dynamic_loss_scale(), progress_bar=False)
-    syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), "dynamic loss scaling")
-    assert syncs == 0
-
-
-def _dynamic_loss_scale():
-    from recstream.train.loss_scale import DynamicLossScaleManager
-    return DynamicLossScaleManager()
