@@ -123,3 +123,36 @@ def test_row_sparse_optimizers_step_without_host_syncs(optimizer):
     model = Model(net, nn.BCEWithLogitsLoss(), ROW_OPTIMIZERS[optimizer](net.parameters()), progress_bar=False)
     syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), f"row-sparse {optimizer}")
     assert syncs == 0
+
+
+def _loss_scaled_model(init_loss_scale: float = 2.0 ** 10):
+    from recstream.train.loss_scale import DynamicLossScaleManager
+    torch.manual_seed(0)
+    net = Idiomatic()
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, fused=True)
+    return net, opt, Model(net, nn.BCEWithLogitsLoss(), opt, progress_bar=False,
+                           loss_scale_manager=DynamicLossScaleManager(init_loss_scale, scale_window=2))
+
+
+def test_dynamic_loss_scaling_with_a_fused_optimizer_steps_without_host_syncs():
+    _, _, model = _loss_scaled_model()
+    syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), "dynamic loss scaling, fused Adam")
+    assert syncs == 0
+
+
+def test_an_overflowing_step_on_the_device_path_leaves_weights_and_adam_untouched():
+    net, opt, model = _loss_scaled_model()
+    cell = model.train_network
+    ids, labels = _idiomatic_batches(1)[0]
+    before = [p.detach().clone() for p in net.parameters()]
+    with device_path():
+        model.train_network(ids, labels)  # a clean step: Adam moves
+    moved = [p.detach().clone() for p in net.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(before, moved, strict=True))
+    cell.scale_update.loss_scale.fill_(float("inf"))  # every scaled gradient overflows
+    with device_path(), SyncCounter() as counter:
+        _, overflow, _ = model.train_network(ids, labels)
+    assert bool(overflow) and counter.syncs == 0
+    assert [float(opt.state[p]["step"]) for p in net.parameters()] == [1.0] * len(moved)
+    for a, b in zip(moved, net.parameters(), strict=True):
+        assert torch.equal(a, b.detach())
