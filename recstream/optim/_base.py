@@ -254,13 +254,22 @@ def coalesce_rows(params: list[Tensor], grads: list[Tensor]) -> list[tuple[Tenso
     back. One sort of 26k ids instead of 26 calls on 1k each: for a user's network with a table per
     field the per-call cost, not the sorting, is what many small tables pay.
     """
-    joint = [i for i, g in enumerate(grads) if host_reads_free(g) and g.layout == torch.sparse_coo
-             and g.sparse_dim() == 1 and not g.is_coalesced()]
-    apart = set(range(len(grads))) - set(joint)
-    out = [_rows_and_values(p, g) if i in apart else None
-           for i, (p, g) in enumerate(zip(params, grads, strict=True))]
-    if len(joint) < 2:
-        return [_rows_and_values(params[i], grads[i]) if r is None else r for i, r in enumerate(out)]
+    joinable = [i for i, g in enumerate(grads) if host_reads_free(g) and g.layout == torch.sparse_coo
+                and g.sparse_dim() == 1 and not g.is_coalesced()]
+    out: list = [None] * len(grads)
+    # Only gradients of one dtype and row shape can be laid end to end (a width-4 and a width-1 table
+    # cannot share one values tensor): one joint coalesce per such set.
+    sets: dict[tuple, list[int]] = {}
+    for i in joinable:
+        sets.setdefault((grads[i].dtype, tuple(grads[i].shape[1:])), []).append(i)
+    for joint in sets.values():
+        if len(joint) > 1:
+            _coalesce_set(params, grads, joint, out)
+    return [_rows_and_values(p, g) if r is None else r for p, g, r in zip(params, grads, out, strict=True)]
+
+
+def _coalesce_set(params: list[Tensor], grads: list[Tensor], joint: list[int], out: list) -> None:
+    """`coalesce_rows` of the gradients at `joint` (one dtype and row shape), into `out`."""
     starts = [0]
     for i in joint:
         starts.append(starts[-1] + params[i].shape[0])
@@ -268,7 +277,6 @@ def coalesce_rows(params: list[Tensor], grads: list[Tensor]) -> list[tuple[Tenso
     cuts = torch.searchsorted(rows, torch.tensor(starts)).tolist()  # where each table's rows begin
     for k, i in enumerate(joint):
         out[i] = (rows[cuts[k]:cuts[k + 1]] - starts[k], summed[cuts[k]:cuts[k + 1]])
-    return out
 
 
 def coalesce_joined(grads: list[Tensor], starts: list[int]) -> tuple[Tensor, Tensor]:
