@@ -156,3 +156,30 @@ def test_an_overflowing_step_on_the_device_path_leaves_weights_and_adam_untouche
     assert [float(opt.state[p]["step"]) for p in net.parameters()] == [1.0] * len(moved)
     for a, b in zip(moved, net.parameters(), strict=True):
         assert torch.equal(a, b.detach())
+
+
+class _EvalSteps(Callback):
+    def __init__(self, counter: SyncCounter):
+        self.counter = counter
+
+    def on_eval_step_begin(self, ctx):
+        self.counter.mark()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_metric_accumulation_in_evaluation_steps_without_host_syncs(name):
+    from recstream.metrics import Loss
+    from recstream.models import ctr_metrics
+    schema = mixed_schema()
+    torch.manual_seed(0)
+    net = BUILDERS[name](schema)
+    model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), metrics={**ctr_metrics(), "loss": Loss()},
+                  progress_bar=False)
+    counter = SyncCounter()
+    with device_path(), counter:
+        results = model.eval(LogisticData(schema, WARM + STEPS + 1, 16), callbacks=[_EvalSteps(counter)])
+    steady = counter.per_step[1 + WARM:]
+    assert len(steady) == STEPS
+    print(f"\n{name} eval, metrics {sorted(results)}: {max(s.syncs for s in steady)} sync-forcing ops / "
+          f"{sum(s.ops for s in steady) / len(steady):.0f} dispatched ops per step")
+    assert max(s.syncs for s in steady) == 0, [dict(s.sync_ops) for s in steady]
