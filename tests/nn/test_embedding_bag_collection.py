@@ -330,7 +330,7 @@ def test_features_input_errors():
 def test_checks_on_the_device_path_are_device_side_asserts_without_a_host_sync():
     """On a device the id and offset checks must not read a value back (issue 24): they assert there."""
     from recstream.hostpath import device_path
-    from recstream.testing.sync_counter import SyncCounter
+    from recstream.testing import SyncCounter
 
     ebc = EmbeddingBagCollection([EmbeddingTableConfig("user", 10, 4)])
     values, offsets = torch.tensor([1, 7, 3]), torch.tensor([0, 1, 2, 3])

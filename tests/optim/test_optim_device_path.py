@@ -6,7 +6,7 @@ import torch
 
 from recstream.hostpath import device_path
 from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
-from recstream.testing.sync_counter import SyncCounter
+from recstream.testing import SyncCounter
 
 OPTIMIZERS = {
     "ftrl": lambda p: FTRL(p, lr=0.1, l1=0.05, l2=0.01),

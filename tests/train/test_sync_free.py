@@ -16,7 +16,7 @@ from recstream.callbacks.base import Callback
 from recstream.hostpath import device_path
 from recstream.models import default_optimizer
 from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
-from recstream.testing.sync_counter import SyncCounter
+from recstream.testing import SyncCounter
 from tests.models.helpers import BUILDERS, LogisticData, mixed_schema
 
 WARM, STEPS = 3, 3
