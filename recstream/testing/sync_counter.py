@@ -17,7 +17,8 @@ a GPU.
 >>> counter.syncs, sorted(counter.sync_ops)
 (2, ['aten._local_scalar_dense', 'aten.index'])
 
-``per_step`` records the counts between calls of :meth:`mark` (one per step).
+``per_step`` records the counts between calls of :meth:`mark` (one per step). ``Tensor.tolist`` and
+``Tensor.numpy``, which read values without dispatching an op, are counted too while the mode is on.
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ SYNC_OPS = frozenset({
     "aten._coalesce", "aten.masked_select",
 })
 """Packets (``aten.<name>``) whose every call forces a host synchronisation on CUDA."""
+
+_HOST_COPIES = ("tolist", "numpy")
+"""Tensor methods that copy values to the host without dispatching an op (counted as ``Tensor.<name>``;
+on CPU tensors they cost nothing, but a step on the device path should not call them)."""
 
 
 @dataclass
@@ -105,16 +110,36 @@ class SyncCounter(TorchDispatchMode):
         self.per_step.append(done)
         return done
 
+    def __enter__(self):
+        # Reads that bypass the dispatcher: a device tensor's values copied to the host whole.
+        self._patched = {name: getattr(torch.Tensor, name) for name in _HOST_COPIES}
+        for name, original in self._patched.items():
+            setattr(torch.Tensor, name, self._counting(name, original))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, original in self._patched.items():
+            setattr(torch.Tensor, name, original)
+        return super().__exit__(*exc)
+
+    def _counting(self, name, original):
+        def read(tensor, *args, **kwargs):
+            self._record(f"Tensor.{name}")
+            return original(tensor, *args, **kwargs)
+        return read
+
+    def _record(self, packet: str) -> None:
+        for count in (self.total, self.current):
+            count.syncs += 1
+            count.sync_ops[packet] += 1
+        if self.trace and len(self.where) < 200:
+            import traceback
+            self.where.append((packet, "".join(traceback.format_stack(limit=12)[:-3])))
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         for count in (self.total, self.current):
             count.ops += 1
         if _forces_sync(func, args, kwargs):
-            packet = _packet(func)
-            for count in (self.total, self.current):
-                count.syncs += 1
-                count.sync_ops[packet] += 1
-            if self.trace and len(self.where) < 200:
-                import traceback
-                self.where.append((packet, "".join(traceback.format_stack(limit=12)[:-2])))
+            self._record(_packet(func))
         return func(*args, **kwargs)

@@ -48,6 +48,26 @@ def _count(model: Model, data, label: str) -> tuple[int, float]:
     return syncs, ops
 
 
+def test_the_counter_sees_each_kind_of_host_read_and_not_static_ops():
+    x = torch.arange(8)
+    original = torch.Tensor.tolist
+    with SyncCounter() as counter:
+        x.sum().item()
+        x.nonzero()
+        torch.unique(x)
+        x[x > 3]
+        torch.repeat_interleave(x, x)
+        x.tolist()
+        x.numpy()
+        torch.repeat_interleave(x, x, output_size=28)  # static: the size is given
+        torch.zeros(8).index_put_((x,), x.float())  # a write by index: static
+        torch.sort(x)
+    assert dict(counter.sync_ops) == {"aten._local_scalar_dense": 1, "aten.nonzero": 1, "aten._unique2": 1,
+                                      "aten.index": 1, "aten.repeat_interleave": 1, "Tensor.tolist": 1,
+                                      "Tensor.numpy": 1}, dict(counter.sync_ops)
+    assert torch.Tensor.tolist is original
+
+
 MODELS = ["widedeep", "deepfm", "dcnv2", "dlrm"]
 
 
