@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "recstream"
 
 # Lowest first; a package may import packages of lower levels (and itself).
 LEVELS = [
-    {"validation", "sorting"},
+    {"validation", "sorting", "hostpath"},
     {"features", "testing"},
     {"data", "nn", "optim", "metrics"},
     {"checkpoint"},

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..features import Features
+from ..hostpath import host_reads_free
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
@@ -264,10 +265,12 @@ class EmbeddingBagCollection(nn.Module):
 
         ``validate`` (default: the constructor's) checks ``offsets`` (starts at 0,
         non-decreasing, ends at ``len(values)``) and that every id lies in its
-        table. Cost: a few elementwise passes over ``values``/``offsets`` plus TWO
-        host syncs (deciding whether to raise needs the answer on the host) --
-        cheap on CPU, a pipeline stall on CUDA; pass ``validate=False`` once the
-        input pipeline is trusted.
+        table. Cost: a few elementwise passes over ``values``/``offsets``. On a CPU a
+        failed check raises ``ValueError`` naming the id; on a device it is a device-side
+        assert (``torch._assert_async``: no host sync, but a failure is reported by a
+        later call and ends the CUDA context), so check ids on the host before the copy
+        when the data can be bad, or pass ``validate=False`` once the input pipeline is
+        trusted.
         """
         values, offsets, batch_size, layout = self._inputs(features, offsets, batch_size)
         return self._pool(values, offsets, batch_size, layout, self.validate if validate is None else validate)
@@ -408,7 +411,7 @@ class EmbeddingBagCollection(nn.Module):
         # Asked first: under export even comparing the sizes would pin num_ids == num_bags in the graph.
         if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
             return False
-        if values.numel() != num_bags or self._pad or self._sharding is not None or values.device.type != "cpu":
+        if values.numel() != num_bags or self._pad or self._sharding is not None or not host_reads_free(values):
             return False
         return torch.equal(offsets, torch.arange(num_bags + 1))
 
@@ -426,7 +429,12 @@ class EmbeddingBagCollection(nn.Module):
     @staticmethod
     def _check_offsets(offsets: torch.Tensor, n: int) -> None:
         bad = (offsets[0] != 0) | (offsets[-1] != n) | (offsets[1:] < offsets[:-1]).any()
-        if bool(bad):  # host sync #1 of validation
+        if not host_reads_free(offsets):
+            # On a device reading `bad` would stall the step until the device caught up: assert there.
+            torch._assert_async(~bad, f"{_OWNER}: offsets must start at 0, be non-decreasing and end at "
+                                      f"len(values)={n}")
+            return
+        if bool(bad):
             raise ValueError(
                 f"{_OWNER}: offsets must start at 0, be non-decreasing and end at len(values)={n}, "
                 f"got offsets[0]={int(offsets[0])}, offsets[-1]={int(offsets[-1])}"
@@ -437,7 +445,11 @@ class EmbeddingBagCollection(nn.Module):
         bad_ids = (values < 0) | (values >= limit)
         if layout.owned is not None:  # ids of features the collection does not read are not its business
             bad_ids &= layout.owned[fid]
-        if bool(bad_ids.any()):  # host sync #2 of validation
+        if not host_reads_free(values):  # a device-side assert: no host sync (see _check_offsets)
+            torch._assert_async(~bad_ids.any(), f"{_OWNER}: every id must lie in [0, its table's rows) "
+                                                f"(tables: {[(t.name, t.num_embeddings) for t in self.tables]})")
+            return
+        if bool(bad_ids.any()):
             i = int(bad_ids.nonzero()[0, 0])
             name = layout.names[int(fid[i])]
             raise ValueError(

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from recstream.hostpath import host_reads_free
 from recstream.sorting import unique
 from recstream.validation import check_number, check_type
 
@@ -62,11 +63,12 @@ def take_rows(t: Tensor, rows: Tensor | None) -> Tensor:
 def put_rows(t: Tensor, rows: Tensor | None, values: Tensor) -> None:
     """Write ``values`` back into rows ``rows`` of ``t`` (no-op if in place).
 
-    The rows are unique (a coalesced gradient's), so the write is deterministic."""
+    The rows are unique (a coalesced gradient's), or repeated with equal values (the device path of
+    `_rows_and_values`), so the write is deterministic."""
     if rows is None:
         if values is not t:
             t.copy_(values)
-    elif t.device.type == "cpu" and (t.dim() == 1 or _one_value_rows(t)):
+    elif host_reads_free(t) and (t.dim() == 1 or _one_value_rows(t)):
         t.view(-1).scatter_(0, rows, values.reshape(-1))
     else:
         t.index_copy_(0, rows, values)
@@ -83,7 +85,7 @@ def addcdiv_rows(t: Tensor, rows: Tensor | None, numerator: Tensor, denominator:
     """
     if rows is None:
         t.addcdiv_(numerator, denominator, value=value)
-    elif t.device.type == "cpu" and not _one_value_rows(t):
+    elif host_reads_free(t) and not _one_value_rows(t):  # unique rows there (`_rows_and_values`)
         t.index_add_(0, rows, numerator.div(denominator).mul_(value))
     else:
         w = take_rows(t, rows)
@@ -148,8 +150,8 @@ class SparseRowOptimizer(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update the touched rows of every parameter that has a gradient.
 
-        Adds no host synchronisation of its own; on CUDA the only one is the
-        one ``coalesce()`` needs to size its output (inherent to COO grads).
+        Adds no host synchronisation: on a device the gradient's rows are summed
+        into fixed-size outputs (`_rows_and_values`), not coalesced.
         """
         loss = None
         if closure is not None:
@@ -196,7 +198,13 @@ VECTORIZED_COALESCE_MIN = 8192  # gradient entries from which a CPU gradient is 
 
 
 def _rows_and_values(p: Tensor, grad: Tensor) -> tuple[Tensor | None, Tensor]:
-    """Split a gradient into (unique touched rows or None, per-row values)."""
+    """Split a gradient into (touched rows or None, per-row values).
+
+    On the host path the rows are unique (duplicates summed). On a device (`host_reads_free` false)
+    the number of unique rows is data a host would have to read, so the output keeps one entry per
+    gradient entry instead (`_static_rows`): rows sorted, duplicates kept, each carrying its row's
+    summed values; an update computed on such entries gives equal values for equal rows, so writing
+    them back is the same as writing each row once."""
     if grad.layout == torch.strided:
         return None, (grad if grad.dim() > 0 else grad.unsqueeze(0))
     if grad.layout != torch.sparse_coo:
@@ -206,20 +214,35 @@ def _rows_and_values(p: Tensor, grad: Tensor) -> tuple[Tensor | None, Tensor]:
         raise ValueError("sparse gradients must be row-sparse (sparse_dim() == 1, as "
                          f"produced by embeddings), got sparse_dim()={grad.sparse_dim()} "
                          f"for a parameter of shape {tuple(p.shape)}")
+    if grad.is_coalesced():
+        return grad._indices()[0], grad._values()
+    rows, values = grad._indices()[0], grad._values()
+    if not host_reads_free(rows):
+        return _static_rows(rows, values)
     # Rows sorted and unique, duplicates summed: needed for a correct read-modify-write of per-row
     # state. That is what coalesce() does; on a CPU, for a large gradient, unique + index_add_ does it
     # faster (coalesce sums duplicates in a per-entry loop): measured 5-30% less time from 8192
     # entries on (26 fields x batch 1024: 4.1 -> 1.8 ms for dim 16, 1.9 -> 1.3 ms for dim 1), and as
-    # fast or slower below, so small gradients keep coalesce(). (On CUDA, index_add_'s atomics would
-    # make the sums' order, so their last bits, vary between runs: coalesce() there.)
-    if grad.is_coalesced():
-        return grad._indices()[0], grad._values()
-    rows, values = grad._indices()[0], grad._values()
-    if grad.device.type == "cpu" and rows.numel() >= VECTORIZED_COALESCE_MIN:
+    # fast or slower below, so small gradients keep coalesce().
+    if rows.numel() >= VECTORIZED_COALESCE_MIN:
         rows, inverse = unique(rows, return_inverse=True, bound=p.shape[0] if p.dim() > 0 else 1)
         return rows, values.new_zeros((rows.numel(), *values.shape[1:])).index_add_(0, inverse, values)
     g = grad.coalesce()
     return g._indices()[0], g._values()
+
+
+def _static_rows(rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """``(rows sorted, each entry's row's summed values)``, both sized to the input: sort, a mask of
+    each run's first entry, its cumsum numbering the runs, the runs summed into the first
+    ``runs`` slots and read back per entry. No size is data, so no host sync. The sums use
+    ``index_put_(accumulate=True)``, deterministic on CUDA (sorted), in entry order on a CPU."""
+    rows, order = torch.sort(rows, stable=True)
+    values = values.index_select(0, order)
+    first = torch.ones_like(rows, dtype=torch.bool)
+    first[1:] = rows[1:] != rows[:-1]
+    run = first.cumsum(0).sub_(1)
+    summed = torch.zeros_like(values).index_put_((run,), values, accumulate=True)
+    return rows, summed.index_select(0, run)
 
 
 def coalesce_rows(params: list[Tensor], grads: list[Tensor]) -> list[tuple[Tensor | None, Tensor]]:
@@ -231,13 +254,22 @@ def coalesce_rows(params: list[Tensor], grads: list[Tensor]) -> list[tuple[Tenso
     back. One sort of 26k ids instead of 26 calls on 1k each: for a user's network with a table per
     field the per-call cost, not the sorting, is what many small tables pay.
     """
-    joint = [i for i, g in enumerate(grads) if g.device.type == "cpu" and g.layout == torch.sparse_coo
-             and g.sparse_dim() == 1 and not g.is_coalesced()]
-    apart = set(range(len(grads))) - set(joint)
-    out = [_rows_and_values(p, g) if i in apart else None
-           for i, (p, g) in enumerate(zip(params, grads, strict=True))]
-    if len(joint) < 2:
-        return [_rows_and_values(params[i], grads[i]) if r is None else r for i, r in enumerate(out)]
+    joinable = [i for i, g in enumerate(grads) if host_reads_free(g) and g.layout == torch.sparse_coo
+                and g.sparse_dim() == 1 and not g.is_coalesced()]
+    out: list = [None] * len(grads)
+    # Only gradients of one dtype and row shape can be laid end to end (a width-4 and a width-1 table
+    # cannot share one values tensor): one joint coalesce per such set.
+    sets: dict[tuple, list[int]] = {}
+    for i in joinable:
+        sets.setdefault((grads[i].dtype, tuple(grads[i].shape[1:])), []).append(i)
+    for joint in sets.values():
+        if len(joint) > 1:
+            _coalesce_set(params, grads, joint, out)
+    return [_rows_and_values(p, g) if r is None else r for p, g, r in zip(params, grads, out, strict=True)]
+
+
+def _coalesce_set(params: list[Tensor], grads: list[Tensor], joint: list[int], out: list) -> None:
+    """`coalesce_rows` of the gradients at `joint` (one dtype and row shape), into `out`."""
     starts = [0]
     for i in joint:
         starts.append(starts[-1] + params[i].shape[0])
@@ -245,7 +277,6 @@ def coalesce_rows(params: list[Tensor], grads: list[Tensor]) -> list[tuple[Tenso
     cuts = torch.searchsorted(rows, torch.tensor(starts)).tolist()  # where each table's rows begin
     for k, i in enumerate(joint):
         out[i] = (rows[cuts[k]:cuts[k + 1]] - starts[k], summed[cuts[k]:cuts[k + 1]])
-    return out
 
 
 def coalesce_joined(grads: list[Tensor], starts: list[int]) -> tuple[Tensor, Tensor]:

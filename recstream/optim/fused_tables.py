@@ -32,11 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._base import coalesce_joined
 from .lazy_adam import lazy_adam_rows
 
-__all__ = ["FusedTables", "advance_step", "decay_rows"]
+__all__ = ["FusedTables", "advance_step", "decay_rows", "host_step", "new_step"]
 
 
 class FusedTables:
@@ -83,7 +84,7 @@ class FusedTables:
             return True
         if not all(states):
             return False
-        steps = {float(s["step"]) for s in states}
+        steps = {host_step(s) for s in states}
         return len(steps) == 1
 
     def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor]) -> None:
@@ -108,7 +109,7 @@ class FusedTables:
             self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.weight), torch.zeros_like(self.weight)
             for state, (a, b) in zip(states, self.spans, strict=True):
                 # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
-                state.update(step=torch.tensor(0.0), exp_avg=self.exp_avg[a:b], exp_avg_sq=self.exp_avg_sq[a:b])
+                state.update(step=new_step(), exp_avg=self.exp_avg[a:b], exp_avg_sq=self.exp_avg_sq[a:b])
             return
         for key in ("exp_avg", "exp_avg_sq"):
             tensors = [state[key] for state in states]
@@ -116,13 +117,44 @@ class FusedTables:
                 setattr(self, key, self._fuse(tensors))
 
 
+# Adam's step counts as the host last wrote them: step tensor -> (its _version then, the count). A
+# step is read on the host every update (the bias corrections are Python floats); the tensor is read
+# only when something else wrote it since (a load, the user): no `.item()` per table per step.
+# Keyed by identity (a WeakKeyDictionary would compare tensors with ==, itself a read of their values).
+_HOST_STEPS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def new_step() -> Tensor:
+    """Adam's initial ``step`` entry (a float32 CPU scalar, as non-fused Adam keeps it), known to the host."""
+    step = torch.tensor(0.0)
+    _HOST_STEPS[step] = (step._version, 0.0)
+    return step
+
+
+def host_step(state: dict[str, Any]) -> float:
+    """Adam's ``state["step"]`` as a Python float, read from the tensor only when the host's copy of
+    it is stale."""
+    step = state["step"]
+    known = _HOST_STEPS.get(step)
+    if known is not None and known[0] == step._version:
+        return known[1]
+    count = float(step)
+    _HOST_STEPS[step] = (step._version, count)
+    return count
+
+
 def advance_step(state: dict[str, Any]) -> float:
     """Count one more step in Adam's ``state["step"]`` and return the count (on the host)."""
     if state["step"].device.type != "cpu":
         # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
         state["step"] = state["step"].cpu()
-    state["step"] += 1
-    return float(state["step"])
+    count = host_step(state) + 1
+    step = state["step"]
+    step.fill_(count)
+    if count >= 2 ** 24:  # past float32's exact integers: the count the tensor holds
+        count = float(step)
+    _HOST_STEPS[step] = (step._version, count)
+    return count
 
 
 def decay_rows(optimizer: Optimizer, group: dict[str, Any], p: Tensor, rows: Tensor, values: Tensor) -> Tensor:

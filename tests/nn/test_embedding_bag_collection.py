@@ -325,3 +325,21 @@ def test_features_input_errors():
     bad.values[int(bad.offsets[B])] = 20  # first id of "b2", stored second
     with pytest.raises(ValueError, match=r"=20 \(feature 'b2', table 'b'\) must be in \[0, 20\)"):
         ebc(bad)
+
+
+def test_checks_on_the_device_path_are_device_side_asserts_without_a_host_sync():
+    """On a device the id and offset checks must not read a value back (issue 24): they assert there."""
+    from recstream.hostpath import device_path
+    from recstream.testing import SyncCounter
+
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("user", 10, 4)])
+    values, offsets = torch.tensor([1, 7, 3]), torch.tensor([0, 1, 2, 3])
+    with device_path(), SyncCounter() as counter:
+        ebc(values, offsets, 3)
+    assert counter.syncs == 0 and counter.sync_ops == {}
+    with device_path(), pytest.raises(RuntimeError, match="every id must lie in"):
+        ebc(torch.tensor([1, 10, 3]), offsets, 3)
+    with device_path(), pytest.raises(RuntimeError, match="offsets must start at 0"):
+        ebc(values, torch.tensor([0, 2, 1, 3]), 3)
+    with pytest.raises(ValueError, match=r"values\[1\]=10"):  # the host path still names the id
+        ebc(torch.tensor([1, 10, 3]), offsets, 3)

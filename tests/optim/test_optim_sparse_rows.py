@@ -80,3 +80,21 @@ def test_adam_with_sparse_rows_steps_many_tables_like_lazy_adam_on_each(numpy_fr
         assert float(adam.state[a]["step"]) == opt.state[b]["step"]
         torch.testing.assert_close(adam.state[a]["exp_avg_sq"], opt.state[b]["exp_avg_sq"])
     assert float(adam.state[ours[3]]["step"]) == 5
+
+
+def test_adam_with_sparse_rows_steps_tables_of_different_widths():
+    """A user's network with a width-4 and a width-1 table under boost: their gradients cannot be
+    joined into one values tensor (it raised 'Sizes of tensors must match'); each width gets its own."""
+    torch.manual_seed(0)
+    wide, narrow, other = (torch.nn.Embedding(20, d, sparse=True) for d in (4, 1, 4))
+    params = [wide.weight, narrow.weight, other.weight]
+    adam = torch.optim.Adam(params, lr=0.1)
+    accept_sparse_rows(adam, params)
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ref_opt = LazyAdam(ref, lr=0.1)
+    ids = torch.tensor([1, 3, 3, 7])
+    for tables, opt in ((params, adam), (ref, ref_opt)):
+        sum(torch.nn.functional.embedding(ids, t, sparse=True).sum() * (k + 1) for k, t in enumerate(tables)).backward()
+        opt.step()
+    for p, r in zip(params, ref, strict=True):
+        torch.testing.assert_close(p.detach(), r.detach())

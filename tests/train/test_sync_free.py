@@ -1,0 +1,205 @@
+"""A steady training step on the path CUDA runs forces no host synchronisation (issue 24, item 1).
+
+Each case trains with ``Model.train`` on CPU tensors under ``recstream.hostpath.device_path`` (the
+ops a device runs, the compiled CPU kernels off) and counts, with ``recstream.testing.SyncCounter``,
+the sync-forcing ops of every step after the first ``WARM`` (the first steps create optimizer state,
+caches and layouts). Each case prints its dispatched ops per step (``pytest -s`` shows them).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from recstream import Model
+from recstream.callbacks.base import Callback
+from recstream.hostpath import device_path
+from recstream.models import default_optimizer
+from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
+from recstream.testing import SyncCounter
+from tests.models.helpers import BUILDERS, LogisticData, mixed_schema
+
+WARM, STEPS = 3, 3
+
+
+class _Steps(Callback):
+    """Marks the counter at each step's beginning: a step's counts run from its beginning to the next's."""
+
+    def __init__(self, counter: SyncCounter):
+        self.counter = counter
+
+    def on_train_step_begin(self, ctx):
+        self.counter.mark()
+
+
+def _count(model: Model, data, label: str) -> tuple[int, float]:
+    """(sync-forcing ops per steady step, dispatched ops per steady step) of one epoch over `data`."""
+    counter = SyncCounter(trace=True)
+    with device_path(), counter:
+        model.train(1, data, callbacks=[_Steps(counter)])
+    steady = counter.per_step[1 + WARM:]  # [0]: before the first step; [i]: step i up to step i+1's beginning
+    assert len(steady) == STEPS, len(counter.per_step)
+    syncs = max(s.syncs for s in steady)
+    ops = sum(s.ops for s in steady) / len(steady)
+    print(f"\n{label}: {syncs} sync-forcing ops / {ops:.0f} dispatched ops per step {dict(steady[-1].sync_ops)}")
+    if syncs:
+        for packet, stack in counter.where[:3]:
+            print(packet, stack)
+    return syncs, ops
+
+
+def test_the_counter_sees_each_kind_of_host_read_and_not_static_ops():
+    x = torch.arange(8)
+    original = torch.Tensor.tolist
+    with SyncCounter() as counter:
+        x.sum().item()
+        x.nonzero()
+        torch.unique(x)
+        x[x > 3]
+        torch.repeat_interleave(x, x)
+        x.tolist()
+        x.numpy()
+        torch.repeat_interleave(x, x, output_size=28)  # static: the size is given
+        torch.zeros(8).index_put_((x,), x.float())  # a write by index: static
+        torch.sort(x)
+    assert dict(counter.sync_ops) == {"aten._local_scalar_dense": 1, "aten.nonzero": 1, "aten._unique2": 1,
+                                      "aten.index": 1, "aten.repeat_interleave": 1, "Tensor.tolist": 1,
+                                      "Tensor.numpy": 1}, dict(counter.sync_ops)
+    assert torch.Tensor.tolist is original
+
+
+MODELS = ["widedeep", "deepfm", "dcnv2", "dlrm"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("embedding", ["rowwise_adagrad", "lazy_adam"])
+def test_fixed_table_models_step_without_host_syncs(name, embedding):
+    schema = mixed_schema()
+    torch.manual_seed(0)
+    net = BUILDERS[name](schema)
+    model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2, embedding=embedding),
+                  metrics={"auc", "loss"}, progress_bar=False)
+    syncs, _ = _count(model, LogisticData(schema, WARM + STEPS + 1, 16), f"{name} ({embedding})")
+    assert syncs == 0
+
+
+FIELDS, VOCAB = 4, 50
+
+
+class Idiomatic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tables = nn.ModuleList(nn.Embedding(VOCAB, 8) for _ in range(FIELDS))
+        self.mlp = nn.Sequential(nn.Linear(FIELDS * 8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, ids):
+        return self.mlp(torch.cat([t(ids[:, i]) for i, t in enumerate(self.tables)], dim=1)).squeeze(-1)
+
+
+def _idiomatic_batches(n: int):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, VOCAB, (32, FIELDS), generator=g), torch.randint(0, 2, (32,), generator=g).float())
+            for _ in range(n)]
+
+
+OPTIMIZERS = {
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+}
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_boost_on_a_users_network_steps_without_host_syncs(level, optimizer):
+    torch.manual_seed(0)
+    net = Idiomatic()
+    model = Model(net, nn.BCEWithLogitsLoss(), OPTIMIZERS[optimizer](net.parameters()), boost_level=level,
+                  metrics={"auc", "loss"}, progress_bar=False)
+    syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), f"user's network {level} {optimizer}")
+    assert syncs == 0
+
+
+class Tables(nn.Module):
+    """Two sparse tables (one of width 1, as a wide term) and a dense head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 8, sparse=True)
+        self.wide = nn.Embedding(VOCAB, 1, sparse=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, ids):
+        return (self.head(self.emb(ids).sum(1)) + self.wide(ids).sum(1)).squeeze(-1)
+
+
+ROW_OPTIMIZERS = {"ftrl": lambda p: FTRL(p, lr=0.1, l1=0.01), "rowwise_adagrad": lambda p: RowWiseAdagrad(p, lr=0.1),
+                  "lazy_adam": lambda p: LazyAdam(p, lr=0.01)}
+
+
+@pytest.mark.parametrize("optimizer", list(ROW_OPTIMIZERS))
+def test_row_sparse_optimizers_step_without_host_syncs(optimizer):
+    torch.manual_seed(0)
+    net = Tables()
+    model = Model(net, nn.BCEWithLogitsLoss(), ROW_OPTIMIZERS[optimizer](net.parameters()), progress_bar=False)
+    syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), f"row-sparse {optimizer}")
+    assert syncs == 0
+
+
+def _loss_scaled_model(init_loss_scale: float = 2.0 ** 10):
+    from recstream.train.loss_scale import DynamicLossScaleManager
+    torch.manual_seed(0)
+    net = Idiomatic()
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, fused=True)
+    return net, opt, Model(net, nn.BCEWithLogitsLoss(), opt, progress_bar=False,
+                           loss_scale_manager=DynamicLossScaleManager(init_loss_scale, scale_window=2))
+
+
+def test_dynamic_loss_scaling_with_a_fused_optimizer_steps_without_host_syncs():
+    _, _, model = _loss_scaled_model()
+    syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), "dynamic loss scaling, fused Adam")
+    assert syncs == 0
+
+
+def test_an_overflowing_step_on_the_device_path_leaves_weights_and_adam_untouched():
+    net, opt, model = _loss_scaled_model()
+    cell = model.train_network
+    ids, labels = _idiomatic_batches(1)[0]
+    before = [p.detach().clone() for p in net.parameters()]
+    with device_path():
+        model.train_network(ids, labels)  # a clean step: Adam moves
+    moved = [p.detach().clone() for p in net.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(before, moved, strict=True))
+    cell.scale_update.loss_scale.fill_(float("inf"))  # every scaled gradient overflows
+    with device_path(), SyncCounter() as counter:
+        _, overflow, _ = model.train_network(ids, labels)
+    assert bool(overflow) and counter.syncs == 0
+    assert [float(opt.state[p]["step"]) for p in net.parameters()] == [1.0] * len(moved)
+    for a, b in zip(moved, net.parameters(), strict=True):
+        assert torch.equal(a, b.detach())
+
+
+class _EvalSteps(Callback):
+    def __init__(self, counter: SyncCounter):
+        self.counter = counter
+
+    def on_eval_step_begin(self, ctx):
+        self.counter.mark()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_metric_accumulation_in_evaluation_steps_without_host_syncs(name):
+    from recstream.metrics import Loss
+    from recstream.models import ctr_metrics
+    schema = mixed_schema()
+    torch.manual_seed(0)
+    net = BUILDERS[name](schema)
+    model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), metrics={**ctr_metrics(), "loss": Loss()},
+                  progress_bar=False)
+    counter = SyncCounter()
+    with device_path(), counter:
+        results = model.eval(LogisticData(schema, WARM + STEPS + 1, 16), callbacks=[_EvalSteps(counter)])
+    steady = counter.per_step[1 + WARM:]
+    assert len(steady) == STEPS
+    print(f"\n{name} eval, metrics {sorted(results)}: {max(s.syncs for s in steady)} sync-forcing ops / "
+          f"{sum(s.ops for s in steady) / len(steady):.0f} dispatched ops per step")
+    assert max(s.syncs for s in steady) == 0, [dict(s.sync_ops) for s in steady]
