@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -113,6 +114,41 @@ def _reject_constant(name: str):
     raise ValueError(f"non-finite number {name} is not valid JSON here")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as infinity: its digest could not even be computed
+        raise ValueError(f"number {text[:40]} is not finite")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # not bool: True == 1 must not pass for version 1
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _check_fields(version: int, manifest: dict) -> None:
+    """The fields readers use, with their types: a digest-valid manifest may still be wrong."""
+    def bad(what: str) -> SnapshotError:
+        return SnapshotError(f"version {version}: {MANIFEST} field {what}")
+
+    if not _is_int(manifest.get("version")) or manifest["version"] != version:
+        raise bad(f"'version' must be the integer {version}, got {manifest.get('version')!r}")
+    if not _is_number(manifest.get("created")):
+        raise bad(f"'created' must be unix seconds (a number), got {manifest.get('created')!r}"[:200])
+    if manifest.get("max_event_time") is not None and not _is_number(manifest["max_event_time"]):
+        raise bad(f"'max_event_time' must be unix seconds or null, got {manifest['max_event_time']!r}"[:200])
+    for key in ("step", "epoch"):
+        value = manifest.get(key)
+        if value is not None and not (_is_int(value) and value >= 0):
+            raise bad(f"{key!r} must be a non-negative integer or null, got {value!r}"[:200])
+    for key in ("schema", "model", "preprocessing", "hash_embeddings"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            raise bad(f"{key!r} must be a JSON object or null, got {type(manifest[key]).__name__}")
+
+
 def _read(directory, version: int, path: str) -> bytes:
     """:func:`read_file` with the version named in its errors (FileNotFoundError passes through)."""
     try:
@@ -130,7 +166,8 @@ def read_manifest(directory: str | os.PathLike, version: int) -> dict:
     """The verified manifest of `version`; SnapshotError if absent, unparsable or inconsistent."""
     path = os.path.join(version_path(directory, version), MANIFEST)
     try:
-        manifest = json.loads(_read(directory, version, path).decode("utf-8"), parse_constant=_reject_constant)
+        manifest = json.loads(_read(directory, version, path).decode("utf-8"), parse_constant=_reject_constant,
+                              parse_float=_finite_float)
     except FileNotFoundError:
         raise SnapshotError(f"version {version}: {MANIFEST} is missing (incomplete version)") from None
     except RecursionError:  # the C decoder's answer to nesting deeper than the recursion limit
@@ -144,18 +181,18 @@ def read_manifest(directory: str | os.PathLike, version: int) -> dict:
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise SnapshotError(f"version {version}: unsupported format {manifest.get('format')!r} "
                             f"v{manifest.get('format_version')!r}; this reader knows {FORMAT} v{FORMAT_VERSION}")
-    if manifest.get("version") != version:
-        raise SnapshotError(f"version {version}: manifest says version {manifest.get('version')!r}")
+    _check_fields(version, manifest)
     kind = manifest.get("kind")
     if kind not in ("full", "delta"):
         raise SnapshotError(f"version {version}: unknown kind {kind!r}")
     if kind == "delta":
         parent, base = manifest.get("parent"), manifest.get("base")
-        if not (isinstance(parent, int) and isinstance(base, int) and 0 < base <= parent < version):
+        if not (_is_int(parent) and _is_int(base) and 0 < base <= parent < version):
             raise SnapshotError(f"version {version}: delta needs 0 < base <= parent < version, "
                                 f"got base={base!r} parent={parent!r}")
-    if not isinstance(manifest.get("files"), dict):
-        raise SnapshotError(f"version {version}: manifest has no 'files' table")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+        raise SnapshotError(f"version {version}: manifest has no 'files' table of {{path: {{sha256, bytes}}}}")
     return manifest
 
 

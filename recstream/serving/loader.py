@@ -43,9 +43,9 @@ from torch import nn
 
 from ..validation import check_int, check_type
 from .layout import MODEL_FILE, SnapshotError, list_versions, read_manifest, read_verified
-from .model_spec import build_model, check_factory
+from .model_spec import RebuildError, build_model, check_factory
 from .retention import chain_of
-from .state_split import ROW_FIELDS, apply_delta, hash_embeddings, hash_file, hash_owned_keys, sort_rows
+from .state_split import ROW_FIELDS, apply_delta, dense_state, hash_embeddings, hash_file, hash_owned_keys, sort_rows
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,45 @@ def _check_source(owner: str, directory, model_factory) -> None:
     check_factory(owner, model_factory)
 
 
+# What reading, merging and importing digest-valid but wrong data can raise (a dtype or shape that
+# does not fit, an absurd size): the version is unusable, the server is fine.
+_DATA_ERRORS = (TypeError, ValueError, KeyError, IndexError, RuntimeError, OverflowError, MemoryError)
+
+
 def _tensors(directory, manifest: dict, relpath: str) -> dict[str, torch.Tensor]:
     data = read_verified(directory, manifest, relpath)
     try:
-        return load_bytes(data)
+        tensors = load_bytes(data)
     except (SafetensorError, ValueError) as e:  # checksum matched but content is not safetensors
         raise SnapshotError(f"version {manifest['version']}: {relpath} is not a valid safetensors file ({e})") from None
+    for name, t in tensors.items():
+        # A checksum proves the bytes are the ones written, not that they are a usable model.
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise SnapshotError(f"version {manifest['version']}: {relpath} holds non-finite values in {name!r}; "
+                                "a model with NaN or infinite weights is never served")
+    return tensors
+
+
+def _check_fits(manifest: dict, dense: dict[str, torch.Tensor]) -> None:
+    """Build the network on the ``meta`` device (no memory) and compare its dense state with the file.
+
+    A digest-valid manifest may ask for a 40 GB layer or a 10**12-row table: refused here, before
+    anything is allocated, because the weights file does not hold such tensors.
+    """
+    try:
+        with torch.device("meta"):
+            net = build_model(manifest)
+    except SnapshotError:
+        raise
+    except Exception as e:  # noqa: BLE001 - only a pre-check; the real build below decides
+        log.debug("version %s: no meta-device pre-check (%s: %s)", manifest["version"], type(e).__name__, e)
+        return
+    want = {k: tuple(v.shape) for k, v in dense_state(net).items()}
+    got = {k: tuple(v.shape) for k, v in dense.items()}
+    if want != got:
+        diff = sorted(set(want.items()) ^ set(got.items()))[:4]
+        raise SnapshotError(f"version {manifest['version']}: the network its manifest describes does not fit "
+                            f"{MODEL_FILE} (first differences, name and shape: {diff})"[:600])
 
 
 def _rows(directory, manifests: list[dict], path: str) -> dict[str, torch.Tensor]:
@@ -93,6 +126,27 @@ def load_version(directory: str | os.PathLike, version: int, model_factory: Any 
     """Load exactly `version` (and its chain); SnapshotError if it is unusable."""
     _check_source("load_version", directory, model_factory)
     check_int("load_version", "version", version, minimum=1)
+    try:
+        return _load(directory, version, model_factory)
+    except (SnapshotError, RebuildError):
+        raise
+    except _DATA_ERRORS as e:
+        if getattr(e, "from_factory", False):
+            raise
+        raise SnapshotError(f"version {version}: unusable ({type(e).__name__}: {e})"[:600]) from None
+
+
+def _build(manifest: dict, model_factory: Any) -> nn.Module:
+    """The network; errors of a caller's factory are marked, so they propagate instead of skipping."""
+    try:
+        return build_model(manifest, model_factory)
+    except Exception as e:
+        if model_factory is not None:
+            e.from_factory = True
+        raise
+
+
+def _load(directory, version: int, model_factory: Any) -> tuple[nn.Module, dict]:
     chain = chain_of(directory, version)
     manifests = [read_manifest(directory, v) for v in chain]
     manifest = manifests[-1]
@@ -102,7 +156,9 @@ def load_version(directory: str | os.PathLike, version: int, model_factory: Any 
             raise SnapshotError(f"version {version}: HashEmbedding modules change along the chain "
                                 f"({sorted(m.get('hash_embeddings', {}))} at {m['version']}, {recorded} at {version})")
     dense = _tensors(directory, manifest, MODEL_FILE)
-    net = build_model(manifest, model_factory)
+    if model_factory is None:
+        _check_fits(manifest, dense)
+    net = _build(manifest, model_factory)
     tables = hash_embeddings(net)
     if sorted(tables) != recorded:
         raise SnapshotError(f"version {version}: the rebuilt network's HashEmbedding modules {sorted(tables)} "
@@ -112,7 +168,7 @@ def load_version(directory: str | os.PathLike, version: int, model_factory: Any 
         rows = _rows(directory, manifests, path)
         try:
             emb.import_(rows)
-        except ValueError as e:  # e.g. the rebuilt table's capacity is too small
+        except (ValueError, RuntimeError) as e:  # e.g. the rebuilt table's capacity is too small
             raise SnapshotError(f"version {version}: cannot import rows of HashEmbedding {path!r}: {e}") from None
     net.eval()
     net.requires_grad_(False)

@@ -25,6 +25,7 @@ True
 """
 from __future__ import annotations
 
+import math
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -36,6 +37,14 @@ ROUTES = ("/predict", "/health", "/version", "/metrics")
 # Latency buckets (seconds) from 0.5 ms: a one-instance forward is well under a millisecond.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+def _seconds(value) -> float | None:
+    """A manifest's unix time, or None: a scrape must never fail on what a manifest holds (the
+    loader checks these fields; this is the second line)."""
+    if type(value) not in (int, float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 class _ModelCollector:
@@ -58,14 +67,17 @@ class _ModelCollector:
         yield failures
         if served is None:
             return
-        age = GaugeMetricFamily("recstream_serving_model_age_seconds", "Seconds since the served version was created.")
-        age.add_metric([], now - float(served.manifest.get("created") or now))
-        yield age
-        newest = served.manifest.get("max_event_time")
+        created = _seconds(served.manifest.get("created"))
+        if created is not None:
+            age = GaugeMetricFamily("recstream_serving_model_age_seconds",
+                                    "Seconds since the served version was created.")
+            age.add_metric([], now - created)
+            yield age
+        newest = _seconds(served.manifest.get("max_event_time"))
         if newest is not None:
             stale = GaugeMetricFamily("recstream_serving_model_staleness_seconds",
                                       "Seconds since the newest event the served version was trained on.")
-            stale.add_metric([], now - float(newest))
+            stale.add_metric([], now - newest)
             yield stale
 
 

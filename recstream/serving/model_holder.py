@@ -12,9 +12,12 @@ Why this is safe without locks around inference:
 * networks are never mutated after the swap (eval-mode forwards of recstream modules are
   read-only), so concurrent requests may share one.
 
-The watcher polls the directory listing every ``poll_seconds`` (cheap: one ``listdir``) and
-loads only when a version newer than the served one appears; a newest version that fails
-to load is remembered and not retried until a still newer one appears.
+The watcher polls the directory listing every ``poll_seconds`` (cheap: one ``listdir`` and one
+``stat``) and loads only when a version newer than the served one appears. A version that
+fails to load is skipped with a logged reason and remembered with the identity (inode, mtime,
+size) of its files and of the versions before it: it is tried again as soon as any of them
+changes (an incomplete ``cp -r`` that completed, a repaired link of its delta chain), never
+re-read while nothing changed. The served version is never replaced by an older one.
 
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature
@@ -89,7 +92,8 @@ class ModelHolder:
         self.max_instances = check_int(owner, "max_instances", max_instances, minimum=1)
         self._served: Served | None = None
         self._served_stat: tuple | None = None  # (inode, mtime, size) of the served manifest file
-        self._attempted: tuple[int, tuple | None] = (0, None)  # newest version tried, and its identity
+        self._failed: dict[int, tuple[tuple, str]] = {}  # version -> (identity on disk when it failed, reason)
+        self._reported: str | None = None  # the failure last logged as an error (not repeated every poll)
         self._refresh_lock = threading.Lock()  # one loader at a time (watcher vs. a manual refresh)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,12 +148,52 @@ class ModelHolder:
             self._served_stat = now
         return not same
 
-    def _load_newest(self, versions: list[int], floor: int) -> Served | None:
-        """The newest version above `floor` that loads (with its chain), skipping unusable ones."""
-        skipped = []
-        for v in reversed(versions):
-            if v <= floor:
+    def _candidates(self, versions: list[int], current: Served | None) -> list[int]:
+        """Versions that would replace the served one, oldest first.
+
+        Higher numbers always. Lower or equal ones only once the served version is gone or
+        replaced on disk, and then only those created after it (a restarted trainer): a
+        served version that turned unreadable (a symlink out of the directory) is never
+        "replaced" by an older one, the server keeps serving it from memory.
+        """
+        if current is None:
+            return versions
+        newer = [v for v in versions if v > current.version]
+        if not self._was_reset(current):
+            return newer
+        created = current.manifest["created"]
+        restarted = []
+        for v in versions:
+            if v > current.version:
                 break
+            try:
+                later = read_manifest(self.directory, v)["created"] > created
+            except (SnapshotError, OSError):
+                later = v == current.version  # the served number, now unreadable: try (and remember) it
+            if later:
+                restarted.append(v)
+        return restarted + newer
+
+    def _identity(self, versions: list[int], version: int) -> tuple:
+        """What loading `version` read: every version directory up to it, file by file (lstat).
+
+        A failed version is retried when this changes: a ``cp -r`` that completed, a manifest
+        rewritten, a link of its delta chain repaired or replaced.
+        """
+        return tuple(_tree_stat(version_path(self.directory, v)) for v in versions if v <= version)
+
+    def _load_newest(self, versions: list[int], candidates: list[int]) -> Served | None:
+        """The newest candidate that loads (with its chain), skipping unusable ones.
+
+        A version that failed is not tried again while what it is made of is unchanged on disk.
+        """
+        skipped = []
+        for v in reversed(candidates):
+            identity = self._identity(versions, v)
+            known = self._failed.get(v)
+            if known is not None and known[0] == identity:
+                skipped.append({"version": v, "reason": known[1]})
+                continue
             try:
                 model, manifest = load_version(self.directory, v, self.model_factory)
                 served = self._make_served(model, dict(manifest, skipped=skipped))
@@ -158,9 +202,11 @@ class ModelHolder:
             except SnapshotError as e:
                 reason = str(e)
             else:
+                self._failed.pop(v, None)
                 return served
             self.load_failures += 1
             log.warning("skipping model version %d in %s: %s", v, self.directory, reason)
+            self._failed[v] = (identity, public_text(reason))
             skipped.append({"version": v, "reason": public_text(reason)})
         if skipped:
             self.last_error = "no usable new version: " + "; ".join(f"v{s['version']}: {s['reason']}" for s in skipped)
@@ -170,33 +216,30 @@ class ModelHolder:
         """Load and swap in a newer version if there is one; True if the served version changed.
 
         "Newer" is a higher version number, or -- after the publish directory was wiped and
-        versions restarted at 1 -- any version, once the served one is gone or replaced on disk.
-        Unusable versions (torn, corrupt, unloadable: bad arguments, a FIFO, a symlink out of
-        the directory) are skipped and older ones tried; a failed newest version is not
-        retried until a newer one (or a different one under the same number) appears.
+        versions restarted at 1 -- a version created after the served one, once the served one
+        is gone or replaced on disk (see :meth:`_candidates`). Unusable versions (torn, corrupt,
+        unloadable: bad manifests, non-finite weights, a FIFO, a symlink out of the directory)
+        are skipped with a logged reason and older candidates tried; a failed version is retried
+        as soon as its files (or those of the versions before it) change on disk.
         """
         with self._refresh_lock:
             versions = list_versions(self.directory)
-            if not versions:
+            current = self._served
+            candidates = self._candidates(versions, current) if versions else []
+            self._failed = {v: f for v, f in self._failed.items() if v in versions}
+            if not candidates:
                 return False
-            current, newest = self._served, versions[-1]
-            reset = current is not None and newest <= current.version and self._was_reset(current)
-            key = (newest, self._manifest_stat(newest))
-            if (key == self._attempted) if reset else (newest <= self._attempted[0]):
-                return False
-            self._attempted = key
-            if reset:
-                log.warning("publish directory %s was reset: version %d is gone or replaced; loading the newest "
-                            "usable version afresh", self.directory, current.version)
-            served = self._load_newest(versions, 0 if (reset or current is None) else current.version)
+            served = self._load_newest(versions, candidates)
             if served is None:
-                log.error("model reload from %s failed, still serving %s: %s", self.directory,
-                          current.version if current else "nothing", self.last_error)
+                if self.last_error != self._reported:
+                    log.error("model reload from %s failed, still serving %s: %s", self.directory,
+                              current.version if current else "nothing", self.last_error)
+                    self._reported = self.last_error
                 return False
             self._served_stat = self._manifest_stat(served.version)
             self._served = served  # the swap: one reference store
             self.swaps += 1
-            self.last_error = None
+            self.last_error = self._reported = None
             log.info("serving version %d from %s (%s, skipped %s)", served.version, self.directory,
                      served.manifest["kind"], [s["version"] for s in served.manifest["skipped"]])
             return True
@@ -221,6 +264,26 @@ class ModelHolder:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+def _tree_stat(path: str) -> tuple:
+    """``(name, inode, mtime, size, mode)`` of `path` and everything under it, without following links."""
+    out = []
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ()
+    out.append(("", st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode))
+    if not os.path.islink(path):
+        for root, dirs, files in os.walk(path):
+            for name in sorted(dirs + files):
+                full = os.path.join(root, name)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    continue
+                out.append((os.path.relpath(full, path), st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode))
+    return tuple(out)
 
 
 # an absolute path: a "/" that does not continue a word or a relative path

@@ -150,9 +150,10 @@ def build_model(manifest: dict, model_factory: Any = None) -> nn.Module:
         if not isinstance(config, dict):
             raise TypeError(f"'config' must be a JSON object, got {type(config).__name__}")
         return cls(Schema.from_dict(manifest["schema"]), **config)
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError, KeyError, RuntimeError, MemoryError, OverflowError) as e:
         # The manifest is digest-valid but its arguments do not build this class (an unknown or
-        # bad argument, a malformed schema): that VERSION is unusable; older ones may be fine.
+        # bad argument, a malformed schema, a size nothing can allocate): that VERSION is
+        # unusable; older ones may be fine.
         raise SnapshotError(f"version {manifest.get('version')}: cannot rebuild {cls_path} from the manifest: "
                             f"{type(e).__name__}: {e}") from None
 
