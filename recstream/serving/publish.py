@@ -5,8 +5,10 @@ version it wrote last and how many deltas follow the last full version. A versio
 
 * ``full`` -- always for networks without HashEmbedding; else the first one of a writer,
   every ``full_every``-th one (so a loader applies at most ``full_every - 1`` deltas), after
-  any failed publish, or when the directory's newest version is not the writer's own
-  (another writer, or a deleted directory);
+  any failed publish, when the directory's newest version is not the writer's own
+  (another writer, or a deleted directory), and when a delta's rows (changed rows plus
+  evicted keys) would not be smaller than a full version's (every id new: a delta saves
+  nothing and would pin its whole chain on disk);
 * ``delta`` otherwise: dense weights in full (small) plus, per HashEmbedding, the rows
   changed since the previous version and the keys evicted since then
   (:meth:`~recstream.nn.HashEmbedding.export_delta`).
@@ -35,6 +37,7 @@ full), ``created`` (unix seconds when it became visible), ``step``, ``epoch``,
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -140,10 +143,18 @@ class SnapshotWriter:
             self._checked = True
         dense = for_saving(dense_state(network))
         files = {MODEL_FILE: {k: t.clone() for k, t in dense.items()} if copy else dense}
-        tables = {}
         self.last_version = None  # any failure from here on: the exports below moved the baseline
-        for path, emb in tables_of.items():
-            rows = emb.export() if full else emb.export_delta()  # gathered: copies already
+        rows_of = {path: emb.export() if full else emb.export_delta() for path, emb in tables_of.items()}
+        row_bytes = sum(_nbytes(rows) for rows in rows_of.values())
+        if not full and row_bytes >= sum(_full_bytes(e, rows_of[p]) for p, e in tables_of.items()):
+            # The delta would hold as much as a full version (every id new, the table turned over):
+            # write the full one, which ends the chain, so retention need not keep the older
+            # links. export() after export_delta() still returns every row.
+            full, base = True, version
+            manifest.update(kind="full", base=version, parent=None)
+            rows_of = {path: emb.export() for path, emb in tables_of.items()}
+        tables = {}
+        for path, rows in rows_of.items():
             rel = hash_file(path)
             files[rel] = for_saving(rows)
             tables[path] = {"file": rel, "rows": int(rows["keys"].numel()),
@@ -172,6 +183,16 @@ class PreparedVersion:
     full: bool
     files: dict
     manifest: dict
+
+
+def _nbytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _full_bytes(emb, rows: dict) -> int:
+    """Bytes of the row fields a full export of `emb` would hold (``num_rows`` rows of each field)."""
+    return sum(emb.num_rows * math.prod(t.shape[1:]) * t.element_size()
+               for name, t in rows.items() if name != "evicted_keys")
 
 
 def publish_version(directory: str | os.PathLike, network: nn.Module, **kwargs) -> dict:

@@ -79,8 +79,8 @@ def test_delta_chain_reconstructs_the_live_model_exactly(tmp_path, evict):
                        model_config={**CONFIG, "capacity": 48, "evict_filter_value": evict})
     rng = np.random.default_rng(2)
     probe = make_batch(rng, batch_size=64).features
-    for step in range(1, 13):
-        train_step(net, opt, make_batch(rng, batch_size=16))
+    for step in range(1, 13):  # 4 events a step: deltas smaller than the table (else they are written full)
+        train_step(net, opt, make_batch(rng, batch_size=4))
         w.publish(net, step=step)
     loaded, manifest = load_latest(tmp_path, build)
     assert manifest["kind"] == "delta" and manifest["base"] == 1 and manifest["version"] == 12
@@ -98,7 +98,7 @@ def test_chain_and_full_load_bit_identical(tmp_path):
                        model_config={**CONFIG, "capacity": 40, "evict_filter_value": 2})
     rng = np.random.default_rng(3)
     for _ in range(6):
-        train_step(net, opt, make_batch(rng, batch_size=12))
+        train_step(net, opt, make_batch(rng, batch_size=4))
         w.publish(net)
     w.publish(net, full=True)  # same state as version 6, written in full
     a, ma = load_version(tmp_path, 6, build)
