@@ -4,7 +4,8 @@ Reasons (the keys of ``reader.bad_rows``):
 
 * ``column_count``: a CSV/TSV line with the wrong number of fields;
 * ``unparsable``: text where a number was expected;
-* ``non_finite``: NaN or +-inf in a dense column;
+* ``non_finite``: NaN or +-inf in a dense column, or a value float32 (the model's type)
+  makes infinite, such as ``1e39`` (checked after ``log1p_dense``);
 * ``missing_value``: an empty value where one is required (dense without a fill value,
   label, non-hashed id without a vocabulary);
 * ``id_out_of_range``: an id outside ``[0, vocab_size)`` of a non-hashed feature;

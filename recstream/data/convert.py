@@ -175,6 +175,7 @@ def to_text(arr) -> pa.Array:
 
 # --- columns -> Batch ---------------------------------------------------------------------
 _CODE = {r: i + 1 for i, r in enumerate(REASONS)}  # 0 = good row
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -275,10 +276,31 @@ class ColumnConverter:
             faults.mark(missing, "missing_value", c)
         else:
             x = np.where(missing, self.fill_missing_dense, x)
-        faults.mark(~np.isfinite(x) & ~(missing | bad), "non_finite", c)
-        if self.log1p_dense:
-            x = np.log1p(np.maximum(x, 0.0))  # negative counts (Criteo's I2) map to 0, not NaN
+        x, nonfinite = self.dense_float32(x)
+        faults.mark(nonfinite & ~(missing | bad), "non_finite", c)
         return x
+
+    def dense_float32(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dense values as the model gets them: transformed, then cast to float32; mask of
+        the values that are not finite, as given or THERE).
+
+        The one place dense values become float32 (readers, stream decoders and ``/predict``
+        all come through here): the check runs after the cast because a finite float64 like
+        ``1e39`` is ``inf`` in float32, and one such value turns every weight NaN.
+
+        >>> c = ColumnConverter(Schema(["x"]))
+        >>> v, bad = c.dense_float32(np.array([1.5, 1e39, -3.5e38, np.nan, 3.4e38]))
+        >>> bad.tolist()
+        [False, True, True, True, False]
+        """
+        x = np.asarray(x, dtype=np.float64)
+        raw_bad = ~np.isfinite(x)  # -inf stays bad under log1p (which would map it to 0)
+        if self.log1p_dense:
+            with np.errstate(invalid="ignore"):  # NaN stays NaN (flagged below)
+                x = np.log1p(np.maximum(x, 0.0))  # negative counts (Criteo's I2) map to 0, not NaN
+        with np.errstate(over="ignore", invalid="ignore"):
+            x32 = x.astype(np.float32)
+        return x32, raw_bad | ~np.isfinite(x32)
 
     def _categorical(self, col, feat: CategoricalFeature, faults: _Faults, c: int):
         """(ids int64 flat, lengths int64 [n]) of one feature; marks bad rows."""
@@ -360,7 +382,8 @@ class ColumnConverter:
             detail = f"id {int(faults.id_value[i])} outside [0, {size}) (value {raw!r})"
         else:
             detail = {"unparsable": f"cannot parse {raw!r} as a number",
-                      "non_finite": f"non-finite value {raw!r} (dense values must be finite)",
+                      "non_finite": f"non-finite value {raw!r} (dense values must be finite in float32, "
+                                    f"|x| <= {_F32_MAX:.8g})",
                       "missing_value": "missing value",
                       "bad_label": f"label {raw!r} is not a number in [0, 1]"}[reason]
         return RowFault(int(i), reason, name, detail)

@@ -3,8 +3,9 @@
 Body: ``{"instances": [{"<dense>": 1.5, "<categorical>": value_or_list, ...}, ...]}``. Every
 instance must have exactly the schema's features (no label):
 
-* dense features: a JSON number (finite; ``null`` only when the publisher recorded
-  ``fill_missing_dense``);
+* dense features: a JSON number, finite in float32 after the manifest's transform
+  (``1e39`` is refused: float32 makes it ``inf``); ``null`` only when the publisher recorded
+  ``fill_missing_dense``;
 * categorical features with ``vocab_size``: an integer id in ``[0, vocab_size)``;
 * ``hash_buckets`` / ``vocabulary`` features: the RAW value, a string or an integer, hashed or
   looked up exactly as the training reader does (``null``: missing, id 0);
@@ -45,6 +46,8 @@ from ..data.convert import ColumnConverter, to_keys
 from ..data.hashing import hash_strings, to_buckets
 from ..data.schema import CategoricalFeature, Schema
 from ..validation import check_int, check_type
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class RequestError(Exception):
@@ -233,19 +236,27 @@ class InstanceParser:
                 columns[name].append(self._dense(i, name, inst[name]))
             for f in self.schema.categorical:
                 columns[f.name].append(self._categorical(i, f, inst[f.name]))
+        for name in self.schema.dense_names:
+            self._check_float32(name, columns[name])
         return columns
+
+    def _float64(self, values: list) -> np.ndarray:
+        fill = self.converter.fill_missing_dense
+        return np.asarray([fill if v is None else v for v in values], dtype=np.float64)
+
+    def _check_float32(self, name: str, values: list) -> None:
+        """400 for a value that is not finite where the model gets it (float32, after the
+        manifest's transform): ``1e39`` is a finite JSON number but ``inf`` in float32."""
+        bad = self.converter.dense_float32(self._float64(values))[1]
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise _bad(f"instance {i}: {name!r} value {values[i]!r} is not finite in float32 "
+                       f"(|x| <= {_F32_MAX:.8g})", instance=i, field=name, reason="non_finite")
 
     def _direct_dense(self, parts: list[dict[str, list]], n: int) -> torch.Tensor:
         dense = np.empty((n, self.schema.num_dense), dtype=np.float32)
-        fill = self.converter.fill_missing_dense
-        for j, name in enumerate(self.schema.dense_names):
-            values = [v for p in parts for v in p[name]]
-            if fill is not None:
-                values = [fill if v is None else v for v in values]
-            x = np.asarray(values, dtype=np.float64)
-            if self.converter.log1p_dense:  # as ColumnConverter: in float64, negatives to 0
-                x = np.log1p(np.maximum(x, 0.0))
-            dense[:, j] = x
+        for j, name in enumerate(self.schema.dense_names):  # the converter's own transform and cast
+            dense[:, j] = self.converter.dense_float32(self._float64([v for p in parts for v in p[name]]))[0]
         return torch.from_numpy(dense)
 
     def _direct_ids(self, f: CategoricalFeature, values: list) -> np.ndarray:

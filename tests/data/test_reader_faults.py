@@ -127,3 +127,65 @@ def test_a_stray_quote_in_the_last_value_of_the_last_line(tmp_path, newline):
     path.write_text("\n".join([HEADER, good(0), good(1), '0,2.5,u2,"1|2']) + newline)
     reader = CSVReader(path, SCHEMA, batch_size=8, on_bad_row="skip")
     assert xs(reader) == [0.5, 1.5] and dict(reader.bad_rows) == {"malformed": 1}
+
+
+# --- float32 overflow (issue 27, item 2) -----------------------------------------------------
+F32_SCHEMA = Schema(["x"], [CategoricalFeature("c", vocab_size=5)])
+
+
+def _train_on(reader):
+    """A few SGD steps of a real model on everything `reader` yields; its parameters."""
+    import torch
+
+    from recstream.models import WideDeep
+    torch.manual_seed(0)
+    net = WideDeep(F32_SCHEMA, hidden=(8,), embedding_dim=4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for batch in reader:
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(batch.features), batch.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return list(net.parameters())
+
+
+@pytest.mark.parametrize("value", ["1e39", "-1e39", "3.5e38"])
+def test_a_dense_value_beyond_float32_is_dead_lettered_and_the_model_stays_finite(tmp_path, value):
+    import torch
+    rows = [f"{i % 2},{i}.5,{i % 5}" for i in range(20)]
+    path = write(tmp_path / "f.csv", ["label,x,c"] + rows[:7] + [f"1,{value},3"] + rows[7:])
+    reader = CSVReader(path, F32_SCHEMA, batch_size=8, on_bad_row="skip", bad_row_log=tmp_path / "bad.jsonl")
+    params = _train_on(reader)
+    assert all(torch.isfinite(p).all() for p in params)
+    assert dict(reader.bad_rows) == {"non_finite": 1}
+    (rec,) = [json.loads(line) for line in (tmp_path / "bad.jsonl").read_text().splitlines()]
+    assert (rec["file"], rec["row"], rec["reason"], rec["column"]) == (str(path), 8, "non_finite", "x")
+    assert value in rec["detail"] and "float32" in rec["detail"]
+    with pytest.raises(BadRowError) as info:
+        list(CSVReader(path, F32_SCHEMA, batch_size=8))
+    assert (info.value.path, info.value.row, info.value.reason) == (str(path), 8, "non_finite")
+
+
+def test_float32_overflow_in_parquet_files_and_arrow_tables(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recstream.data import ParquetReader, from_arrow
+    x = np.arange(10, dtype=np.float64)
+    x[4] = 1e39
+    table = pa.table({"label": np.zeros(10), "x": x, "c": np.arange(10) % 5})
+    pq.write_table(table, tmp_path / "f.parquet")
+    reader = ParquetReader(tmp_path / "f.parquet", F32_SCHEMA, batch_size=4, on_bad_row="skip")
+    assert sorted(xs(reader)) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert dict(reader.bad_rows) == {"non_finite": 1}
+    with pytest.raises(BadRowError, match="non_finite"):
+        from_arrow(table, F32_SCHEMA, batch_size=4)
+
+
+def test_log1p_dense_checks_the_value_the_model_gets(tmp_path):
+    """log1p(1e39) is 89.8, finite in float32: such a count is no bad row; -inf stays one."""
+    path = write(tmp_path / "f.csv", ["label,x,c", "1,1e39,3", "0,-inf,2", "0,2,1"])
+    reader = CSVReader(path, F32_SCHEMA, batch_size=8, on_bad_row="skip", log1p_dense=True)
+    assert [round(v, 3) for v in xs(reader)] == [89.801, 1.099]
+    assert dict(reader.bad_rows) == {"non_finite": 1}

@@ -1,0 +1,62 @@
+"""Non-finite numbers at the server, on a real socket (issue 27, item 2): a dense value that is
+finite in JSON but ``inf`` in float32 is a 400 naming the field and value; a model whose outputs
+are not finite answers a JSON 500 naming the problem, never a plain-text traceback."""
+import json
+import socket
+import threading
+
+import pytest
+import torch
+
+from recstream.data import CategoricalFeature, Schema
+from recstream.models import WideDeep
+from recstream.serving import ModelHolder, make_server, publish_version
+
+SCHEMA = Schema(["I1"], [CategoricalFeature("c", vocab_size=10)])
+
+
+@pytest.fixture
+def server(tmp_path):
+    torch.manual_seed(0)
+    publish_version(tmp_path, WideDeep(SCHEMA, hidden=(8,)), model_config={"hidden": [8]})
+    holder = ModelHolder(tmp_path)
+    assert holder.refresh()
+    srv = make_server(holder, port=0)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    srv.net = holder.current.model
+    yield srv
+    srv.shutdown(timeout=30)
+    srv.server_close()
+    t.join(timeout=30)
+
+
+def post_raw(port: int, body: bytes, path: str = "/predict") -> tuple[int, bytes, bytes]:
+    """(status, headers, body) of one POST on a fresh socket, read until the server closes."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    finally:
+        s.close()
+    head, _, payload = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head, payload
+
+
+def predict(port, instances, path="/predict"):
+    return post_raw(port, json.dumps({"instances": instances}).encode(), path)
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, 3.5e38, 10 ** 39])
+def test_a_dense_value_beyond_float32_is_a_json_400_naming_field_and_value(server, value):
+    status, head, body = predict(server.server_port, [{"I1": 1.0, "c": 1}, {"I1": value, "c": 2}])
+    assert status == 400 and b"application/json" in head.lower(), (head, body)
+    answer = json.loads(body)
+    assert answer["field"] == "I1" and answer["instance"] == 1 and answer["reason"] == "non_finite"
+    assert "'I1'" in answer["error"] and "float32" in answer["error"]
+    assert repr(float(value)) in answer["error"]  # as the parser read it
+    status, _, body = predict(server.server_port, [{"I1": 3.4e38, "c": 1}])  # the largest finite ones pass
+    assert status == 200 and all(map(lambda s: 0 <= s <= 1, json.loads(body)["scores"]))
