@@ -27,7 +27,7 @@ from recstream.data import SyntheticCTR
 from recstream.data.streams import DirectoryStream
 from recstream.models import WideDeep, default_optimizer
 from recstream.serving import ModelPublisher
-from recstream.serving.freshness import event_freshness
+from recstream.serving.server.freshness import event_freshness
 
 DENSE, CATEGORICAL = 13, 26
 

@@ -2,7 +2,7 @@
 
 DIR is a publish directory (``ModelPublisher``'s) or a run directory holding one. The newest
 usable version is rebuilt as ``recstream serve`` does, exported, checked against the network
-on two batch sizes and written to PATH (see :mod:`recstream.serving.export` for the
+on two batch sizes and written to PATH (see :mod:`recstream.serving.export.exporter` for the
 formats and the input signature). Prints one line naming the file, the version and the
 signature. Mistakes -- an unknown format, a DIR without a version, PATH in a missing
 directory -- are usage errors (exit status 2); a DIR whose versions are all corrupt, or a
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     """Export and print one line; returns the exit status."""
     _check_args(args)
     from ..serving.export import ExportError, export_published  # here: `recstream --help` must not load torch
-    from ..serving.layout import SnapshotError
-    from ..serving.model_spec import RebuildError
+    from ..serving.snapshot.layout import SnapshotError
+    from ..serving.snapshot.model_spec import RebuildError
     try:
         sig = export_published(args.directory, args.output, args.format, model_factory=args.model_factory)
     except FileNotFoundError as e:  # no version at all in DIR (nor in a sub-directory)

@@ -2,7 +2,7 @@
 
 Loads the newest usable version of DIR (written by ``ModelPublisher``), answers
 ``POST /predict`` / ``GET /health`` / ``GET /version`` / ``GET /metrics`` (see
-:mod:`recstream.serving.http`; Starlette on uvicorn, ``pip install "recstream[serve]"``) and
+:mod:`recstream.serving.server.http`; Starlette on uvicorn, ``pip install "recstream[serve]"``) and
 hot-swaps newer versions as they are published. Concurrent requests share forward passes
 (``--max-batch-rows``, ``--max-batch-wait-ms``); each request has a total deadline
 (``--request-timeout``). DIR must exist: a missing DIR (or a file) is
@@ -33,7 +33,7 @@ from .errors import EXIT_USAGE, CliError
 from .options import checked
 
 _OWNER = "recstream serve"
-# = recstream.serving.http.DEFAULT_MAX_BODY_BYTES (a test checks), not imported: `--help` must not load torch
+# = recstream.serving.server.http.DEFAULT_MAX_BODY_BYTES (a test checks), not imported: `--help` must not load torch
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DESCRIPTION = """Serve the newest model version of a publish directory over HTTP.
 
@@ -94,10 +94,10 @@ def run(args: argparse.Namespace) -> int:
                        "to wait for the first version)", EXIT_USAGE)
     import torch  # here, not at the top: `recstream --help` must not load torch
 
-    from ..serving.model_holder import ModelHolder
-    from ..serving.model_spec import RebuildError
+    from ..serving.server.model_holder import ModelHolder
+    from ..serving.snapshot.model_spec import RebuildError
     try:
-        from ..serving.http import make_server
+        from ..serving.server.http import make_server
     except ImportError as e:  # the optional HTTP stack is not installed
         raise CliError(f"serving needs its extra: pip install 'recstream[serve]' ({e})") from e
 

@@ -1,9 +1,16 @@
 """recstream.serving: publish fresh model versions from training and serve them over HTTP.
 
+Four sub-packages, imports pointing down the list: :mod:`~recstream.serving.snapshot` (the
+on-disk version format both sides share: layout, state split, model spec, loading),
+:mod:`~recstream.serving.publishing` (writing versions from training, retention),
+:mod:`~recstream.serving.server` (the HTTP prediction server, its metrics and client) and
+:mod:`~recstream.serving.export` (self-contained files for other runtimes). The names below
+are the public API.
+
 * Publishing: :class:`ModelPublisher`, a training callback, publishes the network every N steps
   or seconds through a :class:`SnapshotWriter`, which writes versioned, checksummed snapshots --
   full, or HashEmbedding deltas on a full base -- atomically into a directory (layout:
-  :mod:`recstream.serving.layout`); :func:`publish_version` publishes once.
+  :mod:`recstream.serving.snapshot.layout`); :func:`publish_version` publishes once.
 * Loading: :func:`load_latest` returns the newest usable version with its manifest, skipping
   (and reporting) torn or corrupt ones; :func:`load_version` loads one exactly.
 * Serving: :class:`ModelHolder` hot-swaps new versions; :func:`make_server` /
@@ -23,22 +30,22 @@
 >>> manifest["version"], manifest["schema"] == schema.to_dict()
 (1, True)
 """
-from .client import PredictionClient, PredictionError
-from .freshness import FreshnessReport, event_freshness, staleness
-from .layout import SnapshotError, list_versions, read_latest, read_manifest
-from .loader import load_latest, load_version
-from .model_holder import ModelHolder, Served
-from .model_publisher import ModelPublisher
-from .publish import SnapshotWriter, publish_version
-from .request import InstanceParser, RequestError
-from .retention import prune
+from .publishing.model_publisher import ModelPublisher
+from .publishing.publish import SnapshotWriter, publish_version
+from .publishing.retention import prune
+from .server.client import PredictionClient, PredictionError
+from .server.freshness import FreshnessReport, event_freshness, staleness
+from .server.model_holder import ModelHolder, Served
+from .server.request import InstanceParser, RequestError
+from .snapshot.layout import SnapshotError, list_versions, read_latest, read_manifest
+from .snapshot.loader import load_latest, load_version
 
 
 def __getattr__(name: str):
     # The HTTP stack is an optional extra: load it only when a server is asked for.
     if name in ("make_server", "PredictionServer"):
         try:
-            from . import http
+            from .server import http
         except ImportError as e:
             raise ImportError(f"recstream.serving.{name} needs the serving extra: pip install 'recstream[serve]' "
                               f"({e})") from e

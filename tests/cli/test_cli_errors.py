@@ -165,5 +165,5 @@ def test_serve_waits_on_an_empty_directory_and_stops_on_sigterm(tmp_path):
 
 
 def test_serve_default_body_limit_is_the_servers():
-    from recstream.serving.http import DEFAULT_MAX_BODY_BYTES
+    from recstream.serving.server.http import DEFAULT_MAX_BODY_BYTES
     assert serve.DEFAULT_MAX_BODY_BYTES == DEFAULT_MAX_BODY_BYTES

@@ -18,10 +18,10 @@ from recstream.cli import export as export_cli
 from recstream.cli.errors import EXIT_FAILURE, EXIT_USAGE
 from recstream.data import CategoricalFeature, Features, Schema, SyntheticCTR
 from recstream.models import DLRM, WideDeep, default_optimizer
-from recstream.serving import export as export_lib
-from recstream.serving.layout import MODEL_FILE, version_path
-from recstream.serving.loader import load_latest
-from recstream.serving.publish import publish_version
+from recstream.serving.export import exporter as export_lib
+from recstream.serving.publishing.publish import publish_version
+from recstream.serving.snapshot.layout import MODEL_FILE, version_path
+from recstream.serving.snapshot.loader import load_latest
 
 # Loading TorchScript the way LibTorch users do: its deprecation warning is not this test's concern.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")

@@ -1,0 +1,213 @@
+"""ModelPublisher: publish fresh model versions for serving while training online.
+
+Every ``every_steps`` steps and/or ``every_seconds`` seconds (checked after each step), and
+once at the end of training, the network is written as a new version ``v{N:08d}/`` of
+`directory` by a :class:`~recstream.serving.publishing.publish.SnapshotWriter`: a full snapshot, or -- for
+networks with :class:`~recstream.nn.HashEmbedding` tables -- a delta holding only the rows
+changed since the previous version (plus evicted keys), with a full one at least every
+``full_every`` versions. Each version has a checksummed ``manifest.json`` (written last; the
+directory appears by one atomic rename), ``LATEST`` points at the newest, and only the newest
+``keep`` versions (and the chains they need) are kept. Serve them with
+``recstream serve DIR --port P`` or :func:`recstream.serving.load_latest`.
+
+Event time: if the trainer sets ``cb_params.max_event_time`` (unix seconds of the newest
+event trained on; a number, 0-d tensor or ``datetime``), its running maximum goes into each
+manifest, for freshness measurement (:func:`recstream.serving.event_freshness`).
+
+Off the training thread (``background=True``, the default): at a due step the training thread
+only takes the version (copies of the dense weights, the table rows, the manifest: a memory
+copy), and a writer thread serializes, fsyncs and renames it into place; the step does not wait
+for the disk. One write at a time: a version falling due while the previous one is still being
+written is taken at the first step after it finished. At the end of training the last write is
+waited for and a final version written. The writes stay atomic (a crash mid-write leaves a
+temporary directory that the next run removes).
+
+After a publish, ``cb_params.published_manifest`` holds the new manifest (in the background: from
+the first step after its write finished); all manifests of the run are in ``publisher.manifests``.
+A failed publish (disk full, ...) is logged and training goes on (``on_error="raise"`` stops it
+instead, at the step that learns of it); the next version is then full.
+
+>>> import tempfile
+>>> from recstream.data import Schema, CategoricalFeature
+>>> from recstream.models import DeepFM
+>>> schema = Schema(["x"], [CategoricalFeature("c", vocab_size=5)])
+>>> publisher = ModelPublisher(tempfile.mkdtemp(), schema, every_steps=100, model_config={"hidden": [8]})
+>>> # Model(DeepFM(schema, hidden=(8,)), ...).train(1, stream, callbacks=[publisher])
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+
+from ...callbacks import Callback
+from ...validation import check_bool, check_choice, check_int, check_number
+from .publish import SnapshotWriter
+from .writer import remove_stale_temps
+
+log = logging.getLogger(__name__)
+
+
+def _event_time(value: Any) -> float | None:
+    """``cb_params.max_event_time`` as unix seconds (None if unset); ValueError if unusable."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):
+        return value.timestamp()
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"cb_params.max_event_time must be one value, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        value = value.item()  # numpy scalar
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"cb_params.max_event_time must be finite unix seconds, got {value!r}")
+    return float(value)
+
+
+class ModelPublisher(Callback):
+    """Publish versions of the trained network to `directory` (see module docstring).
+
+    Args:
+        directory: publish directory (created if missing). One publisher per directory.
+        schema: feature schema recorded for servers (default: ``network.schema``).
+        every_steps: publish after every this many training steps (None: not by steps).
+        every_seconds: publish when this much time passed since the last publish (None: not by time).
+        keep: versions kept (plus the older ones a kept delta needs).
+        model_factory: how servers rebuild a non-``recstream.models`` network: a module-level
+            function ``f(manifest) -> nn.Module`` (its name is recorded; servers pass it too).
+        model_config: JSON-able constructor kwargs of a ``recstream.models`` class, e.g.
+            ``{"hidden": [256, 128], "embedding_dim": 16}``.
+        full_every: a full version at least every this many versions.
+        output: ``"logits"`` (default: servers apply sigmoid) or ``"probabilities"``.
+        preprocessing: the reader's ``fill_missing_dense`` / ``log1p_dense``, applied to requests.
+        publish_on_end: publish at the end of training if anything was trained since the last one.
+        on_error: ``"log"`` (keep training) or ``"raise"``.
+        background: write versions on a writer thread (default) instead of in the training step.
+    """
+
+    rank_zero_only = True  # one publisher per directory: rank 0 publishes
+
+    def __init__(self, directory: str | os.PathLike, schema=None, every_steps: int | None = None,
+                 every_seconds: float | None = None, keep: int = 5, model_factory=None, *,
+                 model_config: dict | None = None, full_every: int = 10, output: str = "logits",
+                 preprocessing: dict | None = None, publish_on_end: bool = True, on_error: str = "log",
+                 verify_rebuild: bool = True, background: bool = True):
+        owner = "ModelPublisher"
+        self.every_steps = check_int(owner, "every_steps", every_steps, minimum=1, allow_none=True)
+        self.every_seconds = check_number(owner, "every_seconds", every_seconds, minimum=0, min_open=True,
+                                          allow_none=True)
+        self.publish_on_end = check_bool(owner, "publish_on_end", publish_on_end)
+        self.on_error = check_choice(owner, "on_error", on_error, ("log", "raise"))
+        self.background = check_bool(owner, "background", background)
+        self._writing: threading.Thread | None = None
+        self._written: tuple | None = None  # (manifest or exception, step, cb_params) of the last background write
+        # The writer validates the arguments that describe the snapshots.
+        self.writer = SnapshotWriter(directory, schema, keep, full_every, model_factory, model_config, output,
+                                     preprocessing, verify_rebuild)
+        self.manifests: list[dict] = []
+        self.failures = 0
+        self._max_event_time: float | None = None
+        self._last_step = 0
+        self._last_time = time.monotonic()
+
+    @property
+    def directory(self) -> str:
+        return self.writer.directory
+
+    def on_train_begin(self, run_context):
+        p = run_context.original_args()
+        os.makedirs(self.directory, exist_ok=True)
+        stale = remove_stale_temps(self.directory)
+        if stale:
+            log.info("ModelPublisher: removed leftovers of interrupted publishes: %s", stale)
+        self.writer.invalidate()  # a new run starts with a full version
+        self._last_step = p.cur_step_num or 0
+        self._last_time = time.monotonic()
+
+    def _due(self, step: int) -> bool:
+        if self.every_steps is not None and step - self._last_step >= self.every_steps:
+            return True
+        return self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
+
+    def on_train_step_end(self, run_context):
+        p = run_context.original_args()
+        event_time = _event_time(p.max_event_time)
+        if event_time is not None:
+            self._max_event_time = event_time if self._max_event_time is None else max(self._max_event_time, event_time)
+        self._collect(wait=False)
+        if self._due(p.cur_step_num or 0) and self._writing is None:
+            self.publish(p, background=self.background)
+
+    def on_train_end(self, run_context):
+        p = run_context.original_args()
+        self._collect(wait=True)
+        if self.publish_on_end and (p.cur_step_num or 0) > self._last_step:
+            self.publish(p)
+
+    def __exit__(self, *exc_info):
+        self._collect(wait=True, report=False)  # training raised: let the write in flight finish
+        return None
+
+    def publish(self, cb_params, background: bool = False) -> dict | None:
+        """Publish now from a run's ``cb_params``; returns the manifest (None if it failed and was
+        logged, or when `background` left the write to the writer thread)."""
+        step = cb_params.cur_step_num or 0
+        self._last_step, self._last_time = step, time.monotonic()
+        try:
+            prepared = self.writer.prepare(cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
+                                           max_event_time=self._max_event_time, copy=background)
+            if background:
+                self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
+                                                 name="recstream-publisher")
+                self._writing.start()
+                return None
+            manifest = self.writer.write(prepared)
+        except Exception as e:
+            return self._failed(e, step)
+        return self._published(manifest, step, cb_params)
+
+    def _write(self, prepared, step: int, cb_params) -> None:
+        """The writer thread: write, and leave the outcome for the training thread to collect."""
+        try:
+            self._written = (self.writer.write(prepared), step, cb_params)
+        except Exception as e:  # reported by _collect, in the training thread
+            self._written = (e, step, cb_params)
+
+    def _collect(self, wait: bool, report: bool = True) -> None:
+        """Take in a finished background write (waiting for it with `wait`)."""
+        if self._writing is None or (self._writing.is_alive() and not wait):
+            return
+        self._writing.join()
+        self._writing = None
+        outcome, step, cb_params = self._written
+        self._written = None
+        if isinstance(outcome, Exception):
+            if report:
+                self._failed(outcome, step)
+            else:
+                self.failures += 1
+                self.writer.invalidate()
+        elif report:
+            self._published(outcome, step, cb_params)
+
+    def _failed(self, error: Exception, step: int) -> None:
+        self.failures += 1
+        self.writer.invalidate()
+        if self.on_error == "raise":
+            raise error
+        log.error("ModelPublisher: publishing to %s failed at step %d; training goes on",
+                  self.directory, step, exc_info=error)
+        return None
+
+    def _published(self, manifest: dict, step: int, cb_params) -> dict:
+        self.manifests.append(manifest)
+        cb_params.published_manifest = manifest
+        log.info("ModelPublisher: published version %d (%s) at step %d", manifest["version"], manifest["kind"], step)
+        return manifest
