@@ -17,6 +17,8 @@
 - `TensorBoard`: write loss, learning rates and metrics for TensorBoard.
 - `MLflowLogger`: log loss, learning rates, metrics and run parameters to MLflow (extra ``mlflow``).
 - `PrequentialMonitor`: score each batch before training on it; rolling AUC and log loss.
+- `DivergenceError`: what training raises when a loss or weight becomes non-finite; nothing
+  non-finite is ever checkpointed or published (`recstream.callbacks.divergence`).
 
 Publishing model versions for serving while training is a callback too, `ModelPublisher`; it
 lives with the rest of serving, in `recstream.serving`.
@@ -32,6 +34,7 @@ except `TimeMonitor`: each callback says so with its class attribute `Callback.c
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .base import Callback, CallbackList, CallbackParams, RunContext
 from .checkpoint_config import CheckpointConfig
+from .divergence import DivergenceError
 from .early_stopping import EarlyStopping
 from .epoch_summary import EpochSummary
 from .history import History
@@ -51,4 +54,5 @@ __all__ = [
     "ModelCheckpoint", "CheckpointConfig", "save_checkpoint", "load_checkpoint", "CheckpointError",
     "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
     "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor", "EpochSummary", "MLflowLogger",
+    "DivergenceError",
 ]

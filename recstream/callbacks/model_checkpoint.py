@@ -37,6 +37,7 @@ from ..distributed import parallel_mode, rank, save_sharded
 from ..validation import check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
+from .divergence import check_finite_model
 
 SUFFIX = ".safetensors"
 
@@ -212,6 +213,10 @@ class ModelCheckpoint(Callback):
             extra[key] = value
         if p.get("train_position") is not None:  # where the stream resumes: just after the last trained batch
             extra["train_position"] = p.train_position
+        # Divergence guard, last line: never write a state that diverged (the loss flag, then the weights).
+        if p.get("loss_watch") is not None:
+            p.loss_watch.check()
+        check_finite_model(network, optimizer, what=f"checkpoint {path!r}")
         if _sharded():  # every rank writes its rows and its own extra (e.g. its stream position)
             save_sharded(path, network, optimizer, extra=extra)
         else:

@@ -44,6 +44,7 @@ from ..callbacks import (
     progress_bar_default,
 )
 from ..callbacks.base import as_callback_list
+from ..callbacks.divergence import LossWatch
 from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
 from ..distributed import (
@@ -333,6 +334,9 @@ class Model:
         params.cur_step_num = first_step
         params.dataset_sink_mode = helper.dataset_sink_mode
         self._set_train_mode(True)
+        # Divergence guard: a non-finite loss is flagged on the device per step (no host sync), and
+        # read at an offline epoch's end, at the run's end and by ModelCheckpoint / ModelPublisher.
+        params.loss_watch = watch = LossWatch()
         callbacks.on_train_begin(ctx)
         checked = False
         try:
@@ -351,6 +355,7 @@ class Model:
                     callbacks.on_train_step_begin(ctx)
                     params.net_outputs = self._run_step(step, params, start)
                     params.cur_step_num = start + step.count  # a sink may end short of its plan
+                    watch.observe(params.net_outputs, params.cur_step_num, epoch)
                     if step.position is not None:
                         params.train_position, params.train_batch_metas = step.position, step.metas
                     callbacks.on_train_step_end(ctx)
@@ -360,6 +365,8 @@ class Model:
                     self._evaluate_in_fit(fit_eval, params)
                 if not helper.dataset_sink_mode:
                     reset(helper.dataset)
+                if not params.get("online"):  # online, an epoch may be one sink: no read per step
+                    watch.check()
                 callbacks.on_train_epoch_end(ctx)
                 params.pop("metrics", None)
                 params.pop("eval_results", None)
@@ -367,6 +374,7 @@ class Model:
                     break
         finally:
             helper.release()
+        watch.check()
         callbacks.on_train_end(ctx)
 
     def _run_step(self, step, params: CallbackParams, start: int):

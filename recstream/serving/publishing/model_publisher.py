@@ -25,7 +25,9 @@ temporary directory that the next run removes).
 After a publish, ``cb_params.published_manifest`` holds the new manifest (in the background: from
 the first step after its write finished); all manifests of the run are in ``publisher.manifests``.
 A failed publish (disk full, ...) is logged and training goes on (``on_error="raise"`` stops it
-instead, at the step that learns of it); the next version is then full.
+instead, at the step that learns of it); the next version is then full. A diverged model (a
+non-finite loss or weight) is never published, whatever ``on_error`` says: publishing raises
+:class:`~recstream.callbacks.DivergenceError` and training stops.
 
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature
@@ -46,7 +48,7 @@ from typing import Any
 
 import torch
 
-from ...callbacks import Callback
+from ...callbacks import Callback, DivergenceError
 from ...validation import check_bool, check_choice, check_int, check_number
 from .publish import SnapshotWriter
 from .writer import remove_stale_temps
@@ -161,6 +163,8 @@ class ModelPublisher(Callback):
         step = cb_params.cur_step_num or 0
         self._last_step, self._last_time = step, time.monotonic()
         try:
+            if getattr(cb_params, "loss_watch", None) is not None:  # a diverged run publishes nothing
+                cb_params.loss_watch.check()
             prepared = self.writer.prepare(cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
                                            max_event_time=self._max_event_time, copy=background)
             if background:
@@ -169,6 +173,9 @@ class ModelPublisher(Callback):
                 self._writing.start()
                 return None
             manifest = self.writer.write(prepared)
+        except DivergenceError:
+            self.failures += 1
+            raise  # not an I/O failure that training may outlive (on_error): the run must stop
         except Exception as e:
             return self._failed(e, step)
         return self._published(manifest, step, cb_params)

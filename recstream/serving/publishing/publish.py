@@ -44,6 +44,7 @@ from typing import Any
 
 from torch import nn
 
+from ...callbacks.divergence import check_finite_tensors
 from ...data.schema import Schema
 from ...validation import check_bool, check_choice, check_int, check_module, check_number, check_type
 from ..snapshot.layout import MODEL_FILE, list_versions
@@ -160,6 +161,9 @@ class SnapshotWriter:
             tables[path] = {"file": rel, "rows": int(rows["keys"].numel()),
                             "evicted": int(rows["evicted_keys"].numel()) if "evicted_keys" in rows else 0}
         manifest["hash_embeddings"] = tables
+        # Last line of defence: a version that cannot predict (NaN/inf weights) is never written.
+        check_finite_tensors({f"{f}:{k}": t for f, tensors in files.items() for k, t in tensors.items()},
+                             what=f"version {version} in {self.directory!r}")
         return PreparedVersion(version, base, full, files, manifest)
 
     def write(self, prepared: PreparedVersion) -> dict:

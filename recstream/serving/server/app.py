@@ -100,21 +100,27 @@ class PredictionApp:
                   Route("/metrics", self.metrics_text, methods=["GET"]),
                   Route("/v1/models/{name}:predict", self.kserve_predict, methods=["POST"]),
                   Route("/v1/models/{name}", self.kserve_model, methods=["GET"])]
-        self.starlette = Starlette(routes=routes, exception_handlers={HTTPException: self.http_error})
+        self.starlette = Starlette(routes=routes, exception_handlers={HTTPException: self.http_error,
+                                                                       Exception: self.internal_error})
 
     async def __call__(self, scope, receive, send):
         """The ASGI entry: the Starlette app, timed and counted for ``/metrics``."""
         if scope["type"] != "http":
             return await self.starlette(scope, receive, send)
-        start, status = time.perf_counter(), [500]
+        start, status, started = time.perf_counter(), [500], [False]
 
         async def send_observed(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], started[0] = message["status"], True
             await send(message)
 
         try:
             await self.starlette(scope, receive, send_observed)
+        except Exception:
+            if not started[0]:
+                raise
+            # answered (internal_error sent the JSON 500 and logged it); Starlette re-raises only
+            # for the server's log, which would print the traceback a second time
         finally:
             self.metrics.observe(scope["path"], status[0], time.perf_counter() - start)
 
@@ -129,6 +135,12 @@ class PredictionApp:
             return json_response(405, {"error": f"use {allowed} for {request.url.path}"}, close=has_body,
                                  headers={"Allow": allowed})
         return json_response(exc.status_code, {"error": exc.detail}, close=has_body)
+
+    async def internal_error(self, request: Request, exc: Exception) -> Response:
+        """Any other exception out of a route (a bug): a JSON 500 naming its type, never the
+        framework's plain-text page; the traceback goes to the server's log only."""
+        log.error("%s %s failed", request.method, request.url.path[:200], exc_info=exc)
+        return json_response(500, {"error": f"internal error: {type(exc).__name__}"}, close=True)
 
     async def health(self, request: Request) -> Response:
         served = self.holder.current

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -97,9 +98,21 @@ def run_batch(served: Served | None, jobs: list) -> list:
             results[i] = part_error
             continue
         n = jobs[i].rows
-        results[i] = (scores[start:start + n], served.version)
+        results[i] = _checked(scores[start:start + n], served.version)
         start += n
     return results
+
+
+def _checked(scores: list[float], version: int):
+    """``(scores, version)``, or a JSON-able 500 if the model's scores are not finite (a version
+    with non-finite weights): the body names the problem instead of failing to encode NaN."""
+    bad = [j for j, s in enumerate(scores) if not math.isfinite(s)]
+    if not bad:
+        return scores, version
+    log.error("version %s produced non-finite scores for %d of %d instances", version, len(bad), len(scores))
+    return RequestError(500, f"the model (version {version}) produced non-finite scores (NaN or inf) for "
+                             f"{len(bad)} of {len(scores)} instances; this version cannot serve",
+                        reason="non_finite_output", version=version, instances=bad[:10])
 
 
 def _expire(future: asyncio.Future) -> None:

@@ -203,3 +203,49 @@ def test_background_writes_do_not_block_the_step_and_report_at_a_later_one(tmp_p
     # taken at step 1 (weights + 1 by then), written while training went on: it holds step 1's weights
     torch.testing.assert_close(version_1["weight"], initial + 1.0)
     assert read_manifest(tmp_path, read_latest(tmp_path))["step"] == 5
+
+
+# --- divergence guard (issue 27, item 2): a non-finite model is never published ----------------
+def _nan_in_state(net):
+    """A non-finite value the forward pass does not read: the loss stays finite, the state does not."""
+    net.register_buffer("stale", torch.tensor([0.0, float("inf")]))
+    return net
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_model_with_non_finite_weights_is_never_published_whatever_on_error(tmp_path, background):
+    from recstream.callbacks import DivergenceError
+    gen = SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 20, 30], batch_size=32)
+    net = _nan_in_state(DeepFM(gen.schema, hidden=(8,), embedding_dim=4))
+    pub = ModelPublisher(tmp_path, every_steps=2, model_config={"hidden": [8], "embedding_dim": 4},
+                         on_error="log", background=background, verify_rebuild=False)
+    model = Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False)
+    with pytest.raises(DivergenceError, match=r"'model.safetensors:stale'.*refusing to write version 1"):
+        model.train(1, gen.train_batches(6), callbacks=[pub])
+    assert list_versions(tmp_path) == [] and pub.manifests == []
+
+
+def test_a_diverged_loss_publishes_nothing(tmp_path):
+    from recstream.callbacks import DivergenceError
+    gen = SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 20, 30], batch_size=32)
+    net = DeepFM(gen.schema, hidden=(8,), embedding_dim=4)
+    pub = ModelPublisher(tmp_path, every_steps=1, model_config={"hidden": [8], "embedding_dim": 4}, background=False)
+    model = Model(net, torch.nn.BCEWithLogitsLoss(), torch.optim.SGD(net.parameters(), lr=3e38), progress_bar=False)
+    with pytest.raises(DivergenceError, match="the loss became non-finite"):
+        model.train(1, gen.train_batches(6), callbacks=[pub])
+    from safetensors.torch import load_file
+    written = [load_file(f) for f in tmp_path.rglob("*.safetensors")]  # versions before the first bad loss
+    assert all(torch.isfinite(t).all() for tensors in written for t in tensors.values() if t.is_floating_point())
+
+
+def test_publish_version_refuses_a_non_finite_network(tmp_path):
+    from recstream.callbacks import DivergenceError
+    from recstream.data import CategoricalFeature, Schema
+    from recstream.models import WideDeep
+    from recstream.serving import publish_version
+    net = WideDeep(Schema(["x"], [CategoricalFeature("c", vocab_size=5)]), hidden=(4,))
+    with torch.no_grad():
+        next(net.parameters()).fill_(float("nan"))
+    with pytest.raises(DivergenceError, match="non-finite"):
+        publish_version(tmp_path, net, model_config={"hidden": [4]})
+    assert list_versions(tmp_path) == []

@@ -60,3 +60,42 @@ def test_a_dense_value_beyond_float32_is_a_json_400_naming_field_and_value(serve
     assert repr(float(value)) in answer["error"]  # as the parser read it
     status, _, body = predict(server.server_port, [{"I1": 3.4e38, "c": 1}])  # the largest finite ones pass
     assert status == 200 and all(map(lambda s: 0 <= s <= 1, json.loads(body)["scores"]))
+
+
+def get_raw(port: int, path: str) -> tuple[int, bytes, bytes]:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    finally:
+        s.close()
+    head, _, payload = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head, payload
+
+
+@pytest.mark.parametrize("path", ["/predict", "/v1/models/recstream:predict"])
+def test_a_model_with_non_finite_outputs_answers_a_json_500_naming_the_problem(server, path):
+    with torch.no_grad():
+        for p in server.net.parameters():
+            p.fill_(float("nan"))
+    for _ in range(2):  # every request, and the server stays up
+        status, head, body = predict(server.server_port, [{"I1": 1.0, "c": 1}, {"I1": 2.0, "c": 2}], path)
+        assert status == 500 and b"application/json" in head.lower(), (head, body)
+        answer = json.loads(body)
+        assert "non-finite" in answer["error"] and answer["reason"] == "non_finite_output", answer
+        assert b"Traceback" not in body
+    status, _, body = get_raw(server.server_port, "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_an_unexpected_error_in_any_route_is_a_json_500_without_a_traceback(server, monkeypatch):
+    def broken():
+        raise RuntimeError("secret internals")
+    monkeypatch.setattr(server.app.metrics, "exposition", broken)
+    status, head, body = get_raw(server.server_port, "/metrics")
+    assert status == 500 and b"application/json" in head.lower(), (head, body)
+    answer = json.loads(body)
+    assert answer == {"error": "internal error: RuntimeError"}  # the details stay in the server's log
+    assert b"Traceback" not in body and b"secret" not in body
