@@ -87,12 +87,10 @@ def resolve_amp_level(level, device=None) -> str:
     """Map "auto" to a concrete level for `device`; other levels are returned unchanged.
 
     CUDA -> "O2" (MindSpore's choice for GPUs). CPU -> "O1" where bf16 runs in hardware, else
-    "O0". Measured on a 2-core AMD EPYC with AVX512-BF16 (1 thread, best of 8 repeats,
-    train step with Adam): MLP 256-512-512-1 at batch 4096 O1/O0 time 0.51, 1024-1024-1024-1 at
-    2048 0.34, a CTR model (26x16 embeddings + 400-400-400 MLP, batch 1024) 0.74; tiny
-    64-128-128-1 at batch 256 1.05 (parity). O2 was no faster than O1 there and adds loss
-    scaling, which bf16 (fp32's exponent range) does not need; O1 also keeps every weight in
-    fp32. Without bf16 hardware the casts are pure overhead, hence "O0".
+    "O0": with bf16 hardware O1 made train steps faster and O2 was no faster than O1 while adding
+    loss scaling, which bf16 (fp32's exponent range) does not need; O1 also keeps every weight in
+    fp32. Without bf16 hardware the casts are pure overhead, hence "O0" (figures:
+    docs/benchmarks.md).
     """
     level = check_amp_level(level)
     if level != "auto":
