@@ -3,8 +3,7 @@
 Embedding tables sort ids on every step: a hash table dedups its keys, a row-sparse optimizer
 sums a gradient's duplicate rows, an insert orders the slots its keys want. On a CPU torch
 sorts int64 with a comparison sort, while numpy's ``np.sort`` is vectorised (x86-simd-sort, in
-numpy >= 2.0): measured on a 2-core AVX2 box, one thread, 26,624 int64 -- 1.39 ms for
-``torch.sort``, 0.21 ms for ``np.sort``. So on a CPU, for calls large enough that the sort
+numpy >= 2.0), several times faster (figures: docs/benchmarks.md). So on a CPU, for calls large enough that the sort
 outweighs a few microseconds of conversions (``SORT_NUMPY_MIN``, ``UNIQUE_NUMPY_MIN``), these
 functions sort with numpy (zero-copy views of the same memory), otherwise with torch; the
 results are identical either way.

@@ -1,10 +1,9 @@
 """`default_threads`: how many torch threads the commands use when the user says nothing.
 
 torch's default is one thread per core, which is best on an idle machine and worst on a busy one:
-on this project's 2-core box the demo trained in 1.9 s with 2 threads and 2.2 s with 1 when idle,
-but in 6.2 s with 2 threads and 2.2 s with 1 while one other process kept a core busy (OpenMP
-threads spin-wait for each other, and one of them keeps losing its core). So: all cores when the
-machine is idle, else the cores that are free (at least 1), judged by the 1-minute load average.
+OpenMP threads spin-wait for each other, and on a busy machine one of them keeps losing its core,
+so every step waits for it (figures: docs/benchmarks.md). So: all cores when the machine is idle,
+else the cores that are free (at least 1), judged by the 1-minute load average.
 
 >>> default_threads(cores=2, load=0.1), default_threads(cores=2, load=1.2), default_threads(cores=8, load=3.0)
 (2, 1, 5)

@@ -5,8 +5,8 @@ A producer thread iterates the dataset, optionally pins each batch and copies it
 in a bounded queue; the consumer `get()`s batches in order. Data preparation thus overlaps
 compute. With ``background=False`` the same producer runs inline, inside `get()`: for CPU
 training that already uses every core, where a producer thread has no core of its own and its
-torch ops and Python only contend with the training step (measured: +87% time per epoch at 2
-threads on 2 cores). Streams report their position after each batch (``dataset.position()``, read in the
+torch ops and Python only contend with the training step (figures: docs/benchmarks.md).
+Streams report their position after each batch (``dataset.position()``, read in the
 producer thread right after the batch) and it travels with the batch, so a checkpoint records
 what was trained, not what was prefetched.
 

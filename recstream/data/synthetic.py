@@ -15,10 +15,8 @@ interaction factors by ``1 / (1 + rank / head_size)``. The signal sits on the fr
 a model sees many times; tail ids (rarely seen, impossible to learn) carry small effects:
 with the defaults, knowing only the top-100 ids of each feature already gives an AUC
 within 0.003 of the Bayes AUC (:meth:`bayes_auc`, the AUC of the true probabilities,
-about 0.80). Measured on the 2-core dev box with the defaults (batch 1024, Adam): a
-logistic regression on dense + per-id weights (lr 3e-3) is within 0.01 of it after ~600
-steps (~5 s); an FM with dim-8 factors (lr 2e-3) after ~2400 steps (~30 s), its all-pairs
-factors being noisier. The interactions (worth ~0.005 AUC) reward models that capture them.
+about 0.80), so simple models get close to it within a few thousand steps (how many:
+docs/benchmarks.md). The interactions (worth ~0.005 AUC) reward models that capture them.
 
 Everything is deterministic given ``seed``; batch i of the training stream and the test
 split come from independent random streams, so :meth:`train_batches` can be re-iterated.

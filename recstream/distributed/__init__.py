@@ -43,7 +43,7 @@ from .context import (
     world_size,
 )
 from .lockstep import Lockstep, fill_batch
-from .metrics import all_reduce_metrics, merge_states
+from .metric_reduction import all_reduce_metrics, merge_states
 from .parallelize import data_parallel, hybrid_parallel, sharding_plan, sparse_parameters
 from .sharding import RowShard, shard
 

@@ -29,9 +29,9 @@ from .deepfm import DeepFM, fm_interaction
 from .dlrm import DLRM
 from .embedding import FeatureEmbedding
 from .linear import LinearTerm
-from .metrics import OnProbabilities, ctr_metrics
+from .logit_metrics import OnProbabilities, ctr_metrics
 from .mlp import MLP
-from .optim import default_optimizer
+from .recommended_optimizer import default_optimizer
 from .wide_deep import WideDeep
 
 __all__ = ["CTRModel", "CrossNetwork", "DCNv2", "DLRM", "DeepFM", "FeatureEmbedding", "LinearTerm", "MLP",

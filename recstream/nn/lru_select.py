@@ -2,12 +2,12 @@
 
 Which ``k`` of a table's keys go when it is full: those seen longest ago. A histogram select
 instead of ``topk``: bucket the candidates' ages, find the bucket holding the k-th oldest, take
-everything older plus the oldest part of that bucket (~20x cheaper than ``topk`` for k ~ 2e4 of
-1e6 on a CPU, and deterministic on every device). On a CPU the compiled kernel
-(``_hash_kernels.oldest``) does it in two passes over the table (three when the candidates span
-more than 2**16 steps); the torch ops, a dozen
-(each a pass over every row: a full table's eviction spent ~30 ms in them for 2.6M rows), run
-on CUDA and wherever the extension was not built. Both select the same indices in the same order.
+everything older plus the oldest part of that bucket (much cheaper than a ``topk`` over the
+whole table, and deterministic on every device; figures: docs/benchmarks.md). On a CPU the
+compiled kernel (``_hash_kernels.oldest``) does it in two passes over the table (three when the
+candidates span more than 2**16 steps), instead of the torch ops' dozen passes over every row;
+the torch ops run on CUDA and wherever the extension was not built. Both select the same
+indices in the same order.
 
 Example:
     >>> import torch

@@ -22,9 +22,8 @@ Design
   nearly every key resolves in the first round: for the few hundred keys of
   one feature's batch the cost of a lookup is the number of torch ops, not
   the bytes gathered, so one round of width 8 beats the several rounds of
-  width 1 that the longest probe sequence of a batch needs (measured: a batch
-  of ~100 new keys took 3-5 rounds; a HashEmbedding forward on 1024 ids got
-  20% faster, 27% on a full table). Calls on more than
+  width 1 that the longest probe sequence of a batch needs (a batch of new
+  keys needs several such rounds; figures: docs/benchmarks.md). Calls on more than
   ``WIDE_WINDOW_MAX_KEYS`` keys pay for bytes instead and probe one slot per
   round. Probes per key are bounded by ``max_rounds``.
 * Insert conflicts: keys whose first free slot is the same are sorted by slot;
@@ -32,8 +31,7 @@ Design
   Deterministic on CPU and CUDA.
 * Lookup, then insert of the misses (a training step's new keys): :meth:`locate` notes each
   absent key's first free slot while it probes, and :meth:`insert_at` writes the keys there when
-  no two want the same slot -- one probe instead of two (a lookup of ~400 keys with ~60 new ones
-  took 25% less time).
+  no two want the same slot -- one probe instead of two.
 * Compiled kernels: on a CPU, tables of int64 keys look up and insert through ``_hash_kernels``
   (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
   the next keys' probes prefetched, the same probe sequence and tombstone rule, and an insert that

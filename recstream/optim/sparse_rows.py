@@ -13,9 +13,9 @@ with boost loads without it and back:
   set-aside rows get a lazy-Adam update (`lazy_adam_tables`: tables that share a param group
   and step count in one update) written into Adam's own per-parameter
   entries ``step`` / ``exp_avg`` / ``exp_avg_sq``. Lazy means untouched rows keep their moments
-  (TF LazyAdam, ``torch.optim.SparseAdam``): the one change of maths boost O1 makes, measured in
-  the benchmark. The hyper-parameters are read from the live param group on every step, so LR
-  schedulers keep working.
+  (TF LazyAdam, ``torch.optim.SparseAdam``): the one change of maths boost O1 makes (its effect
+  on AUC is measured by ``benchmarks/bench_boost.py``). The hyper-parameters are read from the
+  live param group on every step, so LR schedulers keep working.
 
 Weight decay on a sparse table would decay every row every step, which a row-sparse update cannot
 do; `sparse_rows_refusal` refuses it unless ``lazy_weight_decay=True`` (boost O2), which decays

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..nn import EmbeddingBagCollection, HashEmbedding
 from ..validation import check_bool, check_callable, check_choice, check_kwargs, check_module, check_type
 from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
 from .loss_scale import DynamicLossScaleManager, LossScaleManager, TrainOneStepWithLossScaleCell
@@ -38,31 +40,25 @@ from .loss_scale import DynamicLossScaleManager, LossScaleManager, TrainOneStepW
 AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_LOOKUP_TYPES: list[type] = [nn.Embedding, nn.EmbeddingBag]
-_project_lookups_added = False
+# A lookup module reads its table as stored under O2: recstream.nn's own tables, torch's, and any class
+# marked by `register_lookup_module` (the mark is an attribute of the class, not an entry in a registry).
+_LOOKUP_TYPES = (nn.Embedding, nn.EmbeddingBag, EmbeddingBagCollection, HashEmbedding)
+_LOOKUP_MARK = "recstream_amp_lookup"
 
 
 def register_lookup_module(cls: type) -> type:
     """Mark `cls` as a table lookup: under O2 its tables stay as stored (no per-step cast of a
     large table) and only its floating outputs are cast. Works as a class decorator.
-    recstream.nn's EmbeddingBagCollection and HashEmbedding are registered already."""
+    recstream.nn's EmbeddingBagCollection and HashEmbedding are lookups already."""
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise TypeError(f"'cls' must be a torch.nn.Module subclass, got {cls!r}")
-    if cls not in _LOOKUP_TYPES:
-        _LOOKUP_TYPES.append(cls)
+    setattr(cls, _LOOKUP_MARK, True)
     return cls
 
 
-def _lookup_types() -> tuple[type, ...]:
-    global _project_lookups_added
-    if not _project_lookups_added:  # imported late: recstream.nn is optional for this module
-        _project_lookups_added = True
-        try:
-            from recstream.nn import EmbeddingBagCollection, HashEmbedding
-            _LOOKUP_TYPES.extend([EmbeddingBagCollection, HashEmbedding])
-        except ImportError:
-            pass
-    return tuple(_LOOKUP_TYPES)
+def is_lookup_module(module: nn.Module) -> bool:
+    """Whether `module` is a table lookup (see `register_lookup_module`)."""
+    return isinstance(module, _LOOKUP_TYPES) or getattr(type(module), _LOOKUP_MARK, False) is True
 
 
 def check_amp_level(level, owner: str = "amp") -> str:
@@ -91,12 +87,10 @@ def resolve_amp_level(level, device=None) -> str:
     """Map "auto" to a concrete level for `device`; other levels are returned unchanged.
 
     CUDA -> "O2" (MindSpore's choice for GPUs). CPU -> "O1" where bf16 runs in hardware, else
-    "O0". Measured on a 2-core AMD EPYC with AVX512-BF16 (1 thread, best of 8 repeats,
-    train step with Adam): MLP 256-512-512-1 at batch 4096 O1/O0 time 0.51, 1024-1024-1024-1 at
-    2048 0.34, a CTR model (26x16 embeddings + 400-400-400 MLP, batch 1024) 0.74; tiny
-    64-128-128-1 at batch 256 1.05 (parity). O2 was no faster than O1 there and adds loss
-    scaling, which bf16 (fp32's exponent range) does not need; O1 also keeps every weight in
-    fp32. Without bf16 hardware the casts are pure overhead, hence "O0".
+    "O0": with bf16 hardware O1 made train steps faster and O2 was no faster than O1 while adding
+    loss scaling, which bf16 (fp32's exponent range) does not need; O1 also keeps every weight in
+    fp32. Without bf16 hardware the casts are pure overhead, hence "O0" (figures:
+    docs/benchmarks.md).
     """
     level = check_amp_level(level)
     if level != "auto":
@@ -129,11 +123,36 @@ def resolve_amp_dtype(device, dtype=None) -> torch.dtype:
     raise ValueError(f"mixed precision supports 'device' types 'cpu' and 'cuda', got {str(device)!r}")
 
 
+@dataclass(frozen=True)
+class Precision:
+    """An amp level resolved for one device: what the train, eval and predict networks compute in.
+
+    >>> resolve_precision("O2", "cpu")
+    Precision(level='O2', device=device(type='cpu'), dtype=torch.bfloat16, keep_batchnorm_fp32=None)
+    """
+
+    level: str  # "O0" | "O1" | "O2" | "O3", never "auto"
+    device: torch.device
+    dtype: torch.dtype | None  # the low-precision dtype; None at "O0"
+    keep_batchnorm_fp32: bool | None = None  # None: the level's default (True at O2, False at O3)
+
+
+def resolve_precision(level, device=None, dtype=None, keep_batchnorm_fp32=None) -> Precision:
+    """`level` ("auto" included) and `dtype` resolved for `device` (default: CPU), once."""
+    device = _as_device(device)
+    level = resolve_amp_level(level, device)
+    return Precision(level, device, None if level == "O0" else resolve_amp_dtype(device, dtype), keep_batchnorm_fp32)
+
+
 def autocast_factory(level: str, device=None, dtype=None) -> Callable[[], AbstractContextManager]:
     """Zero-argument factory of the forward's context: ``torch.autocast`` for "O1", else a no-op."""
-    if resolve_amp_level(level, device) != "O1":
+    return _autocast(resolve_precision(level, device, dtype))
+
+
+def _autocast(precision: Precision) -> Callable[[], AbstractContextManager]:
+    if precision.level != "O1":
         return nullcontext
-    kind, low = _as_device(device).type, resolve_amp_dtype(device, dtype)
+    kind, low = precision.device.type, precision.dtype
     # No cast cache on CUDA: a captured CUDA graph must not keep a cast from the capture (and a
     # CTR network uses each weight once per forward, so the cache saves nothing).
     return lambda: torch.autocast(device_type=kind, dtype=low, cache_enabled=kind != "cuda")
@@ -176,7 +195,7 @@ class CastNetwork(nn.Module):
             # Not kept: low-precision inputs with weights and statistics as stored; PyTorch's
             # mixed batch-norm kernels accept that, and the running statistics keep updating.
             return (torch.float32, torch.float32) if self.keep_batchnorm_fp32 else (self.dtype, None)
-        if isinstance(module, _lookup_types()):  # e.g. per-sample weights must match the table
+        if is_lookup_module(module):  # e.g. per-sample weights must match the table
             return stored, None
         return self.dtype, self.dtype
 
@@ -239,14 +258,14 @@ def _check_common(owner: str, network, loss_fn, keep_batchnorm_fp32) -> None:
     check_bool(owner, "keep_batchnorm_fp32", keep_batchnorm_fp32, allow_none=True)
 
 
-def _precision_network(network: nn.Module, level: str, device, keep_batchnorm_fp32, dtype) -> nn.Module:
-    """`network` wrapped to compute at `level` (a resolved level), floating outputs in fp32."""
-    if level == "O0":
+def _precision_network(network: nn.Module, precision: Precision) -> nn.Module:
+    """`network` wrapped to compute at `precision`, floating outputs in fp32."""
+    if precision.level == "O0":
         return network
-    if level == "O1":
-        return _ContextCell(network, autocast_factory(level, device, dtype))
-    keep = (level == "O2") if keep_batchnorm_fp32 is None else keep_batchnorm_fp32
-    return CastNetwork(network, resolve_amp_dtype(device, dtype), keep_batchnorm_fp32=keep)
+    if precision.level == "O1":
+        return _ContextCell(network, _autocast(precision))
+    keep = (precision.level == "O2") if precision.keep_batchnorm_fp32 is None else precision.keep_batchnorm_fp32
+    return CastNetwork(network, precision.dtype, keep_batchnorm_fp32=keep)
 
 
 def build_train_network(network: nn.Module, optimizer, loss_fn: Callable | None = None, level: str = "O0",
@@ -283,27 +302,26 @@ accelerations change the network and optimizer themselves, so `Model` applies th
         if loss_scale_manager is not None:
             raise ValueError("'loss_scale_manager' was given but 'optimizer' is None; loss scaling needs an optimizer")
         return network if loss_fn is None else WithLossCell(network, loss_fn)
-    return train_network(network, loss_fn, optimizer, level, keep_batchnorm_fp32, loss_scale_manager, device, dtype)
+    precision = resolve_precision(level, _as_device(device, network), dtype, keep_batchnorm_fp32)
+    return precision_train_step(network, loss_fn, optimizer, precision, loss_scale_manager)
 
 
-def train_network(network: nn.Module, loss_fn: Callable | None, optimizer, level: str,
-                  keep_batchnorm_fp32: bool | None, loss_scale_manager: LossScaleManager | None,
-                  device=None, dtype=None) -> nn.Module:
-    """`build_train_network` for arguments validated already (by it, or by `Model`)."""
-    device = _as_device(device, network)
-    level = resolve_amp_level(level, device)
+def precision_train_step(network: nn.Module, loss_fn: Callable | None, optimizer, precision: Precision,
+                         loss_scale_manager: LossScaleManager | None) -> nn.Module:
+    """`build_train_network` for arguments validated and a precision resolved already (by it, or by
+    `recstream.train.plan`)."""
+    level, device = precision.level, precision.device
     if loss_scale_manager is None and level == "O2":
         loss_scale_manager = DynamicLossScaleManager()
     if level == "O3":
         if any(optimizer.state.values()):  # non-empty per-parameter state (moments, ...)
             raise ValueError("amp_level 'O3' casts the weights in place, but 'optimizer' already holds state; "
                              "build the train network before the first optimizer step")
-        keep = bool(keep_batchnorm_fp32)
-        cast_network_(network, resolve_amp_dtype(device, dtype), keep_batchnorm_fp32=keep)
-    net = _precision_network(network, level, device, keep_batchnorm_fp32, dtype) if level != "O1" else network
+        cast_network_(network, precision.dtype, keep_batchnorm_fp32=bool(precision.keep_batchnorm_fp32))
+    net = _precision_network(network, precision) if level != "O1" else network
     if loss_fn is not None:
         net = WithLossCell(net, loss_fn)  # O2/O3 outputs are fp32 by then, so the loss runs in fp32
-    context = autocast_factory(level, device, dtype)
+    context = _autocast(precision)
     if loss_scale_manager is None:
         return TrainOneStepCell(net, optimizer, autocast=context)
     update_cell = loss_scale_manager.get_update_cell().to(device)
@@ -315,15 +333,24 @@ def build_eval_network(network: nn.Module, loss_fn: Callable | None, level: str 
     """`WithEvalCell` returning ``(loss, outputs, label)`` with the network at `level` and fp32
     outputs; with ``loss_fn=None`` just the wrapped network. Weights are not modified."""
     _check_common("build_eval_network", network, loss_fn, keep_batchnorm_fp32)
-    device = _as_device(device, network)
-    level = resolve_amp_level(level, device)
-    net = _precision_network(network, level, device, keep_batchnorm_fp32, dtype)
-    return net if loss_fn is None else WithEvalCell(net, loss_fn, add_cast_fp32=level != "O0")
+    precision = resolve_precision(level, _as_device(device, network), dtype, keep_batchnorm_fp32)
+    return precision_eval_network(network, loss_fn, precision)
+
+
+def precision_eval_network(network: nn.Module, loss_fn: Callable | None, precision: Precision) -> nn.Module:
+    """`build_eval_network` for a precision resolved already."""
+    net = _precision_network(network, precision)
+    return net if loss_fn is None else WithEvalCell(net, loss_fn, add_cast_fp32=precision.level != "O0")
 
 
 def build_predict_network(network: nn.Module, level: str = "O0", device=None,
                           keep_batchnorm_fp32: bool | None = None, dtype=None) -> nn.Module:
     """`network` at `level` for inference, floating outputs cast back to fp32."""
     _check_common("build_predict_network", network, None, keep_batchnorm_fp32)
-    device = _as_device(device, network)
-    return _precision_network(network, resolve_amp_level(level, device), device, keep_batchnorm_fp32, dtype)
+    return _precision_network(network, resolve_precision(level, _as_device(device, network), dtype,
+                                                         keep_batchnorm_fp32))
+
+
+def precision_predict_network(network: nn.Module, precision: Precision) -> nn.Module:
+    """`build_predict_network` for a precision resolved already."""
+    return _precision_network(network, precision)

@@ -73,11 +73,10 @@ LEVELS = {"O0": (), "O1": ("sparse_embeddings", "fused_tables", "fused_optimizer
 
 @dataclass
 class BoostReport:
-    """What `apply_boost` did: one line per acceleration, and the precision `Model` must use."""
+    """What `apply_boost` did: one line per acceleration, and what the step plan must apply."""
 
     lines: list[str] = field(default_factory=list)
-    amp_level: str = "O0"
-    amp_dtype: torch.dtype | None = None
+    bf16_autocast: bool = False  # the step computes at amp "O1" in bfloat16 (the user's amp_level was "O0")
     graph_optimizers: list | None = None  # set when the step is to be replayed as a CUDA graph
 
     def note(self, name: str, applied: bool, detail: str) -> None:
@@ -99,10 +98,15 @@ def check_boost_config(config) -> dict[str, bool]:
 
 def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, amp_level: str,
                 loss_scaled: bool = False) -> BoostReport:
-    """Apply `level`'s accelerations (as switched by `config`) to `network` and `optimizer` in place."""
+    """Apply `level`'s accelerations (as switched by `config`) to `network` and `optimizer` in place.
+
+    `amp_level` is the level the user asked for (``bf16_autocast`` applies only to "O0");
+    `loss_scaled` whether the step scales its loss (a loss-scale manager, or amp "O2"), which rules
+    out CUDA graphs. The precision itself is resolved by `recstream.train.plan`, once.
+    """
     config = check_boost_config(config)
     wanted = {name: config.get(name, name in LEVELS[level]) for name in ACCELERATIONS}
-    report = BoostReport(amp_level=amp_level)
+    report = BoostReport()
     if level == "O0" and not any(wanted.values()):
         return report
     if optimizer is None:
@@ -111,7 +115,7 @@ def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, 
         return report
     _sparse_embeddings(network, optimizer, wanted, report, forced=config.get("sparse_embeddings", False))
     _fused_optimizer(optimizer, wanted["fused_optimizer"], report)
-    _bf16_autocast(network, wanted["bf16_autocast"], report)
+    _bf16_autocast(network, wanted["bf16_autocast"], report, amp_level)
     _cuda_graphs(network, optimizer, wanted["cuda_graphs"], report, loss_scaled)
     return report
 
@@ -233,13 +237,13 @@ def _fuse_refusal(opt) -> str | None:
     return None
 
 
-def _bf16_autocast(network: nn.Module, wanted: bool, report: BoostReport) -> None:
+def _bf16_autocast(network: nn.Module, wanted: bool, report: BoostReport, amp_level: str) -> None:
     name = "bf16_autocast"
     if not wanted:
         report.note(name, False, "switched off (level O2 turns it on)")
         return
-    if report.amp_level != "O0":
-        report.note(name, False, f"amp_level={report.amp_level!r} was chosen explicitly")
+    if amp_level != "O0":
+        report.note(name, False, f"amp_level={amp_level!r} was chosen explicitly")
         return
     device = next((t.device for t in network.parameters()), torch.device("cpu"))
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -249,7 +253,7 @@ def _bf16_autocast(network: nn.Module, wanted: bool, report: BoostReport) -> Non
     else:
         report.note(name, False, f"no native bf16 on {device.type}: the casts would cost more than they save")
         return
-    report.amp_level, report.amp_dtype = "O1", torch.bfloat16
+    report.bf16_autocast = True
     report.note(name, True, f"amp_level='O1' in bfloat16 ({native})")
 
 
@@ -259,7 +263,6 @@ def _cuda_graphs(network: nn.Module, optimizer, wanted: bool, report: BoostRepor
         report.note(name, False, "switched off")
         return
     device = next((t.device for t in network.parameters()), torch.device("cpu"))
-    loss_scaled = loss_scaled or amp.resolve_amp_level(report.amp_level, device) == "O2"
     optimizers = _leaf_optimizers(optimizer)
     why = capture_refusal(network, optimizers, device, is_distributed(), loss_scaled)
     if why:

@@ -1,10 +1,10 @@
 """A training step replayed as one CUDA graph (boost's ``cuda_graphs``).
 
 A CTR step on a GPU is launch-bound: dozens of small kernels per embedding table and layer, each
-costing more CPU time to launch than GPU time to run (an H100 ran the idiomatic 26-table network
-at 0.39M samples/s eagerly and 0.94M with the whole step captured). `CUDAGraphStep` runs the first
-steps eagerly (warm-up on a side stream, as capture requires), then captures forward, backward
-and optimizer step once and replays that graph for every later batch of the same shapes.
+costing more CPU time to launch than GPU time to run (figures: docs/benchmarks.md).
+`CUDAGraphStep` runs the first steps eagerly (warm-up on a side stream, as capture requires), then
+captures forward, backward and optimizer step once and replays that graph for every later batch
+of the same shapes.
 
 What keeps replays honest:
 

@@ -5,7 +5,7 @@ Split of concerns:
 - data adapter (`recstream.data.protocol`): what a dataset and a batch may be, sizes, resets;
 - dataset helper and sink (`sink.py`): how batches reach the device, one step or one sink of
   steps at a time (`Sink.run` is the sink loop);
-- step cells (`cells.py`, `amp.py`): what one training step does — the extension point
+- step cells (`cells.py`, `amp.py`, planned once by `plan.py`): what one training step does — the extension point
   (`TrainOneStepCell`, or any module passed as the network with ``loss_fn=None, optimizer=None``);
 - callbacks (`recstream.callbacks.CallbackList`): hook dispatch;
 - this class: the networks, the metrics, and the loops (`_train_loop`, `_eval_loop`): one
@@ -47,26 +47,15 @@ from ..callbacks.base import as_callback_list
 from ..callbacks.divergence import LossWatch
 from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
-from ..distributed import (
-    all_reduce_metrics,
-    data_parallel,
-    hybrid_parallel,
-    parallel_mode,
-    rank,
-    sharding_plan,
-    world_size,
-)
+from ..distributed import all_reduce_metrics, rank, world_size
 from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
-from . import amp, boost
-from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
-from .cuda_graph import CUDAGraphStep
-from .loss_scale import LossScaleManager
+from .cells import OptimizerLike, WithEvalCell
+from .plan import BOOST_LEVELS, StepOptions, network_device, plan_step  # noqa: F401 (BOOST_LEVELS: its old home)
 from .sink import DatasetHelper, check_sink_size
 from .summary import summarize
 
 _KWARGS = ("loss_scale_manager", "keep_batchnorm_fp32", "boost_config_dict", "acc_level", "progress_bar")
-BOOST_LEVELS = ("O0", "O1", "O2")
 
 
 @dataclass
@@ -108,83 +97,20 @@ class Model:
         check_type("Model", "optimizer", optimizer, OptimizerLike, allow_none=True,
                    allowed="a torch.optim.Optimizer (an object with step() and zero_grad())")
         self._network, self._loss_fn, self._optimizer = network, loss_fn, optimizer
-        self._amp_level = _check_amp_level(amp_level, optimizer)
-        self._boost_level = check_choice("Model", "boost_level", kwargs.get("acc_level", boost_level), BOOST_LEVELS)
-        self._keep_bn_fp32 = check_bool("Model", "keep_batchnorm_fp32", kwargs.get("keep_batchnorm_fp32"),
-                                        allow_none=True)
-        self._loss_scale_manager = kwargs.get("loss_scale_manager")
-        if self._loss_scale_manager is not None and optimizer is None:
-            raise ValueError("Model: 'optimizer' must be set when 'loss_scale_manager' is given (got optimizer=None)")
-        check_type("Model", "loss_scale_manager", self._loss_scale_manager, LossScaleManager, allow_none=True,
-                   allowed="a LossScaleManager (FixedLossScaleManager or DynamicLossScaleManager)")
+        options = StepOptions(amp_level, kwargs.get("acc_level", boost_level), kwargs.get("boost_config_dict"),
+                              kwargs.get("keep_batchnorm_fp32"), kwargs.get("loss_scale_manager"))
         self._progress_bar = check_choice("Model", "progress_bar", kwargs.get("progress_bar", "auto"),
                                           ("auto", True, False))
-        # The parallel context is read once, here, as MindSpore reads it when a Model is built.
-        self._parallel_mode = parallel_mode()
-        # Boost first: it switches embedding gradients to sparse (DDP must see that) and may pick the precision.
-        self._boost = boost.apply_boost(network, optimizer, self._boost_level, kwargs.get("boost_config_dict"),
-                                        self._amp_level, loss_scaled=self._loss_scale_manager is not None)
-        self._amp_level, self._amp_dtype = self._boost.amp_level, self._boost.amp_dtype
-        self._train_network = self._build_train_network()
         self._metric_fns = get_metrics(metrics)
-        self._eval_network, self._eval_indexes = self._build_eval_network(eval_network, eval_indexes)
-        self._predict_network = self._build_predict_network()
-
-    # ------------------------------------------------------------------ networks
-    def _build_train_network(self) -> nn.Module:
-        step = self._build_step()
-        if self._boost.graph_optimizers:
-            return CUDAGraphStep(step, self._boost.graph_optimizers)
-        return step
-
-    def _build_step(self) -> nn.Module:
-        if self._optimizer is None:  # the network is its own step: it synchronises itself, if at all
-            return self._network if self._loss_fn is None else WithLossCell(self._network, self._loss_fn)
-        backbone = self._parallel_backbone()
-        net = backbone if self._loss_fn is None else WithLossCell(backbone, self._loss_fn)
-        if self._amp_level == "O0" and self._loss_scale_manager is None:
-            return TrainOneStepCell(net, self._optimizer)
-        # Mixed precision builds its own step cell (autocast, casts, loss scale).
-        return amp.train_network(backbone, self._loss_fn, self._optimizer, self._amp_level,
-                                 self._keep_bn_fp32, self._loss_scale_manager, self._device, self._amp_dtype)
-
-    def _parallel_backbone(self) -> nn.Module:
-        """The network as the training step calls it in this parallel mode.
-
-        Only training goes through DDP: evaluation and prediction call the network itself. Under
-        data_parallel ranks may then evaluate uneven shares of data; under hybrid_parallel the
-        sharded tables route lookups through every rank, so all ranks must evaluate in step.
-        """
-        if self._parallel_mode == "data_parallel":
-            return data_parallel(self._network)
-        if self._parallel_mode == "hybrid_parallel":
-            backbone = hybrid_parallel(self._network)
-            if rank() == 0:  # the plan, once, where a user reads it
-                plan = sharding_plan(self._network) or ["no table to shard: every parameter replicated"]
-                print(f"hybrid_parallel on {world_size()} ranks:", *plan, sep="\n  ", flush=True)
-            return backbone
-        return self._network
-
-    def _build_eval_network(self, eval_network, eval_indexes):
         _check_eval_indexes(eval_indexes)
         if eval_network is not None:
             check_module("Model", "eval_network", eval_network)
-            return eval_network, eval_indexes
-        if not self._metric_fns:
-            return None, None
-        if self._loss_fn is None:
-            raise ValueError("Model: 'metrics' needs either 'loss_fn' (to build the eval network) or "
-                             "'eval_network'; got loss_fn=None and eval_network=None")
-        if self._amp_level != "O0":
-            return amp.build_eval_network(self._network, self._loss_fn, self._amp_level, self._device,
-                                          keep_batchnorm_fp32=self._keep_bn_fp32, dtype=self._amp_dtype), [0, 1, 2]
-        return WithEvalCell(self._network, self._loss_fn), [0, 1, 2]
-
-    def _build_predict_network(self) -> nn.Module:
-        if self._amp_level == "O0":
-            return self._network
-        return amp.build_predict_network(self._network, self._amp_level, self._device,
-                                         keep_batchnorm_fp32=self._keep_bn_fp32, dtype=self._amp_dtype)
+        # amp, boost and the parallel mode (read once, here, as MindSpore reads it) resolved together.
+        plan = plan_step(network, loss_fn, optimizer, options, eval_network, eval_indexes, bool(self._metric_fns))
+        self._train_network, self._eval_network, self._predict_network = (
+            plan.train_network, plan.eval_network, plan.predict_network)
+        self._eval_indexes, self._amp_level, self._boost_level = plan.eval_indexes, plan.amp_level, plan.boost_level
+        self._parallel_mode, self._plan = plan.parallel_mode, plan
 
     def summary(self, print_fn=print) -> str:
         """Print (with `print_fn`; None: don't) and return a table of the network's modules,
@@ -197,7 +123,7 @@ class Model:
     @property
     def boost_report(self) -> list[str]:
         """One line per boost acceleration: applied or skipped, and why (see `recstream.train.boost`)."""
-        return list(self._boost.lines)
+        return list(self._plan.accelerations)
 
     @property
     def train_network(self) -> nn.Module:
@@ -217,11 +143,7 @@ class Model:
     @property
     def _device(self) -> torch.device:
         """The device of the network's first parameter or buffer (CPU for a parameterless network)."""
-        for t in self._network.parameters():
-            return t.device
-        for t in self._network.buffers():
-            return t.device
-        return torch.device("cpu")
+        return network_device(self._network)
 
     # ------------------------------------------------------------------ public API
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
@@ -509,14 +431,6 @@ class Model:
 
 
 # ---------------------------------------------------------------------- argument checks
-def _check_amp_level(level, optimizer) -> str:
-    check_choice("Model", "amp_level", level, amp.AMP_LEVELS)
-    if level != "O0" and optimizer is None:
-        raise ValueError(f"Model: 'amp_level'={level!r} needs an 'optimizer' (mixed precision wraps the training "
-                         "step); got optimizer=None. Use amp_level='O0' or pass an optimizer")
-    return level
-
-
 def _check_eval_indexes(eval_indexes) -> None:
     if eval_indexes is None:
         return

@@ -131,7 +131,7 @@ def test_debug_shows_the_traceback(tmp_path):
 
 def test_levels_match_the_library():
     from recstream.models.dcn_v2 import STRUCTURES
-    from recstream.models.optim import EMBEDDING_OPTIMIZERS, WIDE_OPTIMIZERS
+    from recstream.models.recommended_optimizer import EMBEDDING_OPTIMIZERS, WIDE_OPTIMIZERS
     from recstream.train.amp import AMP_LEVELS
     from recstream.train.model import BOOST_LEVELS
     assert config.AMP_LEVELS == AMP_LEVELS and config.BOOST_LEVELS == BOOST_LEVELS
