@@ -52,7 +52,6 @@ kept). :class:`ParquetFileCursor` reads one record batch at a time from a row of
 """
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import logging
@@ -69,6 +68,7 @@ from ..readers import DEFAULT_HASH_BUCKETS
 from ..schema import Schema
 from .base import Stream
 from .decoders import DEFAULT_MAX_RECORD_BYTES, ArrowTableDecoder, CriteoTSVDecoder, CSVLineDecoder, JSONDecoder
+from .dirindex import DirectoryIndex
 from .records import BadRecord, Decoded, line_spans
 
 log = logging.getLogger("recstream.data.streams")
@@ -120,7 +120,7 @@ class DirectoryStream(Stream):
         self._cur_name: str | None = None  # the file being (or last) read
         self._start: dict | None = None  # where to open the next file after a seek
         self._key, self._key_names = 0, {}
-        self._listed: set[str] = set()
+        self._index = DirectoryIndex(self.path, self.pattern)  # names ahead: no rescan per file
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout,
                          drop_remainder=drop_remainder, dead_letter=dead_letter, max_delay=max_delay)
         committed = self.committed()
@@ -140,6 +140,8 @@ class DirectoryStream(Stream):
         self._close_file()
         self._cur_name = None
         self._start = {"file": name, "offset": offset}
+        if hasattr(self, "_index"):  # the floor moved: what the index knows ahead no longer applies
+            self._index.reset()
         return {"file": name, "offset": offset}
 
     def _advance(self, keys: np.ndarray, afters: np.ndarray) -> None:
@@ -192,7 +194,7 @@ class DirectoryStream(Stream):
     # --- ranks ---------------------------------------------------------------------------------
     def _set_rank(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        self._listed = set()
+        self._index.reset(forget_seen=True)
         committed = self.committed()  # this rank's own commit file
         self._apply_seek(committed if committed is not None else self._initial_position())
 
@@ -252,14 +254,7 @@ class DirectoryStream(Stream):
         return True
 
     def _open_next(self) -> bool:
-        names = self._list()
-        start, after = self._start, self._cur_name
-        if start is not None and start["file"] is not None and start["file"] in names:
-            name, offset = start["file"], start["offset"]
-        else:
-            floor = start["file"] if start is not None else after
-            name = next((n for n in names if floor is None or n > floor), None)
-            offset = 0
+        name, offset = self._next_file()
         if name is None:
             return False
         full = os.path.join(self.path, name)
@@ -271,6 +266,9 @@ class DirectoryStream(Stream):
                     raise ValueError(f"lacks columns {cur.missing}")
             else:
                 cur = TextFileCursor(full, name, self.decoder, offset, header=self.header, block_bytes=self.block_bytes)
+        except FileNotFoundError:  # removed since the index listed it: list the directory again
+            self._index.reset()
+            return True
         except (OSError, ValueError, pa.ArrowException) as e:
             if not self._has_later(name):
                 return False  # maybe still being written: try again later
@@ -290,27 +288,33 @@ class DirectoryStream(Stream):
         self.dead_letter.write(d.bad, [{"file": name, "offset": offset}])
         self._cur_name, self._start = name, None
 
-    def _scan(self) -> list[str]:
-        """Every data file's name (of all ranks), sorted."""
-        return sorted(e.name for e in os.scandir(self.path) if not e.name.startswith((".", "_"))
-                      and fnmatch.fnmatchcase(e.name, self.pattern) and e.is_file())
+    def _next_file(self) -> tuple[str | None, int]:
+        """This rank's next file and where to start in it: from the index; the directory is
+        listed again only when the index knows no next file."""
+        start = self._start
+        floor = start["file"] if start is not None else self._cur_name
+        for scanned in (False, True):
+            if scanned or not self._index.covers(floor):
+                self._rescan(floor)
+            for n in self._index.after(floor, inclusive=start is not None):
+                if self.owns(n):
+                    return n, (start["offset"] if start is not None and n == start["file"] else 0)
+        return None, 0
 
-    def _list(self) -> list[str]:
-        """This rank's files, sorted; counts and reports late ones."""
-        names = [n for n in self._scan() if self.owns(n)]
-        current = self._cur_name or (self._start or {}).get("file")
-        if current is not None:
-            late = [n for n in names if n < current and n not in self._listed]
-            if late and self._listed:  # names seen for the first time, behind the reading point
-                self.late_files += len(late)
-                log.warning("DirectoryStream: %d file(s) arrived with names before %s and are skipped "
-                            "(files are read in name order): %s", len(late), current, late[:5])
-        self._listed = set(names)
-        return names
+    def _rescan(self, floor: str | None) -> None:
+        """List the directory (see `DirectoryIndex`); counts and reports this rank's late files."""
+        late = [n for n in self._index.scan(floor) if self.owns(n)]
+        if late:  # names seen for the first time, behind the reading point
+            self.late_files += len(late)
+            log.warning("DirectoryStream: %d file(s) arrived with names before %s and are skipped "
+                        "(files are read in name order): %s", len(late), floor, late[:5])
 
     def _has_later(self, name: str) -> bool:
         # any rank's later file: its writer moved on, so `name` is final whoever reads the next one
-        return any(n > name for n in self._scan())
+        if self._index.after(name):
+            return True
+        self._rescan(name)
+        return bool(self._index.after(name))
 
     def _close_file(self) -> None:
         if self._cur is not None:
