@@ -12,10 +12,14 @@ Contract with the writers:
   is done, so an unterminated last line is then read as a record, and the stream moves on.
 * A file that appears with a name before the one being read is too late: it is skipped
   with a warning (``late_files`` counts them).
-* A file that cannot be read (not Parquet, a corrupt page or a failed page checksum, a
-  header without a schema column) is skipped from where it fails, with one dead letter
-  naming it and the reason: the stream goes on with the next file, also after a restart.
-  Parquet page checksums are verified: writers should pass ``write_page_checksum=True``.
+* A file that cannot be read (not Parquet, a corrupt page, a header without a schema
+  column) is skipped from where it fails, with one dead letter naming it and the reason:
+  the stream goes on with the next file, also after a restart. Parquet files are read one
+  row group at a time: a row group with a corrupt page or a failed page checksum is skipped
+  from where it fails to its end (one dead letter naming the file, the row group and its
+  rows), and the row groups after it are read. Parquet page checksums are verified:
+  writers should pass ``write_page_checksum=True`` (``recstream produce`` does); without
+  them a flipped bit in a data page usually decodes as a wrong value and is trained.
 
 Memory stays constant: one block (``block_bytes``, or one Parquet record batch) plus
 less than one batch of rows. Position: ``{"file": name, "offset": n}`` - everything in
@@ -350,6 +354,16 @@ def _make_decoder(format, schema, delimiter, hash_buckets, id_column, time_colum
 _KEEP = 4096  # bytes of an oversize record kept for the dead letter
 
 
+def _only_bad(decoder, bad: BadRecord) -> Decoded:
+    """A decoded chunk of one record, `bad`, and no rows."""
+    d = Decoded(decoder._empty, np.zeros(0, dtype=np.int64), None, None, [bad], 1)
+    if decoder.id_column is not None:
+        d.ids = np.zeros(0, dtype=np.int64)
+    if decoder.time_column is not None:
+        d.event_time = np.zeros(0, dtype=np.float64)
+    return d
+
+
 class TextFileCursor:
     """Complete lines of a text file from byte `offset` (see the module docstring); offsets are bytes.
 
@@ -425,13 +439,8 @@ class TextFileCursor:
             pos += len(chunk)
         bad = BadRecord(0, "oversize", f"record of {end - start} bytes > max_record_bytes={self.max_record_bytes}",
                         head[:_KEEP])
-        d = Decoded(self.decoder._empty, np.zeros(0, dtype=np.int64), None, None, [bad], 1)
-        if self.decoder.id_column is not None:
-            d.ids = np.zeros(0, dtype=np.int64)
-        if self.decoder.time_column is not None:
-            d.event_time = np.zeros(0, dtype=np.float64)
         self.offset = after
-        return d, np.array([after], dtype=np.int64), [{"file": self.name, "offset": start}]
+        return _only_bad(self.decoder, bad), np.array([after], dtype=np.int64), [{"file": self.name, "offset": start}]
 
     def _read_header(self, final: bool) -> bool:
         head = os.pread(self._fd, self.block_bytes, 0)
@@ -450,6 +459,9 @@ class ParquetFileCursor:
     """Record batches of a Parquet file from row `offset`; offsets are rows.
 
     Parquet files must appear complete (e.g. by rename): a half-written one cannot be read.
+    Read one row group at a time: a row group that fails (a corrupt page, a failed page
+    checksum) is skipped from where it fails to its end, as one bad record naming the file,
+    the row group and its rows; the row groups after it are read as usual.
     """
 
     def __init__(self, path: str, name: str, decoder, offset: int = 0, *, block_rows: int = 65536) -> None:
@@ -460,21 +472,32 @@ class ParquetFileCursor:
         self._pf = pq.ParquetFile(path, page_checksum_verification=True)
         have = self._pf.schema_arrow.names
         self.missing = [c for c in decoder.schema.columns if c not in have]
-        cols = [c for c in decoder.columns if c in have]
-        starts = np.cumsum([0] + [self._pf.metadata.row_group(i).num_rows
-                                  for i in range(self._pf.num_row_groups)])
-        self.num_rows = int(starts[-1])
-        rg = max(int(np.searchsorted(starts, self.offset, side="right")) - 1, 0)
-        self._skip = self.offset - int(starts[rg])  # rows of the first row group already consumed
-        self._batches = self._pf.iter_batches(batch_size=block_rows, row_groups=range(rg, self._pf.num_row_groups),
-                                              columns=cols) if self.offset < self.num_rows else iter(())
+        self._cols = [c for c in decoder.columns if c in have]
+        self._block_rows = block_rows
+        self._starts = np.cumsum([0] + [self._pf.metadata.row_group(i).num_rows
+                                        for i in range(self._pf.num_row_groups)])
+        self.num_rows = int(self._starts[-1])
+        self._rg = max(int(np.searchsorted(self._starts, self.offset, side="right")) - 1, 0)
+        self._skip = self.offset - int(self._starts[self._rg])  # rows of the first row group already consumed
+        self._batches = None  # the current row group's record batches
 
     def close(self) -> None:
         self._pf.close()
 
     def read(self, final: bool = True):
-        """The next record batch's records, or None at the end of the file."""
-        for rb in self._batches:
+        """The next record batch's records (or one bad record for the rest of a row group that
+        fails), or None at the end of the file."""
+        while self.offset < self.num_rows and self._rg < self._pf.num_row_groups:
+            try:
+                if self._batches is None:
+                    self._batches = self._pf.iter_batches(batch_size=self._block_rows, row_groups=[self._rg],
+                                                          columns=self._cols)
+                rb = next(self._batches, None)
+            except (OSError, ValueError, pa.ArrowException) as e:
+                return self._skip_row_group(e)
+            if rb is None:  # this row group is done
+                self._rg, self._batches, self._skip = self._rg + 1, None, 0
+                continue
             if self._skip:
                 drop = min(self._skip, rb.num_rows)
                 rb, self._skip = rb.slice(drop), self._skip - drop
@@ -486,3 +509,13 @@ class ParquetFileCursor:
             return (d, base + np.arange(1, rb.num_rows + 1, dtype=np.int64),
                     [{"file": self.name, "row": base + b.index} for b in d.bad])
         return None
+
+    def _skip_row_group(self, error: Exception):
+        """The current row group cannot be read from `offset` on: one bad record for the rest of it."""
+        rg, start, end = self._rg, self.offset, int(self._starts[self._rg + 1])
+        reason = f"unreadable row group {rg} of {self.name} (rows {start}..{end - 1} skipped): {error}"
+        log.warning("DirectoryStream: %s", reason)
+        self.offset, self._rg, self._batches, self._skip = end, rg + 1, None, 0
+        bad = BadRecord(0, "malformed", reason, b"")
+        return (_only_bad(self.decoder, bad), np.array([end], dtype=np.int64),
+                [{"file": self.name, "row": start, "row_group": rg}])
