@@ -539,8 +539,8 @@ class KafkaStream(Stream):
             self._warn_moved(keys)
         else:
             self._revoked |= keys
-        if not self._owned:  # waiting for a new assignment: no data can come, so no idling
-            self._assigned_at = None
+        if not self._owned and not lost:  # waiting for a new assignment: no data can come, so no idling
+            self._assigned_at = None  # (lost: the broker is unreachable, an outage: the idle clock runs on)
         self._assembler.drop_keys(keys)
         log.warning("KafkaStream: partitions %s %s", sorted(self._name(k) for k in keys), "lost" if lost else "revoked")
         if self._cooperative:

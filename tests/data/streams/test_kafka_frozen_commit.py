@@ -88,3 +88,38 @@ def test_frozen_broker_with_a_commit_outstanding_does_not_hang_the_reader(own_br
         ids.extend(s.last_batch_meta()["ids"].tolist())
     s.close()
     assert sorted(ids) == list(range(400))
+
+
+def test_idle_timeout_fires_for_a_group_member_whose_partitions_are_lost_to_a_frozen_broker(own_broker):
+    """A group member's session times out while the broker is frozen and its partitions are lost:
+    that is an outage, not a rebalance, so the idle clock keeps running and the iteration ends."""
+    broker = own_broker.start()
+    broker.create_topic("clicks", 1)
+    broker.produce("clicks", records(100))
+    idle = 9.0  # longer than the session timeout (6 s): the partitions are lost first
+    s = KafkaStream("clicks", broker.bootstrap_servers, "frozen-group", batch_size=100, decoder=decoder(),
+                    idle_timeout=idle, commit_timeout=COMMIT_S)
+    ended = threading.Event()
+    ids: list[int] = []
+    got_data = threading.Event()
+
+    def read():
+        try:
+            for _ in s:
+                ids.extend(s.last_batch_meta()["ids"].tolist())
+                got_data.set()
+        finally:
+            ended.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert got_data.wait(60), "the group member got no data"
+        freeze(broker)
+        t0 = time.monotonic()
+        assert ended.wait(idle + 8), "idle_timeout did not fire while the broker was frozen"
+        assert time.monotonic() - t0 <= idle + 8
+    finally:
+        broker.resume()
+    s.close()
+    assert ids == list(range(100))
