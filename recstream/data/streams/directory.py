@@ -22,7 +22,10 @@ Contract with the writers:
   them a flipped bit in a data page usually decodes as a wrong value and is trained.
 
 Memory stays constant: one block (``block_bytes``, or one Parquet record batch) plus
-less than one batch of rows. Position: ``{"file": name, "offset": n}`` - everything in
+less than one batch of rows, and the names of the directory's files. The directory is listed
+when the stream knows no next file (:class:`~recstream.data.streams.dirindex.DirectoryIndex`
+keeps the names ahead of the reading point, sorted): consumed files left in place cost no
+time per new file; removing them is safe (see below). Position: ``{"file": name, "offset": n}`` - everything in
 files named before `name`, and `name` up to byte `n` (Parquet: row `n`), is consumed;
 ``{"file": None, "offset": 0}`` is the start. A consumed file may be deleted.
 
