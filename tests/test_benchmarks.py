@@ -68,3 +68,9 @@ def test_a_comparison_system_trains_on_the_benchmark_data_where_installed(system
     compared = main._markdown(results).split("## comparison systems")[1].split("## batch size")[0]
     assert all(f"| {v} |" in compared for v in ("hand", *variants))
     assert main._plots(results, tmp_path)[0] == "boost.png" and (tmp_path / "boost.png").stat().st_size > 1000
+
+
+def test_the_directory_benchmark_runs_with_its_empty_directory_baseline():
+    results = _load("bench_directory").main(["--consumed", "200", "--new", "20", "--rows-per-file", "3"])
+    assert [r["consumed"] for r in results] == [0, 200] and results[0]["vs_empty"] == 1.0
+    assert all(r["files_per_s"] > 0 and r["listings"] <= 3 for r in results)  # one listing, not two per file

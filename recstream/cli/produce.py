@@ -25,7 +25,7 @@ from .errors import EXIT_USAGE, CliError
 from .options import checked
 
 _OWNER = "recstream produce"
-_EXT = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "criteo": "tsv"}
+_EXT = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "criteo": "tsv", "parquet": "parquet"}
 DESCRIPTION = """Write events into a Kafka topic or a followed directory, at a chosen rate.
 
 Events come from a file (CSV/TSV/JSON lines/Criteo TSV, one record per line) or from the
@@ -51,8 +51,9 @@ def add_parser(sub) -> None:
     p.add_argument("--input-format", choices=["csv", "tsv", "jsonl", "criteo"], default="csv",
                    help="format of --input lines (default csv)")
     p.add_argument("--header", action="store_true", help="--input starts with a header line (not sent)")
-    p.add_argument("--format", choices=["csv", "jsonl", "criteo"], default="csv",
-                   help="record format of --synthetic events (criteo needs 13 dense and 26 categorical)")
+    p.add_argument("--format", choices=["csv", "jsonl", "criteo", "parquet"], default="csv",
+                   help="record format of --synthetic events (criteo needs 13 dense and 26 categorical; "
+                        "parquet: files with page checksums, with --directory)")
     p.add_argument("--num-dense", type=_checked(int, "--num-dense", minimum=0), default=13)
     p.add_argument("--num-categorical", type=_checked(int, "--num-categorical", minimum=0), default=26)
     p.add_argument("--seed", type=int, default=0)
@@ -66,6 +67,8 @@ def add_parser(sub) -> None:
                    help="partitions if the topic has to be created")
     p.add_argument("--file-records", type=_checked(int, "--file-records", minimum=1), default=100_000,
                    help="records per file (with --directory)")
+    p.add_argument("--row-group-records", type=_checked(int, "--row-group-records", minimum=1), default=10_000,
+                   help="rows per Parquet row group (--format parquet): a corrupt page costs its row group")
     p.add_argument("--flush-interval", type=_checked(float, "--flush-interval", minimum=0), default=None,
                    help="publish a file after this many seconds even if not full (with --directory)")
     p.add_argument("--rate", type=_checked(float, "--rate", minimum=0), default=0.0,
@@ -86,7 +89,27 @@ def _synthetic(args) -> Iterator[list[bytes]]:
     for i in itertools.count():
         features, labels = next(iter(gen.train_batches(1, start=i)))
         ids = features.values.view(features.num_features, features.batch_size).T.numpy()
-        yield format_records(args.format, labels.numpy(), features.dense.numpy(), ids, names=names)
+        if args.format == "parquet":  # columns, not records: the meta columns are added per chunk
+            yield _Columns(labels.numpy(), features.dense.numpy(), ids, names)
+        else:
+            yield format_records(args.format, labels.numpy(), features.dense.numpy(), ids, names=names)
+
+
+class _Columns:
+    """A block of synthetic events as columns (for Parquet): sliced like a list of records."""
+
+    def __init__(self, labels, dense, ids, names) -> None:
+        self.labels, self.dense, self.ids, self.names = labels, dense, ids, names
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, s: slice) -> _Columns:
+        return _Columns(self.labels[s], self.dense[s], self.ids[s], self.names)
+
+    def table(self, event_ids=None, times=None):
+        from .producers import records_table
+        return records_table(self.labels, self.dense, self.ids, self.names, event_ids=event_ids, times=times)
 
 
 def _lines(args) -> Iterator[list[bytes]]:
@@ -103,7 +126,9 @@ def _lines(args) -> Iterator[list[bytes]]:
 
 def _writer(args):
     """Where the events go: a DirectoryWriter or a KafkaWriter (the topic created if needed)."""
-    from .producers import DirectoryWriter, KafkaWriter
+    from .producers import DirectoryWriter, KafkaWriter, ParquetDirectoryWriter
+    if args.directory and args.synthetic and args.format == "parquet":
+        return ParquetDirectoryWriter(args.directory, args.file_records, args.flush_interval, args.row_group_records)
     if args.directory:
         ext = _EXT[args.format if args.synthetic else args.input_format]
         return DirectoryWriter(args.directory, ext, args.file_records, args.flush_interval)
@@ -138,6 +163,8 @@ def _check_args(args) -> None:
         raise CliError(f"--input {args.input} {what}", EXIT_USAGE)
     if args.synthetic and args.format == "criteo" and (args.num_dense, args.num_categorical) != (13, 26):
         raise CliError("--format criteo needs --num-dense 13 --num-categorical 26", EXIT_USAGE)
+    if args.synthetic and args.format == "parquet" and not args.directory:
+        raise CliError("--format parquet writes files: it needs --directory", EXIT_USAGE)
     if args.kafka and not args.topic:
         raise CliError("--kafka needs --topic", EXIT_USAGE)
     if args.directory and os.path.exists(args.directory) and not os.path.isdir(args.directory):
@@ -164,9 +191,11 @@ def produce(args) -> tuple[int, float]:
                     return sent, time.monotonic() - start
                 chunk = block[lo:lo + min(limiter.chunk(), (limit - sent) if limit else len(block))]
                 now = time.time()
-                if not args.no_meta:  # one send time per chunk (~10 ms at most when rate-limited)
-                    chunk = append_meta(chunk, fmt, np.arange(next_id, next_id + len(chunk)),
-                                        np.full(len(chunk), round(now, 6)))
+                meta = (np.arange(next_id, next_id + len(chunk)), np.full(len(chunk), round(now, 6)))
+                if isinstance(chunk, _Columns):  # Parquet: a table, with the meta columns unless --no-meta
+                    chunk = chunk.table(*((None, None) if args.no_meta else meta))
+                elif not args.no_meta:  # one send time per chunk (~10 ms at most when rate-limited)
+                    chunk = append_meta(chunk, fmt, *meta)
                 writer.write(chunk, [int(now * 1000)] * len(chunk))
                 next_id += len(chunk)
                 sent += len(chunk)

@@ -358,7 +358,9 @@ class ParquetReader(FileReader):
     lists or separator-joined strings, dictionary-encoded or not.
 
     get_dataset_size(): batches per pass from the files' metadata (exact unless bad rows
-    are skipped, which can only make it smaller).
+    are skipped, which can only make it smaller). Page checksums are verified; with
+    ``on_bad_row="skip"`` a row group that fails (a corrupt page, a failed checksum) is skipped
+    from where it fails, as one bad row naming the file, the row group and its data rows.
     """
 
     _suffixes = (".parquet", ".parq", ".pq")
@@ -390,22 +392,38 @@ class ParquetReader(FileReader):
         return full + (1 if rest and not self.drop_remainder else 0)
 
     def _record_batches(self, path: str) -> Iterator[tuple[pa.RecordBatch, np.ndarray, list[BadRow]]]:
-        first = 1
         # pages written with checksums (``write_page_checksum=True``) are verified: flipped bits
-        # fail here, naming the file, instead of silently changing values
+        # fail here, naming the file, instead of silently changing values. One row group at a
+        # time: with on_bad_row='skip' a row group that fails costs only its own remaining rows
         with pq.ParquetFile(path, page_checksum_verification=True) as pf:
-            batches = pf.iter_batches(batch_size=self.batch_size, columns=list(self.schema.columns),
-                                      use_threads=self.use_threads)
-            while True:
-                try:
-                    rb = next(batches)
-                except StopIteration:
-                    break
-                except (OSError, pa.ArrowException) as e:
-                    raise ValueError(f"ParquetReader: {path!r} is corrupt after data row {first - 1}: {e}") from e
-                n = rb.num_rows
-                yield rb, np.arange(first, first + n, dtype=np.int64), []
-                first += n
+            first = 1
+            for rg in range(pf.num_row_groups):
+                end = first + pf.metadata.row_group(rg).num_rows  # the next row group's first data row
+                batches = pf.iter_batches(batch_size=self.batch_size, row_groups=[rg],
+                                          columns=list(self.schema.columns), use_threads=self.use_threads)
+                while True:
+                    try:
+                        rb = next(batches)
+                    except StopIteration:
+                        break
+                    except (OSError, pa.ArrowException) as e:
+                        if self.on_bad_row == "raise":
+                            raise ValueError(f"ParquetReader: {path!r} is corrupt after data row {first - 1} "
+                                             f"(row group {rg}): {e}") from e
+                        yield self._unreadable(pf, path, rg, first, end, e)
+                        break
+                    n = rb.num_rows
+                    yield rb, np.arange(first, first + n, dtype=np.int64), []
+                    first += n
+                first = end
+
+    def _unreadable(self, pf, path: str, rg: int, first: int, end: int, error: Exception):
+        """No rows, and one bad row standing for the rest of row group `rg` (data rows first..end-1)."""
+        fields = [pf.schema_arrow.field(c) for c in self.schema.columns]
+        empty = pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
+        bad = BadRow(path, first, "malformed", None,
+                     f"row group {rg} unreadable, data rows {first}..{end - 1} skipped: {error}", None)
+        return empty, np.zeros(0, dtype=np.int64), [bad]
 
 
 # --- Criteo ---------------------------------------------------------------------------------

@@ -12,13 +12,20 @@ Contract with the writers:
   is done, so an unterminated last line is then read as a record, and the stream moves on.
 * A file that appears with a name before the one being read is too late: it is skipped
   with a warning (``late_files`` counts them).
-* A file that cannot be read (not Parquet, a corrupt page or a failed page checksum, a
-  header without a schema column) is skipped from where it fails, with one dead letter
-  naming it and the reason: the stream goes on with the next file, also after a restart.
-  Parquet page checksums are verified: writers should pass ``write_page_checksum=True``.
+* A file that cannot be read (not Parquet, a corrupt page, a header without a schema
+  column) is skipped from where it fails, with one dead letter naming it and the reason:
+  the stream goes on with the next file, also after a restart. Parquet files are read one
+  row group at a time: a row group with a corrupt page or a failed page checksum is skipped
+  from where it fails to its end (one dead letter naming the file, the row group and its
+  rows), and the row groups after it are read. Parquet page checksums are verified:
+  writers should pass ``write_page_checksum=True`` (``recstream produce`` does); without
+  them a flipped bit in a data page usually decodes as a wrong value and is trained.
 
 Memory stays constant: one block (``block_bytes``, or one Parquet record batch) plus
-less than one batch of rows. Position: ``{"file": name, "offset": n}`` - everything in
+less than one batch of rows, and the names of the directory's files. The directory is listed
+when the stream knows no next file (:class:`~recstream.data.streams.dirindex.DirectoryIndex`
+keeps the names ahead of the reading point, sorted): consumed files left in place cost no
+time per new file; removing them is safe (see below). Position: ``{"file": name, "offset": n}`` - everything in
 files named before `name`, and `name` up to byte `n` (Parquet: row `n`), is consumed;
 ``{"file": None, "offset": 0}`` is the start. A consumed file may be deleted.
 
@@ -52,7 +59,6 @@ kept). :class:`ParquetFileCursor` reads one record batch at a time from a row of
 """
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import logging
@@ -69,6 +75,7 @@ from ..readers import DEFAULT_HASH_BUCKETS
 from ..schema import Schema
 from .base import Stream
 from .decoders import DEFAULT_MAX_RECORD_BYTES, ArrowTableDecoder, CriteoTSVDecoder, CSVLineDecoder, JSONDecoder
+from .dirindex import DirectoryIndex
 from .records import BadRecord, Decoded, line_spans
 
 log = logging.getLogger("recstream.data.streams")
@@ -120,7 +127,7 @@ class DirectoryStream(Stream):
         self._cur_name: str | None = None  # the file being (or last) read
         self._start: dict | None = None  # where to open the next file after a seek
         self._key, self._key_names = 0, {}
-        self._listed: set[str] = set()
+        self._index = DirectoryIndex(self.path, self.pattern)  # names ahead: no rescan per file
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout,
                          drop_remainder=drop_remainder, dead_letter=dead_letter, max_delay=max_delay)
         committed = self.committed()
@@ -140,6 +147,8 @@ class DirectoryStream(Stream):
         self._close_file()
         self._cur_name = None
         self._start = {"file": name, "offset": offset}
+        if hasattr(self, "_index"):  # the floor moved: what the index knows ahead no longer applies
+            self._index.reset()
         return {"file": name, "offset": offset}
 
     def _advance(self, keys: np.ndarray, afters: np.ndarray) -> None:
@@ -192,7 +201,7 @@ class DirectoryStream(Stream):
     # --- ranks ---------------------------------------------------------------------------------
     def _set_rank(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        self._listed = set()
+        self._index.reset(forget_seen=True)
         committed = self.committed()  # this rank's own commit file
         self._apply_seek(committed if committed is not None else self._initial_position())
 
@@ -252,14 +261,7 @@ class DirectoryStream(Stream):
         return True
 
     def _open_next(self) -> bool:
-        names = self._list()
-        start, after = self._start, self._cur_name
-        if start is not None and start["file"] is not None and start["file"] in names:
-            name, offset = start["file"], start["offset"]
-        else:
-            floor = start["file"] if start is not None else after
-            name = next((n for n in names if floor is None or n > floor), None)
-            offset = 0
+        name, offset = self._next_file()
         if name is None:
             return False
         full = os.path.join(self.path, name)
@@ -271,6 +273,9 @@ class DirectoryStream(Stream):
                     raise ValueError(f"lacks columns {cur.missing}")
             else:
                 cur = TextFileCursor(full, name, self.decoder, offset, header=self.header, block_bytes=self.block_bytes)
+        except FileNotFoundError:  # removed since the index listed it: list the directory again
+            self._index.reset()
+            return True
         except (OSError, ValueError, pa.ArrowException) as e:
             if not self._has_later(name):
                 return False  # maybe still being written: try again later
@@ -290,27 +295,33 @@ class DirectoryStream(Stream):
         self.dead_letter.write(d.bad, [{"file": name, "offset": offset}])
         self._cur_name, self._start = name, None
 
-    def _scan(self) -> list[str]:
-        """Every data file's name (of all ranks), sorted."""
-        return sorted(e.name for e in os.scandir(self.path) if not e.name.startswith((".", "_"))
-                      and fnmatch.fnmatchcase(e.name, self.pattern) and e.is_file())
+    def _next_file(self) -> tuple[str | None, int]:
+        """This rank's next file and where to start in it: from the index; the directory is
+        listed again only when the index knows no next file."""
+        start = self._start
+        floor = start["file"] if start is not None else self._cur_name
+        for scanned in (False, True):
+            if scanned or not self._index.covers(floor):
+                self._rescan(floor)
+            for n in self._index.after(floor, inclusive=start is not None):
+                if self.owns(n):
+                    return n, (start["offset"] if start is not None and n == start["file"] else 0)
+        return None, 0
 
-    def _list(self) -> list[str]:
-        """This rank's files, sorted; counts and reports late ones."""
-        names = [n for n in self._scan() if self.owns(n)]
-        current = self._cur_name or (self._start or {}).get("file")
-        if current is not None:
-            late = [n for n in names if n < current and n not in self._listed]
-            if late and self._listed:  # names seen for the first time, behind the reading point
-                self.late_files += len(late)
-                log.warning("DirectoryStream: %d file(s) arrived with names before %s and are skipped "
-                            "(files are read in name order): %s", len(late), current, late[:5])
-        self._listed = set(names)
-        return names
+    def _rescan(self, floor: str | None) -> None:
+        """List the directory (see `DirectoryIndex`); counts and reports this rank's late files."""
+        late = [n for n in self._index.scan(floor) if self.owns(n)]
+        if late:  # names seen for the first time, behind the reading point
+            self.late_files += len(late)
+            log.warning("DirectoryStream: %d file(s) arrived with names before %s and are skipped "
+                        "(files are read in name order): %s", len(late), floor, late[:5])
 
     def _has_later(self, name: str) -> bool:
         # any rank's later file: its writer moved on, so `name` is final whoever reads the next one
-        return any(n > name for n in self._scan())
+        if self._index.after(name):
+            return True
+        self._rescan(name)
+        return bool(self._index.after(name))
 
     def _close_file(self) -> None:
         if self._cur is not None:
@@ -344,6 +355,16 @@ def _make_decoder(format, schema, delimiter, hash_buckets, id_column, time_colum
 
 # --- one file at a time ----------------------------------------------------------------------
 _KEEP = 4096  # bytes of an oversize record kept for the dead letter
+
+
+def _only_bad(decoder, bad: BadRecord) -> Decoded:
+    """A decoded chunk of one record, `bad`, and no rows."""
+    d = Decoded(decoder._empty, np.zeros(0, dtype=np.int64), None, None, [bad], 1)
+    if decoder.id_column is not None:
+        d.ids = np.zeros(0, dtype=np.int64)
+    if decoder.time_column is not None:
+        d.event_time = np.zeros(0, dtype=np.float64)
+    return d
 
 
 class TextFileCursor:
@@ -421,13 +442,8 @@ class TextFileCursor:
             pos += len(chunk)
         bad = BadRecord(0, "oversize", f"record of {end - start} bytes > max_record_bytes={self.max_record_bytes}",
                         head[:_KEEP])
-        d = Decoded(self.decoder._empty, np.zeros(0, dtype=np.int64), None, None, [bad], 1)
-        if self.decoder.id_column is not None:
-            d.ids = np.zeros(0, dtype=np.int64)
-        if self.decoder.time_column is not None:
-            d.event_time = np.zeros(0, dtype=np.float64)
         self.offset = after
-        return d, np.array([after], dtype=np.int64), [{"file": self.name, "offset": start}]
+        return _only_bad(self.decoder, bad), np.array([after], dtype=np.int64), [{"file": self.name, "offset": start}]
 
     def _read_header(self, final: bool) -> bool:
         head = os.pread(self._fd, self.block_bytes, 0)
@@ -446,6 +462,9 @@ class ParquetFileCursor:
     """Record batches of a Parquet file from row `offset`; offsets are rows.
 
     Parquet files must appear complete (e.g. by rename): a half-written one cannot be read.
+    Read one row group at a time: a row group that fails (a corrupt page, a failed page
+    checksum) is skipped from where it fails to its end, as one bad record naming the file,
+    the row group and its rows; the row groups after it are read as usual.
     """
 
     def __init__(self, path: str, name: str, decoder, offset: int = 0, *, block_rows: int = 65536) -> None:
@@ -456,21 +475,32 @@ class ParquetFileCursor:
         self._pf = pq.ParquetFile(path, page_checksum_verification=True)
         have = self._pf.schema_arrow.names
         self.missing = [c for c in decoder.schema.columns if c not in have]
-        cols = [c for c in decoder.columns if c in have]
-        starts = np.cumsum([0] + [self._pf.metadata.row_group(i).num_rows
-                                  for i in range(self._pf.num_row_groups)])
-        self.num_rows = int(starts[-1])
-        rg = max(int(np.searchsorted(starts, self.offset, side="right")) - 1, 0)
-        self._skip = self.offset - int(starts[rg])  # rows of the first row group already consumed
-        self._batches = self._pf.iter_batches(batch_size=block_rows, row_groups=range(rg, self._pf.num_row_groups),
-                                              columns=cols) if self.offset < self.num_rows else iter(())
+        self._cols = [c for c in decoder.columns if c in have]
+        self._block_rows = block_rows
+        self._starts = np.cumsum([0] + [self._pf.metadata.row_group(i).num_rows
+                                        for i in range(self._pf.num_row_groups)])
+        self.num_rows = int(self._starts[-1])
+        self._rg = max(int(np.searchsorted(self._starts, self.offset, side="right")) - 1, 0)
+        self._skip = self.offset - int(self._starts[self._rg])  # rows of the first row group already consumed
+        self._batches = None  # the current row group's record batches
 
     def close(self) -> None:
         self._pf.close()
 
     def read(self, final: bool = True):
-        """The next record batch's records, or None at the end of the file."""
-        for rb in self._batches:
+        """The next record batch's records (or one bad record for the rest of a row group that
+        fails), or None at the end of the file."""
+        while self.offset < self.num_rows and self._rg < self._pf.num_row_groups:
+            try:
+                if self._batches is None:
+                    self._batches = self._pf.iter_batches(batch_size=self._block_rows, row_groups=[self._rg],
+                                                          columns=self._cols)
+                rb = next(self._batches, None)
+            except (OSError, ValueError, pa.ArrowException) as e:
+                return self._skip_row_group(e)
+            if rb is None:  # this row group is done
+                self._rg, self._batches, self._skip = self._rg + 1, None, 0
+                continue
             if self._skip:
                 drop = min(self._skip, rb.num_rows)
                 rb, self._skip = rb.slice(drop), self._skip - drop
@@ -482,3 +512,13 @@ class ParquetFileCursor:
             return (d, base + np.arange(1, rb.num_rows + 1, dtype=np.int64),
                     [{"file": self.name, "row": base + b.index} for b in d.bad])
         return None
+
+    def _skip_row_group(self, error: Exception):
+        """The current row group cannot be read from `offset` on: one bad record for the rest of it."""
+        rg, start, end = self._rg, self.offset, int(self._starts[self._rg + 1])
+        reason = f"unreadable row group {rg} of {self.name} (rows {start}..{end - 1} skipped): {error}"
+        log.warning("DirectoryStream: %s", reason)
+        self.offset, self._rg, self._batches, self._skip = end, rg + 1, None, 0
+        bad = BadRecord(0, "malformed", reason, b"")
+        return (_only_bad(self.decoder, bad), np.array([end], dtype=np.int64),
+                [{"file": self.name, "row": start, "row_group": rg}])

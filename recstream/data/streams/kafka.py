@@ -13,7 +13,9 @@ is decoded in one pyarrow call. ``poll_timeout``: seconds one poll waits for mes
   group has not assigned yet (applied when they are). ``commit(position)`` commits those
   offsets for the group, synchronously (retried with backoff while the broker is away;
   it returns within ``commit_timeout`` whatever the broker does, False when not
-  committed: the checkpoint holds the position anyway; called from the iterating thread
+  committed: the checkpoint holds the position anyway; a commit the broker never answers is
+  abandoned, reading goes on meanwhile (its idle clock too), and a later commit waits for the
+  stuck one on its helper thread and follows it with its own, newer position; called from the iterating thread
   while the member is rejoining its group it is skipped with a warning instead of
   deadlocking, the next one covers it);
   auto-commit is off, so offsets move only when the trainer says its checkpoint is durable.
@@ -66,6 +68,7 @@ The helpers need no broker:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -140,7 +143,8 @@ def parse_position(position: dict) -> dict[tuple[str, int], int]:
     return out
 
 
-def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_rejoin: bool = True) -> bool:
+def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_rejoin: bool = True,
+                handle=None) -> bool:
     """Commit `offsets` synchronously; retry retriable failures with backoff until `timeout`.
 
     Retriable failures that last past `timeout` give False (logged), not an exception: the
@@ -150,12 +154,15 @@ def commit_sync(consumer, offsets: list[TopicPartition], timeout: float, wait_re
     returns False) rather than blocking the very poll it waits for.
     Skipping is safe: offsets only move forward, the next commit covers these, and the
     trainer's checkpoint (not the group's offsets) is what a restore seeks to.
+    `handle`: a context manager held around each call into the consumer (the client library
+    serializes the calls on one consumer, so the reader must know when the handle is taken).
     """
     deadline = time.monotonic() + timeout
     backoff = Backoff(cap=2.0)
     while True:
         try:
-            result = consumer.commit(offsets=offsets, asynchronous=False)
+            with handle or contextlib.nullcontext():
+                result = consumer.commit(offsets=offsets, asynchronous=False)
             failed = [tp for tp in (result or []) if tp.error is not None]
             if not failed:
                 return True
@@ -241,9 +248,10 @@ class KafkaStream(Stream):
         self._config = default_consumer_config(bootstrap_servers, group_id, start, consumer_config)
         self._config.setdefault("error_cb", self._on_client_error)
         self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
-        # guards the consumer's life (close() vs a running poll); commit() and committed() do not
-        # take it: librdkafka handles are thread-safe, and a commit blocked by an unresponsive
-        # broker must not stop the iterating thread from polling (rejoining, draining fetches)
+        # taken around every call into the consumer: the client serializes the calls on one
+        # consumer, so a synchronous commit the broker does not answer holds the handle. The
+        # reader never waits for it longer than one poll_timeout (it reads nothing meanwhile and
+        # its idle clock runs); a commit waits at most one poll for the reader
         self._lock = threading.Lock()
         self._keys: dict[tuple[str, int], int] = {}  # (topic, partition) -> small int key
         self._tps: list[tuple[str, int]] = []
@@ -258,7 +266,9 @@ class KafkaStream(Stream):
         self._closing = False
         self._iter_thread = None
         self._commit_thread: threading.Thread | None = None
-        self._committing = threading.Event()  # a commit runs on another thread: poll with pauses
+        self._committing = threading.Event()  # a commit wants or holds the handle: the reader waits
+        self._pending: list[TopicPartition] | None = None  # the newest commit queued behind a stuck one
+        self._pending_lock = threading.Lock()
         self._dead_topic = dead_letter_topic
         super().__init__(batch_size, max_batches=max_batches, idle_timeout=idle_timeout, drop_remainder=drop_remainder,
                          max_delay=max_delay,
@@ -401,23 +411,26 @@ class KafkaStream(Stream):
     def _commit_bounded(self, offsets: list[TopicPartition], wait_rejoin: bool) -> bool:
         """Run `commit_sync` on a helper thread and wait for it at most `commit_timeout` s:
         librdkafka's synchronous commit takes no timeout and blocks for as long as the broker
-        does not answer. While it runs, the iterating thread pauses between polls (a consume
-        loop polling back to back starves a synchronous commit made from another thread)."""
-        if self._commit_thread is not None and self._commit_thread.is_alive():
-            log.warning("KafkaStream.commit skipped: the previous commit has not returned yet (broker "
-                        "unresponsive); the next commit covers these offsets")
-            return False
+        does not answer. A commit still stuck after that is abandoned (its call cannot be
+        cancelled; its outcome is logged when it returns): a new commit meanwhile is queued
+        and made by the same helper as soon as the stuck call returns, with the newest position
+        (each comes from a durable checkpoint, so none is ever ahead of one)."""
+        with self._pending_lock:
+            if self._commit_thread is not None and self._commit_thread.is_alive():
+                self._pending = offsets
+                log.warning("KafkaStream.commit: the previous commit has not returned yet (broker unresponsive); "
+                            "this position is committed as soon as it does (the checkpoint holds it meanwhile)")
+                return False
         outcome: dict = {}
 
         def run() -> None:
             try:
-                outcome["ok"] = commit_sync(self._consumer, offsets, self.commit_timeout, wait_rejoin)
+                outcome["ok"] = commit_sync(self._consumer, offsets, self.commit_timeout, wait_rejoin,
+                                            handle=self._handle())
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 outcome["error"] = e
-            finally:
-                self._committing.clear()
+            self._commit_queued()
 
-        self._committing.set()
         self._commit_thread = threading.Thread(target=run, name="recstream-kafka-commit", daemon=True)
         self._commit_thread.start()
         self._commit_thread.join(self.commit_timeout + 0.5)  # interruptible: signal handlers run meanwhile
@@ -429,6 +442,29 @@ class KafkaStream(Stream):
                         self.commit_timeout)
             return False
         return outcome["ok"]
+
+    def _commit_queued(self) -> None:
+        """On the helper thread, after its own commit: commit what was queued behind it meanwhile."""
+        while True:
+            with self._pending_lock:
+                offsets, self._pending = self._pending, None
+                if offsets is None or self._closed:
+                    return
+            try:
+                ok = commit_sync(self._consumer, offsets, self.commit_timeout, False, handle=self._handle())
+                log.info("KafkaStream: queued commit %s", "done" if ok else "not done (the next commit covers it)")
+            except Exception as e:  # noqa: BLE001 - nobody waits for this one: log it
+                log.warning("KafkaStream: queued commit failed: %s (the next commit covers it)", e)
+
+    @contextlib.contextmanager
+    def _handle(self):
+        """The consumer, for one commit call: the reader stops polling while a commit wants it."""
+        self._committing.set()
+        try:
+            with self._lock:
+                yield
+        finally:
+            self._committing.clear()
 
     def committed(self) -> dict:
         """The group's committed offsets of the owned partitions, as a position dict."""
@@ -503,8 +539,8 @@ class KafkaStream(Stream):
             self._warn_moved(keys)
         else:
             self._revoked |= keys
-        if not self._owned:  # waiting for a new assignment: no data can come, so no idling
-            self._assigned_at = None
+        if not self._owned and not lost:  # waiting for a new assignment: no data can come, so no idling
+            self._assigned_at = None  # (lost: the broker is unreachable, an outage: the idle clock runs on)
         self._assembler.drop_keys(keys)
         log.warning("KafkaStream: partitions %s %s", sorted(self._name(k) for k in keys), "lost" if lost else "revoked")
         if self._cooperative:
@@ -548,12 +584,7 @@ class KafkaStream(Stream):
         last_data = time.monotonic()
         backoff = Backoff()
         while not self._interrupt.is_set():
-            if self._committing.is_set():  # let the commit's reply through (see _commit_bounded)
-                time.sleep(0.005)
-            with self._lock:
-                # only what the next batch still needs: read-ahead stays under one batch, and the
-                # consumer polls once per batch, which serves rebalances (callbacks run in consume)
-                msgs = self._consumer.consume(self.batch_size - self._assembler.rows, self.poll_timeout)
+            msgs = self._poll()
             if msgs and self._take(msgs, backoff):
                 last_data = time.monotonic()
                 yield from self._full_batches()
@@ -562,6 +593,19 @@ class KafkaStream(Stream):
                 yield from self._remainder()
                 return
             yield from self._overdue()
+
+    def _poll(self) -> list:
+        """The next messages; none, after at most ~poll_timeout, while a commit holds the consumer
+        (a broker that does not answer a commit must not stop the reader's idle clock)."""
+        if self._committing.is_set() or not self._lock.acquire(timeout=max(self.poll_timeout, 0.005)):
+            self._interrupt.wait(min(self.poll_timeout, 0.01) if self._committing.is_set() else 0)
+            return []
+        try:
+            # only what the next batch still needs: read-ahead stays under one batch, and the
+            # consumer polls once per batch, which serves rebalances (callbacks run in consume)
+            return self._consumer.consume(self.batch_size - self._assembler.rows, self.poll_timeout)
+        finally:
+            self._lock.release()
 
     def _take(self, msgs, backoff: Backoff) -> bool:
         """Decode and queue polled messages; False if none was a record of ours."""
