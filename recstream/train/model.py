@@ -45,7 +45,7 @@ from ..callbacks import (
     progress_bar_default,
 )
 from ..callbacks.base import as_callback_list
-from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
+from ..data.protocol import CommittableDataset, check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
 from ..distributed import (
     all_reduce_metrics,
@@ -60,6 +60,7 @@ from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
 from . import amp, boost
 from .cells import OptimizerLike, TrainOneStepCell, WithEvalCell, WithLossCell
+from .committer import OnlineCommitter
 from .cuda_graph import CUDAGraphStep
 from .loss_scale import LossScaleManager
 from .sink import DatasetHelper, check_sink_size
@@ -318,7 +319,9 @@ class Model:
         with CallbackList(callbacks) as cbs:
             if fit_eval is not None:  # MindSpore calls only TimeMonitor of its own callbacks there
                 fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if cb.called_in_fit_eval])
-            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, cbs, params, fit_eval)
+            # a source that takes commits gets them only for what a durable checkpoint holds
+            hooks = OnlineCommitter(cbs, train_dataset) if isinstance(train_dataset, CommittableDataset) else cbs
+            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, hooks, params, fit_eval)
         return history
 
     def _train_loop(self, epochs: Iterable[int], helper: DatasetHelper, callbacks: Callback,

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..data.batch import loss_weight
 from ..data.channel import DataChannel, Item, available_cores, empty_first_pass
 from ..data.protocol import InterruptibleDataset, MetadataDataset, SeekableDataset, dataset_size, unpack
 from ..data.transfer import to_device
@@ -57,8 +58,9 @@ class BatchStep:
         self.first, self.position, self.metas = batch, position, metas
 
     def run(self, network: nn.Module, observers=()):
-        for observe in observers:
-            observe(self.first)
+        if observers and loss_weight(self.first) != 0.0:  # a fill batch (weighted 0) is no event
+            for observe in observers:
+                observe(self.first)
         args, kwargs = unpack(self.first)
         return network(*args, **kwargs)
 
@@ -122,8 +124,9 @@ class Sink:
         """
         outputs = None
         for batch in self:
-            for observe in observers:
-                observe(batch)
+            if observers and loss_weight(batch) != 0.0:  # a fill batch (weighted 0) is no event
+                for observe in observers:
+                    observe(batch)
             args, kwargs = unpack(batch)
             outputs = network(*args, **kwargs)
             # what is trained so far: if a later batch raises, the exception checkpoint records
