@@ -56,11 +56,10 @@ import torch
 import torch.distributed as dist
 
 from ..data.batch import Batch, with_loss_weight
-from ..data.channel import put_unless_stopped
+from ..data.channel import Marks, put_unless_stopped
 from ..data.protocol import (
     BadRecordDataset,
     CommittableDataset,
-    MetadataDataset,
     SeekableDataset,
     interrupt,
     reset,
@@ -231,8 +230,7 @@ class _Reader:
 
     def __init__(self, dataset):
         self._dataset = dataset
-        self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
-        self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
+        self._marks = Marks(dataset)
         self._queue: queue.Queue = queue.Queue(maxsize=2)
         self._head = None
         self._halt = threading.Event()
@@ -242,9 +240,8 @@ class _Reader:
     def _run(self) -> None:
         try:
             for batch in self._dataset:
-                # the position is read in the iterating thread, right after its batch (the protocol)
-                item = (batch, self._position() if self._position else None, self._meta() if self._meta else None)
-                if not self._put(item):
+                marked = self._marks.item(batch)  # read in the iterating thread, right after its batch
+                if not self._put((batch, marked.position, marked.meta)):
                     return
             self._put(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it

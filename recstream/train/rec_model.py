@@ -46,6 +46,7 @@ from ..callbacks import Callback, CallbackList, History, ModelCheckpoint
 from ..callbacks.base import as_callback_list
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..data.batch import WeightedLabel
+from ..data.channel import EndOfStream
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
 from ..data.streams import Stream
 from ..distributed import is_complete, is_distributed, load_sharded, rank, world_size
@@ -135,13 +136,12 @@ class RecModel(Model):
             warnings.warn("online_train without a ModelCheckpoint callback on a committing stream: nothing is "
                           "saved or committed, so a restart trains everything again", UserWarning, stacklevel=2)
         # a Stream's iteration ends only when its source has: an empty first pass is "nothing new"
-        nothing_new = isinstance(train_dataset, Stream)
+        end = EndOfStream.EMPTY_PASS if isinstance(train_dataset, Stream) else EndOfStream.AFTER_DATA
         lockstep = self._lockstep(train_dataset)
         if lockstep is not None:
             train_dataset = lockstep
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
-                               epoch_num=None, device=self._device, end_when_empty=True,
-                               nothing_new_ends=nothing_new)
+                               epoch_num=None, device=self._device, end=end)
         params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
         params.online = True  # ModelCheckpoint: a restart continues the same series of files
         if not dataset_sink_mode:
