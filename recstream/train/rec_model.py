@@ -8,16 +8,19 @@ its first batch (a scheduled rerun with nothing new) trains 0 steps and changes 
 contract is in docs/semantics.md, section 7.
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
-batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
-only once that checkpoint is durable. `restore` loads the newest checkpoint and seeks the stream.
+batch is in the run state (``cb_params.train_position``), saved in every checkpoint, and committed
+to the source only once that checkpoint is durable: `OnlineCommitter` (`committer.py`) runs that
+protocol around the callbacks, whatever their order. `restore` loads the newest checkpoint and
+seeks the stream.
 
 Under ``torchrun`` (docs/distributed.md, "Online training"): a stream that can split itself
 (`DirectoryStream` by file, `KafkaStream` by partition) reads only this rank's share; the ranks
 hand out batches in lock-step (`recstream.distributed.Lockstep`: a rank without data trains a
-fill batch weighted 0, so it still takes part in every collective); stops are agreed after the
-same step on every rank; checkpoints hold every rank's position (``{"step", "ranks"}``), and each
-rank commits its part only once the checkpoint is complete. `restore` gives each rank its own
-position (Kafka positions map to another number of ranks; a `DirectoryStream`'s do not).
+fill batch whose label carries the loss weight 0, so it still takes part in every collective);
+stops are agreed after the same step on every rank; checkpoints hold every rank's position
+(``{"step", "ranks"}``), and each rank commits its part only once the checkpoint is complete.
+`restore` gives each rank its own position (Kafka positions map to another number of ranks; a
+`DirectoryStream`'s do not).
 
 >>> import torch
 >>> from recstream import RecModel
