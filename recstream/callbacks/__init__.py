@@ -1,6 +1,7 @@
 """Callbacks: code that runs at given moments of `Model.train` / `fit` / `eval` (MindSpore's API).
 
-- `Callback`, `CallbackList`, `RunContext`, `CallbackParams`: the hook protocol and run state.
+- `Callback`, `CallbackList`, `RunContext`, `CallbackParams`: the hook protocol; `RunState`: the
+  loop's typed run state, which `CallbackParams` shows under MindSpore's names.
 - `LossMonitor`: print the training loss every N steps.
 - `TimeMonitor`: print each epoch's time and mean step time (and host data time).
 - `ModelCheckpoint` + `CheckpointConfig`: save network/optimizer/RNG by steps or seconds, keep N.
@@ -46,6 +47,7 @@ from .model_checkpoint import ModelCheckpoint
 from .prequential import PrequentialMonitor
 from .progress_bar import ProgressBar, progress_bar_default
 from .reduce_lr_on_plateau import ReduceLROnPlateau
+from .run_state import RunState
 from .tensorboard import TensorBoard
 from .time_monitor import TimeMonitor
 
@@ -55,4 +57,5 @@ __all__ = [
     "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
     "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor", "EpochSummary", "MLflowLogger",
     "DivergenceError",
+    "RunState",
 ]

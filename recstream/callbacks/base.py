@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..validation import check_type, describe
+from .run_state import FIELDS, RunState
 
 # new hook name -> legacy name it falls back to (MindSpore 2.x behaviour, both train and eval).
 LEGACY_NAMES = {
@@ -46,26 +47,140 @@ NEW_NAMES = {legacy: (f"on_train_{legacy}", f"on_eval_{legacy}")
 
 
 class CallbackParams(dict):
-    """The run's shared state (MindSpore's `cb_params`): a dict readable as attributes.
+    """The run's shared state as MindSpore's `cb_params`: a dict readable as attributes, and a
+    view of the loop's typed `RunState` (`run_state`).
 
-    Missing attributes read as ``None`` (like ``.get``), because hooks commonly probe fields that
-    only exist in some modes (``cur_epoch_num`` during a standalone ``eval``).
+    The run-state fields (``cur_step_num``, ``cur_epoch_num``, ``net_outputs``, ``train_position``
+    ... : `recstream.callbacks.run_state.FIELDS`) are read from and written to the `RunState`;
+    any other key (the run's network, optimizer, dataset, or a callback's own report such as
+    ``published_manifest``) is kept in the dict itself. Missing attributes read as ``None`` (like
+    ``.get``), because hooks commonly probe fields that only exist in some modes
+    (``cur_epoch_num`` during a standalone ``eval``); a run-state field set to None is missing.
 
     >>> p = CallbackParams(cur_step_num=3)
-    >>> p.cur_step_num, p.get("metrics"), p.cur_epoch_num
-    (3, None, None)
+    >>> p.cur_step_num, p.get("metrics"), p.cur_epoch_num, p.run_state.step
+    (3, None, None, 3)
+    >>> p.run_state.step = 4; p["cur_step_num"]
+    4
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        object.__setattr__(self, "_state", RunState())
+        self.update(*args, **kwargs)
+
+    @classmethod
+    def view(cls, state: RunState, **fields) -> CallbackParams:
+        """Params showing `state` (the loop's), with `fields` set (on `state` where they are its)."""
+        params = cls()
+        object.__setattr__(params, "_state", check_type("CallbackParams.view", "state", state, RunState))
+        params.update(fields)
+        return params
+
+    @property
+    def run_state(self) -> RunState:
+        """The typed run state this is a view of."""
+        return self._state
 
     def __getattr__(self, key: str) -> Any:
         if key.startswith("__"):  # keep copy/pickle protocols from seeing None
             raise AttributeError(key)
-        return self.get(key)
+        attr = FIELDS.get(key)
+        if attr is not None:
+            return getattr(self._state, attr)
+        return dict.get(self, key)
 
     def __setattr__(self, key: str, value: Any) -> None:
         self[key] = value
 
     def __delattr__(self, key: str) -> None:
         self.pop(key, None)
+
+    # --- the dict protocol, over the run state's fields and the dict's own keys -----------------
+    def __getitem__(self, key):
+        attr = FIELDS.get(key)
+        if attr is None:
+            return dict.__getitem__(self, key)
+        value = getattr(self._state, attr)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        attr = FIELDS.get(key)
+        if attr is None:
+            dict.__setitem__(self, key, value)
+        else:
+            setattr(self._state, attr, value)
+
+    def __delitem__(self, key) -> None:
+        self[key]  # noqa: B018 - a KeyError for a missing key, as a dict raises
+        if key in FIELDS:
+            setattr(self._state, FIELDS[key], None)
+        else:
+            dict.__delitem__(self, key)
+
+    def __contains__(self, key) -> bool:
+        attr = FIELDS.get(key)
+        return dict.__contains__(self, key) if attr is None else getattr(self._state, attr) is not None
+
+    def __iter__(self):
+        state = self._state
+        yield from (key for key, attr in FIELDS.items() if getattr(state, attr) is not None)
+        yield from dict.__iter__(self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, dict) and dict(self.items()) == dict(other.items())
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"CallbackParams({dict(self.items())!r})"
+
+    def get(self, key, default=None):
+        attr = FIELDS.get(key)
+        if attr is None:
+            return dict.get(self, key, default)
+        value = getattr(self._state, attr)
+        return default if value is None else value
+
+    def pop(self, key, *default):
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = self[key]
+        del self[key]
+        return value
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self.get(key)
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def keys(self):
+        return list(self)
+
+    def values(self):
+        return [self[key] for key in self]
+
+    def items(self):
+        return [(key, self[key]) for key in self]
+
+    def copy(self) -> dict:
+        return dict(self.items())
+
+    def clear(self) -> None:
+        for attr in FIELDS.values():
+            setattr(self._state, attr, None)
+        dict.clear(self)
 
 
 class RunContext:
@@ -83,6 +198,12 @@ class RunContext:
 
     def original_args(self) -> CallbackParams:
         return self._original_args
+
+    @property
+    def run_state(self) -> RunState | None:
+        """The loop's typed `RunState` (None when the params are a plain dict)."""
+        args = self._original_args
+        return args.run_state if isinstance(args, CallbackParams) else None
 
     def request_stop(self) -> None:
         """Ask the loop to stop at its next check (after the current step or epoch)."""

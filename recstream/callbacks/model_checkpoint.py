@@ -32,7 +32,6 @@ import torch
 from safetensors import SafetensorError
 
 from ..checkpoint import save_checkpoint
-from ..data.protocol import CommittableDataset
 from ..distributed import parallel_mode, rank, save_sharded
 from ..validation import check_str, check_type
 from .base import Callback
@@ -185,7 +184,6 @@ class ModelCheckpoint(Callback):
             raise OSError(getattr(e, "errno", None), f"ModelCheckpoint: could not write checkpoint {path!r}: "
                           f"{getattr(e, 'strerror', None) or e}; nothing was replaced "
                           f"(last good checkpoint: {last})") from e
-        self._commit_source(p)
         if rank() == 0:  # one rank prunes the shared directory
             self._prune(path)
         self._last_triggered_step = p.cur_step_num
@@ -193,6 +191,8 @@ class ModelCheckpoint(Callback):
         self._latest_ckpt_file_name = path
         p.latest_ckpt_file = path
         p.last_save_ckpt_step = p.cur_step_num
+        # durable now (written, fsynced, renamed): the run's committer may commit this position
+        p.checkpoint_position = p.get("train_position")
 
     def _write(self, p, path: str) -> None:
         # Explicit None checks: an empty nn.Sequential is falsy.
@@ -221,14 +221,6 @@ class ModelCheckpoint(Callback):
             save_sharded(path, network, optimizer, extra=extra)
         else:
             save_checkpoint(path, network, optimizer, extra=extra, crc=self._config.crc_check)
-
-    @staticmethod
-    def _commit_source(p) -> None:
-        """Exactly once: tell the source (e.g. Kafka) the trained position only now that the
-        checkpoint holding it is durable (written, fsynced, renamed). A crash before this line
-        replays from the checkpoint's position, never from a later committed one."""
-        if isinstance(p.train_dataset, CommittableDataset) and p.get("train_position") is not None:
-            p.train_dataset.commit(p.train_position)
 
     def _own_files(self) -> list[str]:
         """This run's periodic checkpoints (breakpoint files and other prefixes excluded); in online

@@ -6,9 +6,12 @@ in a bounded queue; the consumer `get()`s batches in order. Data preparation thu
 compute. With ``background=False`` the same producer runs inline, inside `get()`: for CPU
 training that already uses every core, where a producer thread has no core of its own and its
 torch ops and Python only contend with the training step (figures: docs/benchmarks.md).
-Streams report their position after each batch (``dataset.position()``, read in the
-producer thread right after the batch) and it travels with the batch, so a checkpoint records
+Streams report their position after each batch (`Marks`: ``dataset.position()``, read in the
+producing thread right after the batch) and it travels with the batch, so a checkpoint records
 what was trained, not what was prefetched.
+
+The rules of one walk over a dataset are here too, in one place: `traverse` (passes, resets, an
+endless walk) and `EndOfStream` (what a pass that yields nothing means).
 
 >>> channel = DataChannel([1, 2, 3], passes=1)
 >>> [channel.get().batch for _ in range(3)], channel.get() is END_OF_PASS
@@ -23,10 +26,12 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
-from ..validation import check_bool, check_int
+from ..validation import check_bool, check_int, check_type
 from .protocol import MetadataDataset, SeekableDataset, interrupt, reset
 from .transfer import pin_memory as pin
 from .transfer import record_stream, to_device
@@ -54,6 +59,59 @@ class Item:
 
     def __init__(self, batch, event, position, meta):
         self.batch, self.event, self.position, self.meta = batch, event, position, meta
+
+
+class Marks:
+    """What a dataset reports after each batch: its position (`SeekableDataset`) and the batch's
+    metadata (`MetadataDataset`), read in the iterating thread right after the batch (the
+    protocol: later, a prefetching reader may have moved on). The one place they are read.
+
+    >>> Marks([1, 2]).item(1).position is None
+    True
+    """
+    __slots__ = ("_position", "_meta")
+
+    def __init__(self, dataset):
+        self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
+        self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
+
+    def item(self, batch) -> Item:
+        """`batch` with the position and metadata the dataset reports now."""
+        return Item(batch, None, self._position() if self._position is not None else None,
+                    self._meta() if self._meta is not None else None)
+
+
+class EndOfStream(Enum):
+    """What a pass of a dataset that yields no batch means (unless a stop request emptied it).
+
+    - ``NEVER`` (offline training): the data never ends. An empty first pass is a mistake (an
+      empty dataset: 0 steps trained in silence would look like a finished run); in an endless
+      walk any empty pass is (it would spin); a later epoch's empty pass (a one-shot iterator's
+      second epoch) trains nothing.
+    - ``AFTER_DATA`` (online training on a dataset that is not a stream): an empty pass after
+      earlier batches means the source has ended; an empty first pass is still a mistake.
+    - ``EMPTY_PASS`` (online training on a stream, whose iteration ends only when its source
+      has): any empty pass means the source has ended; a first one, that it had nothing new.
+
+    >>> EndOfStream.AFTER_DATA.empty_pass(passes_before=1), EndOfStream.EMPTY_PASS.empty_pass(0)
+    (True, True)
+    """
+
+    NEVER = "never"
+    AFTER_DATA = "after_data"
+    EMPTY_PASS = "empty_pass"
+
+    def empty_pass(self, passes_before: int, name: str = "train_dataset", endless: bool = False) -> bool:
+        """Whether an empty pass after `passes_before` passes with batches ends the source;
+        `ValueError` (naming `name`) where it is a mistake. `endless`: a walk without epochs."""
+        if self is EndOfStream.EMPTY_PASS or (self is EndOfStream.AFTER_DATA and passes_before):
+            return True
+        if endless and self is EndOfStream.NEVER:
+            raise ValueError(f"'{name}' yielded no batch in a pass: it is empty, or a one-shot iterator "
+                             "(e.g. a generator) that cannot be traversed again; pass a re-iterable dataset")
+        if not passes_before:
+            raise empty_first_pass(name)
+        return False
 
 
 def _one_pass(dataset) -> Iterator:
@@ -86,86 +144,112 @@ def empty_first_pass(name: str) -> ValueError:
                       "instead (nothing new)")
 
 
-def repeat_forever(dataset, name: str = "train_dataset", end_when_empty: bool = False, stopped=None,
-                   nothing_new_ends: bool = False) -> Iterator:
-    """Traverse `dataset` endlessly, ``reset()`` between passes.
+def traverse(dataset, passes: int | None = None, end: EndOfStream = EndOfStream.NEVER, stopped=None,
+             reset_after_pass: bool = True, name: str = "train_dataset") -> Iterator:
+    """The one walk over `dataset`: `passes` passes, each followed by `END_OF_PASS` (and
+    ``reset()`` with `reset_after_pass`); ``passes=None``: endlessly, ``reset()`` between passes,
+    no markers, an empty pass judged by `end` (``endless``): it ends the walk or raises. `stopped()`
+    true ends an endless walk (the channel is closing).
 
-    A pass yielding nothing is an error (an empty dataset, or a one-shot iterator already
-    consumed) rather than a busy loop; with `end_when_empty` (online training) an empty pass
-    after batches were seen means the source has ended (a stream that reports its end): the
-    traversal ends. With `nothing_new_ends` too (the dataset is a stream: its iteration ends only
-    when its source has ended), an empty FIRST pass ends it as well: a stream resumed at its end,
-    or with no data yet, has nothing new, which is not a mistake. `stopped()` true ends it too
-    (the channel is closing).
+    >>> list(traverse([1, 2], passes=2)) == [1, 2, END_OF_PASS, 1, 2, END_OF_PASS]
+    True
     """
-    passes = 0
-    while stopped is None or not stopped():
+    done = 0
+    while passes is None or done < passes:
+        if passes is not None:
+            yield from _one_pass(dataset)
+            yield END_OF_PASS
+            if reset_after_pass:
+                reset(dataset)
+            done += 1
+            continue
+        if stopped is not None and stopped():
+            return
         empty = True
         for batch in _one_pass(dataset):
             empty = False
             yield batch
-        if empty:
-            if stopped is not None and stopped():
-                return
-            if not end_when_empty:
-                raise ValueError(f"'{name}' yielded no batch in a pass: it is empty, or a one-shot iterator "
-                                 "(e.g. a generator) that cannot be traversed again; pass a re-iterable dataset")
-            if passes or nothing_new_ends:
-                return  # the source reported its end
-            raise empty_first_pass(name)
-        passes += 1
+        if empty and ((stopped is not None and stopped()) or end.empty_pass(done, name, endless=True)):
+            return  # closing, or the source reported its end
+        done += 1
         reset(dataset)
 
 
+@dataclass(frozen=True)
+class ChannelOptions:
+    """How a `DataChannel` produces, beside what it walks (`passes`, `total`, `end`).
+
+    Attributes:
+        background: produce on a thread of its own (False: inline, inside `get()`).
+        reset_after_pass: call ``dataset.reset()`` after each counted pass.
+        pin_memory: page-lock batches before copying (None: when the device is CUDA).
+        side_stream: copy to a CUDA device on a side stream, with an event the consumer's stream
+            waits on (False: a non-blocking copy on the current stream, as a plain loop would).
+        producer_threads: torch intra-op threads of the producer thread's own ops (the dataset's
+            preparation, pinning). None: the cores training leaves free -- available cores minus
+            the creating thread's ``torch.get_num_threads()`` -- at least 1. A producer that
+            inherits training's thread count starts a second pool as wide as the first on cores
+            that are already busy.
+        name: the producer thread's name.
+    """
+
+    background: bool = True
+    reset_after_pass: bool = True
+    pin_memory: bool | None = None
+    side_stream: bool = True
+    producer_threads: int | None = None
+    name: str = "recstream-data-channel"
+
+    def __post_init__(self):
+        check_bool("ChannelOptions", "background", self.background)
+        check_bool("ChannelOptions", "reset_after_pass", self.reset_after_pass)
+        check_bool("ChannelOptions", "pin_memory", self.pin_memory, allow_none=True)
+        check_bool("ChannelOptions", "side_stream", self.side_stream)
+        check_int("DataChannel", "producer_threads", self.producer_threads, minimum=1, allow_none=True)
+
+
 class DataChannel:
-    """Prefetch `dataset` on a background thread (see the module docstring).
+    """Prefetch `dataset` on a background thread, or produce inline (see the module docstring).
 
     Args:
         device: where batches go (None: left where they are).
         depth: batches ready ahead of the consumer.
         total: stop after this many batches (None: when the source ends).
         passes: traverse the dataset this many times with `END_OF_PASS` after each
-            (None: endlessly, ``reset()`` between passes).
-        reset_after_pass: call ``dataset.reset()`` after each counted pass.
-        pin_memory: page-lock batches before copying (default: when `device` is CUDA).
-        end_when_empty: with ``passes=None``, a pass that yields nothing after earlier batches
-            ends the traversal (`DONE`): the source has ended (see `repeat_forever`).
-        nothing_new_ends: with `end_when_empty`, an empty first pass ends it too (`DONE` with no
-            batch before it): the dataset is a stream that had nothing new.
-        producer_threads: torch intra-op threads of the producer thread's own ops (the dataset's
-            preparation, pinning). None: the cores training leaves free -- available cores minus
-            the creating thread's ``torch.get_num_threads()`` -- at least 1. A producer that
-            inherits training's thread count starts a second pool as wide as the first on cores
-            that are already busy (measured on 2 cores with 2 training threads: a sink with its
-            producer thread took 1.87x the plain loop's time; sized to 1 thread, 1.07x).
+            (None: endlessly, ``reset()`` between passes; see `traverse`).
+        end: with ``passes=None``, what a pass that yields nothing means (`EndOfStream`): the
+            walk ends (`DONE`), or it raises.
+        options: a `ChannelOptions`; its fields may also be given as keywords
+            (``background=False``), for the common cases.
     """
 
-    def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None,
-                 passes: int | None = None, reset_after_pass: bool = True, pin_memory: bool | None = None,
-                 name: str = "recstream-data-channel", end_when_empty: bool = False, background: bool = True,
-                 nothing_new_ends: bool = False, producer_threads: int | None = None):
+    def __init__(self, dataset, device=None, depth: int = 2, total: int | None = None, passes: int | None = None,
+                 end: EndOfStream = EndOfStream.NEVER, options: ChannelOptions | None = None, **option_fields):
         check_int("DataChannel", "depth", depth, minimum=1)
-        check_int("DataChannel", "producer_threads", producer_threads, minimum=1, allow_none=True)
-        self._end_when_empty = check_bool("DataChannel", "end_when_empty", end_when_empty)
-        self._nothing_new_ends = check_bool("DataChannel", "nothing_new_ends", nothing_new_ends)
+        check_type("DataChannel", "end", end, EndOfStream)
+        check_type("DataChannel", "options", options, ChannelOptions, allow_none=True)
+        unknown = set(option_fields) - set(ChannelOptions.__dataclass_fields__)
+        if unknown:
+            raise TypeError(f"DataChannel: unexpected keyword argument(s) {sorted(unknown)}; allowed: 'options' or "
+                            f"the fields of ChannelOptions {sorted(ChannelOptions.__dataclass_fields__)}")
+        options = ChannelOptions(**{**(options.__dict__ if options else {}), **option_fields})
         self.device = torch.device(device) if device is not None else None
         cuda = self.device is not None and self.device.type == "cuda"
-        self.pin_memory = cuda if pin_memory is None else bool(pin_memory)
-        self._side_stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self.pin_memory = cuda if options.pin_memory is None else options.pin_memory
+        self._side_stream = torch.cuda.Stream(device=self.device) if cuda and options.side_stream else None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._dataset = dataset
         self.done = False  # DONE was handed out: the producer has nothing more to give
-        # Read in the producer thread right after each batch, so it travels with that batch.
-        self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
-        self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
-        self._items = self._produce_items(dataset, total, passes, reset_after_pass)
+        self._marks = Marks(dataset)
+        source = traverse(dataset, passes, end, self._stop.is_set, options.reset_after_pass)
+        self._items = self._produce_items(source, total)
         self._thread = None
-        if background:
+        if options.background:
             training_threads = torch.get_num_threads()
-            self._producer_threads = producer_threads or max(1, available_cores() - training_threads)
+            self._producer_threads = options.producer_threads or max(1, available_cores() - training_threads)
             sized = threading.Event()
-            self._thread = threading.Thread(target=self._produce, args=(sized,), daemon=True, name=name)
+            self._thread = threading.Thread(target=self._produce, args=(sized,), daemon=True, name=options.name)
             self._thread.start()
             # torch.set_num_threads sets the calling thread's pool AND the default of threads started
             # later: once the producer has sized its own, put that default back (this thread keeps its
@@ -174,40 +258,29 @@ class DataChannel:
             torch.set_num_threads(training_threads)
 
     # ------------------------------------------------------------------ producer
-    def _source(self, dataset, passes, reset_after_pass):
-        if passes is None:
-            yield from repeat_forever(dataset, end_when_empty=self._end_when_empty, stopped=self._stop.is_set,
-                                      nothing_new_ends=self._nothing_new_ends)
-            return
-        for _ in range(passes):
-            yield from _one_pass(dataset)
-            yield END_OF_PASS
-            if reset_after_pass:
-                reset(dataset)
-
     def _prepare(self, batch) -> Item:
-        position = self._position() if self._position is not None else None
-        meta = self._meta() if self._meta is not None else None
+        item = self._marks.item(batch)  # read right after the batch, in the producing thread
         if self.pin_memory:
             batch = pin(batch)
         if self.device is None:
-            return Item(batch, None, position, meta)
-        if self._side_stream is None:
-            return Item(to_device(batch, self.device), None, position, meta)
-        with torch.cuda.stream(self._side_stream):
-            moved = to_device(batch, self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._side_stream)
-        return Item(moved, event, position, meta)
+            item.batch = batch
+        elif self._side_stream is None:
+            item.batch = to_device(batch, self.device, non_blocking=True)
+        else:
+            with torch.cuda.stream(self._side_stream):
+                item.batch = to_device(batch, self.device, non_blocking=True)
+                item.event = torch.cuda.Event()
+                item.event.record(self._side_stream)
+        return item
 
     def _put(self, item) -> bool:
         return put_unless_stopped(self._queue, item, self._stop)
 
-    def _produce_items(self, dataset, total, passes, reset_after_pass) -> Iterator:
+    def _produce_items(self, source: Iterator, total: int | None) -> Iterator:
         """Items and markers in order, ending with `DONE` (the one producer, for both drivers)."""
         produced = 0
         if total is None or total > 0:
-            for batch in self._source(dataset, passes, reset_after_pass):
+            for batch in source:
                 if batch is END_OF_PASS:
                     yield END_OF_PASS
                     continue

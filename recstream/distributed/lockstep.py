@@ -13,8 +13,9 @@ in step. Before each batch the ranks exchange three flags in one tiny all-reduce
 sums:
 
 - someone has a batch: every rank hands out one: its own, or, if it has none, a *fill batch*
-  (one row, no ids, zero dense values) that the training step weights 0 (`RecModel` multiplies
-  its loss by 0), so the rank takes part in the step's collectives without training anything;
+  (one row, no ids, zero dense values) whose label carries the loss weight 0 (`with_loss_weight`;
+  `RecModel`'s loss multiplies by it), so the rank takes part in the step's collectives without
+  training anything;
 - nobody has a batch: no step (all ranks wait and poll again), or, once every rank's pass ended,
   the pass ends on every rank at once (a finite stream ends cleanly everywhere);
 - someone wants to stop (a signal, the data channel closing): the pass ends on every rank after
@@ -54,12 +55,11 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ..data.batch import Batch
-from ..data.channel import put_unless_stopped
+from ..data.batch import Batch, with_loss_weight
+from ..data.channel import Marks, put_unless_stopped
 from ..data.protocol import (
     BadRecordDataset,
     CommittableDataset,
-    MetadataDataset,
     SeekableDataset,
     interrupt,
     reset,
@@ -221,7 +221,7 @@ class Lockstep:
                                "it cannot take part in the step")
         self.fills += 1
         self._meta = {"ids": None, "event_time": None, "fill": True}
-        return fill_batch(template)
+        return with_loss_weight(fill_batch(template), 0.0)  # the batch carries its weight into the loss
 
 
 class _Reader:
@@ -230,8 +230,7 @@ class _Reader:
 
     def __init__(self, dataset):
         self._dataset = dataset
-        self._position = dataset.position if isinstance(dataset, SeekableDataset) else None
-        self._meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
+        self._marks = Marks(dataset)
         self._queue: queue.Queue = queue.Queue(maxsize=2)
         self._head = None
         self._halt = threading.Event()
@@ -241,9 +240,8 @@ class _Reader:
     def _run(self) -> None:
         try:
             for batch in self._dataset:
-                # the position is read in the iterating thread, right after its batch (the protocol)
-                item = (batch, self._position() if self._position else None, self._meta() if self._meta else None)
-                if not self._put(item):
+                marked = self._marks.item(batch)  # read in the iterating thread, right after its batch
+                if not self._put((batch, marked.position, marked.meta)):
                     return
             self._put(_END)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it

@@ -41,16 +41,18 @@ from ..callbacks import (
     History,
     ProgressBar,
     RunContext,
+    RunState,
     progress_bar_default,
 )
 from ..callbacks.base import as_callback_list
 from ..callbacks.divergence import LossWatch
-from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
+from ..data.protocol import CommittableDataset, check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
 from ..distributed import all_reduce_metrics, rank, world_size
 from ..metrics import Loss, get_metrics
 from ..validation import check_bool, check_callable, check_choice, check_int, check_kwargs, check_module, check_type
 from .cells import OptimizerLike, WithEvalCell
+from .committer import OnlineCommitter
 from .plan import BOOST_LEVELS, StepOptions, network_device, plan_step  # noqa: F401 (BOOST_LEVELS: its old home)
 from .sink import DatasetHelper, check_sink_size
 from .summary import summarize
@@ -175,9 +177,9 @@ class Model:
         if not self._metric_fns:
             raise ValueError("Model.eval needs 'metrics': pass metrics={...} to Model (got none)")
         user_callbacks = as_callback_list(callbacks, "Model.eval")
-        params = CallbackParams(eval_network=self._eval_network, valid_dataset=valid_dataset,
-                                batch_num=dataset_size(valid_dataset), mode="eval", cur_step_num=0,
-                                list_callback=user_callbacks, network=self._network)
+        state = RunState(mode="eval", step=0, batch_num=dataset_size(valid_dataset))
+        params = CallbackParams.view(state, eval_network=self._eval_network, valid_dataset=valid_dataset,
+                                     list_callback=user_callbacks, network=self._network)
         with CallbackList(user_callbacks) as cbs:
             return self._eval_loop(valid_dataset, cbs, params)
 
@@ -240,7 +242,9 @@ class Model:
         with CallbackList(callbacks) as cbs:
             if fit_eval is not None:  # MindSpore calls only TimeMonitor of its own callbacks there
                 fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if cb.called_in_fit_eval])
-            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, cbs, params, fit_eval)
+            # a source that takes commits gets them only for what a durable checkpoint holds
+            hooks = OnlineCommitter(cbs, train_dataset) if isinstance(train_dataset, CommittableDataset) else cbs
+            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, hooks, params, fit_eval)
         return history
 
     def _train_loop(self, epochs: Iterable[int], helper: DatasetHelper, callbacks: Callback,
@@ -251,10 +255,9 @@ class Model:
         `cur_step_num` counts batches. `first_step` is where it starts (0, except for an online run
         resumed from a checkpoint).
         """
-        ctx = RunContext(params)
+        ctx, state = RunContext(params), params.run_state
         helper.should_stop = ctx.get_stop_requested  # a stop request also ends a wait for data
-        params.cur_step_num = first_step
-        params.dataset_sink_mode = helper.dataset_sink_mode
+        state.step, state.sink_mode = first_step, helper.dataset_sink_mode
         self._set_train_mode(True)
         # Divergence guard: a non-finite loss is flagged on the device per step (no host sync), and
         # read at an offline epoch's end, at the run's end and by ModelCheckpoint / ModelPublisher.
@@ -263,7 +266,7 @@ class Model:
         checked = False
         try:
             for epoch in epochs:
-                params.cur_epoch_num = epoch
+                state.epoch = epoch
                 callbacks.on_train_epoch_begin(ctx)
                 for step in helper.steps():
                     if step.first is None:  # a sink whose source ran dry (a finite stream ended)
@@ -271,15 +274,15 @@ class Model:
                     if not checked:
                         check_batch(step.first, self._loss_fn is not None)
                         checked = True
-                    start = params.cur_step_num
-                    params.cur_step_num = start + step.planned  # hooks see the step the sink ends on
-                    params.train_dataset_element = step.first
+                    start = state.step
+                    state.step = start + step.planned  # hooks see the step the sink ends on
+                    state.batch = step.first
                     callbacks.on_train_step_begin(ctx)
-                    params.net_outputs = self._run_step(step, params, start)
-                    params.cur_step_num = start + step.count  # a sink may end short of its plan
-                    watch.observe(params.net_outputs, params.cur_step_num, epoch)
+                    state.outputs = self._run_step(step, state, start)
+                    state.step = start + step.count  # a sink may end short of its plan
+                    watch.observe(state.outputs, state.step, epoch)
                     if step.position is not None:
-                        params.train_position, params.train_batch_metas = step.position, step.metas
+                        state.position, state.batch_metas = step.position, step.metas
                     callbacks.on_train_step_end(ctx)
                     if ctx.get_stop_requested():
                         break
@@ -290,8 +293,7 @@ class Model:
                 if not params.get("online"):  # online, an epoch may be one sink: no read per step
                     watch.check()
                 callbacks.on_train_epoch_end(ctx)
-                params.pop("metrics", None)
-                params.pop("eval_results", None)
+                state.end_epoch()
                 if ctx.get_stop_requested() or helper.ended:  # ended: a finite stream reported its end
                     break
         finally:
@@ -299,38 +301,38 @@ class Model:
         watch.check()
         callbacks.on_train_end(ctx)
 
-    def _run_step(self, step, params: CallbackParams, start: int):
-        """`step.run` on the train network. If a sink raises part-way, the params first record what
+    def _run_step(self, step, state: RunState, start: int):
+        """`step.run` on the train network. If a sink raises part-way, the state first records what
         the weights already hold (batches and position), so an exception checkpoint saves that."""
         try:
-            return step.run(self._train_network, params.batch_observers or ())
+            return step.run(self._train_network, state.batch_observers or ())
         except BaseException:
             if step.trained is not None:
-                params.cur_step_num = start + step.trained
+                state.step = start + step.trained
             if step.trained_position is not None:
-                params.train_position, params.train_batch_metas = step.trained_position, []
+                state.position, state.batch_metas = step.trained_position, []
             raise
 
     def _evaluate_in_fit(self, fit_eval: _FitEvaluation, params: CallbackParams) -> None:
         """Evaluate between epochs with the same params; restore the training fields afterwards."""
-        saved = {k: params.get(k) for k in ("cur_step_num", "batch_num", "dataset_sink_mode", "net_outputs")}
+        state = params.run_state
+        saved = (state.step, state.batch_num, state.sink_mode, state.outputs)
         params.eval_network = self._eval_network
         params.valid_dataset = fit_eval.dataset
-        params.batch_num = dataset_size(fit_eval.dataset)
-        params.mode = "eval"
-        params.cur_step_num = 0
+        state.batch_num = dataset_size(fit_eval.dataset)
+        state.mode, state.step = "eval", 0
         # The callbacks were entered for the whole run already: call them, do not re-enter them.
         self._eval_loop(fit_eval.dataset, fit_eval.callbacks, params, in_fit=True)
-        params.mode = "train"
-        params.update(saved)
+        state.mode = "train"
+        state.step, state.batch_num, state.sink_mode, state.outputs = saved
         self._set_train_mode(True)
 
     def _eval_loop(self, dataset, callbacks: Callback, params: CallbackParams, in_fit: bool = False) -> dict:
         """Run the eval network over `dataset`, feeding the metrics: the one evaluation loop."""
-        ctx = RunContext(params)
+        ctx, state = RunContext(params), params.run_state
         device = self._device
         move = device.type != "cpu"
-        params.dataset_sink_mode = False
+        state.sink_mode = False
         for metric in self._metric_fns.values():
             metric.clear()
         self._set_train_mode(False)
@@ -342,12 +344,12 @@ class Model:
                 batch = to_device(batch, device, non_blocking=True) if move else batch
                 if i == 0:
                     check_batch(batch, isinstance(self._eval_network, WithEvalCell), "valid_dataset")
-                params.cur_step_num += 1
-                params.eval_dataset_element = batch
+                state.step += 1
+                state.eval_batch = batch
                 callbacks.on_eval_step_begin(ctx)
                 args, kwargs = unpack(batch)
                 outputs = self._eval_network(*args, **kwargs)
-                params.net_outputs = outputs
+                state.outputs = outputs
                 callbacks.on_eval_step_end(ctx)
                 self._update_metrics(outputs)
                 if in_fit:
@@ -361,10 +363,10 @@ class Model:
         reset(dataset)
         all_reduce_metrics(self._metric_fns.values())  # several ranks: metrics of all their data
         metrics = {name: metric.eval() for name, metric in self._metric_fns.items()}
-        params.metrics = metrics
+        state.metrics = metrics
         if in_fit:
             eval_loss = None if last_loss is None else float(last_loss.float().mean())
-            params.eval_results = dict(metrics, eval_loss=eval_loss)
+            state.eval_results = dict(metrics, eval_loss=eval_loss)
         callbacks.on_eval_end(ctx)
         self._set_train_mode(True)  # the network is back in train mode after evaluating
         return metrics
@@ -395,14 +397,13 @@ class Model:
         return outputs[self._eval_indexes[0]]
 
     def _train_params(self, epoch_num, dataset, sink_mode, sink_size, callbacks) -> CallbackParams:
-        return CallbackParams(
-            train_network=self._train_network, network=self._network, optimizer=self._optimizer,
-            loss_fn=self._loss_fn, epoch_num=epoch_num, mode="train",
-            batch_num=sink_size if sink_mode and sink_size > 0 else dataset_size(dataset),
-            parallel_mode=self._parallel_mode, device_number=world_size(), rank=rank(),
-            train_dataset=dataset, train_dataset_element=None, list_callback=list(callbacks),
-            cur_step_num=0, dataset_sink_mode=sink_mode, last_save_ckpt_step=None, latest_ckpt_file=None,
-            batch_observers=[], amp_level=self._amp_level, boost_level=self._boost_level)
+        state = RunState(mode="train", epoch_num=epoch_num, step=0, sink_mode=sink_mode, batch_observers=[],
+                         batch_num=sink_size if sink_mode and sink_size > 0 else dataset_size(dataset))
+        return CallbackParams.view(
+            state, train_network=self._train_network, network=self._network, optimizer=self._optimizer,
+            loss_fn=self._loss_fn, parallel_mode=self._parallel_mode, device_number=world_size(), rank=rank(),
+            train_dataset=dataset, list_callback=list(callbacks), amp_level=self._amp_level,
+            boost_level=self._boost_level)
 
     def _default_callbacks(self, user_callbacks) -> list:
         """A `History` (returned by train/fit) unless the user passed one, and the run's visible

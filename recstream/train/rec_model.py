@@ -8,16 +8,19 @@ its first batch (a scheduled rerun with nothing new) trains 0 steps and changes 
 contract is in docs/semantics.md, section 7.
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
-batch is in ``cb_params.train_position``, saved in every checkpoint, and committed to the source
-only once that checkpoint is durable. `restore` loads the newest checkpoint and seeks the stream.
+batch is in the run state (``cb_params.train_position``), saved in every checkpoint, and committed
+to the source only once that checkpoint is durable: `OnlineCommitter` (`committer.py`) runs that
+protocol around the callbacks, whatever their order. `restore` loads the newest checkpoint and
+seeks the stream.
 
 Under ``torchrun`` (docs/distributed.md, "Online training"): a stream that can split itself
 (`DirectoryStream` by file, `KafkaStream` by partition) reads only this rank's share; the ranks
 hand out batches in lock-step (`recstream.distributed.Lockstep`: a rank without data trains a
-fill batch weighted 0, so it still takes part in every collective); stops are agreed after the
-same step on every rank; checkpoints hold every rank's position (``{"step", "ranks"}``), and each
-rank commits its part only once the checkpoint is complete. `restore` gives each rank its own
-position (Kafka positions map to another number of ranks; a `DirectoryStream`'s do not).
+fill batch whose label carries the loss weight 0, so it still takes part in every collective);
+stops are agreed after the same step on every rank; checkpoints hold every rank's position
+(``{"step", "ranks"}``), and each rank commits its part only once the checkpoint is complete.
+`restore` gives each rank its own position (Kafka positions map to another number of ranks; a
+`DirectoryStream`'s do not).
 
 >>> import torch
 >>> from recstream import RecModel
@@ -45,12 +48,14 @@ import torch
 from ..callbacks import Callback, CallbackList, History, ModelCheckpoint
 from ..callbacks.base import as_callback_list
 from ..checkpoint import CheckpointError, load_checkpoint
+from ..data.batch import WeightedLabel
+from ..data.channel import EndOfStream
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
 from ..data.streams import Stream
 from ..distributed import is_complete, is_distributed, load_sharded, rank, world_size
 from ..distributed.lockstep import Lockstep, is_job_position
 from ..validation import check_bool, check_int
-from .lockstep_callbacks import PositionSync, StopAgreement
+from .committer import OnlineCommitter
 from .model import Model
 from .signals import StopOnSignal
 from .sink import DatasetHelper
@@ -91,9 +96,8 @@ class RecModel(Model):
     """A `Model` that can also train online (see the module docstring)."""
 
     def __init__(self, network, loss_fn=None, optimizer=None, *args, **kwargs):
-        self._active_step = None  # the step being run (its batches' metadata say which are fill batches)
         if loss_fn is not None and is_distributed():
-            loss_fn = _FillWeightedLoss(loss_fn, self)
+            loss_fn = _FillWeightedLoss(loss_fn)
         super().__init__(network, loss_fn, optimizer, *args, **kwargs)
         self._resume_epoch, self._resume_step = 0, 0
 
@@ -135,13 +139,12 @@ class RecModel(Model):
             warnings.warn("online_train without a ModelCheckpoint callback on a committing stream: nothing is "
                           "saved or committed, so a restart trains everything again", UserWarning, stacklevel=2)
         # a Stream's iteration ends only when its source has: an empty first pass is "nothing new"
-        nothing_new = isinstance(train_dataset, Stream)
+        end = EndOfStream.EMPTY_PASS if isinstance(train_dataset, Stream) else EndOfStream.AFTER_DATA
         lockstep = self._lockstep(train_dataset)
         if lockstep is not None:
             train_dataset = lockstep
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
-                               epoch_num=None, device=self._device, end_when_empty=True,
-                               nothing_new_ends=nothing_new)
+                               epoch_num=None, device=self._device, end=end)
         params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
         params.online = True  # ModelCheckpoint: a restart continues the same series of files
         if not dataset_sink_mode:
@@ -149,22 +152,18 @@ class RecModel(Model):
         epochs = itertools.count(self._resume_epoch + 1)
         # Tracking first, so user callbacks (publishers) see this step's event time.
         internal = [StreamStats(), StopOnSignal(on_signal=lockstep.request_stop if lockstep else None)]
-        last = []
-        if lockstep is not None:  # every rank's position before the checkpoint; the stop agreed after all
-            internal.append(PositionSync(lockstep, helper))
-            last.append(StopAgreement(lockstep, internal[-1]))
         # No History here: online_train returns none, and one record per sink would grow without end.
         shown = [cb for cb in self._default_callbacks(user_callbacks) if not isinstance(cb, History)]
-        cbs = internal + user_callbacks + shown + last
+        cbs = internal + user_callbacks + shown
         if rank() != 0:  # printing, files and publishing happen once, on rank 0
             cbs = [cb for cb in cbs if not cb.rank_zero_only]
         with CallbackList(cbs) as cbs:
-            self._train_loop(epochs, helper, cbs, params, first_step=self._resume_step)
+            # exactly once: position -> durable checkpoint -> commit (-> agreement of the ranks)
+            committer = OnlineCommitter(cbs, train_dataset, lockstep, helper)
+            self._train_loop(epochs, helper, committer, params, first_step=self._resume_step)
         if params.cur_step_num == self._resume_step and helper.ended:
             log.info("online_train: the stream ended before its first batch: nothing new, 0 steps trained "
                      "(still at step %d)", self._resume_step)
-        if last:  # after the final checkpoint: every rank commits its part of it
-            last[0].agree()
 
     def _lockstep(self, train_dataset) -> Lockstep | None:
         """Several ranks: this rank's share of the stream, handed out in step with the other ranks."""
@@ -175,19 +174,6 @@ class RecModel(Model):
                              "without data trains a fill batch whose loss is weighted 0)")
         _split(train_dataset)
         return Lockstep(train_dataset)
-
-    def _run_step(self, step, params, start):
-        self._active_step = step  # read by the loss: a fill batch's loss is weighted 0
-        try:
-            return super()._run_step(step, params, start)
-        finally:
-            self._active_step = None
-
-    def _training_fill(self) -> bool:
-        """Whether the batch being trained right now is a fill batch (see `Lockstep`): the step's
-        metadata hold one entry per batch handed out so far, the current one last."""
-        metas = getattr(self._active_step, "metas", None)
-        return bool(metas) and bool(metas[-1].get("fill"))
 
     def restore(self, checkpoint, train_dataset=None) -> dict | None:
         """Load the newest checkpoint that loads (a file, or in a directory the newest valid one:
@@ -280,17 +266,18 @@ def _rank_position(dataset, position):
 
 
 class _FillWeightedLoss(torch.nn.Module):
-    """The user's loss, times 0 for a fill batch (several ranks, `Lockstep`): the rank then takes part
-    in the step's collectives with zero gradients. Other batches' losses pass through untouched."""
+    """The user's loss, times the weight a batch carries in its label (`WeightedLabel`): a fill batch
+    (several ranks, `Lockstep`) carries 0, so the rank takes part in the step's collectives with zero
+    gradients. Other batches carry no weight: their losses pass through untouched."""
 
-    def __init__(self, loss_fn, model: RecModel):
+    def __init__(self, loss_fn):
         super().__init__()
         self.loss_fn = loss_fn
-        self._model = model  # not a Module: a plain reference
 
-    def forward(self, *args, **kwargs):
-        loss = self.loss_fn(*args, **kwargs)
-        return loss * 0 if self._model._training_fill() else loss
+    def forward(self, outputs, label, *args, **kwargs):
+        if isinstance(label, WeightedLabel):
+            return self.loss_fn(outputs, label.labels, *args, **kwargs) * label.weight
+        return self.loss_fn(outputs, label, *args, **kwargs)
 
 
 def _mtime(path: str) -> float:

@@ -10,10 +10,11 @@ The pieces, each in one place:
   on each of them and keeps only the last outputs on the device.
 - `BatchStep`: one batch as one step (normal mode), with the same surface as a `Sink`, so the
   training loop (`Model._train_loop`) handles both modes with one code path.
-- `DatasetHelper(dataset, dataset_sink_mode, sink_size, epoch_num)`: what the loop iterates.
-  ``steps()`` yields one `BatchStep` per batch in normal mode and exactly ONE `Sink` per epoch in
-  sink mode (`sink_size` batches; the full pass when ``sink_size=-1``). Iterating the helper
-  itself gives MindSpore's view: each batch's columns, or ``(sink,)``.
+- `DatasetHelper(dataset, dataset_sink_mode, sink_size, epoch_num)`: what the loop iterates,
+  always from one producer (a `DataChannel`: on its thread, or inline). ``steps()`` yields one
+  `BatchStep` per batch in normal mode and exactly ONE `Sink` per epoch in sink mode
+  (`sink_size` batches; the full pass when ``sink_size=-1``). Iterating the helper itself gives
+  MindSpore's view: each batch's columns, or ``(sink,)``.
 - `connect_network_with_dataset(network, helper)`: for hand-written loops, a network that
   consumes one `Sink` per call (in sink mode) and returns the last step's outputs.
 
@@ -36,10 +37,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..data.channel import DataChannel, Item, available_cores, empty_first_pass
-from ..data.protocol import InterruptibleDataset, MetadataDataset, SeekableDataset, dataset_size, unpack
-from ..data.transfer import to_device
-from ..validation import check_bool, check_int
+from ..data.batch import loss_weight
+from ..data.channel import ChannelOptions, DataChannel, EndOfStream, Item, available_cores
+from ..data.protocol import InterruptibleDataset, dataset_size, unpack
+from ..validation import check_bool, check_int, check_type
 
 
 class BatchStep:
@@ -57,8 +58,9 @@ class BatchStep:
         self.first, self.position, self.metas = batch, position, metas
 
     def run(self, network: nn.Module, observers=()):
-        for observe in observers:
-            observe(self.first)
+        if observers and loss_weight(self.first) != 0.0:  # a fill batch (weighted 0) is no event
+            for observe in observers:
+                observe(self.first)
         args, kwargs = unpack(self.first)
         return network(*args, **kwargs)
 
@@ -122,8 +124,9 @@ class Sink:
         """
         outputs = None
         for batch in self:
-            for observe in observers:
-                observe(batch)
+            if observers and loss_weight(batch) != 0.0:  # a fill batch (weighted 0) is no event
+                for observe in observers:
+                    observe(batch)
             args, kwargs = unpack(batch)
             outputs = network(*args, **kwargs)
             # what is trained so far: if a later batch raises, the exception checkpoint records
@@ -135,16 +138,17 @@ class Sink:
 class DatasetHelper:
     """Iterate a dataset the way the training loop consumes it (see the module docstring).
 
+    Every batch comes from one producer, a `DataChannel`: in sink mode on its thread (or inline,
+    where training uses every core), in normal mode inline, in this thread, one pass per epoch.
     ``sink_size > 0`` traverses the dataset endlessly, each epoch continuing where the last
     stopped; ``sink_size=-1`` makes each sink one full pass. `epoch_num` bounds the total
-    prefetched (None: unbounded, for online training). Online, `end_when_empty`: an empty pass
-    after earlier batches means the source ended (`ended`); with `nothing_new_ends` (a stream) an
-    empty first pass does too, else it is a `ValueError`.
+    prefetched (None: unbounded, for online training). `end` (`EndOfStream`) says what a pass
+    without batches means: a mistake (offline), or the source's end (online; `ended`).
+    `prefetch`: batches the sink's producer keeps ready.
     """
 
     def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
-                 epoch_num: int | None = 1, device=None, prefetch: int = 2, end_when_empty: bool = False,
-                 nothing_new_ends: bool = False):
+                 epoch_num: int | None = 1, device=None, end: EndOfStream = EndOfStream.NEVER, prefetch: int = 2):
         self._channel: DataChannel | None = None
         check_bool("DatasetHelper", "dataset_sink_mode", dataset_sink_mode)
         check_sink_size("DatasetHelper", sink_size)
@@ -155,11 +159,7 @@ class DatasetHelper:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.prefetch = prefetch
         self.steps_done = 0
-        # online training: a pass that yields nothing after earlier batches means the source ended
-        self.end_when_empty = check_bool("DatasetHelper", "end_when_empty", end_when_empty)
-        # ... and so does an empty FIRST pass of a stream (it ends an iteration only when its source
-        # has: resumed at its end, or no data yet): nothing new, not an empty dataset
-        self.nothing_new_ends = check_bool("DatasetHelper", "nothing_new_ends", nothing_new_ends)
+        self.end = check_type("DatasetHelper", "end", end, EndOfStream)
         self._passes_seen = 0
         self._ended = False
         self.should_stop = None  # set by the training loop: lets a stop interrupt a wait for data
@@ -178,27 +178,32 @@ class DatasetHelper:
         """Prefetch on a thread, or produce inline? A thread pays where it overlaps something: a
         copy to an accelerator, a stream that must stay interruptible while idle, or a CPU core that
         training leaves free. On a CPU whose cores all compute, the thread's torch ops and Python only
-        contend with the step (measured with benchmarks/bench_overhead.py: README)."""
+        contend with the step (figures: benchmarks/bench_overhead.py)."""
         if self.device.type != "cpu" or isinstance(self.dataset, InterruptibleDataset):
             return True
         return torch.get_num_threads() < available_cores()
 
     def _open(self) -> DataChannel:
+        """The sink's producer, for the whole run."""
         if self._channel is None:
-            background = self._background()
+            options = ChannelOptions(background=self._background())
             if self._sink_size > 0:
                 total = None if self.epoch_num is None else self.epoch_num * self._sink_size
-                self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total,
-                                            end_when_empty=self.end_when_empty, background=background,
-                                            nothing_new_ends=self.nothing_new_ends)
+                self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total, end=self.end,
+                                            options=options)
             else:
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, passes=self.epoch_num,
-                                            background=background)
+                                            options=options)
         return self._channel
+
+    def _pass(self, device) -> DataChannel:
+        """Normal mode's producer: one pass, inline, in this thread (the position is read right after
+        each batch, here), on the current CUDA stream as a plain loop copies; the loop resets."""
+        return DataChannel(self.dataset, device, passes=1, options=_ONE_PASS)
 
     @property
     def ended(self) -> bool:
-        """The source has ended (`end_when_empty`): no step will come any more."""
+        """The source has ended (online, see `end`): no step will come any more."""
         return self._ended or (self._channel is not None and self._channel.done)
 
     def _sink(self) -> Sink:
@@ -209,47 +214,44 @@ class DatasetHelper:
         """One epoch of steps: a `BatchStep` per batch, or one `Sink` in sink mode."""
         if self.dataset_sink_mode:
             sink = self._sink()
-            if sink.first is None and self._empty_pass_fails():  # (the loop reads `first` first too)
-                raise empty_first_pass("train_dataset")
+            if sink.first is None and not self._channel.done:  # (the loop reads `first` first too)
+                self._empty_pass()  # a whole-pass sink's pass was empty (an endless walk judged its own)
             self._passes_seen += 1
             yield sink
             self.steps_done += sink.count  # resumed after the loop ran the sink
             return
-        dataset, device = self.dataset, self.device
-        move = device.type != "cpu"  # CPU batches are used in place
-        # Streams report the position after each batch; read in this thread, right after it.
-        position = dataset.position if isinstance(dataset, SeekableDataset) else None
-        meta = dataset.last_batch_meta if isinstance(dataset, MetadataDataset) else None
+        channel = self._pass(self.device if self.device.type != "cpu" else None)  # CPU batches: used in place
         empty = True
-        for batch in dataset:
-            empty = False
-            self.steps_done += 1
-            batch = to_device(batch, device, non_blocking=True) if move else batch
-            if position is None:
-                yield BatchStep(batch)
-            else:
-                yield BatchStep(batch, position(), [meta()] if meta is not None else [])
-        if empty and self._empty_pass_fails():
-            raise empty_first_pass("train_dataset")
-        if empty and self.end_when_empty and not self._stopping():
-            self._ended = True  # the source reported its end
+        try:
+            while isinstance(item := channel.get(), Item):
+                empty = False
+                self.steps_done += 1
+                if item.position is None:
+                    yield BatchStep(item.batch)
+                else:
+                    yield BatchStep(item.batch, item.position, [item.meta] if item.meta is not None else [])
+        finally:
+            channel.close()
+        if empty:
+            self._empty_pass()
         self._passes_seen += 1
 
-    def _stopping(self) -> bool:
-        return self.should_stop is not None and self.should_stop()
-
-    def _empty_pass_fails(self) -> bool:
-        """Whether an empty pass is a mistake: the first one is (an empty dataset: 0 steps trained in
-        silence would look like a finished training), except online on a stream (`nothing_new_ends`:
-        nothing new) and when a stop request emptied it."""
-        return not self._passes_seen and not (self.end_when_empty and self.nothing_new_ends) and not self._stopping()
+    def _empty_pass(self) -> None:
+        """A pass without batches: the source's end, nothing, or a mistake (`EndOfStream`); nothing
+        at all when a stop request emptied it."""
+        if not (self.should_stop is not None and self.should_stop()):
+            self._ended = self.end.empty_pass(self._passes_seen, "train_dataset") or self._ended
 
     def __iter__(self):
         """MindSpore's view: each batch (normal mode), or ``(sink,)`` once per epoch (sink mode)."""
         if not self.dataset_sink_mode:
-            for batch in self.dataset:
-                self.steps_done += 1
-                yield batch
+            channel = self._pass(None)
+            try:
+                while isinstance(item := channel.get(), Item):
+                    self.steps_done += 1
+                    yield item.batch
+            finally:
+                channel.close()
             return
         yield (self._sink(),)
 
@@ -262,6 +264,10 @@ class DatasetHelper:
 
     def __del__(self):
         self.release()
+
+
+# normal mode: inline, no reset (the loop resets between epochs), no pinning or side stream
+_ONE_PASS = ChannelOptions(background=False, reset_after_pass=False, pin_memory=False, side_stream=False)
 
 
 class SinkNetwork(nn.Module):

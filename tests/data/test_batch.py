@@ -174,3 +174,20 @@ def test_schema_checks_named_features():
     schema_for().check_features(named)
     with pytest.raises(ValueError, match=r"feature keys \['c0', 'c2', 'c1'\] do not match the schema"):
         named.select(["c0", "c2", "c1"]).validate(schema_for())
+
+
+def test_a_loss_weight_travels_with_the_batch_to_the_device_and_back():
+    from recstream.data.batch import WeightedLabel, loss_weight, with_loss_weight
+    from recstream.data.transfer import pin_memory, to_device
+
+    f, _ = random_features(b=3)
+    weighted = with_loss_weight(Batch(f, torch.ones(3)), 0.0)
+    assert isinstance(weighted, Batch) and isinstance(weighted.labels, WeightedLabel)
+    for moved in (to_device(weighted, "cpu"), weighted.to("cpu"), pin_memory(weighted) if torch.cuda.is_available()
+                  else weighted):
+        assert loss_weight(moved) == 0.0 and moved.labels.labels.tolist() == [1.0, 1.0, 1.0]
+    assert loss_weight({"x": 1, "label": WeightedLabel(torch.ones(1), 0.5)}) == 0.5
+    assert loss_weight(with_loss_weight([torch.zeros(1), torch.ones(1)], 2)) == 2.0
+    assert loss_weight((torch.zeros(1), torch.ones(1))) is None and loss_weight(torch.zeros(1)) is None
+    with pytest.raises(ValueError, match="'batch' must hold a label"):
+        with_loss_weight(torch.zeros(2), 0.0)

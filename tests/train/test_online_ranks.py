@@ -45,3 +45,22 @@ def test_fill_batch_has_one_row_and_no_ids(tmp_path):
     fill = fill_batch(stream.empty_batch())
     assert fill.batch_size == 1 and fill.features.values.numel() == 0
     assert fill.features.dense.tolist() == [[0.0]] and fill.labels.tolist() == [0.0]
+
+
+def test_the_fill_weight_reaches_the_loss_with_the_batch_and_no_observer_sees_it():
+    from recstream.data.batch import with_loss_weight
+    from recstream.train.rec_model import _FillWeightedLoss
+    from recstream.train.sink import BatchStep
+
+    net = torch.nn.Linear(1, 1)
+    loss = _FillWeightedLoss(torch.nn.MSELoss())
+    x, y = torch.ones(1, 1), torch.full((1, 1), 3.0)
+    fill = with_loss_weight((x, y), 0.0)
+    assert loss(net(x), fill[1]).item() == 0.0 and loss(net(x), y).item() > 0
+    loss(net(x), fill[1]).backward()
+    assert net.weight.grad.abs().sum().item() == 0.0  # weighted 0: no gradient at all
+    seen = []
+    step = lambda *batch: loss(net(batch[0]), batch[1])  # noqa: E731
+    BatchStep(fill).run(step, [seen.append])
+    BatchStep((x, y)).run(step, [seen.append])
+    assert len(seen) == 1 and seen[0][1] is y  # the fill batch is no event: observers skip it

@@ -1,0 +1,108 @@
+"""OnlineCommitter: position -> durable checkpoint -> commit, whatever the order of the callbacks."""
+import pytest
+import torch
+
+from recstream import Model, RecModel
+from recstream.callbacks import (
+    Callback,
+    CallbackList,
+    CallbackParams,
+    CheckpointConfig,
+    ModelCheckpoint,
+    RunContext,
+    load_checkpoint,
+)
+from recstream.callbacks.run_state import RunState
+from recstream.train.committer import OnlineCommitter
+
+from .helpers import Recorder
+from .streams import CountingStream, SeenNet
+
+
+def _saved_position(path):
+    return load_checkpoint(path, SeenNet())["train_position"]
+
+
+class CommitsSeen(Callback):
+    """At each step end, what the source had been told by then (a callback cannot see a commit
+    of this step's checkpoint: it follows every callback)."""
+
+    def __init__(self, stream):
+        self.stream, self.seen = stream, []
+
+    def on_train_step_end(self, ctx):
+        self.seen.append((ctx.run_state.step, len(self.stream.commits)))
+
+
+def _drive(committer, params, steps):
+    ctx = RunContext(params)
+    committer.on_train_begin(ctx)
+    for step in range(1, steps + 1):
+        params.run_state.step, params.run_state.position = step, {"next": step}
+        committer.on_train_step_end(ctx)
+    committer.on_train_end(ctx)
+
+
+def test_only_positions_of_durable_checkpoints_are_committed_once_each(tmp_path):
+    stream, net = CountingStream(), SeenNet()
+    ckpt = ModelCheckpoint("c", tmp_path, CheckpointConfig(save_checkpoint_steps=2))
+    params = CallbackParams.view(RunState(epoch=1, step=0, batch_num=None), network=net, train_dataset=stream)
+    with CallbackList([ckpt]) as cbs:
+        _drive(OnlineCommitter(cbs, stream), params, 5)
+    # saves at steps 2 and 4 (periodic) and 5 (final): each committed once, after it was written
+    assert stream.commits == [{"next": 2}, {"next": 4}, {"next": 5}]
+    assert params.last_save_ckpt_step == 5 and params.run_state.checkpoint_position == {"next": 5}
+
+
+def test_a_checkpoint_that_fails_to_write_commits_nothing(tmp_path):
+    stream, net = CountingStream(), SeenNet()
+    ckpt = ModelCheckpoint("c", tmp_path, CheckpointConfig(save_checkpoint_steps=1))
+    params = CallbackParams.view(RunState(epoch=1, step=0), network=net, train_dataset=stream)
+    (tmp_path / "c-1_1.safetensors").mkdir()  # the file's name is taken by a directory: the write fails
+    with CallbackList([ckpt]) as cbs:
+        committer = OnlineCommitter(cbs, stream)
+        params.run_state.step, params.run_state.position = 1, {"next": 1}
+        with pytest.raises(OSError, match="could not write checkpoint"):
+            committer.on_train_step_end(RunContext(params))
+    assert stream.commits == []
+
+
+@pytest.mark.parametrize("checkpoint_first", [True, False])
+def test_the_commit_follows_every_callback_in_either_order(tmp_path, checkpoint_first):
+    stream = CountingStream()
+    net = SeenNet()
+    model = RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+                     progress_bar=False)
+    ckpt = ModelCheckpoint("online", tmp_path, CheckpointConfig(save_checkpoint_steps=1))
+    seen = CommitsSeen(stream)
+    stop = Recorder(stop_at=("step_end", 3, 3))  # sink mode: an epoch per sink
+    callbacks = [ckpt, seen, stop] if checkpoint_first else [seen, stop, ckpt]
+    model.online_train(stream, callbacks=callbacks, sink_size=1)
+    # at step s the callbacks see the commits of steps before s, never this step's: commit is step 3
+    assert seen.seen == [(1, 0), (2, 1), (3, 2)]
+    assert stream.commits == [{"next": 1}, {"next": 2}, {"next": 3}]
+    assert _saved_position(ckpt.latest_ckpt_file_name) == {"next": 3}
+
+
+def test_offline_training_on_a_committable_source_commits_through_the_committer(tmp_path):
+    class FiniteCounting(CountingStream):
+        def __len__(self):
+            return 4
+
+        def reset(self):
+            self.next = 0
+
+    stream = FiniteCounting(limit=4)
+    net = SeenNet()
+    model = Model(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), progress_bar=False)
+    model.train(1, stream, callbacks=[ModelCheckpoint("off", tmp_path, CheckpointConfig(save_checkpoint_steps=2))])
+    assert stream.commits == [{"next": 2}, {"next": 4}]
+
+
+def test_a_run_without_checkpoints_commits_nothing():
+    stream = CountingStream()
+    net = SeenNet()
+    model = RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+                     progress_bar=False)
+    model.online_train(stream, callbacks=[Recorder(stop_at=("step_end", 4, 4))], sink_size=1)
+    assert stream.commits == []
