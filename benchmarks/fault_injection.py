@@ -62,7 +62,7 @@ sys.path.insert(0, str(HERE))
 from fault_worker import PARTITIONS, CountingNet  # noqa: E402
 
 from recstream.callbacks import load_checkpoint  # noqa: E402
-from recstream.serving.layout import list_versions, manifest_digest, version_dirname  # noqa: E402
+from recstream.serving.snapshot.layout import list_versions, manifest_digest, version_dirname  # noqa: E402
 from recstream.testing import TansuBroker, free_port  # noqa: E402
 
 POISON = [b'{"event_id": 1, "x1": ', b"\xff\xfe not utf-8", b"[" * 20000 + b"]" * 20000,
