@@ -31,7 +31,7 @@ def test_the_benchmark_command_writes_its_tables_and_plots(tmp_path, monkeypatch
     boost = main.bench_boost.main(["--rows", "1024", "--test-rows", "2000", "--reps", "1", "--threads", "1",
                                    "--vocab", "500", "--hidden", "16", "--variants", "hand", "ceiling", "O0", "O1"])
     assert set(boost) == {"hand", "ceiling", "O0", "O1"} and boost["hand"]["vs_hand"] == 1.0
-    # every figure is also a ratio to the ceiling of the same run; off CUDA the ceiling says it ran eagerly
+    # every figure is also a ratio to the ceiling of the same run; on a CPU the ceiling says it ran eagerly
     assert boost["ceiling"]["vs_ceiling"] == 1.0 and boost["ceiling"]["mode"].startswith("eager")
     assert all(r["vs_ceiling"] == pytest.approx(r["samples_per_s"] / boost["ceiling"]["samples_per_s"])
                for r in boost.values())
