@@ -17,24 +17,26 @@
 # measurement), the CUDA tests are only collected, and the wheels only listed. The exit status is 0
 # when every step exited 0, else 1 (summary.md lists each step's status).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
-PY=${PYTHON:-python3}
-OUT=${OUT:-./gpu-out}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-BUDGET=${GPU_CHECK_BUDGET:-465}
 DRY=0
 case "${1:-}" in
     --dry-run) DRY=1 ;;
     "") ;;
     *) echo "gpu_check.sh: unknown argument '$1' (allowed: --dry-run)" >&2; exit 2 ;;
 esac
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+OUT=${OUT:-./gpu-out}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+BUDGET=${GPU_CHECK_BUDGET:-465}
 START=$(date +%s)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 SUMMARY=$OUT/summary.md
-: >"$OUT/env.txt"
+for f in summary.md env.txt sync_debug.log boost.log boost.json embeddings.log dynamic.log cuda_tests.log; do
+    : >"$OUT/$f"  # a rerun into the same folder starts them afresh (the steps append)
+done
 FAILED=0
 ROWS=()
 
