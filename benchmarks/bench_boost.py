@@ -7,8 +7,16 @@ model, optimizer state and activations; on CUDA the peak of allocated memory). V
 
 - ``hand``: the idiomatic network (26 ``nn.Embedding`` + MLP) in a hand loop with ``torch.optim.Adam``
 - ``hand_tuned``: one fused sparse table (offsets per field), ``SparseAdam`` + fused ``Adam``
+- ``ceiling``: what this card can do with this workload, the reference every GPU figure is read
+  against (``vs ceiling``): ONE dense ``nn.Embedding`` over all fields' rows (offsets per field,
+  dense gradients) + the MLP, ``Adam(fused=True, capturable=True)``, the whole step (forward,
+  backward, optimizer) captured once as a CUDA graph and replayed per batch (the batch copied into
+  static buffers). Timed like every variant, from a fresh network: its first steps (warm-up on a
+  side stream) and the capture are inside the epoch. Off CUDA (or where capture fails) the same
+  step runs eagerly and the output says so (``ceiling: eager ...``).
 - ``O0`` / ``O1`` / ``O2``: ``Model(idiomatic, Adam, boost_level=...)``, ``Model.train``
 - ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2
+- ``deepfm`` / ``deepfm_O2``: recstream's ``DeepFM`` (same hidden layers and dim) likewise
 - ``dense_only`` / ``dense_only_bf16``: the MLP alone on fixed inputs, fp32 / bf16 autocast (the
   floor no embedding work can beat)
 - ``dense_only_dx``: ``dense_only`` also computing its input's gradient, as every model that learns
@@ -17,8 +25,10 @@ model, optimizer state and activations; on CUDA the peak of allocated memory). V
     python benchmarks/bench_boost.py --rows 200000 --reps 3 --threads 2
     python benchmarks/bench_boost.py --device cuda --rows 1000000 --batch-size 4096
 
-Prints a Markdown table (median samples/s, ratio to ``hand``, AUC, peak MiB) and writes it as JSON
-with --out. ``main(argv, field=...)`` runs comparison systems (``field_runners``) interleaved with these.
+Prints a Markdown table (median samples/s, ratios to ``hand`` and to ``ceiling``, AUC, peak MiB)
+and writes it as JSON with --out. ``--time-budget S`` starts no further repetition once the next
+would end past S seconds (at least one runs), so a run on a borrowed GPU always ends with its table.
+``main(argv, field=...)`` runs comparison systems (``field_runners``) interleaved with these.
 """
 from __future__ import annotations
 
@@ -36,7 +46,7 @@ from torch import nn
 from recstream import Model
 from recstream.data import SyntheticCTR
 from recstream.data.synthetic import roc_auc
-from recstream.models import WideDeep, default_optimizer
+from recstream.models import DeepFM, WideDeep, default_optimizer
 from recstream.train.amp import cpu_has_native_bf16
 
 DENSE, FIELDS = 13, 26
@@ -55,11 +65,12 @@ class Idiomatic(nn.Module):
 
 
 class FusedTable(nn.Module):
-    """The hand-tuned version: one table for all fields (ids shifted by field), sparse gradients."""
+    """The hand-tuned version: one table for all fields (ids shifted by field), sparse gradients
+    (``ceiling`` builds it with ``sparse=False``: dense gradients, which a CUDA graph can capture)."""
 
-    def __init__(self, vocab: int, dim: int, hidden: tuple[int, ...]):
+    def __init__(self, vocab: int, dim: int, hidden: tuple[int, ...], sparse: bool = True):
         super().__init__()
-        self.table = nn.Embedding(vocab * FIELDS, dim, sparse=True)
+        self.table = nn.Embedding(vocab * FIELDS, dim, sparse=sparse)
         self.register_buffer("shift", torch.arange(FIELDS).view(FIELDS, 1) * vocab)
         self.mlp = _mlp(DENSE + FIELDS * dim, hidden)
 
@@ -117,6 +128,60 @@ def _hand(net, opts, batches, device):
     return time.perf_counter() - start
 
 
+WARMUP = 3  # eager steps before the capture (cuBLAS workspaces, Adam's state), as torch's docs do
+
+
+def _ceiling(net, batches, device, lr) -> tuple[float, str]:
+    """One epoch of the ``ceiling`` step over `batches`: (seconds, how it ran).
+
+    On CUDA: the first WARMUP batches train eagerly on a side stream, then one step is captured as a
+    CUDA graph over static input buffers and replayed for every later batch (each copied in first).
+    Elsewhere, or if the capture fails (the reason is returned), every step runs eagerly.
+    """
+    capture = device.type == "cuda"
+    opt = torch.optim.Adam(net.parameters(), lr=lr, fused=True, capturable=capture)
+    loss_fn = nn.BCEWithLogitsLoss()
+
+    def step(dense, ids, y):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(dense, ids), y).backward()
+        opt.step()
+
+    _sync(device)
+    start = time.perf_counter()
+    if not capture or len(batches) <= WARMUP:
+        for batch in batches:
+            step(*batch)
+        how = "eager (a CUDA graph needs CUDA)" if not capture else f"eager ({len(batches)} batches: none to replay)"
+    else:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for batch in batches[:WARMUP]:
+                step(*batch)
+        torch.cuda.current_stream(device).wait_stream(side)
+        static = tuple(t.clone() for t in batches[WARMUP])
+        graph = torch.cuda.CUDAGraph()
+        try:
+            opt.zero_grad(set_to_none=True)  # the graph's backward allocates .grad in its own pool
+            with torch.cuda.graph(graph):
+                loss_fn(net(*static[:2]), static[2]).backward()
+                opt.step()
+        except RuntimeError as e:  # report it and still measure the step, eagerly
+            torch.cuda.synchronize(device)
+            for batch in batches[WARMUP:]:
+                step(*batch)
+            how = f"eager (CUDA graph capture failed: {str(e).splitlines()[0][:160]})"
+        else:
+            for batch in batches[WARMUP:]:
+                for buffer, value in zip(static, batch, strict=True):
+                    buffer.copy_(value, non_blocking=True)
+                graph.replay()
+            how = f"CUDA graph ({WARMUP} eager warm-up steps, then {len(batches) - WARMUP} replays)"
+    _sync(device)
+    return time.perf_counter() - start, how
+
+
 def _model(model, batches, device):
     _sync(device)
     start = time.perf_counter()
@@ -169,6 +234,9 @@ def _status_mib(key: str) -> float:
     raise OSError(f"no {key} in /proc/self/status")
 
 
+CEILING_MODES: dict[str, str] = {}  # how `ceiling` last ran, per device (printed when it changes)
+
+
 def run_variant(name, args, data):
     gen, train, test = data
     device, hidden = torch.device(args.device), tuple(args.hidden)
@@ -187,8 +255,16 @@ def run_variant(name, args, data):
                           boost_level=name, progress_bar=False)
             seconds = _model(model, plain_train, device)
         return seconds, _auc(net, plain_test, plain=True)
-    if name.startswith("widedeep"):
-        net = WideDeep(gen.schema, hidden=hidden, embedding_dim=args.dim).to(device)
+    if name == "ceiling":
+        net = FusedTable(args.vocab, args.dim, hidden, sparse=False).to(device)
+        seconds, how = _ceiling(net, plain_train, device, args.lr)
+        if how != CEILING_MODES.get(args.device):  # said once per run, and again if it changes
+            CEILING_MODES[args.device] = how
+            print(f"  ceiling: {how}", flush=True)
+        return seconds, _auc(net, plain_test, plain=True)
+    if name.startswith(("widedeep", "deepfm")):
+        builder = WideDeep if name.startswith("widedeep") else DeepFM
+        net = builder(gen.schema, hidden=hidden, embedding_dim=args.dim).to(device)
         model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=args.lr),
                       boost_level="O2" if name.endswith("O2") else "O0", progress_bar=False)
         return _model(model, train, device), _auc(net, test, plain=False)
@@ -209,6 +285,16 @@ def run_variant(name, args, data):
     raise ValueError(f"unknown variant {name!r}")
 
 
+def _results(seconds: dict, aucs: dict, peaks: dict, rows: int) -> dict:
+    """Medians per variant, with samples/s ratios to ``hand`` and to ``ceiling`` (None where absent)."""
+    median = {v: statistics.median(s) for v, s in seconds.items()}
+    hand, ceiling = median.get("hand"), median.get("ceiling")
+    return {v: {"samples_per_s": rows / median[v], "auc": float(np.mean(aucs[v])),
+                "vs_hand": hand / median[v] if hand else None,
+                "vs_ceiling": ceiling / median[v] if ceiling else None,
+                "peak_mib": float(np.median(peaks[v]))} for v in seconds}
+
+
 def main(argv=None, field=None):
     """Runs the variants; `field(args, data)` may return more, ``{name: run() -> (seconds, auc)}``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -223,10 +309,14 @@ def main(argv=None, field=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", nargs="+",
-                   default=["hand", "hand_tuned", "O0", "O1", "O2", "widedeep", "widedeep_O2", "dense_only",
+                   default=["hand", "hand_tuned", "ceiling", "O0", "O1", "O2", "widedeep", "widedeep_O2", "dense_only",
                             "dense_only_dx", "dense_only_bf16"])
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds since the start (data generation included): start no repetition that "
+                        "would end past it (at least one runs)")
     args = p.parse_args(argv)
+    began = time.perf_counter()
     torch.set_num_threads(args.threads)
     data = _data(args)
     rows = len(data[1]) * args.batch_size
@@ -241,7 +331,13 @@ def main(argv=None, field=None):
     runs = {v: (lambda v=v: run_variant(v, args, data)) for v in variants}
     runs.update(field(args, data) if field else {})
     seconds, aucs, peaks = ({v: [] for v in runs} for _ in range(3))
+    first = time.perf_counter()
     for rep in range(args.reps):  # interleaved: a load change hits every variant alike
+        now = time.perf_counter()
+        if rep and args.time_budget and now - began + (now - first) / rep > args.time_budget:
+            print(f"  --time-budget {args.time_budget:g}s: stopping after {rep} of {args.reps} repetitions",
+                  flush=True)
+            break
         for v, run in runs.items():
             with PeakMemory(torch.device(args.device)) as mem:
                 s, auc = run()
@@ -250,15 +346,16 @@ def main(argv=None, field=None):
             peaks[v].append(mem.mib)
             print(f"  rep {rep} {v:14s} {rows / s:10,.0f} samples/s  AUC {auc:.4f}  peak {mem.mib:7.0f} MiB",
                   flush=True)
-    base = statistics.median(seconds["hand"]) if "hand" in seconds else None
-    results = {v: {"samples_per_s": rows / statistics.median(seconds[v]), "auc": float(np.mean(aucs[v])),
-                   "vs_hand": base / statistics.median(seconds[v]) if base else None,
-                   "peak_mib": float(np.median(peaks[v]))} for v in runs}
-    print("\n| variant | samples/s | vs hand | test AUC | peak MiB |\n| --- | --- | --- | --- | --- |")
+    results = _results(seconds, aucs, peaks, rows)
+    if "ceiling" in results:
+        results["ceiling"]["mode"] = CEILING_MODES.get(args.device, "")
+    print("\n| variant | samples/s | vs hand | vs ceiling | test AUC | peak MiB |\n"
+          "| --- | --- | --- | --- | --- | --- |")
     for v, r in results.items():
-        ratio = f"{r['vs_hand']:.2f}x" if r["vs_hand"] else "-"
+        ratios = [f"{r[k]:.2f}x" if r[k] else "-" for k in ("vs_hand", "vs_ceiling")]
         auc = "-" if np.isnan(r["auc"]) else f"{r['auc']:.4f}"
-        print(f"| {v} | {r['samples_per_s']:,.0f} | {ratio} | {auc} | {r['peak_mib']:,.0f} |")
+        label = v if v != "ceiling" or r["mode"].startswith("CUDA graph") else "ceiling (eager)"
+        print(f"| {label} | {r['samples_per_s']:,.0f} | {ratios[0]} | {ratios[1]} | {auc} | {r['peak_mib']:,.0f} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)

@@ -1,10 +1,15 @@
 """The benchmark command's pipeline runs (tiny sizes: a smoke run, not a measurement)."""
+import copy
 import functools
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -14,6 +19,7 @@ def _load(name):
     try:
         spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
     finally:
@@ -23,8 +29,12 @@ def _load(name):
 def test_the_benchmark_command_writes_its_tables_and_plots(tmp_path, monkeypatch):
     main = _load("__main__")
     boost = main.bench_boost.main(["--rows", "1024", "--test-rows", "2000", "--reps", "1", "--threads", "1",
-                                   "--vocab", "500", "--hidden", "16", "--variants", "hand", "O0", "O1"])
-    assert set(boost) == {"hand", "O0", "O1"} and boost["hand"]["vs_hand"] == 1.0
+                                   "--vocab", "500", "--hidden", "16", "--variants", "hand", "ceiling", "O0", "O1"])
+    assert set(boost) == {"hand", "ceiling", "O0", "O1"} and boost["hand"]["vs_hand"] == 1.0
+    # every figure is also a ratio to the ceiling of the same run; on a CPU the ceiling says it ran eagerly
+    assert boost["ceiling"]["vs_ceiling"] == 1.0 and boost["ceiling"]["mode"].startswith("eager")
+    assert all(r["vs_ceiling"] == pytest.approx(r["samples_per_s"] / boost["ceiling"]["samples_per_s"])
+               for r in boost.values())
     rows = [_load("bench_rows").main(1000, kind, steps=2) for kind in ("fused", "hash")]
     assert all(r["ms_per_step"] > 0 and r["peak_rss_mib"] > 0 for r in rows)
     results = {"boost": boost, "batch_scaling": {256: {"hand": 1.0, "O1": 2.0}}, "rows_scaling": rows}
@@ -74,3 +84,81 @@ def test_the_directory_benchmark_runs_with_its_empty_directory_baseline():
     results = _load("bench_directory").main(["--consumed", "200", "--new", "20", "--rows-per-file", "3"])
     assert [r["consumed"] for r in results] == [0, 200] and results[0]["vs_empty"] == 1.0
     assert all(r["files_per_s"] > 0 and r["listings"] <= 3 for r in results)  # one listing, not two per file
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (the ceiling's CUDA graph)"))])
+def test_the_ceiling_step_trains_exactly_like_a_textbook_adam_loop(device):
+    """Its warm-up, capture and replays (CUDA) or eager steps (CPU) give the parameters of the plain loop."""
+    boost = _load("bench_boost")
+    torch.manual_seed(0)
+    net = boost.FusedTable(50, 4, (8,), sparse=False).to(device)
+    reference, initial = copy.deepcopy(net), copy.deepcopy(net)
+    g = torch.Generator().manual_seed(0)
+    batches = [tuple(t.to(device) for t in (torch.randn(32, boost.DENSE, generator=g),
+                                            torch.randint(0, 50, (boost.FIELDS, 32), generator=g),
+                                            torch.randint(0, 2, (32,), generator=g).float())) for _ in range(8)]
+    seconds, how = boost._ceiling(net, batches, torch.device(device), lr=0.01)
+    assert seconds > 0 and how.startswith("CUDA graph (3 eager warm-up steps, then 5 replays)" if device == "cuda"
+                                          else "eager (a CUDA graph needs CUDA)"), how
+    opt = torch.optim.Adam(reference.parameters(), lr=0.01)
+    for dense, ids, y in batches:
+        opt.zero_grad()
+        torch.nn.BCEWithLogitsLoss()(reference(dense, ids), y).backward()
+        opt.step()
+    for (name, got), want, before in zip(net.named_parameters(), reference.parameters(), initial.parameters(),
+                                         strict=True):
+        assert not torch.equal(got, before), f"{name} did not train"
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_time_budget_stops_before_a_repetition_that_would_overrun_it(capsys):
+    boost = _load("bench_boost")
+    results = boost.main(["--rows", "512", "--test-rows", "2000", "--reps", "3", "--threads", "1", "--vocab", "100",
+                          "--hidden", "8", "--batch-size", "128", "--variants", "hand", "--time-budget", "1e-6"])
+    assert "--time-budget 1e-06s: stopping after 1 of 3 repetitions" in capsys.readouterr().out
+    assert results["hand"]["samples_per_s"] > 0  # the one repetition's table
+
+
+def test_sync_debug_check_runs_the_steps_on_cpu_and_counts_them(tmp_path):
+    check = _load("sync_debug_check")
+    out = tmp_path / "sync.json"
+    rc = check.main(["--device", "cpu", "--steps", "2", "--warm", "1", "--batch-size", "32", "--vocab", "50",
+                     "--hidden", "8", "--cases", "widedeep_O0", "idiomatic_O1", "--out", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert rc == 0 and [r["case"] for r in results] == ["widedeep_O0", "idiomatic_O1"]
+    assert all(r["passed"] and r["steady_steps"] == 2 and r["ops_per_step"] > 10 for r in results)
+    assert all(r["sync_forcing_ops_per_step"] is not None for r in results)
+    with pytest.raises(SystemExit):  # a case that does not exist is named, not skipped
+        check.main(["--device", "cpu", "--cases", "nosuch_O0"])
+
+
+def test_the_cuda_test_plugin_keeps_exactly_the_tests_that_mention_cuda(tmp_path):
+    (tmp_path / "test_sample.py").write_text('''
+import pytest
+import torch
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_marked(): pass
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_param(device): pass
+
+def test_body():
+    torch.zeros(1, device="cuda")
+
+def test_plain():
+    """A docstring example the plugin drops.
+
+    >>> 1
+    1
+    """
+''')
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "cuda_tests", "-p", "no:cacheprovider", "-o",
+                           "addopts=", "--doctest-modules", "--collect-only", "-q", str(tmp_path / "test_sample.py")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(BENCH)})
+    ids = [line.split("::", 1)[1] for line in done.stdout.splitlines() if "::" in line]
+    # test_param[cpu] too: its source (the decorator) names cuda; the plain test and the doctest are dropped
+    assert ids == ["test_marked", "test_param[cpu]", "test_param[cuda]", "test_body"], done.stdout + done.stderr
+    assert "4/6 tests collected (2 deselected)" in done.stdout, done.stdout
