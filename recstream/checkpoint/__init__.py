@@ -4,6 +4,9 @@
   network, its optimizer, RNG states and extra metadata, enough to resume training exactly
   (format: `recstream.checkpoint.file_format`; nested state is encoded by
   `recstream.checkpoint.state_codec`, never pickled).
+- `KEY_ENV` (``RECSTREAM_CHECKPOINT_KEY``): set it to sign every checkpoint written and refuse
+  every one read that is unsigned or fails its keyed digest (`recstream.checkpoint.keyed_digest`;
+  CRC32 catches accidents, the keyed digest catches edits).
 - `atomic_write`, `fsync_file`, `fsync_dir`: write a file so a crash leaves the old one or the
   complete new one (`recstream.checkpoint.atomic`); serving's snapshots use them too.
 
@@ -16,5 +19,7 @@ When to save (every N steps, keep M files) is `recstream.callbacks.ModelCheckpoi
 """
 from .atomic import atomic_write, fsync_dir, fsync_file
 from .file_format import CheckpointError, load_checkpoint, save_checkpoint
+from .keyed_digest import KEY_ENV
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "atomic_write", "fsync_dir", "fsync_file"]
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "KEY_ENV", "atomic_write", "fsync_dir",
+           "fsync_file"]

@@ -244,9 +244,16 @@ def _load_newest_valid(checkpoint, network, optimizer) -> tuple[str, dict] | Non
 
 
 def _newest_sharded(paths: list[str], network, optimizer) -> tuple[str, dict]:
-    """The newest complete sharded checkpoint (every rank lists the same directory)."""
-    path = max(paths, key=lambda d: (_mtime(d), d))
-    return path, _load_sharded(path, network, optimizer)
+    """The newest complete sharded checkpoint that loads (every rank lists the same directory and
+    fails the same checks, so the ranks fall back together)."""
+    failures = []
+    for path in sorted(paths, key=lambda d: (_mtime(d), d), reverse=True):
+        try:
+            return path, _load_sharded(path, network, optimizer)
+        except (CheckpointError, FileNotFoundError) as e:
+            log.warning("RecModel.restore: skipping %s: %s", path, e)
+            failures.append(f"{os.path.basename(path)}: {e}")
+    raise CheckpointError("RecModel.restore: no sharded checkpoint loads: " + "; ".join(failures[:5]))
 
 
 def _load_sharded(path: str, network, optimizer) -> dict:
