@@ -32,6 +32,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..checkpoint import save_checkpoint
+from ..checkpoint.retention import remove_leftovers
 from ..data.protocol import CommittableDataset
 from ..distributed import parallel_mode, rank, save_sharded
 from ..validation import check_str, check_type
@@ -243,6 +244,8 @@ class ModelCheckpoint(Callback):
         return [f[-1] for f in sorted(found)]
 
     def _prune(self, new_path: str) -> None:
+        # what killed saves of this series (any run of the prefix) left, older than new_path
+        remove_leftovers(self._directory, re.escape(self._exception_prefix) + r"(?:_\d+)?-\d+_\d+", new_path)
         files = [f for f in self._own_files() if f != new_path]
         keep_max, per_minutes = self._config.keep_checkpoint_max, self._config.keep_checkpoint_per_n_minutes
         if keep_max:
