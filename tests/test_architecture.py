@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "recstream"
 # Lowest first; a package may import packages of lower levels (and itself).
 LEVELS = [
     {"validation", "sorting"},
-    {"features", "testing"},
+    {"features", "testing", "atomic"},
     {"data", "nn", "optim", "metrics"},
     {"checkpoint"},
     {"distributed"},

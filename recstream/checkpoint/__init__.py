@@ -8,7 +8,7 @@
   every one read that is unsigned or fails its keyed digest (`recstream.checkpoint.keyed_digest`;
   CRC32 catches accidents, the keyed digest catches edits).
 - `atomic_write`, `fsync_file`, `fsync_dir`: write a file so a crash leaves the old one or the
-  complete new one (`recstream.checkpoint.atomic`); serving's snapshots use them too.
+  complete new one (`recstream.atomic`, re-exported here); serving's snapshots use them too.
 
 When to save (every N steps, keep M files) is `recstream.callbacks.ModelCheckpoint`'s business.
 
@@ -17,7 +17,7 @@ When to save (every N steps, keep M files) is `recstream.callbacks.ModelCheckpoi
 >>> sorted(load_checkpoint(path, torch.nn.Linear(2, 1), restore_rng=False))
 ['format_version', 'time']
 """
-from .atomic import atomic_write, fsync_dir, fsync_file
+from ..atomic import atomic_write, fsync_dir, fsync_file
 from .file_format import CheckpointError, load_checkpoint, save_checkpoint
 from .keyed_digest import KEY_ENV
 

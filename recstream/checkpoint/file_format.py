@@ -50,8 +50,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..atomic import atomic_write
 from ..validation import check_bool, check_module, check_type, describe
-from .atomic import atomic_write
 from .keyed_digest import DIGEST_ENTRY, checkpoint_key, verify
 from .keyed_digest import digest as keyed_digest
 from .state_codec import checksum, decode, encode, prepare_for_save, tensor_refs

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 
-from .atomic import TMP_SUFFIX
+from ..atomic import TMP_SUFFIX
 
 __all__ = ["PARTIAL_SUFFIX", "OLD_SUFFIX", "leftovers", "remove_leftovers"]
 

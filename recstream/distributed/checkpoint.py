@@ -63,7 +63,8 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from ..checkpoint import CheckpointError, fsync_dir, fsync_file
+from ..atomic import fsync_dir, fsync_file
+from ..checkpoint import CheckpointError
 from ..validation import check_module, check_type
 from ._checkpoint_state import (
     assemble_optimizer_state,
