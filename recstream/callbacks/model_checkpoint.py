@@ -31,10 +31,10 @@ from time import monotonic as _monotonic
 import torch
 from safetensors import SafetensorError
 
-from ..checkpoint import save_checkpoint
+from ..checkpoint import save_checkpoint, save_sharded
 from ..checkpoint.retention import remove_leftovers
 from ..data.protocol import CommittableDataset
-from ..distributed import parallel_mode, rank, save_sharded
+from ..distributed import parallel_mode, rank
 from ..validation import check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
@@ -44,7 +44,7 @@ SUFFIX = ".safetensors"
 
 def _sharded() -> bool:
     """Under hybrid_parallel a checkpoint is a directory that every rank writes its rows into
-    (`recstream.distributed.save_sharded`); otherwise one safetensors file."""
+    (`recstream.checkpoint.save_sharded`); otherwise one safetensors file."""
     return parallel_mode() == "hybrid_parallel"
 
 

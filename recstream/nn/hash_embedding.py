@@ -69,7 +69,7 @@ global batch, so a sharded table admits and ages keys exactly as one process
 would; capacity-driven LRU eviction is per shard. ``export``, ``export_delta``,
 ``state_dict`` and ``memory_bytes`` are this rank's shard (the union over the
 ranks is the table); ``load_rows`` / ``import_`` keep the keys this rank owns.
-Sharded checkpoints: ``recstream.distributed.save_sharded``.
+Sharded checkpoints: ``recstream.checkpoint.save_sharded`` (through `HashEmbedding.state`).
 
 Export
 ------

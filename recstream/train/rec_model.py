@@ -44,10 +44,10 @@ import torch
 
 from ..callbacks import Callback, CallbackList, History, ModelCheckpoint
 from ..callbacks.base import as_callback_list
-from ..checkpoint import CheckpointError, load_checkpoint
+from ..checkpoint import CheckpointError, is_complete, load_checkpoint, load_sharded
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
 from ..data.streams import Stream
-from ..distributed import is_complete, is_distributed, load_sharded, rank, world_size
+from ..distributed import is_distributed, rank, world_size
 from ..distributed.lockstep import Lockstep, is_job_position
 from ..validation import check_bool, check_int
 from .lockstep_callbacks import PositionSync, StopAgreement

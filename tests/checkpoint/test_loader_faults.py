@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from recstream import RecModel, distributed
+from recstream import RecModel, checkpoint
 from recstream.callbacks import CheckpointConfig, ModelCheckpoint
 from recstream.checkpoint import CheckpointError, file_format, load_checkpoint, save_checkpoint
 from recstream.checkpoint.state_codec import checksum
@@ -209,7 +209,7 @@ def _sharded(path, net, step):
     opt = torch.optim.Adam(net.parameters(), lr=0.1)
     net(torch.ones(2, 3)).sum().backward()
     opt.step()
-    distributed.save_sharded(path, net, opt, extra={"cur_step_num": step, "epoch": 1})
+    checkpoint.save_sharded(path, net, opt, extra={"cur_step_num": step, "epoch": 1})
 
 
 @pytest.mark.parametrize("fault", ["deep_json", "not_an_object", "wrong_shape"])
@@ -219,13 +219,13 @@ def test_a_bad_sharded_checkpoint_is_a_checkpoint_error_and_changes_nothing(tmp_
     if fault == "wrong_shape":
         other = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 1))
         with pytest.raises(CheckpointError, match="shape"):
-            distributed.load_sharded(tmp_path / "c", other)
+            checkpoint.load_sharded(tmp_path / "c", other)
         return
-    meta = tmp_path / "c" / distributed.checkpoint.META_FILE
+    meta = tmp_path / "c" / checkpoint.sharded.META_FILE
     meta.write_text(_deep(100_000) if fault == "deep_json" else "[1, 2]")
     fresh, before = _net(2), _net(2)
     with pytest.raises(CheckpointError, match="recstream_checkpoint.json"):
-        distributed.load_sharded(tmp_path / "c", fresh)
+        checkpoint.load_sharded(tmp_path / "c", fresh)
     assert _same(fresh, before)
 
 
@@ -234,7 +234,7 @@ def test_restore_falls_back_to_an_older_sharded_checkpoint(tmp_path):
     _sharded(tmp_path / "run-1_1", older, 1)
     newer = _net(5)
     _sharded(tmp_path / "run-1_2", newer, 2)
-    (tmp_path / "run-1_2" / distributed.checkpoint.META_FILE).write_text(_deep(100_000))
+    (tmp_path / "run-1_2" / checkpoint.sharded.META_FILE).write_text(_deep(100_000))
     net = _net(4)
     meta = _model(net).restore(tmp_path)
     assert meta["cur_step_num"] == 1 and _same(net, older)

@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed import is_distributed
 from ..nn import HashEmbedding
 from ..nn.hash_embedding import HashEmbeddingState, table_entries
 from ..nn.tensor_hash_table import EMPTY
-from .context import is_distributed
 
 __all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "load_hash_state", "remap_optimizer_rows",
            "full_optimizer_templates"]

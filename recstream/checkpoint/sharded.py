@@ -17,7 +17,7 @@ What is written, in the directory:
   sums, FTRL's accumulators) are sharded exactly as their parameter; scalars (``step``) are
   stored as 0-d tensors;
 - every `HashEmbedding`'s tables (``hash.<module>.<tensor>``): each rank writes its key shard
-  whole; loading into other ranks or one process rebuilds the tables by key (`_hash_checkpoint`);
+  whole; loading into other ranks or one process rebuilds the tables by key (`recstream.checkpoint._hash_state`);
 - ``recstream_checkpoint.json``, written by rank 0 last: the optimizer's hyper-parameters and
   parameter groups, and every rank's `extra` (JSON values: step counters, stream positions), in
   rank order.
@@ -64,16 +64,9 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from ..atomic import fsync_dir, fsync_file
-from ..checkpoint import CheckpointError
+from ..distributed import is_distributed, rank, world_size
 from ..validation import check_module, check_type
-from ._checkpoint_state import (
-    assemble_optimizer_state,
-    network_tensors,
-    optimizer_doc,
-    optimizer_templates,
-    optimizer_tensors,
-)
-from ._hash_checkpoint import (
+from ._hash_state import (
     full_optimizer_templates,
     hash_doc,
     hash_templates,
@@ -81,7 +74,14 @@ from ._hash_checkpoint import (
     load_hash_state,
     remap_optimizer_rows,
 )
-from .context import is_distributed, rank, world_size
+from ._sharded_state import (
+    assemble_optimizer_state,
+    network_tensors,
+    optimizer_doc,
+    optimizer_templates,
+    optimizer_tensors,
+)
+from .file_format import CheckpointError
 
 __all__ = ["save_sharded", "load_sharded", "is_complete", "META_FILE", "PARTIAL_SUFFIX"]
 
