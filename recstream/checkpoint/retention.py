@@ -1,4 +1,9 @@
-"""Retention of a checkpoint directory: what a crashed save left behind.
+"""Retention of a checkpoint directory: how many checkpoints are kept, and what a crashed save
+left behind.
+
+`prune(files, keep_max=..., per_minutes=...)`: of a series' files (oldest first, the one just
+written excluded), keep the newest ``keep_max - 1`` (so ``keep_max`` with the new one), or of
+those written in the last ``per_minutes`` only the oldest (MindSpore's rules).
 
 A save killed mid-write leaves, beside the complete checkpoints:
 
@@ -24,10 +29,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 
 from ..atomic import TMP_SUFFIX
 
-__all__ = ["PARTIAL_SUFFIX", "OLD_SUFFIX", "leftovers", "remove_leftovers"]
+__all__ = ["PARTIAL_SUFFIX", "OLD_SUFFIX", "prune", "remove_checkpoint", "leftovers", "remove_leftovers"]
 
 PARTIAL_SUFFIX = ".partial"
 OLD_SUFFIX = ".old"
@@ -71,11 +77,38 @@ def remove_leftovers(directory: str, name_pattern: str, newest_complete: str) ->
         try:
             if _last_written(path) >= cutoff:
                 continue  # written since the newest checkpoint: a save may still be running
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
         except FileNotFoundError:  # removed concurrently
             continue
+        remove_checkpoint(path)
         removed.append(path)
     return removed
+
+
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint file or a sharded checkpoint directory (gone already: fine)."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def prune(older: list[str], keep_max: int, per_minutes: int) -> None:
+    """Apply the keep rules to `older` (a series' checkpoints oldest first, without the newest)."""
+    if keep_max:
+        for path in older[: max(0, len(older) - keep_max + 1)]:  # keep_max - 1 older + the newest
+            remove_checkpoint(path)
+    elif per_minutes:
+        # MindSpore: of the files written in the last `per_minutes`, keep only the oldest one.
+        now = time.time()
+        recent = []
+        for path in older:
+            try:
+                if now - os.path.getmtime(path) < per_minutes * 60:
+                    recent.append(path)
+            except FileNotFoundError:
+                continue
+        for path in recent[1:]:
+            remove_checkpoint(path)
