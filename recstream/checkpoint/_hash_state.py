@@ -31,8 +31,8 @@ from ..nn import HashEmbedding
 from ..nn.hash_embedding import HashEmbeddingState, table_entries
 from ..nn.tensor_hash_table import EMPTY
 
-__all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "load_hash_state", "remap_optimizer_rows",
-           "full_optimizer_templates"]
+__all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "plan_hash_loads", "load_hash_state",
+           "remap_optimizer_rows", "full_optimizer_templates"]
 
 _PER_ROW = ("values", "row_slots", "free_rows", "dirty", "reset_mask")
 _PER_SLOT = ("table.keys", "table.rows", "table.counts", "table.last_seen")
@@ -119,19 +119,41 @@ def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, sa
     return templates, direct
 
 
-def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict
+def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict) -> dict:
+    """For each module that reshards: the entries it will own, their saved rows and its eviction
+    log, checked to fit its capacity (ValueError) -- before any module changes."""
+    plans = {}
+    for name, m in hash_modules(network).items():
+        if direct[name]:
+            continue
+        get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
+        entries, old_rows, log = _owned_entries(m, get, doc[name])
+        admitted = int(entries["admitted"].sum())
+        pending = entries["keys"].numel() - admitted
+        if admitted > m.capacity or pending > m.pending_capacity:
+            raise ValueError(f"HashEmbedding {name!r}: {admitted} admitted and {pending} pending keys do not fit "
+                             f"in capacity={m.capacity} and pending_capacity={m.pending_capacity}")
+        plans[name] = (entries, old_rows, log)
+    return plans
+
+
+def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict, plans: dict
                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
-    """Put the loaded tensors into the modules. Returns, per resharded module, ``(old rows, new
-    rows, saved rows)``: where each kept key's row was in the saved concatenation and is now."""
+    """Put the loaded tensors into the modules (`plans` from `plan_hash_loads`). Returns, per
+    resharded module, ``(old rows, new rows, saved rows)``: where each kept key's row was in the
+    saved concatenation and is now."""
     moves = {}
     for name, m in hash_modules(network).items():
         get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
         with torch.no_grad():
             if direct[name]:
                 _load_direct(m, get, doc[name])
-            else:
-                m.default_value.copy_(get("default_value"))
-                moves[name] = _load_resharded(m, get, doc[name])
+                continue
+            m.default_value.copy_(get("default_value"))
+            entries, old_rows, log = plans[name]
+            m.set_counters_(int(get("global_step_t")[0]), bool(get("track_evictions_t").max()))
+            new_rows = m.load_entries_(m.capacity, m.pending_capacity, entries, log)
+            moves[name] = (old_rows[entries["admitted"]], new_rows, doc[name]["shards"] * doc[name]["capacity"])
     return moves
 
 
@@ -148,7 +170,9 @@ def _load_direct(m: HashEmbedding, get, saved: dict) -> None:
         saved["num_slots"], int(tensors["global_step_t"]), bool(tensors["track_evictions_t"])))
 
 
-def _load_resharded(m: HashEmbedding, get, saved: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _owned_entries(m: HashEmbedding, get, saved: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Every key of every saved shard that `m` owns now, with its row in the saved concatenation
+    (-1 for pending keys), and the owned part of the eviction log. Reads only."""
     shards, cap, slots = saved["shards"], saved["capacity"], saved["num_slots"]
     parts, olds = [], []
     for s in range(shards):
@@ -162,11 +186,7 @@ def _load_resharded(m: HashEmbedding, get, saved: dict) -> tuple[torch.Tensor, t
     log = get("evicted_keys")
     log = torch.unique(log[log != EMPTY])
     mine = m.owns(entries["keys"])
-    entries, old_rows = {k: v[mine] for k, v in entries.items()}, old_rows[mine]
-    log = log[m.owns(log)]
-    m.set_counters_(int(get("global_step_t")[0]), bool(get("track_evictions_t").max()))
-    new_rows = m.load_entries_(m.capacity, m.pending_capacity, entries, log)
-    return old_rows[entries["admitted"]], new_rows, shards * cap
+    return {k: v[mine] for k, v in entries.items()}, old_rows[mine], log[m.owns(log)]
 
 
 def _state_keys(network: nn.Module, doc_optimizer: dict, name: str):

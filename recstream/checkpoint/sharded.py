@@ -72,6 +72,7 @@ from ._hash_state import (
     hash_templates,
     hash_tensors,
     load_hash_state,
+    plan_hash_loads,
     remap_optimizer_rows,
 )
 from ._sharded_state import (
@@ -155,13 +156,14 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
         state, model, direct = _templates(owner, path, network, optimizer, doc)
         with _single_process_quiet():
             dcp.load(state, storage_reader=HuggingFaceStorageReader(path), no_dist=not is_distributed())
+        plans = plan_hash_loads(network, state, direct, doc.get("hash", {}))  # do the keys fit?
     except CheckpointError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
             dcp.CheckpointException) as e:  # CheckpointException (a BaseException): a corrupt shard file
         raise CheckpointError(f"{owner}: {path!r} cannot be loaded: {e}") from e
     _copy_into(network, model)
-    moves = load_hash_state(network, state, direct, doc.get("hash", {}))
+    moves = load_hash_state(network, state, direct, doc.get("hash", {}), plans)
     if optimizer is not None:
         remap_optimizer_rows(network, doc["optimizer"], state, moves)
         optimizer.load_state_dict(assemble_optimizer_state(network, optimizer, doc["optimizer"], state))

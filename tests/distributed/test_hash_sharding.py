@@ -144,5 +144,7 @@ def test_one_process_checkpoint_is_exact_and_loads_into_another_capacity(tmp_pat
     assert sorted(bigger["emb"].evicted_keys.tolist()) == sorted(net["emb"].evicted_keys.tolist())
 
     small, small_opt = _busy(2)
-    with pytest.raises(ValueError, match="do not fit in capacity=2"):
+    before = {k: v.clone() for k, v in small.state_dict().items()}
+    with pytest.raises(checkpoint.CheckpointError, match="do not fit in capacity=2"):
         checkpoint.load_sharded(tmp_path / "c", small, small_opt)
+    assert all(torch.equal(v, before[k]) for k, v in small.state_dict().items())  # refused before loading
