@@ -1,20 +1,22 @@
 """The package layering of docs/architecture.md holds: imports point only down, never into a
 private module of another package, and no package imports one of its own level except where the
-picture allows it (train may use callbacks)."""
+picture allows it (train may use callbacks). No package reaches into another package's private
+attributes either (`obj._name` where `_name` belongs to another recstream package)."""
 import ast
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1] / "recstream"
 
 # Lowest first; a package may import packages of lower levels (and itself).
 LEVELS = [
     {"validation", "sorting", "hostpath"},
-    {"features", "testing"},
+    {"features", "testing", "atomic"},
     {"data", "nn", "optim", "metrics"},
-    {"checkpoint"},
     {"distributed"},
+    {"checkpoint"},
     {"models"},
     {"train", "callbacks"},
     {"serving"},
@@ -108,3 +110,85 @@ def test_the_checker_catches(tmp_path, package, source, expected):
     finally:
         globals()["ROOT"] = saved
     assert len(found) == 1 and expected in found[0]
+
+
+# ----- private attributes -----
+# Private names that are torch's protocols (a module overriding `_load_from_state_dict`, reading
+# `_non_persistent_buffers_set`), not a recstream package's: accessing them is torch's contract.
+TORCH_NAMES = frozenset(dir(torch.nn.Module())) | frozenset(dir(torch.Tensor)) | frozenset(
+    dir(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined_private_names(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, assigned names and attributes."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if _private(n)}
+
+
+def _private_access_violations():
+    """`x._name` in package P (x not self/cls) where `_name` is defined by another recstream
+    package and not by P, and is not a torch protocol name; and `from <other package> import _name`.
+
+    Own attributes (self._x, cls._x) are a class's business, and a name P defines itself is P's
+    (so the rule has no false positives; it can miss an access to a name both packages define)."""
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in sorted(ROOT.rglob("*.py"))}
+    defined: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        own = _package_of(path)
+        if own is not None:
+            defined.setdefault(own, set()).update(_defined_private_names(tree))
+    for path, tree in trees.items():
+        own = _package_of(path)
+        if own is None:
+            continue
+        others = {n for pkg, names in defined.items() if pkg != own for n in names} - defined[own] - TORCH_NAMES
+        where = path.relative_to(ROOT.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in others:
+                receiver = node.value
+                if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+                    continue
+                yield f"{where}:{node.lineno} reads .{node.attr}, a private attribute of another package"
+        for target, line in _imports(path):
+            parts = target.split(".")[1:]
+            if parts and parts[0] != own and parts[0] in LEVEL_OF and _private(parts[-1]):
+                yield f"{where}:{line} imports {target}, a private name of another package"
+
+
+def test_no_package_reaches_into_another_packages_private_attributes():
+    assert list(_private_access_violations()) == []
+
+
+@pytest.mark.parametrize("source,found", [
+    ("def f(m):\n    return m._sharding\n", 1),  # another package's private attribute
+    ("from ..nn.tables import _helper\n", 1),  # another package's private name
+    ("def f(m):\n    return m._non_persistent_buffers_set\n", 0),  # torch's, not nn's
+    ("class A:\n    def f(self):\n        return self._sharding\n", 0),  # its own attribute
+    ("_sharding = 1\ndef f(m):\n    return m._sharding\n", 0),  # a name its own package defines
+])
+def test_the_private_attribute_checker(tmp_path, source, found):
+    fake = tmp_path / "recstream"
+    for pkg in LEVEL_OF:
+        (fake / pkg).mkdir(parents=True, exist_ok=True)
+        (fake / pkg / "__init__.py").write_text("")
+    (fake / "nn" / "tables.py").write_text("class T:\n    def __init__(self):\n        self._sharding = None\n\n"
+                                           "def _helper():\n    pass\n\n_non_persistent_buffers_set = 1\n")
+    (fake / "distributed" / "user.py").write_text(source)
+    globals()["ROOT"], saved = fake, ROOT
+    try:
+        hits = list(_private_access_violations())
+    finally:
+        globals()["ROOT"] = saved
+    assert len(hits) == found, hits
+    assert all("distributed/user.py:" in h for h in hits)

@@ -22,44 +22,28 @@ written at the end of an epoch.
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import time
 import warnings
 from time import monotonic as _monotonic
 
 import torch
 from safetensors import SafetensorError
 
-from ..checkpoint import save_checkpoint
-from ..distributed import parallel_mode, rank, save_sharded
+from ..checkpoint import save_checkpoint, save_sharded
+from ..checkpoint.naming import SUFFIX, checkpoint_name, series_files, series_pattern, unique_prefix
+from ..checkpoint.retention import prune, remove_leftovers
+from ..distributed import parallel_mode, rank
 from ..validation import check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
 from .divergence import check_finite_model
 
-SUFFIX = ".safetensors"
+__all__ = ["ModelCheckpoint", "SUFFIX"]
 
 
 def _sharded() -> bool:
     """Under hybrid_parallel a checkpoint is a directory that every rank writes its rows into
-    (`recstream.distributed.save_sharded`); otherwise one safetensors file."""
+    (`recstream.checkpoint.save_sharded`); otherwise one safetensors file."""
     return parallel_mode() == "hybrid_parallel"
-
-
-def _suffix() -> str:
-    return "" if _sharded() else SUFFIX
-
-
-def _unique_prefix(directory: str, prefix: str) -> str:
-    """MindSpore's rule: if ``prefix-*`` or ``prefix_N-*`` checkpoints exist, use ``prefix_{max N + 1}``."""
-    suffix = 0
-    pattern = re.compile(re.escape(prefix) + r"(?:_(\d+))?-\d+_\d+" + re.escape(_suffix()) + "$")
-    for name in os.listdir(directory):
-        m = pattern.match(name)
-        if m:
-            suffix = max(suffix, int(m.group(1)) + 1 if m.group(1) else 1)
-    return f"{prefix}_{suffix}" if suffix else prefix
 
 
 class ModelCheckpoint(Callback):
@@ -85,7 +69,7 @@ class ModelCheckpoint(Callback):
         os.makedirs(self._directory, exist_ok=True)
         self._config = config
         self._exception_prefix = prefix
-        self._prefix = _unique_prefix(self._directory, prefix)
+        self._prefix = unique_prefix(self._directory, prefix, _sharded())
         self._append = dict(config.append_dict or {})
         self._append_epoch_num = self._append.get("epoch_num", 0)
         self._append_step_num = self._append.get("step_num", 0)
@@ -173,7 +157,7 @@ class ModelCheckpoint(Callback):
             return  # nothing trained since the last save (e.g. the final save right after a periodic one)
         if not self._due(p, force):
             return
-        name = f"{self._prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}{_suffix()}"
+        name = checkpoint_name(self._prefix, p.cur_epoch_num, self._step_in_epoch(p), _sharded())
         path = os.path.join(self._directory, name)
         # Write first, prune after: a failed write must not cost an old checkpoint.
         try:
@@ -223,47 +207,17 @@ class ModelCheckpoint(Callback):
             save_checkpoint(path, network, optimizer, extra=extra, crc=self._config.crc_check)
 
     def _own_files(self) -> list[str]:
-        """This run's periodic checkpoints (breakpoint files and other prefixes excluded); in online
-        training, those of earlier runs of the same prefix too."""
-        prefix = re.escape(self._exception_prefix) + r"(?:_\d+)?" if self._series else re.escape(self._prefix)
-        pattern = re.compile(prefix + r"-(\d+)_(\d+)" + re.escape(_suffix()) + "$")
-        found = []
-        for name in os.listdir(self._directory):
-            m = pattern.match(name)
-            if m:
-                path = os.path.join(self._directory, name)
-                try:
-                    found.append((os.stat(path).st_mtime_ns, int(m.group(1)), int(m.group(2)), path))
-                except FileNotFoundError:  # removed concurrently
-                    continue
-        # Oldest first; equal mtimes (coarse clocks, fast saves) fall back to epoch/step order.
-        return [f[-1] for f in sorted(found)]
+        """This run's periodic checkpoints, oldest first (breakpoint files and other prefixes
+        excluded); in online training, those of earlier runs of the same prefix too."""
+        pattern = series_pattern(self._exception_prefix, every_run=True) if self._series \
+            else series_pattern(self._prefix, every_run=False)
+        return series_files(self._directory, pattern, _sharded())
 
     def _prune(self, new_path: str) -> None:
-        files = [f for f in self._own_files() if f != new_path]
+        # what killed saves of this series (any run of the prefix) left, older than new_path
+        remove_leftovers(self._directory, series_pattern(self._exception_prefix, every_run=True), new_path)
+        older = [f for f in self._own_files() if f != new_path]
         keep_max, per_minutes = self._config.keep_checkpoint_max, self._config.keep_checkpoint_per_n_minutes
-        if keep_max:
-            # keep_max - 1 older files plus the one just written.
-            for path in files[: max(0, len(files) - keep_max + 1)]:
-                self._remove(path)
-        elif per_minutes:
-            now = _monotonic()
-            if now - self._last_time_for_keep < per_minutes * 60:
-                self._keep_one_per_window(files, per_minutes)
-
-    def _keep_one_per_window(self, files: list[str], minutes: int) -> None:
-        # MindSpore: of the files written in the last `minutes`, keep only the oldest one.
-        now = time.time()
-        recent = [f for f in files if now - os.path.getmtime(f) < minutes * 60]
-        for path in recent[1:]:
-            self._remove(path)
-
-    @staticmethod
-    def _remove(path: str) -> None:
-        try:
-            if os.path.isdir(path):  # a sharded checkpoint
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-        except FileNotFoundError:
-            pass
+        # keep_checkpoint_per_n_minutes applies only while the last save is within the window
+        if keep_max or _monotonic() - self._last_time_for_keep < per_minutes * 60:
+            prune(older, keep_max, per_minutes)

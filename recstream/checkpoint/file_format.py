@@ -15,7 +15,15 @@ File layout (format version 1):
   e.g. epoch, step_in_epoch, cur_step_num, batch_num), ``aliases`` (tied tensors stored once) and
   ``checksums`` (CRC32 per tensor) and ``metadata_checksum`` (CRC32 of all the other metadata
   entries, so that a flipped bit in a position or counter fails the load). In the JSON
-  documents tensors appear as references ``{"__tensor__": "<name>"}``. Nothing is ever pickled.
+  documents tensors appear as references ``{"__tensor__": "<name>"}``. Nothing is ever pickled;
+- with ``RECSTREAM_CHECKPOINT_KEY`` set, ``hmac_sha256``: a keyed digest of the metadata and every
+  tensor (`recstream.checkpoint.keyed_digest`). The CRC32s catch accidents (bit flips,
+  truncation), not edits: whoever can write the file can recompute them; the keyed digest cannot
+  be recomputed without the key.
+
+Loading reads and verifies everything (checksums, digest, structure, shapes, optimizer groups,
+RNG states) before it modifies the network, the optimizer or an RNG; every way a file can be bad
+is a `CheckpointError` naming the file.
 
 Writes are atomic (temp file, fsync, rename, fsync dir): a crash leaves the previous file intact.
 
@@ -42,8 +50,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..atomic import atomic_write
 from ..validation import check_bool, check_module, check_type, describe
-from .atomic import atomic_write
+from .keyed_digest import DIGEST_ENTRY, checkpoint_key, verify
+from .keyed_digest import digest as keyed_digest
 from .state_codec import checksum, decode, encode, prepare_for_save, tensor_refs
 
 FORMAT = "recstream.checkpoint"
@@ -94,6 +104,21 @@ def _set_rng_state(state: dict) -> None:
             torch.cuda.set_rng_state(s, i)
 
 
+def _check_rng_state(path: str, state: dict) -> None:
+    """Apply `state` to throw-away generators: a bad state fails here, before the network, the
+    optimizer or any global RNG was touched (the global setters would fail half-way)."""
+    try:
+        random.Random().setstate(state["python"])
+        name, keys, *rest = state["numpy"]
+        np.random.RandomState().set_state((name, keys.numpy().astype(np.uint32), *rest))
+        torch.Generator().set_state(state["torch_cpu"])
+        cuda = state.get("torch_cuda") or []
+        if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8 for s in cuda):
+            raise TypeError("CUDA RNG states must be a list of uint8 tensors")
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, OverflowError) as e:
+        raise CheckpointError(f"load_checkpoint: '{path}' has a bad RNG state: {e!r}") from e
+
+
 def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, optimizer=None, extra: dict | None = None,
                     *, rng: bool = True, crc: bool = True) -> str:
     """Write network (+ optimizer, RNG states, `extra`) to `path` atomically; return the path.
@@ -115,6 +140,7 @@ def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, optimizer
                          f"got {sorted(extra)}")
     check_bool(owner, "rng", rng)
     check_bool(owner, "crc", crc)
+    key = checkpoint_key()
 
     tensors: dict[str, torch.Tensor] = {}
     docs = {"network": encode(dict(network.state_dict()), "network", tensors)}
@@ -128,6 +154,9 @@ def save_checkpoint(path: str | os.PathLike, network: torch.nn.Module, optimizer
     metadata.update({k: json.dumps(v, allow_nan=False) for k, v in docs.items()})
     if crc:
         metadata["checksums"] = json.dumps({k: checksum(v) for k, v in stored.items()})
+    if key is not None:  # signs the CRCs too; the metadata CRC (next) covers the digest
+        metadata[DIGEST_ENTRY] = keyed_digest(key, metadata, stored, unsigned=(META_CHECKSUM,))
+    if crc:
         metadata[META_CHECKSUM] = str(_metadata_crc(metadata))
     atomic_write(path, lambda tmp: save_file(stored, tmp, metadata=metadata))
     return path
@@ -147,8 +176,9 @@ def _metadata_crc(metadata: dict[str, str]) -> int:
 class _Reader:
     """Header parsing, tensor lookup (aliases, checksums) and error wrapping for one open file."""
 
-    def __init__(self, path: str, handle):
+    def __init__(self, path: str, handle, key: bytes | None):
         self.path, self.handle = path, handle
+        self.cache: dict[str, torch.Tensor] = {}
         meta = handle.metadata() or {}
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"load_checkpoint: '{path}' is not a recstream checkpoint "
@@ -160,11 +190,16 @@ class _Reader:
         if not version.isdigit() or int(version) > FORMAT_VERSION:
             raise CheckpointError(f"load_checkpoint: '{path}' has format_version {version!r}; this recstream "
                                   f"reads versions 1..{FORMAT_VERSION} (upgrade recstream)")
+        if key is not None:  # before any JSON is parsed: an unsigned document is not trusted with the parser
+            self.cache = {name: handle.get_tensor(name) for name in handle.keys()}
+            problem = verify(key, meta, self.cache, unsigned=(META_CHECKSUM,))
+            if problem:
+                raise CheckpointError(f"load_checkpoint: '{path}' is refused: {problem}")
         try:
             self.docs = {k: json.loads(meta[k]) for k in ("network", "optimizer", "meta", "rng") if k in meta}
             self.aliases = json.loads(meta.get("aliases", "{}"))
             self.checksums = json.loads(meta.get("checksums", "{}"))
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: JSON nested too deep
             raise CheckpointError(f"load_checkpoint: '{path}' has corrupt metadata: {e}") from e
         if "network" not in self.docs or "meta" not in self.docs:
             raise CheckpointError(f"load_checkpoint: '{path}' is corrupt: metadata lacks 'network' or 'meta'")
@@ -177,7 +212,7 @@ class _Reader:
 
     def tensor(self, name: str) -> torch.Tensor:
         stored = self.aliases.get(name, name)
-        t = self.handle.get_tensor(stored)
+        t = self.cache[stored] if stored in self.cache else self.handle.get_tensor(stored)
         expected = self.checksums.get(stored)
         if expected is not None and checksum(t) != expected:
             raise CheckpointError(f"load_checkpoint: '{self.path}' is corrupt: tensor {stored!r} fails its checksum")
@@ -243,11 +278,35 @@ def load_checkpoint(path: str | os.PathLike, network: torch.nn.Module | None = N
     check_bool(owner, "restore_rng", restore_rng)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"load_checkpoint: no checkpoint file at '{path}'")
+    meta, net_state, opt_state, rng_state = _read(path, network is not None, optimizer, restore_rng)
+    # Everything is read and verified; check the fit before modifying anything.
+    missing, unexpected = _check_fit(path, network, optimizer, strict, net_state, opt_state, rng_state)
+    if network is not None:
+        try:
+            network.load_state_dict(net_state, strict=strict)
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:
+            raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: {e}") from e
+        if missing or unexpected:
+            warnings.warn(f"load_checkpoint: '{path}': missing keys {missing}, unexpected keys {unexpected}",
+                          RuntimeWarning, stacklevel=2)
+    if optimizer is not None:
+        try:
+            optimizer.load_state_dict(opt_state)
+        except (ValueError, KeyError, RuntimeError, TypeError, IndexError) as e:
+            raise CheckpointError(f"load_checkpoint: '{path}': optimizer state does not fit: {e}") from e
+    if rng_state is not None:
+        _set_rng_state(rng_state)
+    return meta
+
+
+def _read(path: str, with_network: bool, optimizer, restore_rng: bool) -> tuple:
+    """(meta, network state, optimizer state, RNG state) read and verified; CheckpointError else."""
+    key = checkpoint_key()
     try:
         with safe_open(path, framework="pt", device="cpu") as handle:
-            reader = _Reader(path, handle)
+            reader = _Reader(path, handle, key)
             meta = reader.value("meta")
-            net_state = reader.value("network") if network is not None else None
+            net_state = reader.value("network") if with_network else None
             opt_state = None
             if optimizer is not None:
                 if "optimizer" not in reader.docs:
@@ -258,33 +317,33 @@ def load_checkpoint(path: str | os.PathLike, network: torch.nn.Module | None = N
         raise
     except SafetensorError as e:
         raise CheckpointError(f"load_checkpoint: '{path}' is truncated or corrupt: {e}") from e
-    except (KeyError, TypeError, ValueError) as e:  # well-formed JSON with a broken structure
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+        # well-formed JSON with a broken structure (or nested too deep to decode)
         raise CheckpointError(f"load_checkpoint: '{path}' has corrupt metadata: {e!r}") from e
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"load_checkpoint: '{path}' has corrupt metadata: 'meta' is a {type(meta).__name__}")
+    return meta, net_state, opt_state, rng_state
 
-    # Everything is read and verified; check the fit before modifying anything.
-    if optimizer is not None:
-        _check_optimizer_shape(path, optimizer, opt_state)
-    if network is not None:
+
+def _check_fit(path: str, network, optimizer, strict: bool, net_state, opt_state, rng_state) -> tuple[list, list]:
+    """Everything that can refuse the file, before anything is modified; (missing, unexpected) keys."""
+    if rng_state is not None:
+        _check_rng_state(path, rng_state)
+    try:
+        if optimizer is not None:
+            _check_optimizer_shape(path, optimizer, opt_state)
+        if network is None:
+            return [], []
         expected, found = set(network.state_dict()), set(net_state)
         missing, unexpected = sorted(expected - found), sorted(found - expected)
-        if (missing or unexpected) and strict:
-            raise CheckpointError(f"load_checkpoint: '{path}' does not match the network: missing keys "
-                                  f"{missing[:10]}, unexpected keys {unexpected[:10]} (strict=True)")
         bad = _shape_mismatches(network, net_state)
-        if bad:
-            raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: shape mismatch {bad[:10]}")
-        try:
-            network.load_state_dict(net_state, strict=strict)
-        except RuntimeError as e:
-            raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: {e}") from e
-        if missing or unexpected:
-            warnings.warn(f"load_checkpoint: '{path}': missing keys {missing}, unexpected keys {unexpected}",
-                          RuntimeWarning, stacklevel=2)
-    if optimizer is not None:
-        try:
-            optimizer.load_state_dict(opt_state)
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"load_checkpoint: '{path}': optimizer state does not fit: {e}") from e
-    if rng_state is not None:
-        _set_rng_state(rng_state)
-    return meta
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"load_checkpoint: '{path}' has a corrupt network or optimizer state: {e!r}") from e
+    if (missing or unexpected) and strict:
+        raise CheckpointError(f"load_checkpoint: '{path}' does not match the network: missing keys "
+                              f"{missing[:10]}, unexpected keys {unexpected[:10]} (strict=True)")
+    if bad:
+        raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: shape mismatch {bad[:10]}")
+    return missing, unexpected

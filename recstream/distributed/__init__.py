@@ -12,8 +12,8 @@
 - `Lockstep(stream)`: one rank's stream handing out batches in step with the other ranks (online
   training under ``torchrun``: `RecModel.online_train` wraps its stream in it).
 - `all_reduce_metrics(metrics)`: metric accumulators merged over all ranks (AUC over all data).
-- `save_sharded(directory, network, optimizer, extra)` / `load_sharded(...)`: checkpoints on
-  `torch.distributed.checkpoint`, each rank writing its rows; they load into any number of ranks.
+- Sharded checkpoints (each rank writes its rows; they load into any number of ranks) are
+  `recstream.checkpoint.save_sharded` / `load_sharded`, one level up.
 
 A training script that runs unchanged under ``python train.py`` and
 ``torchrun --nproc_per_node=2 train.py``::
@@ -29,7 +29,6 @@ A training script that runs unchanged under ``python train.py`` and
 >>> distributed.shard([1, 2]), distributed.world_size()
 ([1, 2], 1)
 """
-from .checkpoint import is_complete, load_sharded, save_sharded
 from .context import (
     PARALLEL_MODES,
     get_auto_parallel_context,
@@ -51,4 +50,4 @@ __all__ = ["init", "shutdown", "set_auto_parallel_context", "get_auto_parallel_c
            "reset_auto_parallel_context",
            "parallel_mode", "PARALLEL_MODES", "rank", "world_size", "is_distributed", "shard", "RowShard",
            "data_parallel", "hybrid_parallel", "sharding_plan", "sparse_parameters", "all_reduce_metrics",
-           "merge_states", "save_sharded", "load_sharded", "is_complete", "Lockstep", "fill_batch"]
+           "merge_states", "Lockstep", "fill_batch"]

@@ -69,7 +69,7 @@ global batch, so a sharded table admits and ages keys exactly as one process
 would; capacity-driven LRU eviction is per shard. ``export``, ``export_delta``,
 ``state_dict`` and ``memory_bytes`` are this rank's shard (the union over the
 ranks is the table); ``load_rows`` / ``import_`` keep the keys this rank owns.
-Sharded checkpoints: ``recstream.distributed.save_sharded``.
+Sharded checkpoints: ``recstream.checkpoint.save_sharded`` (through `HashEmbedding.state`).
 
 Export
 ------
@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -126,7 +127,7 @@ from .tensor_hash_table import (
     _where,
 )
 
-__all__ = ["HashEmbedding", "table_entries"]
+__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries"]
 
 # Initial row values per ``param_init`` (std / half-width of the distribution).
 _INIT_SCALE = {"normal": 0.01, "uniform": 0.05}
@@ -157,6 +158,27 @@ def table_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             "last_seen": state["table.last_seen"].index_select(0, occ), "admitted": admitted, "row": row,
             "values": values, "dirty": state["dirty"].index_select(0, safe) & admitted,
             "reset": state["reset_mask"].index_select(0, safe) & admitted}
+
+
+@dataclass
+class HashEmbeddingState:
+    """One shard of a `HashEmbedding` (`HashEmbedding.state()`), as a checkpoint stores it.
+
+    `tensors`: every persistent tensor by its ``state_dict`` name (rows, slots, free list, 0-d
+    counters, ``default_value``) but the eviction log, which is `evicted_keys` (its length varies).
+    The geometry (`shards`, `capacity`, `pending_capacity`, `num_slots`) says whether another
+    module can load the tensors as they are (`HashEmbedding.load_state`) or must rebuild its table
+    from the keys (`table_entries` + `HashEmbedding.load_entries_`).
+    """
+
+    tensors: dict[str, torch.Tensor]
+    evicted_keys: torch.Tensor
+    shards: int
+    capacity: int
+    pending_capacity: int
+    num_slots: int
+    global_step: int
+    track_evictions: bool
 
 
 class HashEmbedding(nn.Module):
@@ -725,6 +747,54 @@ class HashEmbedding(nn.Module):
             "rows": [[r * self.capacity, (r + 1) * self.capacity] for r in range(w)],
             "keys": f"recstream.nn.key_sharding.owner_of(key, {w}) == rank"}
         return self
+
+    @property
+    def shards(self) -> int:
+        """The number of key shards (ranks) the table is split into; 1 when not sharded."""
+        return self._sharding.world_size if self._sharding is not None else 1
+
+    def owns(self, keys: torch.Tensor) -> torch.Tensor:
+        """Bool mask: which of `keys` this shard holds (all of them when not sharded)."""
+        if self._sharding is None:
+            return torch.ones(keys.shape, dtype=torch.bool, device=keys.device)
+        return self._sharding.owned(keys)
+
+    def state(self) -> HashEmbeddingState:
+        """This shard's complete table (detached views, no copy): what a checkpoint stores.
+
+        >>> m = HashEmbedding(2, capacity=4)
+        >>> _ = m(torch.tensor([7]))
+        >>> s = m.state()
+        >>> s.capacity, s.shards, sorted(s.tensors)[:3]
+        (4, 1, ['default_value', 'dirty', 'free_rows'])
+        >>> other = HashEmbedding(2, capacity=4)
+        >>> other.load_state(s)
+        >>> torch.equal(other(torch.tensor([7])), m(torch.tensor([7])))
+        True
+        """
+        tensors = {n: t.detach() for n, t in self.state_dict(keep_vars=True).items() if n != "evicted_keys"}
+        return HashEmbeddingState(tensors, self.evicted_keys.detach(), self.shards, self.capacity,
+                                  self.pending_capacity, self.num_slots, self.global_step,
+                                  bool(self.track_evictions_t))
+
+    @torch.no_grad()
+    def load_state(self, state: HashEmbeddingState) -> None:
+        """Load a `state()` of a shard of the same geometry (shards, capacity, pending capacity,
+        slots): ValueError naming the difference otherwise, before anything changes."""
+        check_type("HashEmbedding.load_state", "state", state, HashEmbeddingState)
+        mine = (self.shards, self.capacity, self.pending_capacity, self.num_slots)
+        theirs = (state.shards, state.capacity, state.pending_capacity, state.num_slots)
+        if mine != theirs:
+            raise ValueError(f"HashEmbedding.load_state: the state has (shards, capacity, pending_capacity, "
+                             f"num_slots) = {theirs}, this module {mine}; rebuild it with load_entries_")
+        self.load_state_dict({**state.tensors, "evicted_keys": state.evicted_keys})
+
+    @torch.no_grad()
+    def set_counters_(self, global_step: int, track_evictions: bool) -> None:
+        """Set the step counter and the eviction log switch (when rebuilding from other shards)."""
+        self.global_step_t.fill_(check_int("HashEmbedding.set_counters_", "global_step", global_step, minimum=0))
+        self.track_evictions_t.fill_(check_bool("HashEmbedding.set_counters_", "track_evictions", track_evictions))
+        self._sync_mirrors()
 
     def _entries(self) -> dict[str, torch.Tensor]:
         """Every key in the table (admitted and pending) with its state; see `table_entries`."""

@@ -36,10 +36,8 @@ stops are agreed after the same step on every rank; checkpoints hold every rank'
 """
 from __future__ import annotations
 
-import glob
 import itertools
 import logging
-import os
 import time
 import warnings
 
@@ -47,12 +45,12 @@ import torch
 
 from ..callbacks import Callback, CallbackList, History, ModelCheckpoint
 from ..callbacks.base import as_callback_list
-from ..checkpoint import CheckpointError, load_checkpoint
+from ..checkpoint.discovery import load_newest
 from ..data.batch import WeightedLabel
 from ..data.channel import EndOfStream
 from ..data.protocol import BadRecordDataset, SeekableDataset, check_dataset, dataset_size
 from ..data.streams import Stream
-from ..distributed import is_complete, is_distributed, load_sharded, rank, world_size
+from ..distributed import is_distributed, rank, world_size
 from ..distributed.lockstep import Lockstep, is_job_position
 from ..validation import check_bool, check_int
 from .committer import OnlineCommitter
@@ -182,7 +180,7 @@ class RecModel(Model):
 
         Returns the checkpoint's metadata, or None when there is no checkpoint there yet.
         """
-        found = _load_newest_valid(checkpoint, self._network, self._optimizer)
+        found = load_newest(checkpoint, self._network, self._optimizer)
         if found is None:
             return None
         path, meta = found
@@ -197,50 +195,6 @@ class RecModel(Model):
             train_dataset.seek(_rank_position(train_dataset, position))
         log.info("restored %s (epoch %s, step %s)", path, self._resume_epoch, self._resume_step)
         return meta
-
-
-def _load_newest_valid(checkpoint, network, optimizer) -> tuple[str, dict] | None:
-    """Load the newest checkpoint that loads: a file, or in a directory the ``*.safetensors``
-    by modification time, newest first, skipping (with a warning) truncated, corrupt or foreign
-    files. None for a first run; `CheckpointError` when there are files but none loads."""
-    checkpoint = os.fspath(checkpoint)
-    if os.path.isfile(checkpoint):
-        return checkpoint, load_checkpoint(checkpoint, network, optimizer)
-    if is_complete(checkpoint):  # one sharded checkpoint (hybrid_parallel), on any number of ranks
-        return checkpoint, _load_sharded(checkpoint, network, optimizer)
-    if not os.path.exists(checkpoint):  # a first run: nothing to resume from yet
-        log.warning("no checkpoint at %r yet: starting from the initial weights", checkpoint)
-        return None
-    if not os.path.isdir(checkpoint):
-        raise ValueError(f"'checkpoint' {checkpoint!r} is neither a checkpoint file nor a directory")
-    files = [f for f in glob.glob(os.path.join(checkpoint, "*.safetensors")) if not os.path.basename(f).startswith(".")]
-    sharded = [d for d in glob.glob(os.path.join(checkpoint, "*")) if is_complete(d)]
-    if sharded:  # written by ModelCheckpoint under hybrid_parallel: the newest complete one
-        return _newest_sharded(sharded, network, optimizer)
-    failures = []
-    for path in sorted(files, key=_mtime, reverse=True):
-        try:
-            return path, load_checkpoint(path, network, optimizer)
-        except (CheckpointError, FileNotFoundError) as e:
-            log.warning("RecModel.restore: skipping %s: %s", path, e)
-            failures.append(f"{os.path.basename(path)}: {e}")
-    if failures:
-        raise CheckpointError(f"RecModel.restore: no checkpoint in {checkpoint!r} loads: " + "; ".join(failures[:5]))
-    return None
-
-
-def _newest_sharded(paths: list[str], network, optimizer) -> tuple[str, dict]:
-    """The newest complete sharded checkpoint (every rank lists the same directory)."""
-    path = max(paths, key=lambda d: (_mtime(d), d))
-    return path, _load_sharded(path, network, optimizer)
-
-
-def _load_sharded(path: str, network, optimizer) -> dict:
-    """Load a sharded checkpoint (collective); the metadata of this rank, or of rank 0 when the
-    checkpoint was written by a different number of ranks (online training stores the positions of
-    all ranks in each rank's metadata, see `_rank_position`)."""
-    extras = load_sharded(path, network, optimizer)
-    return extras[rank()] if len(extras) == world_size() else extras[0]
 
 
 def _split(dataset) -> None:
@@ -279,9 +233,3 @@ class _FillWeightedLoss(torch.nn.Module):
             return self.loss_fn(outputs, label.labels, *args, **kwargs) * label.weight
         return self.loss_fn(outputs, label, *args, **kwargs)
 
-
-def _mtime(path: str) -> float:
-    try:
-        return os.path.getmtime(path)
-    except FileNotFoundError:  # removed meanwhile (pruned by a writer): tried last, then skipped
-        return float("-inf")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from recstream import Model, distributed, set_auto_parallel_context
+from recstream import Model, checkpoint, distributed, set_auto_parallel_context
 from recstream.data import SyntheticCTR
 from recstream.models import WideDeep, default_optimizer
 
@@ -120,22 +120,22 @@ def main(out: Path, action: str) -> None:
     n, r = distributed.world_size(), distributed.rank()
     if action == "save":
         train(model, 0, 3)
-        distributed.save_sharded(out / "ckpt", net, optimizer, extra={"rank": r, "step": 3})
+        checkpoint.save_sharded(out / "ckpt", net, optimizer, extra={"rank": r, "step": 3})
         _write(out / "saved.safetensors", full_state(net, optimizer))
     elif action == "load":
         _refuse_pickles_from_disk()
-        extras = distributed.load_sharded(out / "ckpt", net, optimizer)
+        extras = checkpoint.load_sharded(out / "ckpt", net, optimizer)
         _write(out / f"loaded-{n}.safetensors", full_state(net, optimizer))
         if r == 0:
             (out / f"extra-{n}.json").write_text(json.dumps(extras))
     else:
         train(model, 0, 1)
-        distributed.save_sharded(out / "first", net, optimizer, extra={"rank": r, "step": 1})
+        checkpoint.save_sharded(out / "first", net, optimizer, extra={"rank": r, "step": 1})
         _write(out / "first.safetensors", full_state(net, optimizer))
         train(model, 1, 2)
         if r == 1:
             _kill_rank_one_after_writing()
-        distributed.save_sharded(out / "second", net, optimizer, extra={"rank": r, "step": 2})
+        checkpoint.save_sharded(out / "second", net, optimizer, extra={"rank": r, "step": 2})
         return
     train(model, 3, 5)
     _write(out / f"after-{n}.safetensors", full_state(net, optimizer))

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from recstream import Model, distributed, set_auto_parallel_context
+from recstream import Model, checkpoint, distributed, set_auto_parallel_context
 from recstream.callbacks import Callback
 from recstream.metrics import Loss
 from recstream.nn import HashEmbedding
@@ -111,9 +111,9 @@ def main(out: Path, action: str) -> None:
     if action == "train":
         result["losses"] = train(model, data[:6])
         at_ckpt = exported(net)
-        distributed.save_sharded(out / "ckpt", net, optimizer, extra={"rank": distributed.rank()})
+        checkpoint.save_sharded(out / "ckpt", net, optimizer, extra={"rank": distributed.rank()})
     else:
-        distributed.load_sharded(out / "ckpt", net, optimizer)
+        checkpoint.load_sharded(out / "ckpt", net, optimizer)
         at_ckpt = exported(net)
     result["after"] = train(model, data[6:])
     result["eval"] = model.eval(distributed.shard(data[:6]))  # eval mode: read-only, still routed

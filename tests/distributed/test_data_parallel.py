@@ -55,7 +55,7 @@ def test_model_checkpoint_under_hybrid_parallel_restores_in_one_process(tmp_path
     """ModelCheckpoint on 2 hybrid_parallel ranks writes sharded checkpoints (every rank its rows),
     prunes them, and RecModel.restore loads the newest into a single process, every weight exact."""
     from recstream import RecModel
-    from recstream.distributed import is_complete
+    from recstream.checkpoint import is_complete
 
     from .worker import build
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recstream import distributed
+from recstream import checkpoint
 from recstream.nn.key_sharding import owner_of
 
 from .hash_worker import batches, build, exported, train, union
@@ -73,7 +73,7 @@ def test_two_ranks_match_one_process_and_checkpoints_round_trip(tmp_path):
 
     # into one process (serving): every key of every shard, with its optimizer state
     net, optimizer, model = build()
-    assert distributed.load_sharded(tmp_path / "two" / "ckpt", net, optimizer) == [{"rank": 0}, {"rank": 1}]
+    assert checkpoint.load_sharded(tmp_path / "two" / "ckpt", net, optimizer) == [{"rank": 0}, {"rank": 1}]
     assert not net.emb.sharded and net.emb.capacity == 512
     loaded = {f"ckpt.{k}": v for k, v in union(exported(net)).items()}
     _same_keys(loaded, two_keys, "ckpt", atol=0)
@@ -129,20 +129,22 @@ def test_one_process_checkpoint_is_exact_and_loads_into_another_capacity(tmp_pat
         if step == 2:
             net["emb"].export()  # starts the eviction log
     assert net["emb"].evicted_keys.numel() and net["emb"].num_pending
-    distributed.save_sharded(tmp_path / "c", net, optimizer)
+    checkpoint.save_sharded(tmp_path / "c", net, optimizer)
 
     same, same_opt = _busy(8)  # same geometry: the table back bit for bit
-    distributed.load_sharded(tmp_path / "c", same, same_opt)
+    checkpoint.load_sharded(tmp_path / "c", same, same_opt)
     for name, value in net.state_dict().items():
         assert torch.equal(same.state_dict()[name], value), name
     assert same["emb"].global_step == 6 and same["emb"].num_pending == net["emb"].num_pending
 
     bigger, bigger_opt = _busy(16)  # rebuilt: every key with its row, counts, step and optimizer rows
-    distributed.load_sharded(tmp_path / "c", bigger, bigger_opt)
+    checkpoint.load_sharded(tmp_path / "c", bigger, bigger_opt)
     assert _rows_by_key(bigger, bigger_opt) == _rows_by_key(net, optimizer)
     assert bigger["emb"].num_pending == net["emb"].num_pending and bigger["emb"].global_step == 6
     assert sorted(bigger["emb"].evicted_keys.tolist()) == sorted(net["emb"].evicted_keys.tolist())
 
     small, small_opt = _busy(2)
-    with pytest.raises(ValueError, match="do not fit in capacity=2"):
-        distributed.load_sharded(tmp_path / "c", small, small_opt)
+    before = {k: v.clone() for k, v in small.state_dict().items()}
+    with pytest.raises(checkpoint.CheckpointError, match="do not fit in capacity=2"):
+        checkpoint.load_sharded(tmp_path / "c", small, small_opt)
+    assert all(torch.equal(v, before[k]) for k, v in small.state_dict().items())  # refused before loading

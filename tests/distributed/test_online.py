@@ -206,8 +206,7 @@ class Job:
 
 def newest_job_position(ckpt: Path) -> dict | None:
     """The job position of the newest complete sharded checkpoint (hybrid_parallel) or file."""
-    from recstream.checkpoint import load_checkpoint
-    from recstream.distributed import is_complete
+    from recstream.checkpoint import is_complete, load_checkpoint
     found = sorted((p for p in ckpt.iterdir() if is_complete(p) or p.suffix == ".safetensors"),
                    key=lambda p: p.stat().st_mtime)
     if not found:

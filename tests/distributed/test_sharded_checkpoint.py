@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recstream import distributed
+from recstream import checkpoint
 
 from .checkpoint_worker import build, full_state, train
 
@@ -46,7 +46,7 @@ def test_two_ranks_reshard_to_one_process_and_three_ranks(tmp_path):
 
     # into one process (stand-alone: full tables), here
     net, optimizer, model = build()
-    assert distributed.load_sharded(tmp_path / "ckpt", net, optimizer) == [{"rank": 0, "step": 3},
+    assert checkpoint.load_sharded(tmp_path / "ckpt", net, optimizer) == [{"rank": 0, "step": 3},
                                                                           {"rank": 1, "step": 3}]
     _assert_same(full_state(net, optimizer), saved)
     train(model, 3, 5)
@@ -66,42 +66,42 @@ def test_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path):
     crashed = _torchrun(tmp_path, "crash", 2)
     assert crashed.returncode != 0
     assert "exitcode  : -9" in crashed.stderr  # rank 1 died by SIGKILL while saving "second"
-    assert distributed.is_complete(tmp_path / "first")
-    assert not distributed.is_complete(tmp_path / "second")
+    assert checkpoint.is_complete(tmp_path / "first")
+    assert not checkpoint.is_complete(tmp_path / "second")
     assert not (tmp_path / "second").exists() and (tmp_path / "second.partial").is_dir()
     net, optimizer, model = build("rowwise_adagrad")
     with pytest.raises(FileNotFoundError, match="not a complete sharded checkpoint"):
-        distributed.load_sharded(tmp_path / "second", net, optimizer)
-    assert distributed.load_sharded(tmp_path / "first", net, optimizer)[1] == {"rank": 1, "step": 1}
+        checkpoint.load_sharded(tmp_path / "second", net, optimizer)
+    assert checkpoint.load_sharded(tmp_path / "first", net, optimizer)[1] == {"rank": 1, "step": 1}
     first = load_file(tmp_path / "first.safetensors")
     assert first["optim.embedding.embedding.ebc.fused_weight_dim4.sum"].shape == (121,)  # RowWiseAdagrad
     _assert_same(full_state(net, optimizer), first)
     # the next save of that name clears the stale partial directory
     train(model, 1, 2)
-    distributed.save_sharded(tmp_path / "second", net, optimizer, extra={"step": 2})
-    assert distributed.is_complete(tmp_path / "second") and not (tmp_path / "second.partial").exists()
+    checkpoint.save_sharded(tmp_path / "second", net, optimizer, extra={"step": 2})
+    assert checkpoint.is_complete(tmp_path / "second") and not (tmp_path / "second.partial").exists()
 
 
 def test_replaces_a_checkpoint_and_refuses_mismatches(tmp_path):
     net, optimizer, model = build()
     train(model, 0, 1)
     path = tmp_path / "ckpt"
-    distributed.save_sharded(path, net, optimizer, extra={"step": 1})
+    checkpoint.save_sharded(path, net, optimizer, extra={"step": 1})
     train(model, 1, 2)
-    distributed.save_sharded(path, net, optimizer, extra={"step": 2})  # the same name: replaced
+    checkpoint.save_sharded(path, net, optimizer, extra={"step": 2})  # the same name: replaced
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
     fresh, fresh_optimizer, _ = build()
-    assert distributed.load_sharded(path, fresh, fresh_optimizer) == [{"step": 2}]
+    assert checkpoint.load_sharded(path, fresh, fresh_optimizer) == [{"step": 2}]
     _assert_same(full_state(fresh, fresh_optimizer), full_state(net, optimizer))
 
     with pytest.raises(TypeError, match="'extra' must be a JSON value"):
-        distributed.save_sharded(tmp_path / "bad", net, optimizer, extra={"t": torch.zeros(1)})
+        checkpoint.save_sharded(tmp_path / "bad", net, optimizer, extra={"t": torch.zeros(1)})
     with pytest.raises(ValueError, match="must not end with '.partial'"):
-        distributed.save_sharded(tmp_path / "x.partial", net, optimizer)
+        checkpoint.save_sharded(tmp_path / "x.partial", net, optimizer)
     other = torch.nn.Linear(3, 1)
     with pytest.raises(ValueError, match="does not match this model"):
-        distributed.load_sharded(path, other)
+        checkpoint.load_sharded(path, other)
     with pytest.raises(ValueError, match="holds optimizers"):
-        distributed.load_sharded(path, fresh, torch.optim.Adam(fresh.parameters()))
+        checkpoint.load_sharded(path, fresh, torch.optim.Adam(fresh.parameters()))
     with pytest.raises(TypeError, match="load_sharded"):
-        distributed.load_sharded(path, "net")
+        checkpoint.load_sharded(path, "net")

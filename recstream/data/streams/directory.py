@@ -70,6 +70,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ...atomic import atomic_write
 from ...validation import check_bool, check_choice, check_int, check_number, check_str, check_type
 from ..readers import DEFAULT_HASH_BUCKETS
 from ..schema import Schema
@@ -167,18 +168,13 @@ class DirectoryStream(Stream):
         path = self.commit_file()
         if path is None:
             return
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"position": position, "time": time.time(), "rank": self.rank,
-                       "world_size": self.world_size}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:  # the rename itself must reach the disk too
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        record = {"position": position, "time": time.time(), "rank": self.rank, "world_size": self.world_size}
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+
+        atomic_write(path, write)  # fsyncs the file and the rename
 
     def committed(self) -> dict | None:
         """The position last committed to this rank's `commit_path` file, or None."""

@@ -1,4 +1,5 @@
-"""Durable file writes: atomic replacement (a reader sees the old file or the complete new one,
+"""Durable file writes (at the ground floor, so `data`, `checkpoint` and `serving` share one copy):
+atomic replacement (a reader sees the old file or the complete new one,
 never a torn one) and the fsync calls that make files and renames survive a power loss.
 
 Recipe: write to a temporary file in the *same directory* (so ``os.replace`` is a rename within
@@ -24,7 +25,7 @@ import os
 import tempfile
 from collections.abc import Callable
 
-from ..validation import check_callable, check_type
+from .validation import check_callable, check_type
 
 __all__ = ["atomic_write", "fsync_dir", "fsync_file", "TMP_SUFFIX"]
 

@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..distributed import is_distributed
 from ..nn import HashEmbedding
-from ..nn.hash_embedding import table_entries
+from ..nn.hash_embedding import HashEmbeddingState, table_entries
 from ..nn.tensor_hash_table import EMPTY
-from .context import is_distributed
 
-__all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "load_hash_state", "remap_optimizer_rows",
-           "full_optimizer_templates"]
+__all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "plan_hash_loads", "load_hash_state",
+           "remap_optimizer_rows", "full_optimizer_templates"]
 
 _PER_ROW = ("values", "row_slots", "free_rows", "dirty", "reset_mask")
 _PER_SLOT = ("table.keys", "table.rows", "table.counts", "table.last_seen")
@@ -42,10 +42,6 @@ _SCALARS = ("num_free_t", "num_pending_t", "global_step_t", "track_evictions_t",
 
 def hash_modules(network: nn.Module) -> dict[str, HashEmbedding]:
     return {name: m for name, m in network.named_modules() if isinstance(m, HashEmbedding)}
-
-
-def _shards(module: HashEmbedding) -> int:
-    return module._sharding.world_size if module.sharded else 1
 
 
 def _key(name: str, tensor: str) -> str:
@@ -60,18 +56,18 @@ def hash_doc(network: nn.Module) -> dict:
         longest = torch.tensor([m.evicted_keys.numel()])
         if is_distributed():
             dist.all_reduce(longest, op=dist.ReduceOp.MAX)
-        doc[name] = {"shards": _shards(m), "capacity": m.capacity, "pending_capacity": m.pending_capacity,
+        doc[name] = {"shards": m.shards, "capacity": m.capacity, "pending_capacity": m.pending_capacity,
                      "num_slots": m.num_slots, "evicted": int(longest)}
     return doc
 
 
 def _local(m: HashEmbedding, evicted: int) -> dict[str, torch.Tensor]:
     """This shard's tensors, each with a first dimension that is the same on every rank."""
-    state = dict(m.state_dict(keep_vars=True))
-    out = {n: state[n].detach() for n in (*_PER_ROW, *_PER_SLOT)}
-    out.update({n: state[n].detach().reshape(1) for n in _SCALARS})
-    log = torch.full((evicted,), EMPTY, dtype=m.evicted_keys.dtype, device=m.evicted_keys.device)
-    log[: m.evicted_keys.numel()] = m.evicted_keys
+    state = m.state()
+    out = {n: state.tensors[n] for n in (*_PER_ROW, *_PER_SLOT)}
+    out.update({n: state.tensors[n].reshape(1) for n in _SCALARS})
+    log = torch.full((evicted,), EMPTY, dtype=state.evicted_keys.dtype, device=state.evicted_keys.device)
+    log[: state.evicted_keys.numel()] = state.evicted_keys
     out["evicted_keys"] = log
     return out
 
@@ -96,7 +92,7 @@ def hash_tensors(network: nn.Module, doc: dict, mesh) -> dict[str, torch.Tensor]
 
 
 def _same_geometry(m: HashEmbedding, saved: dict) -> bool:
-    return (saved["shards"] == _shards(m) and saved["capacity"] == m.capacity
+    return (saved["shards"] == m.shards and saved["capacity"] == m.capacity
             and saved["pending_capacity"] == m.pending_capacity and saved["num_slots"] == m.num_slots)
 
 
@@ -123,19 +119,41 @@ def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, sa
     return templates, direct
 
 
-def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict
+def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict) -> dict:
+    """For each module that reshards: the entries it will own, their saved rows and its eviction
+    log, checked to fit its capacity (ValueError) -- before any module changes."""
+    plans = {}
+    for name, m in hash_modules(network).items():
+        if direct[name]:
+            continue
+        get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
+        entries, old_rows, log = _owned_entries(m, get, doc[name])
+        admitted = int(entries["admitted"].sum())
+        pending = entries["keys"].numel() - admitted
+        if admitted > m.capacity or pending > m.pending_capacity:
+            raise ValueError(f"HashEmbedding {name!r}: {admitted} admitted and {pending} pending keys do not fit "
+                             f"in capacity={m.capacity} and pending_capacity={m.pending_capacity}")
+        plans[name] = (entries, old_rows, log)
+    return plans
+
+
+def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict, plans: dict
                     ) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
-    """Put the loaded tensors into the modules. Returns, per resharded module, ``(old rows, new
-    rows, saved rows)``: where each kept key's row was in the saved concatenation and is now."""
+    """Put the loaded tensors into the modules (`plans` from `plan_hash_loads`). Returns, per
+    resharded module, ``(old rows, new rows, saved rows)``: where each kept key's row was in the
+    saved concatenation and is now."""
     moves = {}
     for name, m in hash_modules(network).items():
         get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
         with torch.no_grad():
-            m.default_value.copy_(get("default_value"))
             if direct[name]:
-                _load_direct(m, get)
-            else:
-                moves[name] = _load_resharded(m, get, doc[name])
+                _load_direct(m, get, doc[name])
+                continue
+            m.default_value.copy_(get("default_value"))
+            entries, old_rows, log = plans[name]
+            m.set_counters_(int(get("global_step_t")[0]), bool(get("track_evictions_t").max()))
+            new_rows = m.load_entries_(m.capacity, m.pending_capacity, entries, log)
+            moves[name] = (old_rows[entries["admitted"]], new_rows, doc[name]["shards"] * doc[name]["capacity"])
     return moves
 
 
@@ -143,19 +161,18 @@ def _local_part(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _load_direct(m: HashEmbedding, get) -> None:
-    state = dict(m.state_dict(keep_vars=True))
-    for n in (*_PER_ROW, *_PER_SLOT):
-        state[n].data.copy_(get(n))
-    for n in _SCALARS:
-        state[n].data.copy_(get(n).reshape(()))
+def _load_direct(m: HashEmbedding, get, saved: dict) -> None:
+    tensors = {n: get(n) for n in (*_PER_ROW, *_PER_SLOT, "default_value")}
+    tensors.update({n: get(n).reshape(()) for n in _SCALARS})
     log = get("evicted_keys")
-    m.evicted_keys = log[log != EMPTY].clone()
-    m.table._sync_counters()
-    m._sync_mirrors()
+    m.load_state(HashEmbeddingState(
+        tensors, log[log != EMPTY].clone(), saved["shards"], saved["capacity"], saved["pending_capacity"],
+        saved["num_slots"], int(tensors["global_step_t"]), bool(tensors["track_evictions_t"])))
 
 
-def _load_resharded(m: HashEmbedding, get, saved: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _owned_entries(m: HashEmbedding, get, saved: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Every key of every saved shard that `m` owns now, with its row in the saved concatenation
+    (-1 for pending keys), and the owned part of the eviction log. Reads only."""
     shards, cap, slots = saved["shards"], saved["capacity"], saved["num_slots"]
     parts, olds = [], []
     for s in range(shards):
@@ -168,15 +185,8 @@ def _load_resharded(m: HashEmbedding, get, saved: dict) -> tuple[torch.Tensor, t
     old_rows = torch.cat(olds)
     log = get("evicted_keys")
     log = torch.unique(log[log != EMPTY])
-    if m.sharded:
-        mine = m._sharding.owned(entries["keys"])
-        entries, old_rows = {k: v[mine] for k, v in entries.items()}, old_rows[mine]
-        log = log[m._sharding.owned(log)]
-    m.global_step_t.copy_(get("global_step_t")[0])
-    m.track_evictions_t.copy_(get("track_evictions_t").max())
-    m._sync_mirrors()
-    new_rows = m.load_entries_(m.capacity, m.pending_capacity, entries, log)
-    return old_rows[entries["admitted"]], new_rows, shards * cap
+    mine = m.owns(entries["keys"])
+    return {k: v[mine] for k, v in entries.items()}, old_rows[mine], log[m.owns(log)]
 
 
 def _state_keys(network: nn.Module, doc_optimizer: dict, name: str):

@@ -17,7 +17,7 @@ What is written, in the directory:
   sums, FTRL's accumulators) are sharded exactly as their parameter; scalars (``step``) are
   stored as 0-d tensors;
 - every `HashEmbedding`'s tables (``hash.<module>.<tensor>``): each rank writes its key shard
-  whole; loading into other ranks or one process rebuilds the tables by key (`_hash_checkpoint`);
+  whole; loading into other ranks or one process rebuilds the tables by key (`recstream.checkpoint._hash_state`);
 - ``recstream_checkpoint.json``, written by rank 0 last: the optimizer's hyper-parameters and
   parameter groups, and every rank's `extra` (JSON values: step counters, stream positions), in
   rank order.
@@ -63,24 +63,26 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from ..checkpoint import fsync_dir, fsync_file
+from ..atomic import fsync_dir, fsync_file
+from ..distributed import is_distributed, rank, world_size
 from ..validation import check_module, check_type
-from ._checkpoint_state import (
+from ._hash_state import (
+    full_optimizer_templates,
+    hash_doc,
+    hash_templates,
+    hash_tensors,
+    load_hash_state,
+    plan_hash_loads,
+    remap_optimizer_rows,
+)
+from ._sharded_state import (
     assemble_optimizer_state,
     network_tensors,
     optimizer_doc,
     optimizer_templates,
     optimizer_tensors,
 )
-from ._hash_checkpoint import (
-    full_optimizer_templates,
-    hash_doc,
-    hash_templates,
-    hash_tensors,
-    load_hash_state,
-    remap_optimizer_rows,
-)
-from .context import is_distributed, rank, world_size
+from .file_format import CheckpointError
 
 __all__ = ["save_sharded", "load_sharded", "is_complete", "META_FILE", "PARTIAL_SUFFIX"]
 
@@ -148,13 +150,45 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
     if not is_complete(path):
         raise FileNotFoundError(f"{owner}: {path!r} is not a complete sharded checkpoint (no {META_FILE}; "
                                 "a save that did not finish leaves only a '.partial' directory)")
-    with open(os.path.join(path, META_FILE), encoding="utf-8") as f:
-        doc = json.load(f)
-    if doc.get("format") != FORMAT:
-        raise ValueError(f"{owner}: {path!r} has format {doc.get('format')!r}, expected {FORMAT!r}")
     dcp, (HuggingFaceStorageReader, _) = _dcp()
-    reader = HuggingFaceStorageReader(path)
-    saved = reader.read_metadata().state_dict_metadata  # shapes from the safetensors headers
+    try:  # everything is read and checked before the network changes; any problem is the file's
+        doc = _read_doc(owner, path)
+        state, model, direct = _templates(owner, path, network, optimizer, doc)
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=HuggingFaceStorageReader(path), no_dist=not is_distributed())
+        plans = plan_hash_loads(network, state, direct, doc.get("hash", {}))  # do the keys fit?
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
+            dcp.CheckpointException) as e:  # CheckpointException (a BaseException): a corrupt shard file
+        raise CheckpointError(f"{owner}: {path!r} cannot be loaded: {e}") from e
+    _copy_into(network, model)
+    moves = load_hash_state(network, state, direct, doc.get("hash", {}), plans)
+    if optimizer is not None:
+        remap_optimizer_rows(network, doc["optimizer"], state, moves)
+        optimizer.load_state_dict(assemble_optimizer_state(network, optimizer, doc["optimizer"], state))
+    return doc["extra"]
+
+
+# ----- helpers -----
+def _read_doc(owner: str, path: str) -> dict:
+    meta = os.path.join(path, META_FILE)
+    try:
+        with open(meta, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
+        raise CheckpointError(f"{owner}: {meta!r} is corrupt: {e}") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else f"a {type(doc).__name__}"
+        raise CheckpointError(f"{owner}: {meta!r} has format {found!r}, expected {FORMAT!r}")
+    return doc
+
+
+def _templates(owner: str, path: str, network, optimizer, doc: dict) -> tuple[dict, dict, dict]:
+    """The tensors DCP loads into (checked against the files' shapes), the network's part of them,
+    and per HashEmbedding whether it reads its own shard back (`hash_templates`)."""
+    _, (HuggingFaceStorageReader, _) = _dcp()
+    saved = HuggingFaceStorageReader(path).read_metadata().state_dict_metadata  # shapes from the headers
     model = network_tensors(owner, network, _mesh(), empty=True)
     _check_keys(owner, path, "model", sorted(f"model.{k}" for k in model), doc["model"], saved)
     state = {f"model.{k}": v for k, v in model.items()}
@@ -168,17 +202,9 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
         state.update(templates)
     for key, value in state.items():
         _check_shape(owner, path, key, value, saved)
-    with _single_process_quiet():
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(path), no_dist=not is_distributed())
-    _copy_into(network, model)
-    moves = load_hash_state(network, state, direct, doc.get("hash", {}))
-    if optimizer is not None:
-        remap_optimizer_rows(network, doc["optimizer"], state, moves)
-        optimizer.load_state_dict(assemble_optimizer_state(network, optimizer, doc["optimizer"], state))
-    return doc["extra"]
+    return state, model, direct
 
 
-# ----- helpers -----
 def _check_args(owner: str, directory, network, optimizer) -> str:
     check_type(owner, "directory", directory, (str, os.PathLike))
     check_module(owner, "network", network)

@@ -24,7 +24,7 @@ def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False) -
     `empty`: fresh tensors of the same placement to load into, instead of the network's own.
     """
     _refuse_custom_state(owner, network)
-    # A HashEmbedding's tensors go through _hash_checkpoint (its shards are per-rank tables).
+    # A HashEmbedding's tensors go through _hash_state (its shards are per-rank tables).
     hashed = {id(t) for m in network.modules() if isinstance(m, HashEmbedding) for t in [*m.parameters(), *m.buffers()]}
     tensors = {}
     for name, p in network.named_parameters():
