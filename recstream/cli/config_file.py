@@ -7,6 +7,11 @@ and value is written. A pydantic error location (``("model", "hidden", 1)``) is 
 that tree to the deepest node it names; location parts that are not in the file (the tag of
 a discriminated union, the name of a missing key) are stepped over.
 
+Reading is linear in the document: YAML aliases share one node, and no walk here expands them
+(`_check_duplicates` visits each node once); a document whose aliases would add more than
+`MAX_VALUES` values (an "alias bomb": 9 aliases of 9 aliases of ... grows 9x per level) is refused
+at the alias that crosses the bound, before anything expands it.
+
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "c.yaml")
 >>> _ = open(path, "w").write("model:\\n  type: deepfm\\n  hidden: [64, x]\\n")
@@ -26,6 +31,7 @@ from typing import Any
 from .errors import EXIT_USAGE, CliError
 
 NOT_GIVEN = object()
+MAX_VALUES = 1_000_000  # values that aliases may add to a document, expanded
 
 
 class ConfigError(CliError):
@@ -49,6 +55,33 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _check_expansion(path: str, events) -> None:
+    """Refuse a document whose aliases add more than MAX_VALUES values when expanded, at the alias that
+    crosses the bound; one pass over the parser's events, each anchored value's size counted once."""
+    import yaml
+    sizes: dict[str, int] = {}  # anchor -> values under it, expanded
+    # values so far (expanded), those added by aliases, and (anchor, total before it) of each open collection
+    total, by_aliases, open_ = 0, 0, []
+    for event in events:
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            open_.append((event.anchor, total))
+            total += 1
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            anchor, before = open_.pop()
+            if anchor is not None:
+                sizes[anchor] = total - before
+        elif isinstance(event, yaml.ScalarEvent):
+            total += 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            size = sizes.get(event.anchor, 1)  # an unknown anchor: the composer names it
+            total, by_aliases = total + size, by_aliases + size
+            if by_aliases > MAX_VALUES:
+                raise ConfigError(f"{path}:{event.start_mark.line + 1}: aliases expand the document by more than "
+                                  f"{MAX_VALUES:,} values; a config needs far fewer (an alias bomb?)")
+
+
 @dataclass
 class ConfigDocument:
     """A config file's text, its data and its node tree (see the module docstring)."""
@@ -67,22 +100,31 @@ class ConfigDocument:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-            data = yaml.safe_load(text)
+            _check_expansion(path, yaml.parse(text, Loader=yaml.SafeLoader))
+            loader = yaml.SafeLoader(text)
+            try:  # one parse: the data is constructed from the node tree (aliases stay shared)
+                root = loader.get_single_node()
+                data = loader.construct_document(root) if root is not None else None
+            finally:
+                loader.dispose()
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
             where = f"{path}:{mark.line + 1}" if mark else path
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"{where}: not valid YAML: {problem}") from e
         doc = cls(path, data, root)
-        doc._check_duplicates(root, ())
+        doc._check_duplicates(root, (), set())
         if data is not None and not isinstance(data, dict):
             raise doc.error((), data, "a config file must be a mapping of keys (schema:, data:, model:, ...)")
         return doc
 
-    def _check_duplicates(self, node, loc: tuple) -> None:
-        """YAML keeps the last of two equal keys silently; a config mistake that must be named."""
+    def _check_duplicates(self, node, loc: tuple, seen_nodes: set) -> None:
+        """YAML keeps the last of two equal keys silently; a config mistake that must be named.
+        Each node once: an alias is the node it names, already checked where it was written."""
         import yaml
+        if id(node) in seen_nodes:
+            return
+        seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key, value in node.value:
@@ -91,10 +133,10 @@ class ConfigDocument:
                     raise ConfigError(f"{self.path}:{key.start_mark.line + 1}: {dotted(loc + (name,))}: key written "
                                       f"twice (first on line {seen[name]}); keep one")
                 seen[name] = key.start_mark.line + 1
-                self._check_duplicates(value, loc + (name,))
+                self._check_duplicates(value, loc + (name,), seen_nodes)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                self._check_duplicates(item, loc + (i,))
+                self._check_duplicates(item, loc + (i,), seen_nodes)
 
     def _walk(self, loc: tuple):
         """(deepest node reached, its key node or None, the loc parts that reached it)."""

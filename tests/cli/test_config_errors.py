@@ -139,3 +139,27 @@ def test_levels_match_the_library():
     assert fields["embedding"].annotation.__args__ == EMBEDDING_OPTIMIZERS
     assert fields["wide"].annotation.__args__ == WIDE_OPTIMIZERS
     assert config.DCNv2Args.model_fields["structure"].annotation.__args__ == STRUCTURES
+
+
+# --- hostile documents: linear to read, refused as config mistakes ----------------------------
+def alias_bomb(levels: int) -> str:
+    """9 aliases of 9 aliases of ...: 9**levels values once expanded, a few hundred bytes written."""
+    text = 'l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n'
+    for i in range(1, levels + 1):
+        text += f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n"
+    return text
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(tmp_path):
+    """9**12 values once expanded: reading it took minutes (the duplicate-key check followed every
+    alias; 9**9 took over 60 s); now one pass over the text names the alias that crosses the bound."""
+    text = alias_bomb(12) + BASE
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, '^l6:')}: aliases expand the document by "
+                              "more than 1,000,000 values"), message
+
+
+def test_aliases_that_stay_small_are_read_as_before(tmp_path):
+    text = "hidden: &h [8]\n" + BASE.replace("  hidden: [8]\n", "  hidden: *h\n")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert "c.yaml:1: hidden: unknown key (value [8])" in message, message  # the document read fully
