@@ -25,6 +25,7 @@ True
 from __future__ import annotations
 
 import os
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from .errors import EXIT_USAGE, CliError
 
 NOT_GIVEN = object()
 MAX_VALUES = 1_000_000  # values that aliases may add to a document, expanded
+MAX_DEPTH = 50  # collections inside collections: a config needs 6; the composer recurses per level
 
 
 class ConfigError(CliError):
@@ -50,14 +52,21 @@ def dotted(loc: tuple) -> str:
 
 
 def show(value: Any, limit: int = 60) -> str:
-    """A value as written in the message: repr, shortened."""
-    text = repr(value)
+    """A value as written in the message: repr, shortened (the repr itself bounded: a value may be
+    deep or shared many times over by aliases)."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 4, 200, 200, 200
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 12
 
 
 def _check_expansion(path: str, events) -> None:
     """Refuse a document whose aliases add more than MAX_VALUES values when expanded, at the alias that
-    crosses the bound; one pass over the parser's events, each anchored value's size counted once."""
+    crosses the bound, or nested more than MAX_DEPTH deep (composing it would exhaust Python's stack);
+    one pass over the parser's events (the parser keeps a stack of states, it does not recurse)."""
     import yaml
     sizes: dict[str, int] = {}  # anchor -> values under it, expanded
     # values so far (expanded), those added by aliases, and (anchor, total before it) of each open collection
@@ -66,6 +75,9 @@ def _check_expansion(path: str, events) -> None:
         if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             open_.append((event.anchor, total))
             total += 1
+            if len(open_) > MAX_DEPTH:
+                raise ConfigError(f"{path}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels deep; "
+                                  "a config needs far fewer")
         elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
             anchor, before = open_.pop()
             if anchor is not None:

@@ -163,3 +163,11 @@ def test_aliases_that_stay_small_are_read_as_before(tmp_path):
     text = "hidden: &h [8]\n" + BASE.replace("  hidden: [8]\n", "  hidden: *h\n")
     message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
     assert "c.yaml:1: hidden: unknown key (value [8])" in message, message  # the document read fully
+
+
+def test_a_document_nested_too_deep_is_a_config_mistake(tmp_path):
+    """900 levels: YAML's composer recursed into RecursionError (exit 1)."""
+    text = BASE + "eval:\n  checkpoint: " + "[" * 900 + "]" * 900 + "\n"
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message == f"recstream train: c.yaml:{line_of(text, 'checkpoint')}: nested more than 50 levels deep; " \
+                      "a config needs far fewer", message
