@@ -24,7 +24,10 @@ AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 BOOST_LEVELS = ("O0", "O1", "O2")
 READER_FORMATS = ("criteo", "csv", "tsv", "parquet")
 STREAM_FORMATS = ("criteo", "csv", "tsv", "jsonl", "parquet")
-PositiveFloat = Annotated[float, Field(gt=0)]
+MAX_SEED = 2**64 - 1  # torch.manual_seed's largest
+# floats are finite: .inf / .nan in a config are mistakes, not settings
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, lt=1)]
 
 
@@ -118,7 +121,7 @@ class FileData(Section):
     header: bool = True
     delimiter: str | None = None
     on_bad_row: Literal["raise", "skip"] = "raise"
-    fill_missing_dense: float | None = None
+    fill_missing_dense: Annotated[float, Field(allow_inf_nan=False)] | None = None
     log1p_dense: bool = False
     drop_remainder: bool = False
 
@@ -176,7 +179,7 @@ class StreamSection(Section):
     batch_size: PositiveInt = 1024
     id_column: str | None = None
     time_column: str | None = None
-    idle_timeout: Annotated[float, Field(ge=0)] | None = None
+    idle_timeout: NonNegativeFloat | None = None
     max_batches: NonNegativeInt | None = None
     dead_letter: str | None = None
 
@@ -241,9 +244,9 @@ class OptimizerSection(Section):
     embedding_lr: PositiveFloat | None = None
     wide: Literal["ftrl", "same"] = "ftrl"
     wide_lr: PositiveFloat = 0.05
-    wide_l1: Annotated[float, Field(ge=0)] = 0.0
-    wide_l2: Annotated[float, Field(ge=0)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    wide_l1: NonNegativeFloat = 0.0
+    wide_l2: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
 
 
 # --- training, callbacks --------------------------------------------------------------------
@@ -256,7 +259,7 @@ class TrainSection(Section):
     boost_level: Literal[BOOST_LEVELS] = "O0"
     sink_mode: bool = False
     sink_size: int = -1
-    seed: NonNegativeInt = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     threads: PositiveInt | None = None
     device: str | None = None
 
@@ -283,7 +286,7 @@ class CheckpointSection(Section):
 class EarlyStoppingSection(Section):
     monitor: str = "eval_loss"
     patience: NonNegativeInt = 0
-    min_delta: Annotated[float, Field(ge=0)] = 0.0
+    min_delta: NonNegativeFloat = 0.0
     mode: Literal["auto", "min", "max"] = "auto"
     restore_best_weights: bool = False
 

@@ -171,3 +171,19 @@ def test_a_document_nested_too_deep_is_a_config_mistake(tmp_path):
     message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
     assert message == f"recstream train: c.yaml:{line_of(text, 'checkpoint')}: nested more than 50 levels deep; " \
                       "a config needs far fewer", message
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("  epochs: 1\n", "  epochs: 1\n  seed: 18446744073709551616\n",  # 2**64: torch's ValueError, exit 1
+     ["train.seed", "got 18446744073709551616", "less than or equal to 18446744073709551615"]),
+    ("  epochs: 1\n", "  epochs: 1\n  seed: -1\n", ["train.seed", "got -1", "greater than or equal to 0"]),
+    ("  threads: 1\n", "  threads: 1\noptimizer:\n  lr: .inf\n", ["optimizer.lr", "got inf", "finite number"]),
+    ("  threads: 1\n", "  threads: 1\noptimizer:\n  weight_decay: .nan\n", ["optimizer.weight_decay", "finite"]),
+])
+def test_numbers_out_of_range_name_the_field_and_the_bound(tmp_path, old, new, words):
+    text = BASE.replace(old, new, 1)
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, words[0].split('.')[-1] + ':')}: "), message
+    for word in words:
+        assert word in message, (word, message)
+    assert not (tmp_path / "runs").exists()
