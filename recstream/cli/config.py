@@ -15,7 +15,16 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # = recstream.train.amp.AMP_LEVELS / recstream.train.model.BOOST_LEVELS (a test checks): validating a
@@ -59,6 +68,16 @@ def existing_path(value: str) -> str:
     return value
 
 
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise PydanticCustomError("nul_in_path", "a path cannot hold a NUL character (\\0)")
+    return value
+
+
+# a file or directory name (lone surrogates are refused in every string by ConfigDocument)
+PathStr = Annotated[str, AfterValidator(_no_nul)]
+
+
 # --- schema ---------------------------------------------------------------------------------
 class CriteoSchema(Section):
     """The Criteo columns (label, I1..I13, C1..C26), `recstream.data.criteo_schema`."""
@@ -91,7 +110,7 @@ class SchemaSection(Section):
     """Where the schema comes from: ``criteo:``, ``file:`` (Schema JSON) or ``dense:``/``categorical:``."""
 
     criteo: CriteoSchema | None = None
-    file: str | None = None
+    file: PathStr | None = None
     dense: list[str] = []
     categorical: list[CategoricalColumn] = []
     label: str = "label"
@@ -116,7 +135,7 @@ class FileData(Section):
     """Files read by a `recstream.data` reader (a file, a directory of files, or a list)."""
 
     format: Literal[READER_FORMATS]
-    path: list[str]
+    path: list[PathStr]
     batch_size: PositiveInt = 1024
     header: bool = True
     delimiter: str | None = None
@@ -145,7 +164,7 @@ class DataSection(Section):
 class DirectorySource(Section):
     """Files arriving in a directory, `recstream.data.streams.DirectoryStream`."""
 
-    path: str
+    path: PathStr
     format: Literal[STREAM_FORMATS] = "csv"
     pattern: str | None = None
     header: bool = False
@@ -181,7 +200,7 @@ class StreamSection(Section):
     time_column: str | None = None
     idle_timeout: NonNegativeFloat | None = None
     max_batches: NonNegativeInt | None = None
-    dead_letter: str | None = None
+    dead_letter: PathStr | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> StreamSection:
@@ -310,7 +329,7 @@ class CallbacksSection(Section):
 class PublishSection(Section):
     """Model versions for serving, `recstream.serving.ModelPublisher` (train and online)."""
 
-    directory: str | None = None  # default: <run_dir>/published
+    directory: PathStr | None = None  # default: <run_dir>/published
     every_steps: PositiveInt | None = None
     every_seconds: PositiveFloat | None = None
     keep: PositiveInt = 5
@@ -326,7 +345,7 @@ class PublishSection(Section):
 
 
 class EvalSection(Section):
-    checkpoint: str | None = None  # a file or directory; default: <run_dir>/checkpoints
+    checkpoint: PathStr | None = None  # a file or directory; default: <run_dir>/checkpoints
 
     @field_validator("checkpoint")
     @classmethod
@@ -337,7 +356,7 @@ class EvalSection(Section):
 class Config(Section):
     """A whole config file (see docs/cli.md)."""
 
-    run_dir: str
+    run_dir: PathStr
     schema_: SchemaSection = Field(alias="schema")
     data: DataSection = DataSection()
     stream: StreamSection | None = None

@@ -8,7 +8,7 @@ that tree to the deepest node it names; location parts that are not in the file 
 a discriminated union, the name of a missing key) are stepped over.
 
 Reading is linear in the document: YAML aliases share one node, and no walk here expands them
-(`_check_duplicates` visits each node once); a document whose aliases would add more than
+(`_check_nodes` visits each node once); a document whose aliases would add more than
 `MAX_VALUES` values (an "alias bomb": 9 aliases of 9 aliases of ... grows 9x per level) is refused
 at the alias that crosses the bound, before anything expands it.
 
@@ -125,30 +125,38 @@ class ConfigDocument:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ConfigError(f"{where}: not valid YAML: {problem}") from e
         doc = cls(path, data, root)
-        doc._check_duplicates(root, (), set())
+        doc._check_nodes(root, (), set())
         if data is not None and not isinstance(data, dict):
             raise doc.error((), data, "a config file must be a mapping of keys (schema:, data:, model:, ...)")
         return doc
 
-    def _check_duplicates(self, node, loc: tuple, seen_nodes: set) -> None:
-        """YAML keeps the last of two equal keys silently; a config mistake that must be named.
+    def _check_nodes(self, node, loc: tuple, seen_nodes: set) -> None:
+        """Refuse a key written twice (YAML keeps the last of two silently) and text that is not valid
+        Unicode (a lone surrogate, ``"\\ud800"``, cannot be written to a file name, a log or stdout).
         Each node once: an alias is the node it names, already checked where it was written."""
         import yaml
         if id(node) in seen_nodes:
             return
         seen_nodes.add(id(node))
-        if isinstance(node, yaml.MappingNode):
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                node.value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{self.path}:{node.start_mark.line + 1}: {dotted(loc)}: got {show(node.value)}; "
+                                  "text must be valid Unicode (no lone surrogates \\ud800-\\udfff)") from None
+        elif isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key, value in node.value:
                 name = key.value
+                self._check_nodes(key, loc + (name,), seen_nodes)
                 if name in seen:
                     raise ConfigError(f"{self.path}:{key.start_mark.line + 1}: {dotted(loc + (name,))}: key written "
                                       f"twice (first on line {seen[name]}); keep one")
                 seen[name] = key.start_mark.line + 1
-                self._check_duplicates(value, loc + (name,), seen_nodes)
+                self._check_nodes(value, loc + (name,), seen_nodes)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                self._check_duplicates(item, loc + (i,), seen_nodes)
+                self._check_nodes(item, loc + (i,), seen_nodes)
 
     def _walk(self, loc: tuple):
         """(deepest node reached, its key node or None, the loc parts that reached it)."""

@@ -187,3 +187,26 @@ def test_numbers_out_of_range_name_the_field_and_the_bound(tmp_path, old, new, w
     for word in words:
         assert word in message, (word, message)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value, words", [
+    (r'"runs/a\0b"', ["run_dir", r"got 'runs/a\x00b'", r"a path cannot hold a NUL character (\0)"]),
+    (r'"runs/\ud800"', ["run_dir", r"got 'runs/\ud800'", "text must be valid Unicode (no lone surrogates"]),
+    (r'"runs/\udc80"', ["run_dir", r"got 'runs/\udc80'", "text must be valid Unicode"]),
+])
+def test_a_path_that_cannot_name_a_file_is_a_config_mistake(tmp_path, value, words):
+    """A NUL or a lone surrogate in run_dir ended in ValueError / FileNotFoundError / UnicodeEncodeError
+    (exit 1) once the run directory was made."""
+    text = BASE.replace("run_dir: runs/r\n", f"run_dir: {value}\n")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith("recstream train: c.yaml:1: "), message
+    for word in words:
+        assert word in message, (word, message)
+    assert sorted(os.listdir(tmp_path)) == ["c.yaml", "day_0.tsv"]  # no run directory made
+
+
+def test_a_lone_surrogate_anywhere_is_a_config_mistake(tmp_path):
+    text = BASE.replace("  type: deepfm\n", '  type: deepfm\n  activation: "rel\\udfffu"\n')
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, 'activation')}: model.activation: "), message
+    assert "text must be valid Unicode" in message
