@@ -34,6 +34,17 @@ BOOST_LEVELS = ("O0", "O1", "O2")
 READER_FORMATS = ("criteo", "csv", "tsv", "parquet")
 STREAM_FORMATS = ("criteo", "csv", "tsv", "jsonl", "parquet")
 MAX_SEED = 2**64 - 1  # torch.manual_seed's largest
+# Sizes of what the network allocates, bounded so that a slip (10**12 rows) is named at its field
+# instead of ending in the allocator; build.py also checks that each table fits this machine's memory.
+MAX_ROWS = 2**31 - 1  # rows of one embedding table (vocab_size, hash_buckets, capacity)
+MAX_DIM = 4096  # an embedding's width
+MAX_WIDTH = 65536  # a hidden layer's width (and low_rank, max_len)
+MAX_LAYERS = 64  # hidden layers of one MLP, cross layers
+Rows = Annotated[int, Field(ge=1, le=MAX_ROWS)]
+Buckets = Annotated[int, Field(ge=2, le=MAX_ROWS)]
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+Hidden = Annotated[list[Width], Field(max_length=MAX_LAYERS)]
 # floats are finite: .inf / .nan in a config are mistakes, not settings
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -82,8 +93,8 @@ PathStr = Annotated[str, AfterValidator(_no_nul)]
 class CriteoSchema(Section):
     """The Criteo columns (label, I1..I13, C1..C26), `recstream.data.criteo_schema`."""
 
-    hash_buckets: Annotated[int, Field(ge=2)] = 100_000
-    embedding_dim: PositiveInt = 16
+    hash_buckets: Buckets = 100_000
+    embedding_dim: Dim = 16
 
 
 class CategoricalColumn(Section):
@@ -91,17 +102,17 @@ class CategoricalColumn(Section):
     hash_buckets / vocabulary / dynamic (any int64 or string id, in a hash table of capacity rows)."""
 
     name: str
-    vocab_size: PositiveInt | None = None
-    hash_buckets: Annotated[int, Field(ge=2)] | None = None
+    vocab_size: Rows | None = None
+    hash_buckets: Buckets | None = None
     vocabulary: list[str] | None = None
     dynamic: bool = False
-    capacity: PositiveInt | None = None
+    capacity: Rows | None = None
     permit_filter_value: PositiveInt = 1
     evict_filter_value: PositiveInt | None = None
     table: str | None = None
-    embedding_dim: PositiveInt = 16
+    embedding_dim: Dim = 16
     multi_hot: bool = False
-    max_len: PositiveInt | None = None
+    max_len: Width | None = None
     pooling: Literal["sum", "mean"] = "sum"
     separator: str = "|"
 
@@ -211,11 +222,10 @@ class StreamSection(Section):
 
 # --- model, optimizer -----------------------------------------------------------------------
 Activation = Literal["relu", "gelu", "silu", "tanh", "sigmoid"]
-Hidden = list[PositiveInt]
 
 
 class _Net(Section):
-    embedding_dim: PositiveInt | None = None
+    embedding_dim: Dim | None = None
     dropout: Probability = 0.0
     batch_norm: bool = False
     activation: Activation = "relu"
@@ -238,10 +248,10 @@ class DeepFMArgs(_Net):
 
 class DCNv2Args(_Net):
     type: Literal["dcnv2"]
-    num_cross_layers: PositiveInt = 3
+    num_cross_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 3
     hidden: Hidden = [256, 128]
     structure: Literal["stacked", "parallel"] = "stacked"
-    low_rank: PositiveInt | None = None
+    low_rank: Width | None = None
 
 
 class DLRMArgs(_Net):

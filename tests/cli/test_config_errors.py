@@ -210,3 +210,37 @@ def test_a_lone_surrogate_anywhere_is_a_config_mistake(tmp_path):
     message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
     assert message.startswith(f"recstream train: c.yaml:{line_of(text, 'activation')}: model.activation: "), message
     assert "text must be valid Unicode" in message
+
+
+CATEGORICAL = BASE.replace("  criteo:\n    hash_buckets: 100\n    embedding_dim: 4\n",
+                           "  dense: [x]\n  categorical:\n    - {name: c, vocab_size: 5}\n").replace("format: criteo",
+                                                                                             "format: csv")
+
+
+@pytest.mark.parametrize("old, new, at, words", [
+    ("vocab_size: 5", "vocab_size: 1000000000000", "vocab_size",
+     ["schema.categorical[0].vocab_size", "got 1000000000000", "less than or equal to 2147483647"]),
+    ("vocab_size: 5", "vocab_size: 5, embedding_dim: 1000000000", "vocab_size",
+     ["schema.categorical[0].embedding_dim", "got 1000000000", "less than or equal to 4096"]),
+    ("  hidden: [8]\n", "  hidden: [1000000, 1000000]\n", "hidden",
+     ["model.hidden[0]", "got 1000000", "less than or equal to 65536"]),
+    ("  hidden: [8]\n", "  hidden: [8]\n  embedding_dim: 1000000000\n", "embedding_dim",
+     ["model.embedding_dim", "got 1000000000", "less than or equal to 4096"]),
+    ("  hidden: [8]\n", "  hidden: [" + ", ".join(["8"] * 65) + "]\n", "hidden",
+     ["model.hidden", "at most 64 items"]),
+    # within each bound, but larger than any machine: refused before anything is allocated
+    ("vocab_size: 5", "vocab_size: 2000000000, embedding_dim: 4096", "vocab_size",
+     ["schema.categorical[0]: got 2000000000", "the table of 'c' (2,000,000,000 rows x 4096 float32) needs "
+      "30,517.6 GiB; this machine has"]),
+    ("  hidden: [8]\n", "  hidden: [" + ", ".join(["65536"] * 64) + "]\n", "hidden",
+     ["model.hidden: got [65536, 65536,", "these layers' weights need 1,008.0 GiB; this machine has"]),
+])
+def test_sizes_beyond_their_bounds_name_the_field_and_the_bound(tmp_path, old, new, at, words):
+    """vocab_size 10**12, hidden [1e6, 1e6], embedding_dim 1e9 ended in the allocator's error (no field)."""
+    (tmp_path / "day_0.csv").write_text("label,x,c\n1,0.5,3\n")
+    text = CATEGORICAL.replace(old, new, 1).replace("path: day_0.tsv", "path: day_0.csv")
+    (tmp_path / "c.yaml").write_text(text)
+    message = one_line_error(run_cli(tmp_path, "train", "c.yaml"))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, at)}: "), message
+    for word in words:
+        assert word in message, (word, message)
