@@ -40,10 +40,10 @@ MAX_ROWS = 2**31 - 1  # rows of one embedding table (vocab_size, hash_buckets, c
 MAX_DIM = 4096  # an embedding's width
 MAX_WIDTH = 65536  # a hidden layer's width (and low_rank, max_len)
 MAX_LAYERS = 64  # hidden layers of one MLP, cross layers
-Rows = Annotated[int, Field(ge=1, le=MAX_ROWS)]
+Rows = Annotated[int, Field(gt=0, le=MAX_ROWS)]
 Buckets = Annotated[int, Field(ge=2, le=MAX_ROWS)]
-Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
-Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
 Hidden = Annotated[list[Width], Field(max_length=MAX_LAYERS)]
 # floats are finite: .inf / .nan in a config are mistakes, not settings
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -248,7 +248,7 @@ class DeepFMArgs(_Net):
 
 class DCNv2Args(_Net):
     type: Literal["dcnv2"]
-    num_cross_layers: Annotated[int, Field(ge=1, le=MAX_LAYERS)] = 3
+    num_cross_layers: Annotated[int, Field(gt=0, le=MAX_LAYERS)] = 3
     hidden: Hidden = [256, 128]
     structure: Literal["stacked", "parallel"] = "stacked"
     low_rank: Width | None = None

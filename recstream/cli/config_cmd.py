@@ -20,12 +20,16 @@ import sys
 from .errors import CliError
 
 
-def add_config_parser(sub, name: str, help: str, description: str, run) -> argparse.ArgumentParser:
+def add_config_parser(sub, name: str, help: str, description: str, run,
+                      overwrite: bool = False) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", metavar="CONFIG.yaml", help="the run's config file (recstream init writes an example; "
                                                           "reference: docs/cli.md)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout, for scripts")
-    p.set_defaults(run=run)
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true", help="run in a run_dir that already holds a run: its "
+                       "config.yaml is replaced and its metrics start again (without it, that is refused)")
+    p.set_defaults(run=run, overwrite=False)
     return p
 
 

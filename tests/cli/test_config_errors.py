@@ -2,6 +2,7 @@
 stderr naming the field, the value, what is allowed and file:line, exit status 2, no traceback."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -244,3 +245,35 @@ def test_sizes_beyond_their_bounds_name_the_field_and_the_bound(tmp_path, old, n
     assert message.startswith(f"recstream train: c.yaml:{line_of(text, at)}: "), message
     for word in words:
         assert word in message, (word, message)
+
+
+# --- an earlier run in run_dir ---------------------------------------------------------------
+def test_train_refuses_a_run_dir_holding_an_earlier_run_unless_overwrite(tmp_path):
+    """A second `recstream train` into the same run_dir replaced its config.yaml and started its metrics
+    again, silently."""
+    first = run_cli(tmp_path, "train", write(tmp_path, BASE))
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "runs" / "r"
+    before = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
+    changed = BASE.replace("  epochs: 1\n", "  epochs: 2\n")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, changed)))
+    assert message.startswith("recstream train: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
+                              "(metrics.jsonl, checkpoints/, config.yaml of another config): give a new run_dir, "
+                              "or --overwrite"), message
+    assert {name: (run / name).read_bytes() for name in before} == before
+    again = run_cli(tmp_path, "train", "c.yaml", "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert (run / "config.yaml").read_text() == changed
+    assert [json.loads(r)["epoch"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_online_refuses_a_run_dir_without_checkpoints_that_holds_an_earlier_run(tmp_path):
+    (tmp_path / "events").mkdir()
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.5}\n')
+    text = BASE + "stream:\n  directory: {path: events}\n  idle_timeout: 0.1\n"
+    message = one_line_error(run_cli(tmp_path, "online", write(tmp_path, text)))
+    assert message.startswith("recstream online: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
+                              "(metrics.jsonl); recstream online resumes only from checkpoints"), message
+    assert (run / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n' and not (run / "config.yaml").exists()
