@@ -5,7 +5,7 @@ A value pydantic let through but the library refuses (``hidden: []``, a reader o
 does not fit the file) is still a config mistake: `at` turns the library's TypeError or
 ValueError into the same one-line ``file:line: field: ...`` message (exit status 2).
 
->>> from recstream.cli.config import Config
+>>> from recstream.cli.config_schema import Config
 >>> cfg = Config.model_validate({"run_dir": "r", "schema": {"criteo": {"hash_buckets": 100, "embedding_dim": 4}},
 ...                              "model": {"type": "dcnv2", "hidden": [8], "num_cross_layers": 1}})
 >>> schema = build_schema(cfg, None)
@@ -18,7 +18,7 @@ import json
 import os
 from contextlib import contextmanager
 
-from .config_file import NOT_GIVEN, ConfigError
+from .config_document import NOT_GIVEN, ConfigError
 
 _DELIMITERS = {"csv": ",", "tsv": "\t"}
 
@@ -218,7 +218,7 @@ def build_callbacks(cfg, doc, run_dir: str, *, online: bool, schema=None) -> lis
     """The callbacks of ``callbacks:`` (a final checkpoint always; prequential by default online),
     and the publisher of ``publish:`` last (it publishes what the checkpoint before it saved)."""
     from ..callbacks import CheckpointConfig, EarlyStopping, ModelCheckpoint, PrequentialMonitor, TensorBoard
-    from .config import CheckpointSection, PrequentialSection
+    from .config_schema import CheckpointSection, PrequentialSection
     cbs = cfg.callbacks
     out = []
     ck = cbs.checkpoint or CheckpointSection()

@@ -17,8 +17,8 @@ import signal
 import sys
 import time
 
-from .config_cmd import add_config_parser, emit, load, published, setup_torch, summary
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+from .run_command import add_config_parser, emit, load, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Train the config's model online on stream: (a directory of arriving files or a Kafka topic).
@@ -60,8 +60,8 @@ def run(args) -> int:
     if cfg.stream.kafka is not None:
         kafka_client(doc)  # a missing extra is a config mistake: found before the run directory is made
     setup_torch(cfg)
-    from .metrics_log import MetricsLog
     from .run_dir import RunDirectory
+    from .run_log import MetricsLog
     run_dir = RunDirectory(cfg.run_dir, "online", args.config, doc)
     if not args.overwrite:
         run_dir.check_new(doc, resumable=True)

@@ -27,7 +27,7 @@ import os
 import sys
 
 from .errors import EXIT_USAGE, CliError
-from .metrics_log import read_rows
+from .jsonl_rows import read_rows
 
 DESCRIPTION = """Write PNG plots of a run directory's metrics.jsonl (loss, evaluation results,
 throughput, prequential AUC) next to it, or to --output."""

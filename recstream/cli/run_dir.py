@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 
-from .config_file import ConfigError
+from .config_document import ConfigError
 
 
 class RunDirectory:

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 
-from .config_cmd import add_config_parser, emit, load, published, setup_torch, summary
+from .run_command import add_config_parser, emit, load, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Train the config's model on data.train (Model.fit), evaluating data.eval.
@@ -30,8 +30,8 @@ def run(args) -> int:
     cfg, doc = load(args, ("data", "train"))
     setup_torch(cfg)
     from .build import build_callbacks, build_model, build_reader, build_schema
-    from .metrics_log import MetricsLog
     from .run_dir import RunDirectory
+    from .run_log import MetricsLog
     run_dir = RunDirectory(cfg.run_dir, "train", args.config, doc)
     if not args.overwrite:
         run_dir.check_new(doc)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from recstream.cli import config
+from recstream.cli import config_schema as config
 from recstream.cli.errors import EXIT_USAGE
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

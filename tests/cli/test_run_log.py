@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from recstream.cli.metrics_log import MetricsLog, read_rows
+from recstream.cli.jsonl_rows import read_rows
+from recstream.cli.run_log import MetricsLog
 
 ROWS = [{"step": 10, "auc": 0.7}, {"step": 20, "auc": 0.71}]
 
@@ -60,7 +61,7 @@ def test_malformed_rows_are_left_in_the_file_and_out_of_the_rows(tmp_path, caplo
 
 CHILD = """
 import sys
-from recstream.cli.metrics_log import MetricsLog, read_rows
+from recstream.cli.run_log import MetricsLog
 log = MetricsLog(sys.argv[1])
 pad = "x" * (16 << 20)
 print("ready", flush=True)

@@ -1,4 +1,7 @@
-"""The config file of ``recstream train | eval | online``: pydantic models, one per section.
+"""The config schema of ``recstream train | eval | online``: pydantic models, one per section.
+
+This module knows the fields; `config_document` reads the YAML text and places each mistake at
+its ``file:line``; `run_command.load_config` puts the two together (this module imports neither).
 
 Every section refuses unknown keys (naming the allowed ones) and wrong types (strict: ``"3"``
 is not an int); values the library checks itself (a model's ``activation``, a reader's
@@ -390,14 +393,3 @@ class Config(Section):
                                               {"key": key, "value": value, "allowed": ", ".join(allowed)})
         return data
 
-
-def load_config(path: str):
-    """Read and validate a config file: ``(Config, ConfigDocument)``; a mistake is a one-line ConfigError."""
-    from pydantic import ValidationError
-
-    from .config_file import ConfigDocument
-    doc = ConfigDocument.read(path)
-    try:
-        return Config.model_validate(doc.data or {}), doc
-    except ValidationError as e:
-        raise doc.validation_error(e) from None

@@ -7,7 +7,7 @@ comes (flushed: a crash loses nothing written); the CSV's header is the union of
 so the file is rewritten on the rare row that brings a new key (fit evaluates only some epochs).
 
 A run that continues the files (``append=True``: ``online`` resuming, ``eval``) reads the JSONL
-with `read_rows`: a torn last line (a process killed mid-write) is cut off the file, with a
+with `jsonl_rows.repair`: a torn last line (a process killed mid-write) is cut off the file, with a
 warning, so that the next row starts on a line of its own; a malformed row elsewhere (not JSON,
 not an object, invalid UTF-8, nested too deep) is left in the file and out of the rows, with a
 warning. The CSV, a table view of the JSONL, is then written again from the rows.
@@ -29,10 +29,10 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
 
 from ..callbacks import Callback
 from ..callbacks.loss_monitor import loss_value
+from .jsonl_rows import repair
 
 log = logging.getLogger("recstream.cli")
 
@@ -46,87 +46,6 @@ def _plain(value):
     except (TypeError, ValueError):
         return str(value)
     return value if math.isfinite(value) else None
-
-
-@dataclass
-class Rows:
-    """What `read_rows` found in a JSONL file.
-
-    rows: the JSON objects, in order. skipped: ``(line, reason)`` of each malformed line left out.
-    torn: ``(line, byte offset)`` where a torn last line starts (no newline and not a JSON object:
-    a write cut short), or None.
-    """
-
-    rows: list[dict] = field(default_factory=list)
-    skipped: list[tuple[int, str]] = field(default_factory=list)
-    torn: tuple[int, int] | None = None
-
-
-def _row(line: bytes) -> tuple[dict | None, str]:
-    """A line parsed as a JSON object, or ``(None, why not)``."""
-    try:
-        value = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None, "not UTF-8"
-    except RecursionError:
-        return None, "nested too deep"
-    except json.JSONDecodeError as e:
-        return None, f"not JSON ({e.msg})"
-    except ValueError:  # Python refuses ints of more than 4300 digits
-        return None, "not JSON (a number too long)"
-    if not isinstance(value, dict):
-        return None, f"not a JSON object (a {type(value).__name__})"
-    return value, ""
-
-
-def read_rows(path: str) -> Rows:
-    """The rows of a JSONL metrics file (see `Rows`); nothing is changed on disk.
-
-    >>> import os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
-    >>> _ = open(path, "w").write('{"step": 1}\\n[2]\\n{"step": 3}\\n{"ste')
-    >>> found = read_rows(path)
-    >>> found.rows, found.skipped, found.torn
-    ([{'step': 1}, {'step': 3}], [(2, 'not a JSON object (a list)')], (4, 28))
-    """
-    found, offset = Rows(), 0
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                row, why = _row(line)
-                if row is not None:
-                    found.rows.append(row)
-                elif line.endswith(b"\n"):
-                    found.skipped.append((number, why))
-                else:  # the last line, cut by a crash mid-write
-                    found.torn = (number, offset)
-            offset += len(line)
-    return found
-
-
-def repair(path: str) -> Rows:
-    """`read_rows`, then cut a torn last line off the file (and end a last row that lost its newline),
-    with a warning for that and for malformed rows left in place."""
-    found = read_rows(path)
-    if found.torn is not None:
-        line, start = found.torn
-        size = os.path.getsize(path)
-        with open(path, "r+b") as f:
-            f.truncate(start)
-        log.warning("%s:%d: removed a torn last line (%d bytes, an interrupted write); the rows before it are kept",
-                    path, line, size - start)
-    elif found.rows:
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            ended = f.read(1) == b"\n"
-        if not ended:
-            with open(path, "ab") as f:
-                f.write(b"\n")
-    if found.skipped:
-        first_line, why = found.skipped[0]
-        log.warning("%s: %d malformed row%s left out (kept in the file; first: line %d, %s)", path,
-                    len(found.skipped), "s" if len(found.skipped) > 1 else "", first_line, why)
-    return found
 
 
 class MetricsLog(Callback):

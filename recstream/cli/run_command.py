@@ -1,5 +1,6 @@
-"""What ``recstream train | eval | online CONFIG.yaml`` share: the parser, loading and checking the
-config, torch's settings, and the result line.
+"""What the run commands ``recstream train | eval | online CONFIG.yaml`` share: the parser, loading
+and checking the config (`config_document` reads it, `config_schema` validates it), torch's
+settings, and the result line.
 
 The result: one human line on stdout (``recstream train: ...``), or with ``--json`` one JSON
 object on stdout instead (the human line then goes to stderr), for scripts::
@@ -33,10 +34,24 @@ def add_config_parser(sub, name: str, help: str, description: str, run,
     return p
 
 
+def load_config(path: str):
+    """Read and validate a config file: ``(Config, ConfigDocument)``; a mistake is a one-line ConfigError."""
+    from pydantic import ValidationError
+
+    from .config_document import ConfigDocument
+    from .config_schema import Config
+    doc = ConfigDocument.read(path)
+    try:
+        return Config.model_validate(doc.data or {}), doc
+    except ValidationError as e:
+        raise doc.validation_error(e) from None
+
+
 def load(args, *required: tuple):
     """``(Config, ConfigDocument)``; `required`: sections this command needs, e.g. ``("data", "train")``."""
     try:
-        from .config import load_config
+        import pydantic  # noqa: F401 -- the optional extra: say so before anything else
+        import yaml  # noqa: F401
     except ModuleNotFoundError as e:  # the optional extra is not installed
         raise CliError(f"config files need pydantic and PyYAML: pip install 'recstream[cli]' ({e})") from e
     cfg, doc = load_config(args.config)

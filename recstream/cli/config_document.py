@@ -1,5 +1,5 @@
-"""Reading a YAML config file so that every mistake names its place: field path, value, what is
-allowed, and ``file:line``.
+"""The config document: a YAML config file read so that every mistake names its place: field path,
+value, what is allowed, and ``file:line``.
 
 The file is parsed twice from the same text: ``yaml.safe_load`` gives the plain data that
 pydantic validates, ``yaml.compose`` the node tree whose ``start_mark`` says where each key
@@ -210,7 +210,7 @@ class ConfigDocument:
         if kind == "missing":
             return self.line(loc[:-1], key=True), f"{dotted(used + loc[-1:])}: required key is missing"
         if kind in ("union_tag_invalid", "union_tag_not_found"):  # the model's type: (the one tagged union)
-            from .config import MODEL_TYPES
+            from .config_schema import MODEL_TYPES
             where = used + (ctx.get("discriminator", "").strip("'"),)
             expected = ctx.get("expected_tags") or ", ".join(map(repr, MODEL_TYPES))
             if kind == "union_tag_not_found":
