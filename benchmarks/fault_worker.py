@@ -21,7 +21,7 @@ import torch
 
 from recstream import RecModel
 from recstream.callbacks import Callback, CheckpointConfig, ModelCheckpoint
-from recstream.cli.metrics_log import MetricsLog
+from recstream.cli.run_log import MetricsLog
 from recstream.data import Schema
 from recstream.data.streams import KafkaStream
 from recstream.serving import ModelPublisher

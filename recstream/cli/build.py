@@ -5,7 +5,7 @@ A value pydantic let through but the library refuses (``hidden: []``, a reader o
 does not fit the file) is still a config mistake: `at` turns the library's TypeError or
 ValueError into the same one-line ``file:line: field: ...`` message (exit status 2).
 
->>> from recstream.cli.config import Config
+>>> from recstream.cli.config_schema import Config
 >>> cfg = Config.model_validate({"run_dir": "r", "schema": {"criteo": {"hash_buckets": 100, "embedding_dim": 4}},
 ...                              "model": {"type": "dcnv2", "hidden": [8], "num_cross_layers": 1}})
 >>> schema = build_schema(cfg, None)
@@ -18,7 +18,7 @@ import json
 import os
 from contextlib import contextmanager
 
-from .config_file import NOT_GIVEN, ConfigError
+from .config_document import NOT_GIVEN, ConfigError
 
 _DELIMITERS = {"csv": ",", "tsv": "\t"}
 
@@ -34,7 +34,53 @@ def at(doc, loc: tuple, value=NOT_GIVEN):
         raise doc.error(loc, value, str(e)) from e
 
 
+def memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_tables_fit(cfg, doc, schema, memory: int | None = None) -> None:
+    """Refuse, at its field, an embedding table larger than this machine's memory (float32 rows), before
+    it is allocated: the allocator's error names no field, and a table that overcommits gets the
+    process killed while it is initialised."""
+    memory = memory_bytes() if memory is None else memory
+    if memory is None or doc is None:
+        return
+    s = cfg.schema_
+    for i, feature in enumerate(schema.categorical):
+        size = feature.num_embeddings * feature.embedding_dim * 4
+        if size > memory:
+            loc = (("schema", "criteo", "hash_buckets") if s.criteo is not None else ("schema", "file")
+                   if s.file is not None else ("schema", "categorical", i))
+            raise doc.error(loc, feature.num_embeddings, f"the table of {feature.name!r} ({feature.num_embeddings:,} "
+                            f"rows x {feature.embedding_dim} float32) needs {size / 2**30:,.1f} GiB; this machine "
+                            f"has {memory / 2**30:,.1f} GiB")
+
+
+def check_layers_fit(cfg, doc, memory: int | None = None) -> None:
+    """Refuse, at its field, a list of hidden layers whose weights alone (float32, between consecutive
+    layers) are larger than this machine's memory."""
+    memory = memory_bytes() if memory is None else memory
+    if memory is None or doc is None:
+        return
+    for name in ("hidden", "bottom", "top"):
+        widths = getattr(cfg.model, name, None) or []
+        size = sum(a * b for a, b in zip(widths, widths[1:], strict=False)) * 4
+        if size > memory:
+            raise doc.error(("model", name), widths, f"these layers' weights need {size / 2**30:,.1f} GiB; this "
+                            f"machine has {memory / 2**30:,.1f} GiB")
+
+
 def build_schema(cfg, doc):
+    schema = _build_schema(cfg, doc)
+    check_tables_fit(cfg, doc, schema)
+    return schema
+
+
+def _build_schema(cfg, doc):
     from ..data import CategoricalFeature, Schema, criteo_schema
     s = cfg.schema_
     if s.criteo is not None:
@@ -134,8 +180,15 @@ def build_stream(cfg, doc, schema, run_dir: str):
 def build_network(cfg, schema, doc):
     from ..models import DLRM, DCNv2, DeepFM, WideDeep
     classes = {"widedeep": WideDeep, "deepfm": DeepFM, "dcnv2": DCNv2, "dlrm": DLRM}
+    check_layers_fit(cfg, doc)
     with at(doc, ("model",)):
-        return classes[cfg.model.type](schema, **cfg.model.args())
+        try:
+            return classes[cfg.model.type](schema, **cfg.model.args())
+        except (MemoryError, RuntimeError) as e:  # widths within their bounds, but too many of them
+            if doc is None or not isinstance(e, MemoryError) and "alloc" not in str(e):
+                raise
+            raise ValueError(f"the network does not fit in this machine's memory ({str(e).splitlines()[0]}); "
+                             "make hidden layers or embeddings smaller") from e
 
 
 def build_model(cfg, doc, schema, *, online: bool = False):
@@ -165,7 +218,7 @@ def build_callbacks(cfg, doc, run_dir: str, *, online: bool, schema=None) -> lis
     """The callbacks of ``callbacks:`` (a final checkpoint always; prequential by default online),
     and the publisher of ``publish:`` last (it publishes what the checkpoint before it saved)."""
     from ..callbacks import CheckpointConfig, EarlyStopping, ModelCheckpoint, PrequentialMonitor, TensorBoard
-    from .config import CheckpointSection, PrequentialSection
+    from .config_schema import CheckpointSection, PrequentialSection
     cbs = cfg.callbacks
     out = []
     ck = cbs.checkpoint or CheckpointSection()

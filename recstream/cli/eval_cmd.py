@@ -10,8 +10,8 @@ import logging
 import os
 import time
 
-from .config_cmd import add_config_parser, emit, load, setup_torch, summary
 from .errors import EXIT_USAGE, CliError
+from .run_command import add_config_parser, emit, load, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Evaluate the run's newest checkpoint on data.eval (AUC, log loss).
@@ -33,8 +33,8 @@ def run(args) -> int:
         raise CliError(f"no checkpoint: {checkpoint} does not exist (run recstream train {args.config} first, "
                        "or set eval.checkpoint)", EXIT_USAGE)
     from .build import build_model, build_reader, build_schema
-    from .metrics_log import MetricsLog
     from .run_dir import RunDirectory
+    from .run_log import MetricsLog
     with RunDirectory(cfg.run_dir, "eval", args.config, doc) as run_dir:
         schema = build_schema(cfg, doc)
         valid = build_reader(cfg, doc, "eval", schema)

@@ -9,7 +9,8 @@
 
 The command modules import torch (and the rest of the library) only inside their ``run``,
 so that ``--help`` and ``--version`` answer at once. A mistake ends with one line on stderr
-and an exit status (see ``EPILOG``), never a traceback unless ``--debug`` is given.
+and an exit status (see ``EPILOG``), never a traceback unless ``--debug`` is given
+(`dispatch`).
 
 >>> build_parser().parse_args(["demo", "--epochs", "2"]).epochs
 2
@@ -17,12 +18,11 @@ and an exit status (see ``EPILOG``), never a traceback unless ``--debug`` is giv
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from .. import __version__
 from . import demo, eval_cmd, export, init_cmd, online_cmd, plot_cmd, produce, serve, train_cmd
-from .errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_TERMINATED, CliError, Interrupted
+from .dispatch import dispatch
 
 EPILOG = """exit status:
   0    success
@@ -52,35 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminate(signum, frame):
-    raise Interrupted("terminated", EXIT_TERMINATED)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # usage errors: exit 2
-    owner = f"recstream {args.command}"
-    previous = signal.signal(signal.SIGTERM, _terminate)  # a command may install its own (serve does)
-    # Ctrl-C / SIGINT too, explicitly: a process started with SIGINT ignored (a background job of a
-    # non-interactive shell) would otherwise never see it, and `produce` would not stop on it.
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return args.run(args)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as Interrupted
-        print(f"{owner}: {e.args[0] if e.args else 'interrupted'}", file=sys.stderr)
-        return getattr(e, "code", EXIT_INTERRUPTED)
-    except CliError as e:
-        if args.debug:
-            raise
-        print(f"{owner}: {e.args[0]}", file=sys.stderr)
-        return e.code
-    except Exception as e:  # noqa: BLE001 -- the last guard: one line instead of a traceback
-        if args.debug:
-            raise
-        print(f"{owner}: error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr)
-        return EXIT_FAILURE
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+    return dispatch(args)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import signal
 import sys
 import time
 
-from .config_cmd import add_config_parser, emit, load, published, setup_torch, summary
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+from .run_command import add_config_parser, emit, load, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Train the config's model online on stream: (a directory of arriving files or a Kafka topic).
@@ -27,7 +27,8 @@ Resumes from <run_dir>/checkpoints with the stream position; reports prequential
 (test-then-train) AUC and log loss into metrics.csv/.jsonl; publishes model versions for
 recstream serve (publish:); stops when the stream ends (stream.idle_timeout,
 stream.max_batches), or cleanly on Ctrl-C/SIGTERM: the final checkpoint is written, then
-it exits 130/143. Reference: docs/cli.md."""
+it exits 130/143. A run_dir that holds an earlier run but no checkpoint is refused
+unless --overwrite is given. Reference: docs/cli.md."""
 STOPPED = {signal.SIGINT: ("interrupted", EXIT_INTERRUPTED), signal.SIGTERM: ("terminated", EXIT_TERMINATED)}
 
 
@@ -49,7 +50,8 @@ def _end_recorder():
 
 
 def add_parser(sub) -> None:
-    add_config_parser(sub, "online", "train a model online on a stream, from a config file", DESCRIPTION, run)
+    add_config_parser(sub, "online", "train a model online on a stream, from a config file", DESCRIPTION, run,
+                      overwrite=True)
 
 
 def run(args) -> int:
@@ -58,9 +60,12 @@ def run(args) -> int:
     if cfg.stream.kafka is not None:
         kafka_client(doc)  # a missing extra is a config mistake: found before the run directory is made
     setup_torch(cfg)
-    from .metrics_log import MetricsLog
     from .run_dir import RunDirectory
-    with RunDirectory(cfg.run_dir, "online", args.config, doc) as run_dir:
+    from .run_log import MetricsLog
+    run_dir = RunDirectory(cfg.run_dir, "online", args.config, doc)
+    if not args.overwrite:
+        run_dir.check_new(doc, resumable=True)
+    with run_dir:
         schema = build_schema(cfg, doc)
         model, net = build_model(cfg, doc, schema, online=True)
         stream = build_stream(cfg, doc, schema, run_dir.path)

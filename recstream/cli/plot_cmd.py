@@ -8,8 +8,11 @@ row per epoch, or per prequential report online) and writes, next to it or to ``
 - ``throughput.png``: steps per second between rows (from the rows' ``seconds``);
 - ``prequential.png`` (online runs): rolling and whole-stream AUC over the events.
 
-A plot whose columns the run does not have is not written. Needs matplotlib
-(``pip install "recstream[plot]"``).
+A plot whose columns the run does not have is not written. ``metrics.png`` draws at most
+`MAX_LINES` metrics (the first by name, or those named by ``--metric``): a legend of thousands of
+lines took a minute to lay out and could not be read. Malformed rows (not JSON, not an object,
+invalid UTF-8, nested too deep, a number too long) are skipped and counted on stderr; a torn last
+line (a crash mid-write) is left out. Needs matplotlib (``pip install "recstream[plot]"``).
 
 >>> import argparse
 >>> sub = argparse.ArgumentParser().add_subparsers()
@@ -19,43 +22,45 @@ True
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
+import sys
 
 from .errors import EXIT_USAGE, CliError
+from .jsonl_rows import read_rows
 
 DESCRIPTION = """Write PNG plots of a run directory's metrics.jsonl (loss, evaluation results,
 throughput, prequential AUC) next to it, or to --output."""
 
 _LOSSES = ("loss", "eval_loss")
 _NOT_METRICS = {"epoch", "step", "seconds", "events", "window_events", "time", *_LOSSES}
+MAX_LINES = 12  # metrics drawn in metrics.png
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="PNG plots of a run's metrics", description=DESCRIPTION)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory holding metrics.jsonl")
     p.add_argument("--output", default=None, help="directory for the PNG files (default: RUN_DIR)")
+    p.add_argument("--metric", action="append", default=None, metavar="NAME",
+                   help=f"a metric to draw in metrics.png (repeatable; default: the first {MAX_LINES} by name)")
     p.set_defaults(run=run)
     return p
 
 
-def read_rows(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl; a torn last line (a crash mid-write) is left out."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                if f.readline():  # not the last line: the file is damaged, not torn
-                    raise CliError(f"{path}:{number}: not a JSON row ({e.msg})", EXIT_USAGE) from None
-    return rows
+def _number(value) -> float | None:
+    """A finite number of a row as a float (not a bool, not an int beyond float's range), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _series(rows: list[dict], x: str, y: str) -> tuple[list, list]:
-    points = [(r[x], r[y]) for r in rows if isinstance(r.get(x), (int, float)) and isinstance(r.get(y), (int, float))]
+    points = [(a, b) for a, b in ((_number(r.get(x)), _number(r.get(y))) for r in rows) if a is not None
+              and b is not None]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -76,13 +81,27 @@ def _figure(plt, path: str, title: str, xlabel: str, lines: dict[str, tuple[list
 
 
 def _throughput(rows: list[dict]) -> tuple[list, list]:
-    timed = [r for r in rows if isinstance(r.get("seconds"), (int, float)) and isinstance(r.get("step"), int)]
+    timed = [(step, seconds) for step, seconds in ((_number(r.get("step")), _number(r.get("seconds"))) for r in rows)
+             if step is not None and seconds is not None]
     xs, ys = [], []
-    for a, b in zip(timed, timed[1:], strict=False):  # consecutive pairs
-        if b["seconds"] > a["seconds"] and b["step"] > a["step"]:
-            xs.append(b["step"])
-            ys.append((b["step"] - a["step"]) / (b["seconds"] - a["seconds"]))
+    for (step_a, sec_a), (step_b, sec_b) in zip(timed, timed[1:], strict=False):  # consecutive pairs
+        if sec_b > sec_a and step_b > step_a:
+            xs.append(step_b)
+            ys.append((step_b - step_a) / (sec_b - sec_a))
     return xs, ys
+
+
+def _metrics(rows: list[dict], chosen: list[str] | None) -> tuple[list[str], int]:
+    """The metrics metrics.png draws, and how many the rows hold."""
+    found = sorted({k for r in rows for k, v in r.items() if _number(v) is not None and k not in _NOT_METRICS
+                    and not k.endswith("_total")})
+    if chosen:
+        missing = [name for name in chosen if name not in found]
+        if missing:
+            raise CliError(f"--metric {missing[0]}: not a metric of this run; it has {', '.join(found[:20])}"
+                           f"{' ...' if len(found) > 20 else ''}", EXIT_USAGE)
+        return list(dict.fromkeys(chosen)), len(found)
+    return found[:MAX_LINES], len(found)
 
 
 def run(args) -> int:
@@ -100,11 +119,18 @@ def run(args) -> int:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise CliError(f"plot needs matplotlib: pip install 'recstream[plot]' ({e})") from e
-    rows = read_rows(path)
+    found = read_rows(path)
+    rows = found.rows
+    if found.skipped:
+        line, why = found.skipped[0]
+        print(f"recstream plot: skipped {len(found.skipped)} malformed row{'s' if len(found.skipped) > 1 else ''} of "
+              f"{path} (first: line {line}, {why})", file=sys.stderr)
     if not rows:
         raise CliError(f"{path} holds no rows yet", EXIT_USAGE)
-    metrics = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and k not in _NOT_METRICS
-                      and not k.endswith("_total")})
+    metrics, total = _metrics(rows, args.metric)
+    if total > len(metrics) and not args.metric:
+        print(f"recstream plot: metrics.png draws {len(metrics)} of {total} metrics (--metric NAME picks them)",
+              file=sys.stderr)
     written = [name for name, done in (
         ("loss.png", _figure(plt, os.path.join(out, "loss.png"), "loss", "step",
                              {k: _series(rows, "step", k) for k in _LOSSES})),
@@ -113,8 +139,7 @@ def run(args) -> int:
         ("throughput.png", _figure(plt, os.path.join(out, "throughput.png"), "steps per second", "step",
                                    {"steps/s": _throughput(rows)})),
         ("prequential.png", _figure(plt, os.path.join(out, "prequential.png"), "prequential AUC", "events",
-                                    {k: _series(rows, "events", k) for k in ("auc", "auc_total")}
-                                    if any("events" in r for r in rows) else {})),
+                                    {k: _series(rows, "events", k) for k in ("auc", "auc_total")})),
     ) if done]
     print(f"recstream plot: wrote {', '.join(written) or 'nothing (no plottable columns)'} to {out}")
     return 0

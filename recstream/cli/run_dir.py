@@ -10,6 +10,11 @@ Layout (``run_dir:`` of the config)::
     published/           model versions for serving, with publish: (unless publish.directory is elsewhere)
     tensorboard/         TensorBoard events, when callbacks.tensorboard is set
 
+An earlier run is never written over silently (`check_new`): ``train`` refuses a run directory
+that holds one (metrics rows, checkpoints, or the config.yaml of another config), and ``online``
+one that holds one but no checkpoint to resume from, unless ``--overwrite`` is given; ``online``
+resumes in a run directory with checkpoints, ``eval`` adds its files to the run it evaluates.
+
 >>> import os, tempfile
 >>> src = os.path.join(tempfile.mkdtemp(), "c.yaml"); _ = open(src, "w").write("run_dir: x\\n")
 >>> with RunDirectory(os.path.join(os.path.dirname(src), "run"), "train", src) as run:
@@ -22,7 +27,7 @@ import logging
 import os
 import shutil
 
-from .config_file import ConfigError
+from .config_document import ConfigError
 
 
 class RunDirectory:
@@ -35,6 +40,39 @@ class RunDirectory:
         self.path, self.command = path, command
         self.config_path = config_path
         self._handlers: list[logging.Handler] = []
+
+    def check_new(self, doc, *, resumable: bool = False) -> None:
+        """Refuse (exit 2) a run directory that holds an earlier run (`earlier_run`), so that this run
+        cannot replace its config.yaml and start its metrics again unnoticed; `resumable`: a directory
+        with checkpoints is the run to continue (``online``)."""
+        held = self.earlier_run()
+        if not held or resumable and self._has_checkpoints():
+            return
+        where = f"{doc.path}:{doc.line(('run_dir',))}: " if doc is not None else ""
+        resume = "; recstream online resumes only from checkpoints, and it has none" if resumable else ""
+        raise ConfigError(f"{where}run_dir: got {self.path!r}; it holds an earlier run ({', '.join(held)}){resume}: "
+                          "give a new run_dir, or --overwrite to run in it anyway (config.yaml is replaced, the "
+                          "metrics start again, other files stay)")
+
+    def earlier_run(self) -> list[str]:
+        """What this directory holds that a run would write over: metrics rows, checkpoints, or a
+        config.yaml other than this run's config (a run that trained nothing leaves only its own)."""
+        held = []
+        metrics = self.file("metrics.jsonl")
+        if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
+            held.append("metrics.jsonl")
+        if self._has_checkpoints():
+            held.append("checkpoints/")
+        copy = self.file("config.yaml")
+        if os.path.exists(copy) and os.path.abspath(copy) != os.path.abspath(self.config_path):
+            with open(copy, "rb") as old, open(self.config_path, "rb") as new:
+                if old.read() != new.read():
+                    held.append("config.yaml of another config")
+        return held
+
+    def _has_checkpoints(self) -> bool:
+        checkpoints = self.file("checkpoints")
+        return os.path.isdir(checkpoints) and bool(os.listdir(checkpoints))
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)

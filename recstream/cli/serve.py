@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 
+from .dispatch import dispatch
 from .errors import EXIT_USAGE, CliError
 from .options import checked
 
@@ -146,8 +147,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .main import main as cli_main  # the same error handling and exit statuses as `recstream serve`
-    return cli_main(["serve"] + (sys.argv[1:] if argv is None else list(argv)))
+    """``python -m recstream.cli.serve DIR ...``: `recstream serve` alone, with the same error handling
+    and exit statuses (`dispatch`)."""
+    parser = argparse.ArgumentParser(prog="recstream")
+    parser.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return dispatch(parser.parse_args(["serve"] + (sys.argv[1:] if argv is None else list(argv))))
 
 
 if __name__ == "__main__":

@@ -10,28 +10,32 @@ import logging
 import os
 import time
 
-from .config_cmd import add_config_parser, emit, load, published, setup_torch, summary
+from .run_command import add_config_parser, emit, load, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Train the config's model on data.train (Model.fit), evaluating data.eval.
 
 Writes the run directory (run_dir): a copy of the config, train.log, metrics.csv and
 metrics.jsonl (one row per epoch), checkpoints/ (the last one always) and tensorboard/
-(when callbacks.tensorboard is set). A mistake in the config is one line naming the
+(when callbacks.tensorboard is set). A run_dir that holds an earlier run (metrics, checkpoints,
+another config.yaml) is refused unless --overwrite is given. A mistake in the config is one line naming the
 field, the value, what is allowed and file:line (exit status 2). Reference: docs/cli.md."""
 
 
 def add_parser(sub) -> None:
-    add_config_parser(sub, "train", "train a model from a config file", DESCRIPTION, run)
+    add_config_parser(sub, "train", "train a model from a config file", DESCRIPTION, run, overwrite=True)
 
 
 def run(args) -> int:
     cfg, doc = load(args, ("data", "train"))
     setup_torch(cfg)
     from .build import build_callbacks, build_model, build_reader, build_schema
-    from .metrics_log import MetricsLog
     from .run_dir import RunDirectory
-    with RunDirectory(cfg.run_dir, "train", args.config, doc) as run_dir:
+    from .run_log import MetricsLog
+    run_dir = RunDirectory(cfg.run_dir, "train", args.config, doc)
+    if not args.overwrite:
+        run_dir.check_new(doc)
+    with run_dir:
         schema = build_schema(cfg, doc)
         train = build_reader(cfg, doc, "train", schema)
         if cfg.train.sink_mode and cfg.train.sink_size == -1 and train.get_dataset_size() is None:

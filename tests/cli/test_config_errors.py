@@ -2,13 +2,14 @@
 stderr naming the field, the value, what is allowed and file:line, exit status 2, no traceback."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from recstream.cli import config
+from recstream.cli import config_schema as config
 from recstream.cli.errors import EXIT_USAGE
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -139,3 +140,140 @@ def test_levels_match_the_library():
     assert fields["embedding"].annotation.__args__ == EMBEDDING_OPTIMIZERS
     assert fields["wide"].annotation.__args__ == WIDE_OPTIMIZERS
     assert config.DCNv2Args.model_fields["structure"].annotation.__args__ == STRUCTURES
+
+
+# --- hostile documents: linear to read, refused as config mistakes ----------------------------
+def alias_bomb(levels: int) -> str:
+    """9 aliases of 9 aliases of ...: 9**levels values once expanded, a few hundred bytes written."""
+    text = 'l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]\n'
+    for i in range(1, levels + 1):
+        text += f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n"
+    return text
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(tmp_path):
+    """9**12 values once expanded: reading it took minutes (the duplicate-key check followed every
+    alias; 9**9 took over 60 s); now one pass over the text names the alias that crosses the bound."""
+    text = alias_bomb(12) + BASE
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, '^l6:')}: aliases expand the document by "
+                              "more than 1,000,000 values"), message
+
+
+def test_aliases_that_stay_small_are_read_as_before(tmp_path):
+    text = "hidden: &h [8]\n" + BASE.replace("  hidden: [8]\n", "  hidden: *h\n")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert "c.yaml:1: hidden: unknown key (value [8])" in message, message  # the document read fully
+
+
+def test_a_document_nested_too_deep_is_a_config_mistake(tmp_path):
+    """900 levels: YAML's composer recursed into RecursionError (exit 1)."""
+    text = BASE + "eval:\n  checkpoint: " + "[" * 900 + "]" * 900 + "\n"
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message == f"recstream train: c.yaml:{line_of(text, 'checkpoint')}: nested more than 50 levels deep; " \
+                      "a config needs far fewer", message
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("  epochs: 1\n", "  epochs: 1\n  seed: 18446744073709551616\n",  # 2**64: torch's ValueError, exit 1
+     ["train.seed", "got 18446744073709551616", "less than or equal to 18446744073709551615"]),
+    ("  epochs: 1\n", "  epochs: 1\n  seed: -1\n", ["train.seed", "got -1", "greater than or equal to 0"]),
+    ("  threads: 1\n", "  threads: 1\noptimizer:\n  lr: .inf\n", ["optimizer.lr", "got inf", "finite number"]),
+    ("  threads: 1\n", "  threads: 1\noptimizer:\n  weight_decay: .nan\n", ["optimizer.weight_decay", "finite"]),
+])
+def test_numbers_out_of_range_name_the_field_and_the_bound(tmp_path, old, new, words):
+    text = BASE.replace(old, new, 1)
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, words[0].split('.')[-1] + ':')}: "), message
+    for word in words:
+        assert word in message, (word, message)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value, words", [
+    (r'"runs/a\0b"', ["run_dir", r"got 'runs/a\x00b'", r"a path cannot hold a NUL character (\0)"]),
+    (r'"runs/\ud800"', ["run_dir", r"got 'runs/\ud800'", "text must be valid Unicode (no lone surrogates"]),
+    (r'"runs/\udc80"', ["run_dir", r"got 'runs/\udc80'", "text must be valid Unicode"]),
+])
+def test_a_path_that_cannot_name_a_file_is_a_config_mistake(tmp_path, value, words):
+    """A NUL or a lone surrogate in run_dir ended in ValueError / FileNotFoundError / UnicodeEncodeError
+    (exit 1) once the run directory was made."""
+    text = BASE.replace("run_dir: runs/r\n", f"run_dir: {value}\n")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith("recstream train: c.yaml:1: "), message
+    for word in words:
+        assert word in message, (word, message)
+    assert sorted(os.listdir(tmp_path)) == ["c.yaml", "day_0.tsv"]  # no run directory made
+
+
+def test_a_lone_surrogate_anywhere_is_a_config_mistake(tmp_path):
+    text = BASE.replace("  type: deepfm\n", '  type: deepfm\n  activation: "rel\\udfffu"\n')
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, text)))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, 'activation')}: model.activation: "), message
+    assert "text must be valid Unicode" in message
+
+
+CATEGORICAL = BASE.replace("  criteo:\n    hash_buckets: 100\n    embedding_dim: 4\n",
+                           "  dense: [x]\n  categorical:\n    - {name: c, vocab_size: 5}\n").replace("format: criteo",
+                                                                                             "format: csv")
+
+
+@pytest.mark.parametrize("old, new, at, words", [
+    ("vocab_size: 5", "vocab_size: 1000000000000", "vocab_size",
+     ["schema.categorical[0].vocab_size", "got 1000000000000", "less than or equal to 2147483647"]),
+    ("vocab_size: 5", "vocab_size: 5, embedding_dim: 1000000000", "vocab_size",
+     ["schema.categorical[0].embedding_dim", "got 1000000000", "less than or equal to 4096"]),
+    ("  hidden: [8]\n", "  hidden: [1000000, 1000000]\n", "hidden",
+     ["model.hidden[0]", "got 1000000", "less than or equal to 65536"]),
+    ("  hidden: [8]\n", "  hidden: [8]\n  embedding_dim: 1000000000\n", "embedding_dim",
+     ["model.embedding_dim", "got 1000000000", "less than or equal to 4096"]),
+    ("  hidden: [8]\n", "  hidden: [" + ", ".join(["8"] * 65) + "]\n", "hidden",
+     ["model.hidden", "at most 64 items"]),
+    # within each bound, but larger than any machine: refused before anything is allocated
+    ("vocab_size: 5", "vocab_size: 2000000000, embedding_dim: 4096", "vocab_size",
+     ["schema.categorical[0]: got 2000000000", "the table of 'c' (2,000,000,000 rows x 4096 float32) needs "
+      "30,517.6 GiB; this machine has"]),
+    ("  hidden: [8]\n", "  hidden: [" + ", ".join(["65536"] * 64) + "]\n", "hidden",
+     ["model.hidden: got [65536, 65536,", "these layers' weights need 1,008.0 GiB; this machine has"]),
+])
+def test_sizes_beyond_their_bounds_name_the_field_and_the_bound(tmp_path, old, new, at, words):
+    """vocab_size 10**12, hidden [1e6, 1e6], embedding_dim 1e9 ended in the allocator's error (no field)."""
+    (tmp_path / "day_0.csv").write_text("label,x,c\n1,0.5,3\n")
+    text = CATEGORICAL.replace(old, new, 1).replace("path: day_0.tsv", "path: day_0.csv")
+    (tmp_path / "c.yaml").write_text(text)
+    message = one_line_error(run_cli(tmp_path, "train", "c.yaml"))
+    assert message.startswith(f"recstream train: c.yaml:{line_of(text, at)}: "), message
+    for word in words:
+        assert word in message, (word, message)
+
+
+# --- an earlier run in run_dir ---------------------------------------------------------------
+def test_train_refuses_a_run_dir_holding_an_earlier_run_unless_overwrite(tmp_path):
+    """A second `recstream train` into the same run_dir replaced its config.yaml and started its metrics
+    again, silently."""
+    first = run_cli(tmp_path, "train", write(tmp_path, BASE))
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "runs" / "r"
+    before = {name: (run / name).read_bytes() for name in ("config.yaml", "metrics.jsonl")}
+    changed = BASE.replace("  epochs: 1\n", "  epochs: 2\n")
+    message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, changed)))
+    assert message.startswith("recstream train: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
+                              "(metrics.jsonl, checkpoints/, config.yaml of another config): give a new run_dir, "
+                              "or --overwrite"), message
+    assert {name: (run / name).read_bytes() for name in before} == before
+    again = run_cli(tmp_path, "train", "c.yaml", "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert (run / "config.yaml").read_text() == changed
+    assert [json.loads(r)["epoch"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_online_refuses_a_run_dir_without_checkpoints_that_holds_an_earlier_run(tmp_path):
+    (tmp_path / "events").mkdir()
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.5}\n')
+    text = BASE + "stream:\n  directory: {path: events}\n  idle_timeout: 0.1\n"
+    message = one_line_error(run_cli(tmp_path, "online", write(tmp_path, text)))
+    assert message.startswith("recstream online: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
+                              "(metrics.jsonl); recstream online resumes only from checkpoints"), message
+    assert (run / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n' and not (run / "config.yaml").exists()

@@ -272,3 +272,36 @@ def test_a_rerun_with_no_new_events_trains_0_steps_changes_nothing_and_exits_0(t
     assert result["position"] == first["position"]
     assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == files
     assert (run / "stream_position.json").stat().st_mtime_ns == committed and metric_rows(run) == rows
+
+
+# --- a torn metrics row ----------------------------------------------------------------------
+def write_events(events, first: int, n: int) -> None:
+    writer = DirectoryWriter(events, "csv", file_records=200, flush_interval=0.1)
+    rng = np.random.default_rng(first)
+    writer.write(format_records("csv", rng.integers(0, 2, n).astype(float), rng.normal(size=(n, 2)),
+                                np.stack([rng.integers(0, 100, n), rng.integers(0, 1000, n)], axis=1),
+                                event_ids=np.arange(first, first + n), times=np.full(n, time.time())))
+    writer.close()
+
+
+def test_a_torn_metrics_row_is_repaired_and_the_run_resumes(tmp_path):
+    """A run killed mid-write leaves metrics.jsonl with a torn last line: the next `recstream online`
+    cuts it off (a warning on stderr and in online.log), resumes and appends its rows after the whole ones."""
+    events, run = tmp_path / "events", tmp_path / "run"
+    events.mkdir()
+    write_events(events, 0, 300)
+    (tmp_path / "c.yaml").write_text(CONFIG.replace("SOURCE", "  directory: {path: events, format: csv, "
+                                                              "poll_interval: 0.05}")
+                                     .replace("  batch_size: 50\n", "  batch_size: 50\n  idle_timeout: 0.3\n"))
+    first = json_line(cli(tmp_path, "online", "c.yaml", "--json").stdout)
+    rows = metric_rows(run)
+    assert first["steps"] == 6 and [r["step"] for r in rows] == [5, 6]
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "auc": 0.6')  # the row a killed run was writing
+    write_events(events, 300, 250)
+    second = cli(tmp_path, "online", "c.yaml", "--json")
+    assert second.returncode == 0, second.stderr
+    assert "metrics.jsonl:3: removed a torn last line" in second.stderr
+    assert "removed a torn last line" in (run / "online.log").read_text()
+    assert json_line(second.stdout)["steps"] == 11
+    assert [r["step"] for r in metric_rows(run)] == [5, 6, 11]  # the final report of the second run

@@ -41,6 +41,33 @@ def test_plot_mistakes_are_one_line_with_exit_status_2(tmp_path):
         done = _plot(*args)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    (tmp_path / "metrics.jsonl").write_text("not json\n")
     done = _plot(tmp_path)
-    assert done.returncode == 2 and "metrics.jsonl:2: not a JSON row" in done.stderr
+    assert done.returncode == 2 and "holds no rows yet" in done.stderr.splitlines()[-1]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    done = _plot(tmp_path, "--metric", "auc")
+    assert done.returncode == 2 and "--metric auc: not a metric of this run" in done.stderr
+
+
+def test_malformed_rows_are_skipped_with_a_count(tmp_path):
+    """A row that is a list, 100k-deep, invalid UTF-8 or a 5000-digit number ended plot with
+    AttributeError / RecursionError / UnicodeDecodeError / ValueError (exit 1)."""
+    good = [{"step": 10 * i, "loss": 0.5, "auc": 0.7, "seconds": float(i)} for i in range(1, 4)]
+    bad = [b"[1, 2]\n", b'{"step": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", b'{"step": 5, "auc": "\xff"}\n',
+           b'{"step": ' + b"9" * 5000 + b"}\n", b"not json\n", b'{"step": 1e400, "auc": 10' + b"0" * 400 + b"}\n"]
+    (tmp_path / "metrics.jsonl").write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in good) + b"".join(bad))
+    done = _plot(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "skipped 5 malformed rows of" in done.stderr and "(first: line 4, not a JSON object (a list))" in done.stderr
+    assert {p.name for p in tmp_path.glob("*.png")} == {"loss.png", "metrics.png", "throughput.png"}
+
+
+def test_thousands_of_metric_keys_draw_the_first_and_say_so(tmp_path):
+    """5,000 metric keys took 67 s (a legend of 5,000 lines); metrics.png now draws 12, or the named ones."""
+    rows = [{"step": 10 * i, "loss": 0.5, **{f"m{k:04d}": k / 5000 for k in range(5000)}} for i in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _plot(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "metrics.png draws 12 of 5000 metrics (--metric NAME picks them)" in done.stderr
+    done = _plot(tmp_path, "--metric", "m4999", "--metric", "m0001")
+    assert done.returncode == 0 and "draws" not in done.stderr, done.stderr

@@ -159,7 +159,7 @@ def test_publish_mistakes_name_the_field_and_line(tmp_path, old, new, words):
 @pytest.mark.parametrize("name", ["OFFLINE", "ONLINE"])
 def test_the_init_templates_publish_section_works_uncommented(name):
     from recstream.cli import templates
-    from recstream.cli.config import Config
+    from recstream.cli.config_schema import Config
     lines, inside = [], False
     for line in getattr(templates, name).splitlines():
         inside = line.startswith("# publish") or (inside and line.startswith("#   "))

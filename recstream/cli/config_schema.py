@@ -1,4 +1,7 @@
-"""The config file of ``recstream train | eval | online``: pydantic models, one per section.
+"""The config schema of ``recstream train | eval | online``: pydantic models, one per section.
+
+This module knows the fields; `config_document` reads the YAML text and places each mistake at
+its ``file:line``; `run_command.load_config` puts the two together (this module imports neither).
 
 Every section refuses unknown keys (naming the allowed ones) and wrong types (strict: ``"3"``
 is not an int); values the library checks itself (a model's ``activation``, a reader's
@@ -15,7 +18,16 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # = recstream.train.amp.AMP_LEVELS / recstream.train.model.BOOST_LEVELS (a test checks): validating a
@@ -24,7 +36,21 @@ AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 BOOST_LEVELS = ("O0", "O1", "O2")
 READER_FORMATS = ("criteo", "csv", "tsv", "parquet")
 STREAM_FORMATS = ("criteo", "csv", "tsv", "jsonl", "parquet")
-PositiveFloat = Annotated[float, Field(gt=0)]
+MAX_SEED = 2**64 - 1  # torch.manual_seed's largest
+# Sizes of what the network allocates, bounded so that a slip (10**12 rows) is named at its field
+# instead of ending in the allocator; build.py also checks that each table fits this machine's memory.
+MAX_ROWS = 2**31 - 1  # rows of one embedding table (vocab_size, hash_buckets, capacity)
+MAX_DIM = 4096  # an embedding's width
+MAX_WIDTH = 65536  # a hidden layer's width (and low_rank, max_len)
+MAX_LAYERS = 64  # hidden layers of one MLP, cross layers
+Rows = Annotated[int, Field(gt=0, le=MAX_ROWS)]
+Buckets = Annotated[int, Field(ge=2, le=MAX_ROWS)]
+Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
+Width = Annotated[int, Field(gt=0, le=MAX_WIDTH)]
+Hidden = Annotated[list[Width], Field(max_length=MAX_LAYERS)]
+# floats are finite: .inf / .nan in a config are mistakes, not settings
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0, lt=1)]
 
 
@@ -56,12 +82,22 @@ def existing_path(value: str) -> str:
     return value
 
 
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise PydanticCustomError("nul_in_path", "a path cannot hold a NUL character (\\0)")
+    return value
+
+
+# a file or directory name (lone surrogates are refused in every string by ConfigDocument)
+PathStr = Annotated[str, AfterValidator(_no_nul)]
+
+
 # --- schema ---------------------------------------------------------------------------------
 class CriteoSchema(Section):
     """The Criteo columns (label, I1..I13, C1..C26), `recstream.data.criteo_schema`."""
 
-    hash_buckets: Annotated[int, Field(ge=2)] = 100_000
-    embedding_dim: PositiveInt = 16
+    hash_buckets: Buckets = 100_000
+    embedding_dim: Dim = 16
 
 
 class CategoricalColumn(Section):
@@ -69,17 +105,17 @@ class CategoricalColumn(Section):
     hash_buckets / vocabulary / dynamic (any int64 or string id, in a hash table of capacity rows)."""
 
     name: str
-    vocab_size: PositiveInt | None = None
-    hash_buckets: Annotated[int, Field(ge=2)] | None = None
+    vocab_size: Rows | None = None
+    hash_buckets: Buckets | None = None
     vocabulary: list[str] | None = None
     dynamic: bool = False
-    capacity: PositiveInt | None = None
+    capacity: Rows | None = None
     permit_filter_value: PositiveInt = 1
     evict_filter_value: PositiveInt | None = None
     table: str | None = None
-    embedding_dim: PositiveInt = 16
+    embedding_dim: Dim = 16
     multi_hot: bool = False
-    max_len: PositiveInt | None = None
+    max_len: Width | None = None
     pooling: Literal["sum", "mean"] = "sum"
     separator: str = "|"
 
@@ -88,7 +124,7 @@ class SchemaSection(Section):
     """Where the schema comes from: ``criteo:``, ``file:`` (Schema JSON) or ``dense:``/``categorical:``."""
 
     criteo: CriteoSchema | None = None
-    file: str | None = None
+    file: PathStr | None = None
     dense: list[str] = []
     categorical: list[CategoricalColumn] = []
     label: str = "label"
@@ -113,12 +149,12 @@ class FileData(Section):
     """Files read by a `recstream.data` reader (a file, a directory of files, or a list)."""
 
     format: Literal[READER_FORMATS]
-    path: list[str]
+    path: list[PathStr]
     batch_size: PositiveInt = 1024
     header: bool = True
     delimiter: str | None = None
     on_bad_row: Literal["raise", "skip"] = "raise"
-    fill_missing_dense: float | None = None
+    fill_missing_dense: Annotated[float, Field(allow_inf_nan=False)] | None = None
     log1p_dense: bool = False
     drop_remainder: bool = False
 
@@ -142,7 +178,7 @@ class DataSection(Section):
 class DirectorySource(Section):
     """Files arriving in a directory, `recstream.data.streams.DirectoryStream`."""
 
-    path: str
+    path: PathStr
     format: Literal[STREAM_FORMATS] = "csv"
     pattern: str | None = None
     header: bool = False
@@ -176,9 +212,9 @@ class StreamSection(Section):
     batch_size: PositiveInt = 1024
     id_column: str | None = None
     time_column: str | None = None
-    idle_timeout: Annotated[float, Field(ge=0)] | None = None
+    idle_timeout: NonNegativeFloat | None = None
     max_batches: NonNegativeInt | None = None
-    dead_letter: str | None = None
+    dead_letter: PathStr | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> StreamSection:
@@ -189,11 +225,10 @@ class StreamSection(Section):
 
 # --- model, optimizer -----------------------------------------------------------------------
 Activation = Literal["relu", "gelu", "silu", "tanh", "sigmoid"]
-Hidden = list[PositiveInt]
 
 
 class _Net(Section):
-    embedding_dim: PositiveInt | None = None
+    embedding_dim: Dim | None = None
     dropout: Probability = 0.0
     batch_norm: bool = False
     activation: Activation = "relu"
@@ -216,10 +251,10 @@ class DeepFMArgs(_Net):
 
 class DCNv2Args(_Net):
     type: Literal["dcnv2"]
-    num_cross_layers: PositiveInt = 3
+    num_cross_layers: Annotated[int, Field(gt=0, le=MAX_LAYERS)] = 3
     hidden: Hidden = [256, 128]
     structure: Literal["stacked", "parallel"] = "stacked"
-    low_rank: PositiveInt | None = None
+    low_rank: Width | None = None
 
 
 class DLRMArgs(_Net):
@@ -241,9 +276,9 @@ class OptimizerSection(Section):
     embedding_lr: PositiveFloat | None = None
     wide: Literal["ftrl", "same"] = "ftrl"
     wide_lr: PositiveFloat = 0.05
-    wide_l1: Annotated[float, Field(ge=0)] = 0.0
-    wide_l2: Annotated[float, Field(ge=0)] = 0.0
-    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    wide_l1: NonNegativeFloat = 0.0
+    wide_l2: NonNegativeFloat = 0.0
+    weight_decay: NonNegativeFloat = 0.0
 
 
 # --- training, callbacks --------------------------------------------------------------------
@@ -256,7 +291,7 @@ class TrainSection(Section):
     boost_level: Literal[BOOST_LEVELS] = "O0"
     sink_mode: bool = False
     sink_size: int = -1
-    seed: NonNegativeInt = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     threads: PositiveInt | None = None
     device: str | None = None
 
@@ -283,7 +318,7 @@ class CheckpointSection(Section):
 class EarlyStoppingSection(Section):
     monitor: str = "eval_loss"
     patience: NonNegativeInt = 0
-    min_delta: Annotated[float, Field(ge=0)] = 0.0
+    min_delta: NonNegativeFloat = 0.0
     mode: Literal["auto", "min", "max"] = "auto"
     restore_best_weights: bool = False
 
@@ -307,7 +342,7 @@ class CallbacksSection(Section):
 class PublishSection(Section):
     """Model versions for serving, `recstream.serving.ModelPublisher` (train and online)."""
 
-    directory: str | None = None  # default: <run_dir>/published
+    directory: PathStr | None = None  # default: <run_dir>/published
     every_steps: PositiveInt | None = None
     every_seconds: PositiveFloat | None = None
     keep: PositiveInt = 5
@@ -323,7 +358,7 @@ class PublishSection(Section):
 
 
 class EvalSection(Section):
-    checkpoint: str | None = None  # a file or directory; default: <run_dir>/checkpoints
+    checkpoint: PathStr | None = None  # a file or directory; default: <run_dir>/checkpoints
 
     @field_validator("checkpoint")
     @classmethod
@@ -334,7 +369,7 @@ class EvalSection(Section):
 class Config(Section):
     """A whole config file (see docs/cli.md)."""
 
-    run_dir: str
+    run_dir: PathStr
     schema_: SchemaSection = Field(alias="schema")
     data: DataSection = DataSection()
     stream: StreamSection | None = None
@@ -358,14 +393,3 @@ class Config(Section):
                                               {"key": key, "value": value, "allowed": ", ".join(allowed)})
         return data
 
-
-def load_config(path: str):
-    """Read and validate a config file: ``(Config, ConfigDocument)``; a mistake is a one-line ConfigError."""
-    from pydantic import ValidationError
-
-    from .config_file import ConfigDocument
-    doc = ConfigDocument.read(path)
-    try:
-        return Config.model_validate(doc.data or {}), doc
-    except ValidationError as e:
-        raise doc.validation_error(e) from None

@@ -6,6 +6,12 @@ One row per training epoch (``epoch``, ``step``, ``loss``, the evaluation result
 comes (flushed: a crash loses nothing written); the CSV's header is the union of the keys seen,
 so the file is rewritten on the rare row that brings a new key (fit evaluates only some epochs).
 
+A run that continues the files (``append=True``: ``online`` resuming, ``eval``) reads the JSONL
+with `jsonl_rows.repair`: a torn last line (a process killed mid-write) is cut off the file, with a
+warning, so that the next row starts on a line of its own; a malformed row elsewhere (not JSON,
+not an object, invalid UTF-8, nested too deep) is left in the file and out of the rows, with a
+warning. The CSV, a table view of the JSONL, is then written again from the rows.
+
 >>> import os, tempfile
 >>> d = tempfile.mkdtemp()
 >>> log = MetricsLog(d)
@@ -26,6 +32,7 @@ import time
 
 from ..callbacks import Callback
 from ..callbacks.loss_monitor import loss_value
+from .jsonl_rows import repair
 
 log = logging.getLogger("recstream.cli")
 
@@ -59,9 +66,9 @@ class MetricsLog(Callback):
         self.rows: list[dict] = []
         self.columns: list[str] = []
         if append and os.path.exists(self.jsonl):
-            with open(self.jsonl, encoding="utf-8") as f:
-                self.rows = [json.loads(line) for line in f if line.strip()]
+            self.rows = repair(self.jsonl).rows
             self.columns = list(dict.fromkeys(k for row in self.rows for k in row))
+            self._write_csv()  # the CSV may be torn too: written again from the JSONL
         else:
             for path in (self.jsonl, self.csv):
                 open(path, "w").close()
@@ -80,14 +87,17 @@ class MetricsLog(Callback):
         new = [k for k in row if k not in self.columns]
         self.columns += new
         if new:  # the header changes: write the whole file again
-            with open(self.csv, "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, self.columns)
-                writer.writeheader()
-                writer.writerows(self.rows)
+            self._write_csv()
         else:
             with open(self.csv, "a", newline="", encoding="utf-8") as f:
                 csv.DictWriter(f, self.columns).writerow(row)
         log.info("metrics: %s", ", ".join(f"{k}={v}" for k, v in row.items()))
+
+    def _write_csv(self) -> None:
+        with open(self.csv, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, self.columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
 
     def on_train_epoch_end(self, run_context):
         if self.online:

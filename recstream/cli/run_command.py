@@ -1,5 +1,6 @@
-"""What ``recstream train | eval | online CONFIG.yaml`` share: the parser, loading and checking the
-config, torch's settings, and the result line.
+"""What the run commands ``recstream train | eval | online CONFIG.yaml`` share: the parser, loading
+and checking the config (`config_document` reads it, `config_schema` validates it), torch's
+settings, and the result line.
 
 The result: one human line on stdout (``recstream train: ...``), or with ``--json`` one JSON
 object on stdout instead (the human line then goes to stderr), for scripts::
@@ -20,19 +21,37 @@ import sys
 from .errors import CliError
 
 
-def add_config_parser(sub, name: str, help: str, description: str, run) -> argparse.ArgumentParser:
+def add_config_parser(sub, name: str, help: str, description: str, run,
+                      overwrite: bool = False) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", metavar="CONFIG.yaml", help="the run's config file (recstream init writes an example; "
                                                           "reference: docs/cli.md)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout, for scripts")
-    p.set_defaults(run=run)
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true", help="run in a run_dir that already holds a run: its "
+                       "config.yaml is replaced and its metrics start again (without it, that is refused)")
+    p.set_defaults(run=run, overwrite=False)
     return p
+
+
+def load_config(path: str):
+    """Read and validate a config file: ``(Config, ConfigDocument)``; a mistake is a one-line ConfigError."""
+    from pydantic import ValidationError
+
+    from .config_document import ConfigDocument
+    from .config_schema import Config
+    doc = ConfigDocument.read(path)
+    try:
+        return Config.model_validate(doc.data or {}), doc
+    except ValidationError as e:
+        raise doc.validation_error(e) from None
 
 
 def load(args, *required: tuple):
     """``(Config, ConfigDocument)``; `required`: sections this command needs, e.g. ``("data", "train")``."""
     try:
-        from .config import load_config
+        import pydantic  # noqa: F401 -- the optional extra: say so before anything else
+        import yaml  # noqa: F401
     except ModuleNotFoundError as e:  # the optional extra is not installed
         raise CliError(f"config files need pydantic and PyYAML: pip install 'recstream[cli]' ({e})") from e
     cfg, doc = load_config(args.config)
