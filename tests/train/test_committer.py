@@ -1,4 +1,6 @@
-"""OnlineCommitter: position -> durable checkpoint -> commit, whatever the order of the callbacks."""
+"""OnlineCommitter: position -> durable checkpoint -> commit -> publish, whatever the order of the callbacks."""
+import os
+
 import pytest
 import torch
 
@@ -13,10 +15,11 @@ from recstream.callbacks import (
     load_checkpoint,
 )
 from recstream.callbacks.run_state import RunState
+from recstream.serving import ModelPublisher
 from recstream.train.committer import OnlineCommitter
 
 from .helpers import Recorder
-from .streams import CountingStream, SeenNet
+from .streams import CountingStream, SeenNet, batch
 
 
 def _saved_position(path):
@@ -106,3 +109,61 @@ def test_a_run_without_checkpoints_commits_nothing():
                      progress_bar=False)
     model.online_train(stream, callbacks=[Recorder(stop_at=("step_end", 4, 4))], sink_size=1)
     assert stream.commits == []
+
+
+# --- 5. publish: after the step's durable checkpoint and its commit (issue 23, item 1) -----------
+class OrderedPublisher(ModelPublisher):
+    """A real ModelPublisher that notes, as it publishes, what was durable and committed by then."""
+
+    def __init__(self, directory, stream, **kwargs):
+        super().__init__(directory, model_factory="torch.nn:Linear", verify_rebuild=False, background=False,
+                         **kwargs)
+        self.stream, self.seen = stream, []
+
+    def publish(self, cb_params, background=False):
+        state = cb_params.run_state
+        ckpt = cb_params.latest_ckpt_file
+        durable = ckpt is not None and os.path.exists(ckpt)
+        self.seen.append((state.step, state.checkpoint_step, durable, len(self.stream.commits)))
+        return super().publish(cb_params, background)
+
+
+@pytest.mark.parametrize("publisher_first", [True, False])
+def test_publishing_follows_the_durable_checkpoint_and_its_commit_in_either_order(tmp_path, publisher_first):
+    stream, net = CountingStream(), SeenNet()
+    model = RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+                     progress_bar=False)
+    ckpt = ModelCheckpoint("online", tmp_path / "ckpt", CheckpointConfig(save_checkpoint_steps=1))
+    pub = OrderedPublisher(tmp_path / "pub", stream, every_steps=1)
+    stop = Recorder(stop_at=("step_end", 3, 3))  # sink mode: an epoch per sink
+    callbacks = [pub, stop, ckpt] if publisher_first else [ckpt, stop, pub]
+    model.online_train(stream, callbacks=callbacks, sink_size=1)
+    # at step s the publisher sees step s's checkpoint on disk, and its position committed
+    assert pub.seen == [(1, 1, True, 1), (2, 2, True, 2), (3, 3, True, 3)]
+    assert [m["step"] for m in pub.manifests] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("publisher_first", [True, False])
+def test_the_last_version_follows_the_final_checkpoint_and_its_commit(tmp_path, publisher_first):
+    stream, net = CountingStream(), SeenNet()
+    model = RecModel(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1),
+                     progress_bar=False)
+    # no periodic checkpoint or version: the run's end writes both, the checkpoint first
+    ckpt = ModelCheckpoint("online", tmp_path / "ckpt", CheckpointConfig(save_checkpoint_steps=100))
+    pub = OrderedPublisher(tmp_path / "pub", stream, every_steps=100)
+    stop = Recorder(stop_at=("step_end", 4, 4))
+    callbacks = [pub, stop, ckpt] if publisher_first else [ckpt, stop, pub]
+    model.online_train(stream, callbacks=callbacks, sink_size=1)
+    assert pub.seen == [(4, 4, True, 1)] and stream.commits == [{"next": 4}]
+    assert [m["step"] for m in pub.manifests] == [4]
+
+
+def test_offline_training_publishes_after_the_checkpoint_without_a_source(tmp_path):
+    """A plain offline run (nothing to commit to) goes through the same phases: publishing last."""
+    net = SeenNet()
+    model = Model(net, torch.nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), progress_bar=False)
+    ckpt = ModelCheckpoint("off", tmp_path / "ckpt", CheckpointConfig(save_checkpoint_steps=2))
+    stream = CountingStream()  # only to count commits: the dataset below takes none
+    pub = OrderedPublisher(tmp_path / "pub", stream, every_steps=2)
+    model.train(1, [batch(i) for i in range(4)], callbacks=[pub, ckpt])
+    assert pub.seen == [(2, 2, True, 0), (4, 4, True, 0)]  # the end: nothing new since step 4
