@@ -11,6 +11,7 @@ from recstream.callbacks import (
     CallbackParams,
     CheckpointConfig,
     ModelCheckpoint,
+    Publisher,
     RunContext,
     load_checkpoint,
 )
@@ -167,3 +168,58 @@ def test_offline_training_publishes_after_the_checkpoint_without_a_source(tmp_pa
     pub = OrderedPublisher(tmp_path / "pub", stream, every_steps=2)
     model.train(1, [batch(i) for i in range(4)], callbacks=[pub, ckpt])
     assert pub.seen == [(2, 2, True, 0), (4, 4, True, 0)]  # the end: nothing new since step 4
+
+
+class Events(list):
+    """One log of what happened, in order: the checkpoint, the commit, the publish."""
+
+    def commit(self, position):  # the source
+        self.append(("commit", position["next"]))
+
+
+class Save(Callback):
+    def __init__(self, events):
+        self.events = events
+
+    def on_train_step_end(self, ctx):
+        state = ctx.run_state
+        state.checkpoint_step, state.checkpoint_position = state.step, state.position
+        self.events.append(("checkpoint", state.step))
+
+    def on_train_end(self, ctx):
+        self.events.append(("final checkpoint", ctx.run_state.step))
+
+
+class Announce(Publisher):
+    def __init__(self, events):
+        self.events = events
+
+    def after_step_commit(self, ctx):
+        self.events.append(("publish", ctx.run_state.checkpoint_step))
+
+    def after_train_commit(self, ctx):
+        self.events.append(("last version", ctx.run_state.step))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_the_committer_runs_each_publisher_once_after_the_commit(nested):
+    events = Events()
+    inner = [Announce(events), Save(events)]
+    members = [CallbackList(inner)] if nested else inner  # a list inside the list: deferred as well
+    committer = OnlineCommitter(CallbackList(members), events)
+    _drive(committer, CallbackParams.view(RunState(epoch=1, step=0)), 2)
+    assert events == [("checkpoint", 1), ("commit", 1), ("publish", 1),
+                      ("checkpoint", 2), ("commit", 2), ("publish", 2),
+                      ("final checkpoint", 2), ("last version", 2)]
+
+
+def test_without_a_committer_a_list_runs_its_publishers_after_its_other_callbacks():
+    events = Events()
+    cbs = CallbackList([Announce(events), Save(events)])
+    ctx = RunContext(CallbackParams.view(RunState(epoch=1, step=1, position={"next": 1})))
+    cbs.on_train_step_end(ctx)
+    cbs.on_train_end(ctx)
+    assert events == [("checkpoint", 1), ("publish", 1), ("final checkpoint", 1), ("last version", 1)]
+    events.clear()
+    cbs.step_end(ctx)  # a legacy call reaches the publisher too (in list order, as legacy calls go)
+    assert events == [("publish", 1), ("checkpoint", 1)]
