@@ -23,7 +23,8 @@ the end of every step, in this order (`OnlineCommitter.on_train_step_end`, top t
    `recstream.serving.ModelPublisher`) run their ``after_step_commit``: a version is never
    visible before the checkpoint of its step (when one fell due at it) is durable and committed.
    They see the run state with ``checkpoint_step`` / ``checkpoint_position`` describing the
-   newest durable checkpoint, the one a restart resumes from.
+   newest durable checkpoint, the one a restart resumes from. (In sink mode on several ranks,
+   where an epoch is one sink, the agreement (4) comes right after, at the epoch's end.)
 
 The same happens once more at the end of training: the final checkpoint (2), its commit (3),
 the agreement (4), then ``after_train_commit`` (5). The committer wraps the run's `CallbackList`
