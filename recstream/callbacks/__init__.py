@@ -21,7 +21,10 @@
 - `DivergenceError`: what training raises when a loss or weight becomes non-finite; nothing
   non-finite is ever checkpointed or published (`recstream.callbacks.divergence`).
 
-Publishing model versions for serving while training is a callback too, `ModelPublisher`; it
+- `Publisher`: a callback that runs after the step's durable checkpoint and its commit
+  (``after_step_commit`` / ``after_train_commit``), whatever the order of the callback list.
+
+Publishing model versions for serving while training is such a `Publisher`, `ModelPublisher`; it
 lives with the rest of serving, in `recstream.serving`.
 
 As in MindSpore, the evaluation inside `fit` calls user callbacks but skips the built-in ones
@@ -33,7 +36,7 @@ except `TimeMonitor`: each callback says so with its class attribute `Callback.c
 [False, True]
 """
 from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .base import Callback, CallbackList, CallbackParams, RunContext
+from .base import Callback, CallbackList, CallbackParams, Publisher, RunContext
 from .checkpoint_config import CheckpointConfig
 from .divergence import DivergenceError
 from .early_stopping import EarlyStopping
@@ -57,5 +60,5 @@ __all__ = [
     "EarlyStopping", "ReduceLROnPlateau", "LearningRateScheduler", "History", "LambdaCallback",
     "ProgressBar", "progress_bar_default", "TensorBoard", "PrequentialMonitor", "EpochSummary", "MLflowLogger",
     "DivergenceError",
-    "RunState",
+    "RunState", "Publisher",
 ]

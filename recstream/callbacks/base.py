@@ -320,6 +320,52 @@ def _resolve(cb: Callback, hook: str):
     return getattr(cb, LEGACY_NAMES[hook])
 
 
+# The hooks of the phase that follows a step's (the run's) durable checkpoint and commit, and the end
+# hook each one takes the place of.
+AFTER_COMMIT = {"after_step_commit": "on_train_step_end", "after_train_commit": "on_train_end"}
+
+
+class Publisher(Callback):
+    """A callback that runs after the step's durable checkpoint and its commit: publishing.
+
+    Training on a stream runs, at each step end, position -> durable checkpoint -> commit ->
+    publish (`recstream.train.committer`); a `Publisher`'s `after_step_commit` is that last phase,
+    and `after_train_commit` the same once the final checkpoint of the run is written and committed.
+    The order of the callback list does not matter: whatever comes before or after a publisher in
+    it, the run's committer calls it after every other step-end (train-end) callback, after the
+    commit, and (several ranks) after the ranks agreed.
+
+    What it sees: the run state of the step just trained (``run_context.run_state``: ``step``,
+    ``position``, the batch's metadata); ``checkpoint_step`` / ``checkpoint_position`` /
+    ``checkpoint_file`` describe the newest *durable* checkpoint, the one a restart resumes from,
+    whose position the source has been told -- the step's own when a checkpoint fell due at it,
+    an older one (or None) otherwise. What a publisher reports back (``published_manifest``) the
+    other callbacks see from the next step on.
+
+    Where nothing commits (a plain `CallbackList` driven by a loop of one's own), the phase comes
+    right after the other callbacks' step (train) end: a `CallbackList` runs its publishers last.
+
+    >>> calls = []
+    >>> class Announce(Publisher):
+    ...     def after_step_commit(self, ctx): calls.append("publish")
+    >>> class Save(Callback):
+    ...     def on_train_step_end(self, ctx): calls.append("checkpoint")
+    >>> CallbackList([Announce(), Save()]).on_train_step_end(RunContext(CallbackParams())); calls
+    ['checkpoint', 'publish']
+    """
+
+    def after_step_commit(self, run_context):
+        """Called after each step, once its checkpoint (if one fell due) is durable and committed."""
+
+    def after_train_commit(self, run_context):
+        """Called once at the end of training, after the final checkpoint and its commit."""
+
+    # A publisher's step and train ends are its after-commit hooks: the phase a list without a
+    # committer runs last (`CallbackList`), and what a legacy ``step_end`` / ``end`` call reaches.
+    def on_train_step_end(self, run_context): self.after_step_commit(run_context)
+    def on_train_end(self, run_context): self.after_train_commit(run_context)
+
+
 def as_callback_list(callbacks, owner: str = "CallbackList") -> list[Callback]:
     """Normalise ``None`` / one callback / an iterable of callbacks into a list, type-checked.
 
@@ -355,12 +401,44 @@ class CallbackList(Callback):
     def __init__(self, callbacks=None):
         self.callbacks = as_callback_list(callbacks)
         self._stack: ExitStack | None = None
+        self._deferred = False  # whether a committer runs the publishers (`defer_publishers`)
         self._index()
 
     def _index(self) -> None:
         # Resolve, once, the bound methods that do something for each hook. Dispatch then costs
-        # one loop over a (usually empty) tuple.
-        self._active = {h: tuple(_resolve(cb, h) for cb in self.callbacks if _overrides(cb, h)) for h in HOOKS}
+        # one loop over a (usually empty) tuple. Publishers come last at a step's (the run's) end:
+        # nothing that runs after them can change what they publish.
+        last = {end: () if self._deferred else tuple(_resolve(cb, end) for cb in self._publishers())
+                for end in AFTER_COMMIT.values()}
+        self._active = {h: tuple(_resolve(cb, h) for cb in self.callbacks
+                                 if _overrides(cb, h) and not (h in last and isinstance(cb, Publisher)))
+                        + last.get(h, ()) for h in HOOKS}
+        self._after = {h: tuple(getattr(cb, h) for cb in self._publishers(nested=True)) for h in AFTER_COMMIT}
+
+    def _publishers(self, nested: bool = False) -> list[Callback]:
+        """The members that are publishers (with `nested`: and the member lists holding some)."""
+        return [cb for cb in self.callbacks if isinstance(cb, Publisher)
+                or nested and isinstance(cb, CallbackList) and any(cb._after.values())]
+
+    def defer_publishers(self) -> None:
+        """Leave the publishers to the caller (the run's committer): from now on they no longer run
+        at the step's (run's) end, but when the caller calls `after_step_commit` (`after_train_commit`),
+        after the commit. Nested lists are deferred too."""
+        for cb in self.callbacks:
+            if isinstance(cb, CallbackList):
+                cb.defer_publishers()
+        self._deferred = True
+        self._index()
+
+    def after_step_commit(self, run_context) -> None:
+        """The publishers' phase of a step, after its checkpoint and commit (see `Publisher`)."""
+        for fn in self._after["after_step_commit"]:
+            fn(run_context)
+
+    def after_train_commit(self, run_context) -> None:
+        """The publishers' phase at the end of training, after the final checkpoint and commit."""
+        for fn in self._after["after_train_commit"]:
+            fn(run_context)
 
     def wants(self, hook: str) -> bool:
         """Whether any member does something at `hook` (lets loops skip building hook state)."""

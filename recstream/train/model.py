@@ -46,7 +46,7 @@ from ..callbacks import (
 )
 from ..callbacks.base import as_callback_list
 from ..callbacks.divergence import LossWatch
-from ..data.protocol import CommittableDataset, check_batch, check_dataset, dataset_size, reset, split_batch, unpack
+from ..data.protocol import check_batch, check_dataset, dataset_size, reset, split_batch, unpack
 from ..data.transfer import to_device
 from ..distributed import all_reduce_metrics, rank, world_size
 from ..metrics import Loss, get_metrics
@@ -242,9 +242,9 @@ class Model:
         with CallbackList(callbacks) as cbs:
             if fit_eval is not None:  # MindSpore calls only TimeMonitor of its own callbacks there
                 fit_eval.callbacks = CallbackList([cb for cb in cbs.callbacks if cb.called_in_fit_eval])
-            # a source that takes commits gets them only for what a durable checkpoint holds
-            hooks = OnlineCommitter(cbs, train_dataset) if isinstance(train_dataset, CommittableDataset) else cbs
-            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, hooks, params, fit_eval)
+            # checkpoint -> commit (a source that takes commits) -> publish, whatever the callbacks' order
+            committer = OnlineCommitter(cbs, train_dataset)
+            self._train_loop(range(initial_epoch + 1, epoch + 1), helper, committer, params, fit_eval)
         return history
 
     def _train_loop(self, epochs: Iterable[int], helper: DatasetHelper, callbacks: Callback,

@@ -9,9 +9,9 @@ contract is in docs/semantics.md, section 7.
 
 Exactly once: streams report their position after each batch; the position of the last TRAINED
 batch is in the run state (``cb_params.train_position``), saved in every checkpoint, and committed
-to the source only once that checkpoint is durable: `OnlineCommitter` (`committer.py`) runs that
-protocol around the callbacks, whatever their order. `restore` loads the newest checkpoint and
-seeks the stream.
+to the source only once that checkpoint is durable, then published: `OnlineCommitter`
+(`committer.py`) runs that protocol around the callbacks, whatever their order. `restore` loads
+the newest checkpoint and seeks the stream.
 
 Under ``torchrun`` (docs/distributed.md, "Online training"): a stream that can split itself
 (`DirectoryStream` by file, `KafkaStream` by partition) reads only this rank's share; the ranks
@@ -148,7 +148,7 @@ class RecModel(Model):
         if not dataset_sink_mode:
             params.batch_num = dataset_size(train_dataset)
         epochs = itertools.count(self._resume_epoch + 1)
-        # Tracking first, so user callbacks (publishers) see this step's event time.
+        # Tracking first, so user callbacks see this step's event time (publishers run after all).
         internal = [StreamStats(), StopOnSignal(on_signal=lockstep.request_stop if lockstep else None)]
         # No History here: online_train returns none, and one record per sink would grow without end.
         shown = [cb for cb in self._default_callbacks(user_callbacks) if not isinstance(cb, History)]
@@ -156,7 +156,7 @@ class RecModel(Model):
         if rank() != 0:  # printing, files and publishing happen once, on rank 0
             cbs = [cb for cb in cbs if not cb.rank_zero_only]
         with CallbackList(cbs) as cbs:
-            # exactly once: position -> durable checkpoint -> commit (-> agreement of the ranks)
+            # exactly once: position -> durable checkpoint -> commit (-> ranks' agreement) -> publish
             committer = OnlineCommitter(cbs, train_dataset, lockstep, helper)
             self._train_loop(epochs, helper, committer, params, first_step=self._resume_step)
         if params.cur_step_num == self._resume_step and helper.ended:

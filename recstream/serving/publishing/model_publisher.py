@@ -10,6 +10,13 @@ directory appears by one atomic rename), ``LATEST`` points at the newest, and on
 ``keep`` versions (and the chains they need) are kept. Serve them with
 ``recstream serve DIR --port P`` or :func:`recstream.serving.load_latest`.
 
+When: a `~recstream.callbacks.Publisher`, it runs after the step's durable checkpoint and its
+commit, whatever its place in the callback list (`recstream.train.committer`, step 5): a version
+due at a step where a checkpoint is due too appears only once that checkpoint is durable and its
+position committed to the source, and the last version follows the run's final checkpoint. The
+versions are of the weights just trained, also at steps without a checkpoint (give both the same
+cadence to publish only what a restart resumes from).
+
 Event time: if the trainer sets ``cb_params.max_event_time`` (unix seconds of the newest
 event trained on; a number, 0-d tensor or ``datetime``), its running maximum goes into each
 manifest, for freshness measurement (:func:`recstream.serving.event_freshness`).
@@ -48,7 +55,7 @@ from typing import Any
 
 import torch
 
-from ...callbacks import Callback, DivergenceError
+from ...callbacks import DivergenceError, Publisher
 from ...validation import check_bool, check_choice, check_int, check_number
 from .publish import SnapshotWriter
 from .writer import remove_stale_temps
@@ -73,7 +80,7 @@ def _event_time(value: Any) -> float | None:
     return float(value)
 
 
-class ModelPublisher(Callback):
+class ModelPublisher(Publisher):
     """Publish versions of the trained network to `directory` (see module docstring).
 
     Args:
@@ -138,7 +145,7 @@ class ModelPublisher(Callback):
             return True
         return self.every_seconds is not None and time.monotonic() - self._last_time >= self.every_seconds
 
-    def on_train_step_end(self, run_context):
+    def after_step_commit(self, run_context):
         p = run_context.original_args()
         event_time = _event_time(p.max_event_time)
         if event_time is not None:
@@ -147,7 +154,7 @@ class ModelPublisher(Callback):
         if self._due(p.cur_step_num or 0) and self._writing is None:
             self.publish(p, background=self.background)
 
-    def on_train_end(self, run_context):
+    def after_train_commit(self, run_context):
         p = run_context.original_args()
         self._collect(wait=True)
         if self.publish_on_end and (p.cur_step_num or 0) > self._last_step:
