@@ -15,13 +15,15 @@ def _deterministic():
     torch.manual_seed(0)
     yield
 
+
 # --- Test tiers (docs/index.md, "Running the tests"). Tier 1, the README's `python -m pytest`
 # (pyproject's addopts select `-m "not e2e"`), is the units and doctests of every package, minutes
-# on 2 cores. Tier 2, `python -m pytest -m e2e`, is what starts processes or brokers: CLI
-# subprocesses, servers, torchrun jobs, the Kafka broker, the examples. `.ci/run` runs both.
-# A new slow test is marked `@pytest.mark.e2e`, or listed here: a file, or a file and a glob of
-# test names ("Class::test_*" for methods). tests/test_tiers.py fails when a test that starts a
-# process is in neither, or when an entry names a file or test that is not there.
+# on 2 cores. Tier 2, `python -m pytest -m e2e`, is what starts processes or brokers (CLI
+# subprocesses, servers, torchrun jobs, the Kafka broker, the examples) and the slowest in-process
+# tests. `.ci/run` runs both. A test joins tier 2 by `@pytest.mark.e2e` or by a line here: a file,
+# or a file and a glob of test names ("Class::test_*" for methods), optionally with a glob of
+# parameters ("test_x[*onnx*]"). tests/test_tiers.py fails when a test that starts a process is in
+# neither, or when a line names a file or test that is not there.
 E2E = (
     # subprocesses: the command line, run as a user runs it
     "tests/cli/test_cli_errors.py",
@@ -62,6 +64,9 @@ E2E = (
     "tests/data/streams/test_poison.py",
     "tests/train/test_finite_streams.py::test_*kafka*",
     "tests/train/test_online_stop.py",
+    # export through torch.export (ONNX, ExportedProgram): seconds each; TorchScript stays in tier 1
+    "tests/serving/export/test_export.py::*[*onnx*]",
+    "tests/serving/export/test_export.py::*[*exported-program*]",
     # torchrun jobs of several ranks
     "tests/distributed/test_data_parallel.py",
     "tests/distributed/test_hash_sharding.py::test_two_ranks_*",
@@ -72,13 +77,21 @@ E2E = (
 )
 
 
+def split_entry(entry: str) -> tuple[str, str, str | None]:
+    """`file::name_glob[param_glob]` -> (file, name glob, parameters glob or None)."""
+    file, _, pattern = entry.partition("::")
+    name, bracket, params = pattern.partition("[")
+    return file, name or "*", params.removesuffix("]") if bracket else None
+
+
 def in_tier2(nodeid: str) -> bool:
-    """Whether the test `path::name[param]` (rootdir-relative, as pytest names it) is in `E2E`."""
+    """Whether the test `path::name[params]` (rootdir-relative, as pytest names it) is in `E2E`."""
     file, _, name = nodeid.partition("::")
-    name = name.split("[")[0]
+    name, bracket, params = name.partition("[")
     for entry in E2E:
-        entry_file, _, pattern = entry.partition("::")
-        if file == entry_file and fnmatch.fnmatchcase(name, pattern or "*"):
+        entry_file, name_glob, params_glob = split_entry(entry)
+        if file == entry_file and fnmatch.fnmatchcase(name, name_glob) and (
+                params_glob is None or (bracket and fnmatch.fnmatchcase(params.removesuffix("]"), params_glob))):
             return True
     return False
 

@@ -187,11 +187,11 @@ def test_every_test_that_starts_a_process_or_a_broker_is_in_tier_2():
 def test_every_e2e_entry_names_a_file_and_tests_that_exist():
     stale = []
     for entry in conftest.E2E:
-        file, _, pattern = entry.partition("::")
+        file, pattern, _ = conftest.split_entry(entry)
         path = REPO / file
         if not path.is_file():
             stale.append(f"{entry}: no file {file}")
-        elif not any(fnmatch.fnmatchcase(name, pattern or "*") for name, _, _ in _tests_of(path)):
+        elif not any(fnmatch.fnmatchcase(name, pattern) for name, _, _ in _tests_of(path)):
             stale.append(f"{entry}: no test in {file} matches {pattern!r}")
     assert not stale, "E2E in tests/conftest.py names what is not there:\n" + "\n".join(stale)
 
@@ -223,3 +223,12 @@ def test_the_guard_sees_a_subprocess_through_helpers_classes_and_fixtures(tmp_pa
              for name, node, _ in _tests_of(tmp_path / "test_probe.py")}
     assert found == {"test_via_helper": "helper -> Runner -> multiprocessing.Process",
                      "test_via_fixture": "fixture server -> subprocess.Popen", "test_plain": None}
+
+
+def test_e2e_entries_match_files_names_and_parameters(monkeypatch):
+    monkeypatch.setattr(conftest, "E2E", ("tests/a.py", "tests/b.py::test_slow_*", "tests/c.py::test_x[*onnx*]"))
+    assert conftest.in_tier2("tests/a.py::test_anything[1]")
+    assert conftest.in_tier2("tests/b.py::test_slow_one") and not conftest.in_tier2("tests/b.py::test_fast")
+    assert conftest.in_tier2("tests/c.py::test_x[DLRM-onnx]")
+    assert not conftest.in_tier2("tests/c.py::test_x[DLRM-torchscript]") and not conftest.in_tier2("tests/c.py::test_x")
+    assert not conftest.in_tier2("tests/sub/a.py::test_anything")
