@@ -153,7 +153,8 @@ def _produce(broker, args, schedule, faults, ctl: dict) -> int:
         if i % args.poison_every == args.poison_every - 1:
             producer.produce("clicks", ctl["poison"][poison % len(ctl["poison"])], partition=i % PARTITIONS)
             poison += 1
-        while schedule and time.monotonic() - start - shift >= schedule[0][0]:
+        # an armed burst runs alone: the faults due meanwhile wait until its freeze is over
+        while schedule and not ctl.get("burst") and time.monotonic() - start - shift >= schedule[0][0]:
             _, name, action = schedule.pop(0)
             print(f"{time.monotonic() - start:6.1f} s  fault: {name}", flush=True)
             action()
