@@ -41,6 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
 from torch import nn
 
+from ...callbacks.divergence import nonfinite_names
 from ...validation import check_int, check_type
 from .layout import MODEL_FILE, SnapshotError, chain_of, list_versions, read_manifest, read_verified
 from .model_spec import RebuildError, build_model, check_factory
@@ -65,11 +66,11 @@ def _tensors(directory, manifest: dict, relpath: str) -> dict[str, torch.Tensor]
         tensors = load_bytes(data)
     except (SafetensorError, ValueError) as e:  # checksum matched but content is not safetensors
         raise SnapshotError(f"version {manifest['version']}: {relpath} is not a valid safetensors file ({e})") from None
-    for name, t in tensors.items():
-        # A checksum proves the bytes are the ones written, not that they are a usable model.
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise SnapshotError(f"version {manifest['version']}: {relpath} holds non-finite values in {name!r}; "
-                                "a model with NaN or infinite weights is never served")
+    # A checksum proves the bytes are the ones written, not that they are a usable model.
+    bad = nonfinite_names(tensors)
+    if bad:
+        raise SnapshotError(f"version {manifest['version']}: {relpath} holds non-finite values in {bad[0]!r}; "
+                            "a model with NaN or infinite weights is never served")
     return tensors
 
 
