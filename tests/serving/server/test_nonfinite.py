@@ -31,12 +31,11 @@ def server(tmp_path):
     t.join(timeout=30)
 
 
-def post_raw(port: int, body: bytes, path: str = "/predict") -> tuple[int, bytes, bytes]:
-    """(status, headers, body) of one POST on a fresh socket, read until the server closes."""
+def raw_request(port: int, request: bytes) -> tuple[int, bytes, bytes]:
+    """(status, headers, body) of one request on a fresh socket, read until the server closes."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
-        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                  b"Content-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+        s.sendall(request)
         out = b""
         while chunk := s.recv(65536):
             out += chunk
@@ -44,6 +43,11 @@ def post_raw(port: int, body: bytes, path: str = "/predict") -> tuple[int, bytes
         s.close()
     head, _, payload = out.partition(b"\r\n\r\n")
     return int(head.split()[1]), head, payload
+
+
+def post_raw(port: int, body: bytes, path: str = "/predict") -> tuple[int, bytes, bytes]:
+    return raw_request(port, b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\nContent-Length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
 
 
 def predict(port, instances, path="/predict"):
@@ -63,16 +67,7 @@ def test_a_dense_value_beyond_float32_is_a_json_400_naming_field_and_value(serve
 
 
 def get_raw(port: int, path: str) -> tuple[int, bytes, bytes]:
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    try:
-        s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    finally:
-        s.close()
-    head, _, payload = out.partition(b"\r\n\r\n")
-    return int(head.split()[1]), head, payload
+    return raw_request(port, b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
 
 
 @pytest.mark.parametrize("path", ["/predict", "/v1/models/recstream:predict"])
