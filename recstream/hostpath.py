@@ -26,9 +26,12 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["host_reads_free", "device_path"]
+__all__ = ["host_reads_free", "device_path", "device_assert"]
 
 _forced = threading.local()
+# CUDA's device-side assert keeps its message in a fixed buffer: torch refuses a longer one with
+# "Message length must be smaller than 255" at the call, i.e. the first step on a GPU would fail.
+MAX_ASSERT_MESSAGE = 254
 
 
 def host_reads_free(t: torch.Tensor) -> bool:
@@ -46,3 +49,22 @@ def device_path() -> Iterator[None]:
         yield
     finally:
         _forced.on = before
+
+
+def device_assert(ok: torch.Tensor, message: str) -> None:
+    """Assert the boolean scalar `ok` on its device, with no host synchronisation: a false `ok`
+    fails a later kernel (on a CPU, the call itself). `message` must fit CUDA's assert buffer
+    (`MAX_ASSERT_MESSAGE` bytes); that is checked here on every device, so the CPU tests catch a
+    message that CUDA would refuse.
+
+    >>> device_assert(torch.tensor(True), "ids must be >= 0")
+    >>> device_assert(torch.tensor(True), "x" * 300)
+    Traceback (most recent call last):
+    ...
+    ValueError: device_assert: message is 300 bytes, CUDA allows at most 254: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'...
+    """
+    size = len(message.encode())
+    if size > MAX_ASSERT_MESSAGE:
+        raise ValueError(f"device_assert: message is {size} bytes, CUDA allows at most {MAX_ASSERT_MESSAGE}: "
+                         f"{message[:30]!r}...")
+    torch._assert_async(ok, message)

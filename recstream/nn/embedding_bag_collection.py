@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..features import Features
-from ..hostpath import host_reads_free
+from ..hostpath import device_assert, host_reads_free
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
@@ -267,7 +267,7 @@ class EmbeddingBagCollection(nn.Module):
         non-decreasing, ends at ``len(values)``) and that every id lies in its
         table. Cost: a few elementwise passes over ``values``/``offsets``. On a CPU a
         failed check raises ``ValueError`` naming the id; on a device it is a device-side
-        assert (``torch._assert_async``: no host sync, but a failure is reported by a
+        assert (`recstream.hostpath.device_assert`: no host sync, but a failure is reported by a
         later call and ends the CUDA context), so check ids on the host before the copy
         when the data can be bad, or pass ``validate=False`` once the input pipeline is
         trusted.
@@ -431,8 +431,8 @@ class EmbeddingBagCollection(nn.Module):
         bad = (offsets[0] != 0) | (offsets[-1] != n) | (offsets[1:] < offsets[:-1]).any()
         if not host_reads_free(offsets):
             # On a device reading `bad` would stall the step until the device caught up: assert there.
-            torch._assert_async(~bad, f"{_OWNER}: offsets must start at 0, be non-decreasing and end at "
-                                      f"len(values)={n}")
+            device_assert(~bad, f"{_OWNER}: offsets must start at 0, be non-decreasing and end at "
+                                f"len(values)={n}")
             return
         if bool(bad):
             raise ValueError(
@@ -446,8 +446,9 @@ class EmbeddingBagCollection(nn.Module):
         if layout.owned is not None:  # ids of features the collection does not read are not its business
             bad_ids &= layout.owned[fid]
         if not host_reads_free(values):  # a device-side assert: no host sync (see _check_offsets)
-            torch._assert_async(~bad_ids.any(), f"{_OWNER}: every id must lie in [0, its table's rows) "
-                                                f"(tables: {[(t.name, t.num_embeddings) for t in self.tables]})")
+            # The message must stay short (CUDA's assert buffer): the CPU path names the id and table.
+            device_assert(~bad_ids.any(), f"{_OWNER}: an id lies outside [0, rows) of its table; run the batch "
+                                          f"on the CPU for the id, feature and table")
             return
         if bool(bad_ids.any()):
             i = int(bad_ids.nonzero()[0, 0])

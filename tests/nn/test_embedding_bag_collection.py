@@ -337,9 +337,26 @@ def test_checks_on_the_device_path_are_device_side_asserts_without_a_host_sync()
     with device_path(), SyncCounter() as counter:
         ebc(values, offsets, 3)
     assert counter.syncs == 0 and counter.sync_ops == {}
-    with device_path(), pytest.raises(RuntimeError, match="every id must lie in"):
+    with device_path(), pytest.raises(RuntimeError, match="an id lies outside"):
         ebc(torch.tensor([1, 10, 3]), offsets, 3)
     with device_path(), pytest.raises(RuntimeError, match="offsets must start at 0"):
         ebc(values, torch.tensor([0, 2, 1, 3]), 3)
     with pytest.raises(ValueError, match=r"values\[1\]=10"):  # the host path still names the id
         ebc(torch.tensor([1, 10, 3]), offsets, 3)
+
+
+def test_device_asserts_fit_cuda_whatever_the_tables(monkeypatch):
+    """CUDA refuses an assert message over 254 bytes at the call (a CPU accepts it), so a message
+    listing the tables failed every built-in model's first step on a GPU."""
+    from recstream.hostpath import device_path
+
+    messages = []
+    real = torch._assert_async
+    monkeypatch.setattr(torch, "_assert_async", lambda ok, msg: (messages.append(msg), real(ok, msg))[1])
+    tables = [EmbeddingTableConfig(f"a_rather_long_table_name_{i}", 100_000, 4) for i in range(26)]
+    ebc = EmbeddingBagCollection(tables)
+    values, offsets = torch.arange(26) * 7, torch.arange(27)
+    with device_path():
+        out = ebc(values, offsets, 1)
+    assert out.shape == (1, 26 * 4)
+    assert len(messages) == 2 and max(len(m.encode()) for m in messages) <= 254, messages
