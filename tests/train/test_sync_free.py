@@ -203,3 +203,39 @@ def test_metric_accumulation_in_evaluation_steps_without_host_syncs(name):
     print(f"\n{name} eval, metrics {sorted(results)}: {max(s.syncs for s in steady)} sync-forcing ops / "
           f"{sum(s.ops for s in steady) / len(steady):.0f} dispatched ops per step")
     assert max(s.syncs for s in steady) == 0, [dict(s.sync_ops) for s in steady]
+
+
+class _SyncDebugWindow(Callback):
+    """`torch.cuda.set_sync_debug_mode("error")` from step `first` to the end of step `last` (0-based)."""
+
+    def __init__(self, first: int, last: int):
+        self.first, self.last, self.step = first, last, 0
+
+    def on_train_step_begin(self, ctx):
+        if self.step == self.first:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_step_end(self, ctx):
+        if self.step == self.last:
+            torch.cuda.set_sync_debug_mode("default")
+        self.step += 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", MODELS)
+def test_fixed_table_models_train_on_cuda_without_a_sync(name):
+    """The real thing on a GPU: 26 id features (the first GPU run of the built-in models once failed
+    at their id check), steady steps under the sync debugger, a finite loss."""
+    from recstream.data import SyntheticCTR
+
+    gen = SyntheticCTR(num_dense=13, num_categorical=26, vocab_sizes=[1000] * 26, batch_size=512, seed=0)
+    torch.manual_seed(0)
+    net = BUILDERS[name](gen.schema).cuda()
+    model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), metrics={"auc", "loss"}, progress_bar=False)
+    batches = [b.to("cuda") for b in gen.train_batches(WARM + STEPS + 1)]
+    try:
+        model.train(1, batches, callbacks=[_SyncDebugWindow(WARM, WARM + STEPS - 1)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(p).all() for p in net.parameters())
