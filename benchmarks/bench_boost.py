@@ -15,8 +15,13 @@ model, optimizer state and activations; on CUDA the peak of allocated memory). V
   side stream) and the capture are inside the epoch. Off CUDA (or where capture fails) the same
   step runs eagerly and the output says so (``ceiling: eager ...``).
 - ``O0`` / ``O1`` / ``O2``: ``Model(idiomatic, Adam, boost_level=...)``, ``Model.train``
-- ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2
-- ``deepfm`` / ``deepfm_O2``: recstream's ``DeepFM`` (same hidden layers and dim) likewise
+- ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2 (on
+  CUDA the step is replayed as a CUDA graph at every level); ``widedeep_eager``: O0 with
+  ``{"cuda_graphs": False}``, the eager step the graph is measured against
+- ``deepfm`` / ``deepfm_O2`` / ``deepfm_eager``: recstream's ``DeepFM`` (same hidden layers and dim) likewise
+
+The first time a ``Model`` variant runs, its ``cuda_graphs`` line of ``Model.boost_report`` is
+printed (whether the step was captured, or why not).
 - ``dense_only`` / ``dense_only_bf16``: the MLP alone on fixed inputs, fp32 / bf16 autocast (the
   floor no embedding work can beat)
 - ``dense_only_dx``: ``dense_only`` also computing its input's gradient, as every model that learns
@@ -235,6 +240,19 @@ def _status_mib(key: str) -> float:
 
 
 CEILING_MODES: dict[str, str] = {}  # how `ceiling` last ran, per device (printed when it changes)
+GRAPH_LINES: dict[str, str] = {}  # each Model variant's cuda_graphs line (printed when it changes)
+
+
+def _say_graph(name: str, model) -> None:
+    line = next((x for x in model.boost_report if x.startswith("cuda_graphs")), "cuda_graphs: not considered (O0)")
+    step = model.train_network
+    if getattr(step, "captured", False):
+        line += ", captured"
+    elif hasattr(step, "captured"):
+        line += ", NOT captured (the log says why)"
+    if GRAPH_LINES.get(name) != line:
+        GRAPH_LINES[name] = line
+        print(f"  {name}: {line}", flush=True)
 
 
 def run_variant(name, args, data):
@@ -254,6 +272,7 @@ def run_variant(name, args, data):
             model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters(), lr=args.lr),
                           boost_level=name, progress_bar=False)
             seconds = _model(model, plain_train, device)
+            _say_graph(name, model)
         return seconds, _auc(net, plain_test, plain=True)
     if name == "ceiling":
         net = FusedTable(args.vocab, args.dim, hidden, sparse=False).to(device)
@@ -266,8 +285,11 @@ def run_variant(name, args, data):
         builder = WideDeep if name.startswith("widedeep") else DeepFM
         net = builder(gen.schema, hidden=hidden, embedding_dim=args.dim).to(device)
         model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=args.lr),
-                      boost_level="O2" if name.endswith("O2") else "O0", progress_bar=False)
-        return _model(model, train, device), _auc(net, test, plain=False)
+                      boost_level="O2" if name.endswith("O2") else "O0", progress_bar=False,
+                      boost_config_dict={"cuda_graphs": False} if name.endswith("eager") else None)
+        seconds = _model(model, train, device)
+        _say_graph(name, model)
+        return seconds, _auc(net, test, plain=False)
     if name.startswith("dense_only"):  # "dense_only_bf16": the same under bf16 autocast (O2's precision)
         mlp = _mlp(DENSE + FIELDS * args.dim, hidden).to(device)
         inputs = [(torch.randn(len(y), DENSE + FIELDS * args.dim, device=device), None, y) for _, _, y in plain_train]

@@ -3,7 +3,8 @@
 # installs the carried wheels (.whl/, made here by benchmarks/gpu_wheels.sh), builds the C extensions
 # in place, records the machine and versions, checks that steady training steps do not synchronise
 # (benchmarks/sync_debug_check.py), runs the three benchmarks on CUDA (bench_boost.py at batch 4,096
-# and 16,384 with the `ceiling` reference, bench_embeddings.py, bench_dynamic.py) and then every
+# and 16,384 with the `ceiling` reference, bench_embeddings.py, bench_dynamic.py), profiles steady
+# steps (benchmarks/profile_step.py, into boost.log) and then every
 # CUDA test of the suite (benchmarks/cuda_tests.py selects them). Each step runs under its own
 # `timeout`, clamped to what is left of the whole script's budget (GPU_CHECK_BUDGET, 465 s), so the
 # script ends within 8 minutes whatever hangs. Everything lands in $OUT (./gpu-out when unset), in
@@ -103,7 +104,7 @@ else
 fi
 
 # --- the checks and the measurements -----------------------------------------------------------
-BOOST_VARIANTS=(hand hand_tuned ceiling O1 O2 widedeep widedeep_O2 deepfm dense_only)
+BOOST_VARIANTS=(hand hand_tuned ceiling O1 O2 widedeep widedeep_eager widedeep_O2 deepfm deepfm_eager dense_only)
 if [ $DEVICE = cuda ]; then
     SYNC_ARGS=(--device cuda)
     BOOST_ARGS=(--device cuda --test-rows 200000 --reps 3 --threads 4)
@@ -131,6 +132,12 @@ from pathlib import Path
 runs = {p.stem.split("_")[1]: json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("boost_*.json"))}
 Path(sys.argv[2]).write_text(json.dumps(runs, indent=1))
 EOF
+if [ $DEVICE = cuda ]; then
+    PROFILE_ARGS=(--device cuda --variants widedeep widedeep_eager deepfm O1)
+else
+    PROFILE_ARGS=(--device cpu --batch-size 64 --vocab 100 --hidden 16 --steps 2 --warm 2 --variants widedeep O1)
+fi
+step profile 45 boost.log "$PY" benchmarks/profile_step.py "${PROFILE_ARGS[@]}"
 step embeddings 40 embeddings.log "$PY" benchmarks/bench_embeddings.py "${EMB_ARGS[@]}"
 step dynamic 40 dynamic.log "$PY" benchmarks/bench_dynamic.py "${DYN_ARGS[@]}"
 
@@ -158,7 +165,10 @@ PYTHONPATH="$ROOT/benchmarks:$PYTHONPATH" step cuda_tests 100 cuda_tests.log \
     grep -E '^\||cases pass' "$OUT/sync_debug.log" || echo "(no table: see sync_debug.log)"
     echo
     echo "## bench_boost (boost.log; ratios to ceiling from the same run)"
-    grep -E '^rows/epoch|^\||ceiling: |time-budget' "$OUT/boost.log" || echo "(no table: see boost.log)"
+    grep -E '^rows/epoch|^\||ceiling: |cuda_graphs: |time-budget' "$OUT/boost.log" || echo "(no table: see boost.log)"
+    echo
+    echo "## profile_step (boost.log: per steady step, and the ops with the most CPU time)"
+    grep -E '^## ' "$OUT/boost.log" || echo "(no profile: see boost.log)"
     echo
     echo "## bench_embeddings (embeddings.log)"
     grep -E '^(batch=|variant|dense_adam|fused_|hash_|speedup)' "$OUT/embeddings.log" || echo "(see embeddings.log)"

@@ -74,8 +74,12 @@ def put_rows(t: Tensor, rows: Tensor | None, values: Tensor) -> None:
         t.index_copy_(0, rows, values)
 
 
-def addcdiv_rows(t: Tensor, rows: Tensor | None, numerator: Tensor, denominator: Tensor, value: float) -> None:
+def addcdiv_rows(t: Tensor, rows: Tensor | None, numerator: Tensor, denominator: Tensor,
+                 value: float | Tensor) -> None:
     """``t[rows] += value * numerator / denominator`` (``rows`` None: every row, in place).
+
+    `value` may be a 0-d tensor on `t`'s device (a capturable optimizer's step size): the update
+    is then ``numerator / denominator * value`` (same maths, another rounding order than addcdiv).
 
     On a CPU the step goes in with one ``index_add_`` (rows unique: each gets one addition):
     no gather of the old rows, and a faster scatter than ``index_copy_`` -- 19k rows of a
@@ -83,6 +87,13 @@ def addcdiv_rows(t: Tensor, rows: Tensor | None, numerator: Tensor, denominator:
     0.54 ms. Elsewhere (CUDA's ``index_add_`` is atomics, refused in deterministic mode) the
     rows are gathered, updated and written back.
     """
+    if isinstance(value, Tensor):
+        step = numerator.div(denominator).mul_(value)
+        if rows is None:
+            t.add_(step)
+        else:
+            put_rows(t, rows, take_rows(t, rows).add_(step))
+        return
     if rows is None:
         t.addcdiv_(numerator, denominator, value=value)
     elif host_reads_free(t) and not _one_value_rows(t):  # unique rows there (`_rows_and_values`)
@@ -118,11 +129,19 @@ class SparseRowOptimizer(Optimizer):
     which reassigns rows to new keys), it is called once per step before the
     parameter is updated and the returned rows get fresh optimizer state, so
     a new key does not inherit the moments/accumulators of the evicted one.
+
+    Capturable mode (a group's ``"capturable"`` set, as ``torch.optim.Adam``'s; set by
+    `recstream.train.cuda_graph.make_capturable`): a step launches kernels only - the step count is
+    a 0-d tensor on the parameter's device, ``lr`` may be one, and every quantity derived from them
+    is computed there - so a CUDA graph that captured one step replays it with the right counts
+    and rates. A state dict is the same in both modes (counts as ints, rates as floats), so a
+    checkpoint loads either way.
     """
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         self._validate_group(defaults)
         super().__init__(params, defaults)
+        self.register_state_dict_post_hook(_portable_state_dict)
 
     # ------------------------------------------------------------ hooks
     def _validate_group(self, group: dict[str, Any]) -> None:
@@ -172,6 +191,7 @@ class SparseRowOptimizer(Optimizer):
                     self._init_state(p, state, group)
                 elif reset is not None:
                     self._reset_rows(state, reset, group)
+                _align_step(p, state, group)
                 rows, grad = _rows_and_values(p, p.grad)
                 # 0-d parameters are treated as a single row; unsqueeze is a
                 # view, so in-place updates still land in ``p``.
@@ -192,6 +212,32 @@ class SparseRowOptimizer(Optimizer):
             raise TypeError("param.pop_reset_rows() must return an integer tensor of row "
                             f"indices, got {rows!r}")
         return rows.reshape(-1).to(device=p.device, dtype=torch.long)
+
+
+def _align_step(p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+    """Keep ``state["step"]`` in the group's mode: a device tensor when capturable, else an int.
+    A state loaded from a checkpoint (ints) or switched mode converts here once, not per step."""
+    step = state.get("step")
+    if step is None:
+        return
+    if group.get("capturable"):
+        if not isinstance(step, Tensor) or step.device != p.device:
+            state["step"] = torch.as_tensor(step, dtype=torch.float32).to(p.device)
+    elif isinstance(step, Tensor):
+        state["step"] = int(step)  # one read, when a capturable state meets a plain optimizer
+
+
+def _portable_state_dict(optimizer: Optimizer, state_dict: dict) -> dict:
+    """A capturable optimizer's state dict as a plain one's: step counts ints, rates floats, no
+    ``capturable`` flag (one host read per checkpoint, none per step)."""
+    for group in state_dict["param_groups"]:
+        group.pop("capturable", None)
+        if isinstance(group.get("lr"), Tensor):
+            group["lr"] = float(group["lr"])
+    for key, entry in state_dict["state"].items():
+        if isinstance(entry.get("step"), Tensor):  # a copy: the entries are the live state's dicts
+            state_dict["state"][key] = {**entry, "step": int(entry["step"])}
+    return state_dict
 
 
 VECTORIZED_COALESCE_MIN = 8192  # gradient entries from which a CPU gradient is summed by unique + index_add_

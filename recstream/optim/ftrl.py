@@ -103,7 +103,7 @@ class FTRL(SparseRowOptimizer):
         acc_t, lin_t = state["accumulator"], state["linear"]
         if acc_t.dim() == 0:
             acc_t, lin_t = acc_t.unsqueeze(0), lin_t.unsqueeze(0)
-        if power == 0.5 and native.runs_on_kernels(rows, [p, grad, acc_t, lin_t]):
+        if power == 0.5 and not isinstance(lr, Tensor) and native.runs_on_kernels(rows, [p, grad, acc_t, lin_t]):
             # One pass over the touched rows instead of ~15 torch ops (see _row_kernels.c).
             native.update_rows("ftrl", [p, acc_t, lin_t], rows, grad, lr, l1, l2)
             return

@@ -59,8 +59,8 @@ class LazyAdam(SparseRowOptimizer):
         betas: ``(beta1, beta2)``, each in ``[0, 1)``.
         eps: added to the bias-corrected ``sqrt(v)`` (>= 0).
 
-    State per parameter: ``"step"`` (int), ``"exp_avg"`` and ``"exp_avg_sq"``
-    (same shape as the parameter).
+    State per parameter: ``"step"`` (int; a device tensor in capturable mode, see
+    `SparseRowOptimizer`), ``"exp_avg"`` and ``"exp_avg_sq"`` (same shape as the parameter).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
@@ -95,8 +95,8 @@ class LazyAdam(SparseRowOptimizer):
                        group["lr"], beta1, beta2, group["eps"])
 
 
-def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, t: int | float,
-                   lr: float, beta1: float, beta2: float, eps: float) -> None:
+def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
+                   t: int | float | Tensor, lr: float | Tensor, beta1: float, beta2: float, eps: float) -> None:
     """One lazy-Adam update of rows `rows` (None: every row) of `p` and its moments, at step `t`.
 
     `grad` holds the gradient of those rows only. Shared by `LazyAdam` and by boost's sparse-row
@@ -105,19 +105,23 @@ def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor
     lazy_adam_tables([(p, rows, grad, exp_avg, exp_avg_sq)], t, lr, beta1, beta2, eps)
 
 
-def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]], t: int | float,
-                     lr: float, beta1: float, beta2: float, eps: float) -> None:
+def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]], t: int | float | Tensor,
+                     lr: float | Tensor, beta1: float, beta2: float, eps: float) -> None:
     """:func:`lazy_adam_rows` of several tables ``(p, rows, grad, exp_avg, exp_avg_sq)`` that share
     hyper-parameters and step `t`: their rows' moments are gathered into one tensor, so the
     arithmetic runs once for all of them (a user's network has a table per field: 26 small
     updates cost their number of ops, not their size). Each element gets the same operations as
     alone, so the results are the same bits."""
-    # Python floats: the step count lives on the host, so no device sync.
+    # Python floats where the step count lives on the host (no device sync). In capturable mode
+    # (SparseRowOptimizer) `t` and `lr` are device tensors, and so is what derives from them: a
+    # replayed CUDA graph recomputes them each step.
     step_size = lr / (1.0 - beta1 ** t)
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** t)
+    correction2 = 1.0 - beta2 ** t
+    bias_correction2_sqrt = correction2.sqrt() if isinstance(correction2, Tensor) else math.sqrt(correction2)
     tables = [(p, rows, grad, *(s.unsqueeze(0) if s.dim() == 0 else s for s in (m, v)))
               for p, rows, grad, m, v in tables]
-    if all(native.runs_on_kernels(rows, [p, grad, m, v]) for p, rows, grad, m, v in tables):
+    if not isinstance(step_size, Tensor) and \
+            all(native.runs_on_kernels(rows, [p, grad, m, v]) for p, rows, grad, m, v in tables):
         # One pass over each table's touched rows instead of a dozen torch ops (see _row_kernels.c).
         for p, rows, grad, m, v in tables:
             native.update_rows("lazy_adam", [p, m, v], rows, grad, 1.0 - beta1, beta2, 1.0 - beta2, eps, step_size,

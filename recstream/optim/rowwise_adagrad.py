@@ -83,7 +83,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
                 state: dict[str, Any], group: dict[str, Any]) -> None:
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         state["step"] += 1
-        if native.runs_on_kernels(rows, [p, grad, state["sum"]]):
+        if not isinstance(lr, Tensor) and native.runs_on_kernels(rows, [p, grad, state["sum"]]):
             # One pass over the touched rows instead of ~10 torch ops (see _row_kernels.c).
             native.update_rows("rowwise_adagrad", [p, state["sum"]], rows, grad, lr, eps, wd)
             return

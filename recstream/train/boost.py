@@ -25,8 +25,10 @@ Level "O1" (same maths, up to floating-point rounding and the lazy moments noted
   the memory instead of one per operation).
 - ``cuda_graphs``: on a GPU, the whole training step (forward, backward, optimizer) captured once
   and replayed (`recstream.train.cuda_graph`): a CTR step is dozens of tiny kernels whose launches
-  cost more than their work. Skipped on CPU, with sparse gradients, loss scaling, several
-  processes, or optimizers other than SGD/Adam/AdamW.
+  cost more than their work. Skipped on CPU, with loss scaling, several processes, dynamic (hash)
+  tables, optimizers other than SGD/Adam/AdamW and recstream's row-sparse ones, or sparse
+  gradients for an optimizer that coalesces them. recstream's own models (`recstream.models`) on a
+  GPU get it at every level, O0 included (``{"cuda_graphs": False}`` turns it off).
 
 Level "O2" = O1 plus approximations:
 
@@ -53,7 +55,7 @@ import torch
 from torch import nn
 
 from ..distributed import is_distributed
-from ..optim import CombinedOptimizer
+from ..optim import CombinedOptimizer, SparseRowOptimizer
 from ..optim.sparse_rows import accept_sparse_rows, sparse_rows_refusal, weight_decay_of
 from ..validation import check_bool, check_type
 from . import amp
@@ -106,6 +108,7 @@ def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, 
     """
     config = check_boost_config(config)
     wanted = {name: config.get(name, name in LEVELS[level]) for name in ACCELERATIONS}
+    wanted["cuda_graphs"] = config.get("cuda_graphs", wanted["cuda_graphs"] or _graphs_by_default(network))
     report = BoostReport()
     if level == "O0" and not any(wanted.values()):
         return report
@@ -257,6 +260,13 @@ def _bf16_autocast(network: nn.Module, wanted: bool, report: BoostReport, amp_le
     report.note(name, True, f"amp_level='O1' in bfloat16 ({native})")
 
 
+def _graphs_by_default(network: nn.Module) -> bool:
+    """Whether `network` is one of recstream's models on a GPU: their steps are made to be captured
+    (static shapes, no host reads), so they replay as a CUDA graph at every level, O0 included."""
+    on_cuda = any(p.is_cuda for p in network.parameters())
+    return on_cuda and type(network).__module__.startswith("recstream.models.")
+
+
 def _cuda_graphs(network: nn.Module, optimizer, wanted: bool, report: BoostReport, loss_scaled: bool) -> None:
     name = "cuda_graphs"
     if not wanted:
@@ -269,8 +279,8 @@ def _cuda_graphs(network: nn.Module, optimizer, wanted: bool, report: BoostRepor
         report.note(name, False, why)
         return
     for opt in optimizers:
-        if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-            pin_flags(opt, {"capturable": True})
+        if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW, SparseRowOptimizer)):
+            pin_flags(opt, {"capturable": True})  # a checkpoint load keeps the step capturable
     make_capturable(optimizers, device)
     report.graph_optimizers = optimizers
     report.note(name, True, f"the training step is captured after {WARMUP_STEPS} eager steps and replayed")
@@ -303,9 +313,11 @@ def _portable_state_dict(optimizer, state_dict: dict) -> dict:
         group.update(originals)
         if isinstance(group.get("lr"), torch.Tensor):
             group["lr"] = float(group["lr"])  # one read per checkpoint, not per step
-    for entry in state_dict["state"].values():
+    for key, entry in state_dict["state"].items():
         if isinstance(entry.get("step"), torch.Tensor) and entry["step"].device.type != "cpu":
-            entry["step"] = entry["step"].cpu()  # where the unfused, uncapturable optimizer keeps it
+            # Where the unfused, uncapturable optimizer keeps it; in a copy of the entry, which is
+            # the live state's dict (moving the live counter off the device would break the next step).
+            state_dict["state"][key] = {**entry, "step": entry["step"].cpu()}
     return state_dict
 
 

@@ -17,12 +17,20 @@ What keeps replays honest:
 - the returned loss is the graph's static output, overwritten by the next replay (callbacks that
   keep it must copy it, as `History` does).
 
-Conditions (checked by `capture_refusal`): CUDA, one process, dense gradients only (sparse ones
-have data-dependent shapes), no loss scaling (its skip decision is a host read), and optimizers
-that are `torch.optim.SGD`, `Adam` or `AdamW`.
+Inputs may be tensors or containers of them (tuples, lists, dicts, dataclasses such as
+`recstream.Features`); what is not a tensor (a batch size, feature keys, a loss weight) is part of
+the shapes a graph was captured for.
+
+Conditions (checked by `capture_refusal`): CUDA, one process, no loss scaling (its skip decision
+is a host read), optimizers that are `torch.optim.SGD`, `Adam`, `AdamW` or recstream's row-sparse
+ones (`recstream.optim.SparseRowOptimizer`: their capturable mode keeps step counts and rates on
+the device and sums a sparse gradient's rows into fixed-size outputs), sparse gradients only for
+parameters those hold, and no dynamic (hash) tables (their rows are assigned as keys arrive). A
+capture that fails anyway (an op CUDA cannot record) is logged and the step runs eagerly from then on.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import weakref
@@ -30,10 +38,12 @@ import weakref
 import torch
 from torch import nn
 
+from ..optim import SparseRowOptimizer
+
 log = logging.getLogger(__name__)
 WARMUP_STEPS = 3  # eager steps before capture: lazily created state (moments, cuDNN plans) exists by then
 _CAPTURABLE = (torch.optim.Adam, torch.optim.AdamW)
-_GRAPHABLE = (*_CAPTURABLE, torch.optim.SGD)
+_GRAPHABLE = (*_CAPTURABLE, torch.optim.SGD, SparseRowOptimizer)
 
 
 def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, distributed: bool,
@@ -45,25 +55,38 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
         return "several processes (collectives are not captured here)"
     if loss_scaled:
         return "loss scaling decides on the host whether to skip a step"
-    sparse = [n for n, m in network.named_modules() if getattr(m, "sparse", False)]
-    if sparse:
-        return f"modules {sparse[:3]} emit sparse gradients (data-dependent shapes)"
+    dynamic = [n for n, p in network.named_parameters() if hasattr(p, "pop_reset_rows")]
+    if dynamic:
+        return f"parameters {dynamic[:3]} belong to dynamic (hash) tables, whose rows are assigned as keys arrive"
     for opt in optimizers:
         if not isinstance(opt, _GRAPHABLE):
-            return f"{type(opt).__name__} is not torch.optim.SGD/Adam/AdamW"
-        if isinstance(opt, _CAPTURABLE) and any(opt.state.values()):
-            return f"{type(opt).__name__} holds state already (its step counters are on the host)"
+            return f"{type(opt).__name__} is not torch.optim.SGD/Adam/AdamW or a recstream.optim row-sparse optimizer"
+    # A sparse gradient is summed into fixed-size rows only by recstream's row-sparse optimizers'
+    # capturable path; torch's optimizers coalesce it (a data-dependent size).
+    row_sparse = {id(p) for opt in optimizers if isinstance(opt, SparseRowOptimizer)
+                  for g in opt.param_groups for p in g["params"]}
+    sparse = [n for n, m in network.named_modules() if getattr(m, "sparse", False)
+              and any(id(p) not in row_sparse for p in m.parameters() if p.requires_grad)]
+    if sparse:
+        return (f"modules {sparse[:3]} emit sparse gradients for an optimizer that coalesces them "
+                "(data-dependent sizes)")
     return None
 
 
 def make_capturable(optimizers: list, device: torch.device) -> None:
-    """Adam/AdamW with device step counters and tensor learning rates (before their first step)."""
+    """Adam/AdamW and recstream's row-sparse optimizers with device step counters and tensor
+    learning rates. Adam's existing counters (a restored state) move to the device here; the
+    row-sparse optimizers convert theirs at their next step."""
     for opt in optimizers:
-        if isinstance(opt, _CAPTURABLE):
+        if isinstance(opt, (*_CAPTURABLE, SparseRowOptimizer)):
             for group in opt.param_groups:
                 group["capturable"] = True
                 group["lr"] = torch.tensor(float(group["lr"]), device=device)
             opt.defaults["capturable"] = True
+        if isinstance(opt, _CAPTURABLE):
+            for state in opt.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(device=device, dtype=torch.float32)
 
 
 class CUDAGraphStep(nn.Module):
@@ -73,8 +96,8 @@ class CUDAGraphStep(nn.Module):
         super().__init__()
         self.step = step
         self._optimizers = optimizers
-        self._calls, self._warned = 0, False
-        self._graph = self._inputs = self._output = self._signature = self._hypers = None
+        self._calls, self._warned, self._failed = 0, False, False
+        self._graph = self._inputs = self._spec = self._output = self._signature = self._hypers = None
         self._lrs: list[tuple[dict, torch.Tensor]] = []
         # A weak reference: a closure over `self` would make a reference cycle (optimizer -> hook ->
         # self -> optimizer), freed only by the cyclic GC, which may then destroy this graph while
@@ -83,21 +106,27 @@ class CUDAGraphStep(nn.Module):
         for opt in optimizers:
             opt.register_load_state_dict_post_hook(lambda *_: ref() is not None and ref().reset())
 
+    @property
+    def captured(self) -> bool:
+        """Whether a graph is held (replayed for inputs of its shapes)."""
+        return self._graph is not None
+
     def reset(self) -> None:
         """Forget the graph: the next step of the captured shapes captures again."""
-        self._graph = self._inputs = self._output = self._signature = self._hypers = None
+        self._graph = self._inputs = self._spec = self._output = self._signature = self._hypers = None
 
     def forward(self, *inputs, **kwargs):
-        flat = [*inputs, *kwargs.values()]
-        signature = _signature(flat)
+        flat: list[torch.Tensor] = []
+        spec = _flatten((inputs, kwargs), flat)
+        signature = _signature(spec, flat)
         if signature is None and not self._warned:
             self._warned = True
             log.warning("cuda_graphs: the step's inputs are not all CUDA tensors; it runs eagerly")
-        if signature is None or self._calls < WARMUP_STEPS:
-            return self._eager(inputs, kwargs, side_stream=signature is not None)
+        if signature is None or self._failed or self._calls < WARMUP_STEPS:
+            return self._eager(inputs, kwargs, side_stream=signature is not None and not self._failed)
         self._refresh_hypers()
-        if self._graph is None:
-            self._capture(inputs, kwargs, signature)
+        if self._graph is None and not self._capture(spec, flat, signature):
+            return self._eager(inputs, kwargs, side_stream=False)
         if signature != self._signature:
             return self._eager(inputs, kwargs, side_stream=False)
         for static, value in zip(self._inputs, flat, strict=True):
@@ -117,9 +146,10 @@ class CUDAGraphStep(nn.Module):
         torch.cuda.current_stream().wait_stream(stream)
         return out
 
-    def _capture(self, inputs, kwargs, signature) -> None:
-        statics = [t.clone() for t in (*inputs, *kwargs.values())]
-        args, named = statics[:len(inputs)], dict(zip(kwargs, statics[len(inputs):], strict=True))
+    def _capture(self, spec, flat: list[torch.Tensor], signature) -> bool:
+        """Capture the step on static copies of the inputs; False (logged) when CUDA refused it."""
+        statics = [t.clone() for t in flat]
+        args, named = _unflatten(spec, iter(statics))
         self._lrs = [(g, g["lr"]) for opt in self._optimizers for g in opt.param_groups
                      if isinstance(g["lr"], torch.Tensor)]
         for opt in self._optimizers:
@@ -130,12 +160,20 @@ class CUDAGraphStep(nn.Module):
         try:
             with torch.cuda.graph(graph):
                 output = self.step(*args, **named)
+        except RuntimeError as e:  # an op CUDA cannot record: nothing ran, so the eager step is still exact
+            self._failed = True
+            log.warning("cuda_graphs: capturing the training step failed, it runs eagerly from now on: %s",
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+            for opt in self._optimizers:
+                opt.zero_grad(set_to_none=True)  # drop gradients that live in the abandoned graph's pool
+            return False
         finally:
             if gc_was_on:
                 gc.enable()
-        self._graph, self._inputs, self._output, self._signature = graph, statics, output, signature
-        self._hypers = _hypers(self._optimizers)
+        self._graph, self._inputs, self._spec, self._output = graph, statics, spec, output
+        self._signature, self._hypers = signature, _hypers(self._optimizers)
         log.info("cuda_graphs: captured the training step for inputs %s", signature)
+        return True
 
     def _refresh_hypers(self) -> None:
         for group, lr in self._lrs:  # a scheduler may have put a float there: copy it into the graph's tensor
@@ -146,11 +184,51 @@ class CUDAGraphStep(nn.Module):
             self.reset()  # betas, momentum, weight decay ... are baked into the captured kernels
 
 
-def _signature(flat) -> tuple | None:
-    """Shapes/dtypes/devices of the step's inputs; None when one is not a CUDA tensor."""
-    if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in flat):
+_TENSOR = "tensor"  # a leaf of the inputs' structure that is a tensor (copied into a static buffer)
+
+
+def _flatten(obj, tensors: list[torch.Tensor]):
+    """The structure of `obj` with its tensors replaced by `_TENSOR` (they are appended to
+    `tensors`): tuples, lists, dicts and dataclasses are walked; anything else is a constant."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TENSOR
+    if isinstance(obj, (tuple, list)):
+        return (type(obj), tuple(_flatten(o, tensors) for o in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple((k, _flatten(v, tensors)) for k, v in obj.items()))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = tuple((f.name, _flatten(getattr(obj, f.name), tensors)) for f in dataclasses.fields(obj) if f.init)
+        return (type(obj), fields)
+    return ("constant", obj)
+
+
+def _unflatten(spec, tensors):
+    """`_flatten` undone, the tensors taken in order from the iterator `tensors`."""
+    if spec is _TENSOR:
+        return next(tensors)
+    kind, body = spec
+    if kind == "constant":
+        return body
+    if kind is dict:
+        return {k: _unflatten(v, tensors) for k, v in body}
+    if isinstance(kind, type) and issubclass(kind, (tuple, list)):
+        items = [_unflatten(o, tensors) for o in body]
+        return kind(*items) if hasattr(kind, "_fields") else kind(items)  # a namedtuple takes positions
+    return kind(**{name: _unflatten(v, tensors) for name, v in body})
+
+
+def _signature(spec, flat: list[torch.Tensor]) -> tuple | None:
+    """The inputs' structure and constants, and their tensors' shapes/dtypes/devices; None when a
+    tensor is not on CUDA or a constant cannot be compared (unhashable)."""
+    if not all(t.is_cuda for t in flat):
         return None
-    return tuple((tuple(t.shape), t.dtype, t.device) for t in flat)
+    signature = (spec, tuple((tuple(t.shape), t.dtype, t.device) for t in flat))
+    try:
+        hash(signature)
+    except TypeError:
+        return None
+    return signature
 
 
 def _hypers(optimizers) -> list:

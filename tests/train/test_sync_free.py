@@ -233,9 +233,9 @@ def test_fixed_table_models_train_on_cuda_without_a_sync(name):
     torch.manual_seed(0)
     net = BUILDERS[name](gen.schema).cuda()
     model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), metrics={"auc", "loss"}, progress_bar=False)
-    batches = [b.to("cuda") for b in gen.train_batches(WARM + STEPS + 1)]
-    try:
-        model.train(1, batches, callbacks=[_SyncDebugWindow(WARM, WARM + STEPS - 1)])
+    batches = [b.to("cuda") for b in gen.train_batches(WARM + STEPS + 2)]
+    try:  # from the step after the CUDA graph's capture (capturing synchronises the device)
+        model.train(1, batches, callbacks=[_SyncDebugWindow(WARM + 1, WARM + STEPS)])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(p).all() for p in net.parameters())

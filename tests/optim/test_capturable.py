@@ -1,0 +1,98 @@
+"""Capturable mode of the row-sparse optimizers (issue 24): step counts and rates on the device, the
+same updates as the plain mode, a state dict that loads either way, and no host read in a step."""
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from recstream.hostpath import device_path
+from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
+from recstream.testing import SyncCounter
+
+OPTIMIZERS = {
+    "lazy_adam": lambda ps: LazyAdam(ps, lr=0.05),
+    "rowwise_adagrad": lambda ps: RowWiseAdagrad(ps, lr=0.1, weight_decay=0.01),
+    "ftrl": lambda ps: FTRL(ps, lr=0.1, l1=0.001, l2=0.01),
+    "ftrl_power": lambda ps: FTRL(ps, lr=0.1, lr_power=-0.3),
+}
+IDS = [torch.tensor([[1, 3, 3], [7, 1, 0]]), torch.tensor([[2, 2, 9], [3, 5, 5]]), torch.tensor([[0, 9, 4], [4, 4, 8]])]
+
+
+def _capturable(opt) -> None:
+    """What `recstream.train.cuda_graph.make_capturable` does to a row-sparse optimizer."""
+    for group in opt.param_groups:
+        group["capturable"] = True
+        group["lr"] = torch.tensor(float(group["lr"]))
+
+
+def _train(bag: torch.nn.EmbeddingBag, opt, steps: int, start: int = 0) -> None:
+    for i in range(start, start + steps):
+        opt.zero_grad(set_to_none=True)
+        out = bag(IDS[i % len(IDS)])
+        (out * torch.arange(1.0, 1.0 + out.numel()).view_as(out)).sin().sum().backward()
+        opt.step()
+
+
+def _pair(name: str, sparse: bool):
+    torch.manual_seed(0)
+    plain = torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=sparse)
+    graphed = copy.deepcopy(plain)
+    return plain, OPTIMIZERS[name]([plain.weight]), graphed, OPTIMIZERS[name]([graphed.weight])
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("path", ["host", "device"])
+def test_capturable_mode_makes_the_same_updates(name, sparse, path):
+    plain, plain_opt, graphed, graphed_opt = _pair(name, sparse)
+    _capturable(graphed_opt)
+    with device_path() if path == "device" else nullcontext():
+        _train(plain, plain_opt, 5)
+        _train(graphed, graphed_opt, 5)
+    # Not bit-equal: capturable step sizes are float32 device tensors, the plain ones Python floats.
+    torch.testing.assert_close(graphed.weight, plain.weight, rtol=1e-5, atol=1e-5)
+    step = graphed_opt.state[graphed.weight]["step"]
+    assert isinstance(step, torch.Tensor) and int(step) == 5 == plain_opt.state[plain.weight]["step"]
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_capturable_step_reads_nothing_back_on_the_device_path(name):
+    _, _, graphed, opt = _pair(name, sparse=True)
+    _capturable(opt)
+    _train(graphed, opt, 1)  # state created
+    with device_path(), SyncCounter() as counter:
+        _train(graphed, opt, 2, start=1)
+    assert counter.syncs == 0, dict(counter.sync_ops)
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_the_state_dict_is_the_plain_one_and_loads_either_way(name):
+    plain, plain_opt, graphed, graphed_opt = _pair(name, sparse=True)
+    _capturable(graphed_opt)
+    _train(plain, plain_opt, 3)
+    _train(graphed, graphed_opt, 3)
+    saved = graphed_opt.state_dict()
+    assert saved["state"][0]["step"] == 3 and isinstance(saved["state"][0]["step"], int)
+    assert isinstance(saved["param_groups"][0]["lr"], float) and "capturable" not in saved["param_groups"][0]
+    assert isinstance(graphed_opt.state[graphed.weight]["step"], torch.Tensor)  # the live state is untouched
+    assert isinstance(graphed_opt.param_groups[0]["lr"], torch.Tensor)
+
+    # capturable -> plain, and plain -> capturable: both continue exactly as the plain run does
+    to_plain = OPTIMIZERS[name]([graphed.weight])
+    to_plain.load_state_dict(saved)
+    to_graphed = OPTIMIZERS[name]([plain.weight])
+    # Deep copies: a load keeps the saved tensors themselves, and the three runs must not share them.
+    to_graphed.load_state_dict(copy.deepcopy(plain_opt.state_dict()))
+    _capturable(to_graphed)
+    reference = copy.deepcopy(plain)
+    reference_opt = OPTIMIZERS[name]([reference.weight])
+    reference_opt.load_state_dict(copy.deepcopy(plain_opt.state_dict()))
+    _train(reference, reference_opt, 2, start=3)
+    _train(graphed, to_plain, 2, start=3)
+    _train(plain, to_graphed, 2, start=3)
+    torch.testing.assert_close(graphed.weight, reference.weight, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.weight, reference.weight, rtol=1e-5, atol=1e-5)
+    assert to_plain.state[graphed.weight]["step"] == 5 and int(to_graphed.state[plain.weight]["step"]) == 5

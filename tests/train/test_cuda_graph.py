@@ -1,0 +1,120 @@
+"""`recstream.train.cuda_graph`: which steps may be captured, the inputs' structure a graph keeps,
+and on a GPU the built-in models replayed exactly like their eager steps (issue 24, item 2)."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from recstream import Model
+from recstream.checkpoint import load_checkpoint, save_checkpoint
+from recstream.data.batch import WeightedLabel
+from recstream.features import Features
+from recstream.models import default_optimizer
+from recstream.optim import CombinedOptimizer
+from recstream.train.cuda_graph import _flatten, _signature, _unflatten, capture_refusal
+from tests.models.helpers import BUILDERS, mixed_schema
+from tests.models.test_dynamic import dynamic_schema
+
+CUDA = torch.device("cuda")  # capture_refusal only compares devices: no GPU needed to ask it
+MODELS = ["widedeep", "deepfm", "dcnv2", "dlrm"]
+
+
+def _leaves(opt):
+    return [leaf for child in opt.optimizers.values() for leaf in _leaves(child)] \
+        if isinstance(opt, CombinedOptimizer) else [opt]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("embedding", ["rowwise_adagrad", "lazy_adam"])
+def test_the_built_in_models_with_their_optimizers_may_be_captured(name, embedding):
+    net = BUILDERS[name](mixed_schema())
+    opts = _leaves(default_optimizer(net, embedding=embedding))
+    assert capture_refusal(net, opts, CUDA, distributed=False, loss_scaled=False) is None
+
+
+def test_what_cannot_be_captured_is_refused_with_the_reason():
+    net = BUILDERS["deepfm"](dynamic_schema())
+    why = capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, False)
+    assert "dynamic (hash) tables" in why
+    emb = nn.Sequential(nn.Embedding(10, 4, sparse=True))
+    why = capture_refusal(emb, [torch.optim.SGD(emb.parameters(), lr=0.1)], CUDA, False, False)
+    assert "sparse gradients for an optimizer that coalesces them" in why
+    why = capture_refusal(emb, [torch.optim.Adagrad(emb.parameters())], CUDA, False, False)
+    assert "Adagrad is not torch.optim.SGD/Adam/AdamW" in why
+    net = BUILDERS["dlrm"](mixed_schema())
+    assert "loss scaling" in capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, True)
+    assert "not CUDA" in capture_refusal(net, _leaves(default_optimizer(net)), torch.device("cpu"), False, False)
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass
+class Holder:
+    x: torch.Tensor
+    n: int
+
+
+def test_inputs_flatten_to_their_tensors_and_rebuild_with_others():
+    features = Features(torch.zeros(2, 3), torch.arange(4), torch.tensor([0, 1, 2, 3, 4]), 2, 2, keys=("u", "i"))
+    named = {"p": Pair(torch.ones(1), 7), "h": Holder(torch.ones(3), 2)}
+    inputs = ((features, WeightedLabel(torch.ones(2), 0.5)), named)
+    flat: list[torch.Tensor] = []
+    spec = _flatten(inputs, flat)
+    assert len(flat) == 6 and flat[0] is features.dense and flat[3] is inputs[0][1].labels
+    rebuilt = _unflatten(spec, iter([t + 1 for t in flat]))
+    (f2, w2), named = rebuilt
+    assert isinstance(f2, Features) and f2.keys == ("u", "i") and f2.batch_size == 2
+    torch.testing.assert_close(f2.values, features.values + 1)
+    assert isinstance(w2, WeightedLabel) and w2.weight == 0.5
+    assert isinstance(named["p"], Pair) and named["p"].b == 7 and isinstance(named["h"], Holder) and named["h"].n == 2
+    # Constants are part of what a graph was captured for; CPU tensors are not captured at all.
+    assert _signature(spec, flat) is None
+    other: list[torch.Tensor] = []
+    assert _flatten(((features, WeightedLabel(torch.ones(2), 0.0)), inputs[1]), other) != spec
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", MODELS)
+def test_built_in_models_replay_their_steps_like_eager_ones(name, tmp_path):
+    """Default on CUDA at O0: captured after the warm-up, replayed for equal shapes (single-hot
+    features), eager for others, an LR schedule and a checkpoint reload (recapture) on the way."""
+    from recstream.data import CategoricalFeature, Schema, SyntheticCTR
+
+    gen = SyntheticCTR(num_dense=3, num_categorical=6, vocab_sizes=[40] * 6, batch_size=128, seed=0)
+    schema = Schema(gen.schema.dense, [CategoricalFeature(f.name, vocab_size=40, embedding_dim=4)
+                                       for f in gen.schema.categorical])
+    batches = [b.to("cuda") for b in gen.train_batches(14)]
+    batches.insert(9, batches[9].slice(0, 37))  # other shapes: runs eagerly between replays
+
+    def run(graphs: bool, reload_at=None):
+        torch.manual_seed(0)
+        net = BUILDERS[name](schema).cuda()
+        opt = default_optimizer(net)
+        model = Model(net, nn.BCEWithLogitsLoss(), opt, boost_config_dict={"cuda_graphs": graphs})
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+        losses = []
+        for i, batch in enumerate(batches):
+            if i == reload_at:
+                path = save_checkpoint(tmp_path / f"{name}.safetensors", net, opt)
+                load_checkpoint(path, net, opt, restore_rng=False)
+            losses.append(float(model.train_network(batch.features, batch.labels)))
+            sched.step()
+        return losses, model, net
+
+    eager, _, eager_net = run(False)
+    graphed, model, graphed_net = run(True)
+    assert "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+    assert model.train_network.captured
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
+    for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+    reloaded, _, _ = run(True, reload_at=11)
+    torch.testing.assert_close(reloaded, eager, rtol=1e-4, atol=1e-5)
