@@ -146,7 +146,7 @@ mapfile -t TEST_FILES < <(grep -rlis --include='test_*.py' cuda tests | sort)
 TEST_ARGS=(-p cuda_tests -p no:cacheprovider -o addopts= -v -rfEs)
 [ $DEVICE = cpu ] && TEST_ARGS+=(--collect-only -q)
 "$PY" -c 'import pytest_timeout' 2>/dev/null && TEST_ARGS+=(--timeout 90)
-PYTHONPATH="$ROOT/benchmarks:$PYTHONPATH" step cuda_tests 100 cuda_tests.log \
+PYTHONPATH="$ROOT/benchmarks:$PYTHONPATH" step cuda_tests 150 cuda_tests.log \
     "$PY" -m pytest "${TEST_ARGS[@]}" "${TEST_FILES[@]}"
 
 # --- summary.md ------------------------------------------------------------------------------------
