@@ -14,7 +14,9 @@ model, optimizer state and activations; on CUDA the peak of allocated memory). V
   static buffers). Timed like every variant, from a fresh network: its first steps (warm-up on a
   side stream) and the capture are inside the epoch. Off CUDA (or where capture fails) the same
   step runs eagerly and the output says so (``ceiling: eager ...``).
-- ``O0`` / ``O1`` / ``O2``: ``Model(idiomatic, Adam, boost_level=...)``, ``Model.train``
+- ``O0`` / ``O1`` / ``O2``: ``Model(idiomatic, Adam, boost_level=...)``, ``Model.train``;
+  ``O1_sparse``: O1 with ``{"sparse_embeddings": True}`` (every table row-sparse and fused, which
+  O1 does on a CUDA device only for tables of 2**24 values or more)
 - ``widedeep`` / ``widedeep_O2``: recstream's ``WideDeep`` + ``default_optimizer`` at O0 / O2 (on
   CUDA the step is replayed as a CUDA graph at every level); ``widedeep_eager``: O0 with
   ``{"cuda_graphs": False}``, the eager step the graph is measured against
@@ -260,7 +262,7 @@ def run_variant(name, args, data):
     device, hidden = torch.device(args.device), tuple(args.hidden)
     plain_train, plain_test = _plain(train), _plain(test)
     torch.manual_seed(0)
-    if name in ("hand", "hand_tuned", "O0", "O1", "O2"):
+    if name in ("hand", "hand_tuned", "O0", "O1", "O2", "O1_sparse"):
         net = (FusedTable if name == "hand_tuned" else Idiomatic)(args.vocab, args.dim, hidden).to(device)
         if name == "hand":
             seconds = _hand(net, [torch.optim.Adam(net.parameters(), lr=args.lr)], plain_train, device)
@@ -270,7 +272,8 @@ def run_variant(name, args, data):
             seconds = _hand(net, opts, plain_train, device)
         else:
             model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters(), lr=args.lr),
-                          boost_level=name, progress_bar=False)
+                          boost_level=name[:2], progress_bar=False,
+                          boost_config_dict={"sparse_embeddings": True} if name == "O1_sparse" else None)
             seconds = _model(model, plain_train, device)
             _say_graph(name, model)
         return seconds, _auc(net, plain_test, plain=True)

@@ -39,8 +39,9 @@ def _model(name: str, gen, args, device):
         return Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False,
                      boost_level="O2" if name.endswith("O2") else "O0", boost_config_dict=config), False
     net = bench_boost.Idiomatic(args.vocab, args.dim, hidden).to(device)
+    config = {"sparse_embeddings": True} if name == "O1_sparse" else None
     return Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters(), lr=1e-3),
-                 boost_level=name, progress_bar=False), True
+                 boost_level=name[:2], progress_bar=False, boost_config_dict=config), True
 
 
 def profile_variant(name: str, gen, batches, args, device) -> None:

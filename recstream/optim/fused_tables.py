@@ -37,7 +37,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ._base import coalesce_joined
 from .lazy_adam import lazy_adam_rows
 
-__all__ = ["FusedTables", "advance_step", "decay_rows", "host_step", "new_step"]
+__all__ = ["FusedTables", "advance_step", "decay_rows", "host_step", "learning_rate", "new_step"]
 
 
 class FusedTables:
@@ -77,39 +77,61 @@ class FusedTables:
         return all(t.data_ptr() == joined.data_ptr() + a * row_bytes and t.shape[0] == b - a
                    and t.shape[1:] == joined.shape[1:] for t, (a, b) in zip(tensors, self.spans, strict=True))
 
-    def ready(self, optimizer: Optimizer) -> bool:
-        """Whether a joint step can run: every table has Adam state at one step count, or none has."""
+    def ready(self, optimizer: Optimizer, capturable: bool = False) -> bool:
+        """Whether a joint step can run: every table has Adam state at one step count, or none has.
+
+        `capturable` (the group's flag: the step may be captured in a CUDA graph): the tables
+        share one device step counter, so this compares identities, reading nothing; tables with
+        separate counters (a loaded state) read them once, in an eager step, and share one from
+        then on if they agree."""
         states = [optimizer.state[p] for p in self.params]
         if not any(states):
             return True
         if not all(states):
             return False
+        if capturable:
+            first = states[0]["step"]
+            if all(s["step"] is first for s in states) and first.device == self.weight.device:
+                return True
+            if len({float(s["step"]) for s in states}) != 1:
+                return False
+            shared = first.detach().to(device=self.weight.device, dtype=torch.float32).clone()
+            for s in states:
+                s["step"] = shared
+            return True
         steps = {host_step(s) for s in states}
         return len(steps) == 1
 
     def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor]) -> None:
         """One lazy-Adam step of every table from its row-sparse gradient `grads` (in order), with
         `group`'s hyper-parameters, into Adam's own state entries. Call when :meth:`ready`."""
+        capturable = bool(group.get("capturable"))
         with torch.no_grad():
             if not self._is_slice_of(self.params, self.weight):
                 self.weight = self._fuse(self.params)
             states = [optimizer.state[p] for p in self.params]
-            self._fuse_state(states)
-            for state in states:
-                t = advance_step(state)  # the same count for every table: see ready()
+            self._fuse_state(states, self.weight.device if capturable else None)
+            if capturable:  # one device counter shared by every table (see ready()), advanced once
+                t = advance_step(states[0], self.weight.device)
+            else:
+                for state in states:
+                    t = advance_step(state)  # the same count for every table: see ready()
             rows, values = coalesce_joined(grads, self.starts)
             values = decay_rows(optimizer, group, self.weight, rows, values)
-            lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
+            lr, (beta1, beta2), eps = learning_rate(group), group["betas"], group["eps"]
             lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, t, lr, beta1, beta2, eps)
 
-    def _fuse_state(self, states: list[dict[str, Any]]) -> None:
+    def _fuse_state(self, states: list[dict[str, Any]], device: torch.device | None = None) -> None:
         """Adam's entries of every table as slices of the fused moments (created at zero, as Adam
-        creates its own, or joined from what the tables hold, e.g. after a load)."""
+        creates its own, or joined from what the tables hold, e.g. after a load). `device`: the
+        capturable mode's, where the tables share one step counter."""
         if not states[0]:
             self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.weight), torch.zeros_like(self.weight)
+            shared = new_step(device) if device is not None else None
             for state, (a, b) in zip(states, self.spans, strict=True):
                 # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
-                state.update(step=new_step(), exp_avg=self.exp_avg[a:b], exp_avg_sq=self.exp_avg_sq[a:b])
+                state.update(step=shared if shared is not None else new_step(), exp_avg=self.exp_avg[a:b],
+                             exp_avg_sq=self.exp_avg_sq[a:b])
             return
         for key in ("exp_avg", "exp_avg_sq"):
             tensors = [state[key] for state in states]
@@ -124,11 +146,20 @@ class FusedTables:
 _HOST_STEPS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def new_step() -> Tensor:
-    """Adam's initial ``step`` entry (a float32 CPU scalar, as non-fused Adam keeps it), known to the host."""
+def new_step(device: torch.device | None = None) -> Tensor:
+    """Adam's initial ``step`` entry: a float32 CPU scalar, as non-fused Adam keeps it, known to the
+    host; on `device` when given (capturable mode: counted there, never read back)."""
+    if device is not None:
+        return torch.zeros((), dtype=torch.float32, device=device)
     step = torch.tensor(0.0)
     _HOST_STEPS[step] = (step._version, 0.0)
     return step
+
+
+def learning_rate(group: dict[str, Any]) -> float | Tensor:
+    """A group's ``lr``: a Python float, or the 0-d device tensor of a capturable group (not read)."""
+    lr = group["lr"]
+    return lr if isinstance(lr, Tensor) and group.get("capturable") else float(lr)
 
 
 def host_step(state: dict[str, Any]) -> float:
@@ -143,8 +174,16 @@ def host_step(state: dict[str, Any]) -> float:
     return count
 
 
-def advance_step(state: dict[str, Any]) -> float:
-    """Count one more step in Adam's ``state["step"]`` and return the count (on the host)."""
+def advance_step(state: dict[str, Any], device: torch.device | None = None) -> float | Tensor:
+    """Count one more step in Adam's ``state["step"]`` and return the count (on the host).
+
+    `device` (capturable mode): the count stays a float32 tensor there, advanced by a kernel and
+    returned as that tensor, never read on the host."""
+    if device is not None:
+        if state["step"].device != device or state["step"].dtype != torch.float32:
+            state["step"] = state["step"].to(device=device, dtype=torch.float32)
+        state["step"] += 1
+        return state["step"]
     if state["step"].device.type != "cpu":
         # Loaded from a fused/capturable Adam: read on the host from now on (one copy, not one per step).
         state["step"] = state["step"].cpu()
@@ -164,6 +203,6 @@ def decay_rows(optimizer: Optimizer, group: dict[str, Any], p: Tensor, rows: Ten
     if not weight_decay:
         return values
     if isinstance(optimizer, torch.optim.AdamW):
-        p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - float(group["lr"]) * weight_decay))
+        p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - learning_rate(group) * weight_decay))
         return values
     return values.add(p.index_select(0, rows), alpha=weight_decay)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import Tensor
@@ -43,10 +44,10 @@ from torch.optim import Optimizer
 
 from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
-from .fused_tables import FusedTables, advance_step, decay_rows, new_step
+from .fused_tables import FusedTables, advance_step, decay_rows, learning_rate, new_step
 from .lazy_adam import lazy_adam_tables
 
-__all__ = ["accept_sparse_rows", "sparse_rows_refusal", "weight_decay_of"]
+__all__ = ["accept_sparse_rows", "lazy_rows_of", "sparse_rows_refusal", "weight_decay_of"]
 
 _NATIVE = (torch.optim.SGD, torch.optim.Adagrad)  # exact sparse paths inside torch
 _ADAM = (torch.optim.Adam, torch.optim.AdamW)
@@ -120,7 +121,20 @@ def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor], fuse: boo
         hooks = _LazyAdamHooks(ps, fused)
         handles.add(optimizers[key].register_step_pre_hook(hooks.set_aside))
         handles.add(optimizers[key].register_step_post_hook(hooks.update))
+        handles.lazy_rows(optimizers[key], {id(p) for p in ps})
     return handles
+
+
+# Optimizer -> ids of the parameters whose row-sparse gradients its lazy-Adam hooks update (what
+# `recstream.train.cuda_graph` may capture). Weak: forgetting an optimizer forgets its entry.
+_LAZY_ROWS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def lazy_rows_of(optimizer: Optimizer) -> set[int]:
+    """Ids of the parameters whose row-sparse gradients `accept_sparse_rows` made `optimizer`
+    (an Adam/AdamW) update lazily: with ``capturable`` set, those updates run on the device alone
+    (step counts and rates as device tensors, rows summed into fixed-size outputs)."""
+    return set(_LAZY_ROWS.get(optimizer, ()))
 
 
 def _fuse_tables(optimizer: Optimizer, params: list[Tensor]) -> list[FusedTables]:
@@ -138,15 +152,24 @@ class _Handles:
 
     def __init__(self):
         self._handles = []
+        self._rows: list[tuple[Optimizer, set[int]]] = []
         self.fused: list[FusedTables] = []
 
     def add(self, handle) -> None:
         self._handles.append(handle)
 
+    def lazy_rows(self, optimizer: Optimizer, ids: set[int]) -> None:
+        """Record that `optimizer`'s hooks now update the parameters `ids` (`lazy_rows_of`)."""
+        _LAZY_ROWS.setdefault(optimizer, set()).update(ids)
+        self._rows.append((optimizer, ids))
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for optimizer, ids in self._rows:
+            _LAZY_ROWS.get(optimizer, set()).difference_update(ids)
+        self._rows.clear()
 
 
 class _LazyAdamHooks:
@@ -181,7 +204,7 @@ class _LazyAdamHooks:
                 state = optimizer.state[p]
                 batches.setdefault(key, (group, []))[1].append((p, rows, values, state["exp_avg"], state["exp_avg_sq"]))
             for (_, t, *_), (group, tables) in batches.items():
-                lr, (beta1, beta2), eps = float(group["lr"]), group["betas"], group["eps"]
+                lr, (beta1, beta2), eps = learning_rate(group), group["betas"], group["eps"]
                 lazy_adam_tables(tables, t, lr, beta1, beta2, eps)
         for _, p, grad in aside_now:
             p.grad = grad  # the user's zero_grad / inspection see what backward produced
@@ -194,8 +217,10 @@ class _LazyAdamHooks:
         by_param = {id(p): (group, grad) for group, p, grad in aside}
         stepped: set[int] = set()
         for fused in self._fused:
-            if all(id(p) in by_param for p in fused.params) and fused.ready(optimizer):
-                group = by_param[id(fused.params[0])][0]
+            if not all(id(p) in by_param for p in fused.params):
+                continue
+            group = by_param[id(fused.params[0])][0]
+            if fused.ready(optimizer, capturable=bool(group.get("capturable"))):
                 fused.step(optimizer, group, [by_param[id(p)][1] for p in fused.params])
                 stepped.update(id(p) for p in fused.params)
         return [entry for entry in aside if id(entry[1]) not in stepped]
@@ -209,11 +234,12 @@ def _coalesced(optimizer: Optimizer,
     rows_values = coalesce_rows([p for _, p, _ in aside], [grad for _, _, grad in aside])
     for (group, p, _), (rows, values) in zip(aside, rows_values, strict=True):
         state = optimizer.state[p]
+        device = p.device if group.get("capturable") else None  # capturable: counted on the device
         if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
-            state["step"] = new_step()
+            state["step"] = new_step(device)
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        t = advance_step(state)
+        t = advance_step(state, device)
         # Weight decay is only reached with lazy_weight_decay: the touched rows alone.
         out.append((t, rows, decay_rows(optimizer, group, p, rows, values)))
     return out

@@ -25,7 +25,8 @@ Conditions (checked by `capture_refusal`): CUDA, one process, no loss scaling (i
 is a host read), optimizers that are `torch.optim.SGD`, `Adam`, `AdamW` or recstream's row-sparse
 ones (`recstream.optim.SparseRowOptimizer`: their capturable mode keeps step counts and rates on
 the device and sums a sparse gradient's rows into fixed-size outputs), sparse gradients only for
-parameters those hold, and no dynamic (hash) tables (their rows are assigned as keys arrive). A
+parameters those hold or that boost's lazy row updates of Adam take (`recstream.optim.sparse_rows`,
+capturable likewise), and no dynamic (hash) tables (their rows are assigned as keys arrive). A
 capture that fails anyway (an op CUDA cannot record) is logged and the step runs eagerly from then on.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from torch import nn
 
 from ..optim import SparseRowOptimizer
+from ..optim.sparse_rows import lazy_rows_of
 
 log = logging.getLogger(__name__)
 WARMUP_STEPS = 3  # eager steps before capture: lazily created state (moments, cuDNN plans) exists by then
@@ -65,6 +67,8 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
     # capturable path; torch's optimizers coalesce it (a data-dependent size).
     row_sparse = {id(p) for opt in optimizers if isinstance(opt, SparseRowOptimizer)
                   for g in opt.param_groups for p in g["params"]}
+    for opt in optimizers:  # Adam/AdamW with boost's lazy row updates (recstream.optim.sparse_rows)
+        row_sparse.update(lazy_rows_of(opt))
     sparse = [n for n, m in network.named_modules() if getattr(m, "sparse", False)
               and any(id(p) not in row_sparse for p in m.parameters() if p.requires_grad)]
     if sparse:
@@ -112,8 +116,11 @@ class CUDAGraphStep(nn.Module):
         return self._graph is not None
 
     def reset(self) -> None:
-        """Forget the graph: the next step of the captured shapes captures again."""
+        """Forget the graph: the next step runs eagerly, the one after captures again. (The eager
+        step lets state that was just loaded settle on the device: a restored step count is moved
+        there, which a capture could not record.)"""
         self._graph = self._inputs = self._spec = self._output = self._signature = self._hypers = None
+        self._calls = min(self._calls, WARMUP_STEPS - 1)
 
     def forward(self, *inputs, **kwargs):
         flat: list[torch.Tensor] = []

@@ -96,3 +96,63 @@ def test_the_state_dict_is_the_plain_one_and_loads_either_way(name):
     torch.testing.assert_close(graphed.weight, reference.weight, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain.weight, reference.weight, rtol=1e-5, atol=1e-5)
     assert to_plain.state[graphed.weight]["step"] == 5 and int(to_graphed.state[plain.weight]["step"]) == 5
+
+
+def _tables(fuse: bool, capturable: bool):
+    """Four sparse tables under Adam with boost's lazy row updates (`accept_sparse_rows`)."""
+    from recstream.optim.sparse_rows import accept_sparse_rows
+
+    torch.manual_seed(0)
+    tables = torch.nn.ModuleList(torch.nn.Embedding(12, 3, sparse=True) for _ in range(4))
+    adam = torch.optim.Adam(tables.parameters(), lr=0.05)
+    handles = accept_sparse_rows(adam, list(tables.parameters()), fuse=fuse)
+    if capturable:  # what make_capturable does (Adam itself steps no parameter here: all are sparse)
+        adam.param_groups[0]["capturable"] = True
+        adam.param_groups[0]["lr"] = torch.tensor(0.05)
+    return tables, adam, handles
+
+
+def _train_tables(tables, adam, steps: int, start: int = 0) -> None:
+    for i in range(start, start + steps):
+        adam.zero_grad(set_to_none=True)
+        ids = IDS[i % len(IDS)].view(-1)
+        sum((t((ids + k) % 12) * torch.arange(1.0, 4.0)).sin().sum() for k, t in enumerate(tables)).backward()
+        adam.step()
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "per_table"])
+def test_lazy_adam_hooks_in_capturable_mode_make_the_same_updates_and_read_nothing(fuse):
+    from recstream.optim.sparse_rows import lazy_rows_of
+
+    plain, plain_adam, _ = _tables(fuse, capturable=False)
+    graphed, adam, handles = _tables(fuse, capturable=True)
+    assert lazy_rows_of(adam) == {id(p) for p in graphed.parameters()}
+    with device_path():
+        _train_tables(plain, plain_adam, 3)
+        _train_tables(graphed, adam, 1)
+        with SyncCounter() as counter:
+            _train_tables(graphed, adam, 2, start=1)
+    assert counter.syncs == 0, dict(counter.sync_ops)
+    for a, b in zip(graphed.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    steps = [adam.state[p]["step"] for p in graphed.parameters()]
+    assert all(float(s) == 3.0 for s in steps)
+    if fuse:  # one device counter for the fused set: advanced once per step, compared by identity
+        assert all(s is steps[0] for s in steps)
+    handles.remove()
+    assert lazy_rows_of(adam) == set()
+
+
+def test_fused_tables_share_one_counter_again_after_a_load_once_an_eager_step_reads_them():
+    tables, adam, _ = _tables(fuse=True, capturable=True)
+    _train_tables(tables, adam, 2)
+    saved = copy.deepcopy(adam.state_dict())
+    for entry in saved["state"].values():  # as read from a file: a counter per table
+        entry["step"] = entry["step"].cpu().clone()
+    adam.load_state_dict(saved)
+    adam.param_groups[0]["capturable"], adam.param_groups[0]["lr"] = True, torch.tensor(0.05)
+    steps = [adam.state[p]["step"] for p in tables.parameters()]
+    assert len({id(s) for s in steps}) == 4
+    _train_tables(tables, adam, 1, start=2)  # the eager step after a load (CUDAGraphStep.reset) reads them once
+    steps = [adam.state[p]["step"] for p in tables.parameters()]
+    assert all(s is steps[0] for s in steps) and float(steps[0]) == 3.0

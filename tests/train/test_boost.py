@@ -259,6 +259,38 @@ def test_cuda_graph_replays_train_exactly_like_eager_steps(tmp_path):
     torch.testing.assert_close(reloaded, eager, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_cuda_graph_captures_sparse_fused_tables_with_lazy_adam(optimizer, tmp_path):
+    """O1 with every table row-sparse (forced): the fused tables' lazy-Adam updates run in the
+    graph (device step counter, tensor lr) and give the eager O1 losses, across a checkpoint reload."""
+    batches = [(x.cuda(), y.cuda()) for x, y in _batches(14)]
+    make = {"adam": torch.optim.Adam, "adamw": lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.01)}[optimizer]
+
+    def run(graphs: bool, reload_at=None):
+        torch.manual_seed(0)
+        net = Idiomatic().cuda()
+        opt = make(net.parameters(), lr=0.01)
+        model = Model(net, nn.BCEWithLogitsLoss(), opt, boost_level="O2" if optimizer == "adamw" else "O1",
+                      boost_config_dict={"sparse_embeddings": True, "cuda_graphs": graphs, "bf16_autocast": False})
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            if i == reload_at:
+                path = save_checkpoint(tmp_path / f"{optimizer}.safetensors", net, opt)
+                load_checkpoint(path, net, opt, restore_rng=False)
+            losses.append(float(model.train_network(x, y)))
+        return losses, model, net
+
+    eager, _, _ = run(False)
+    graphed, model, net = run(True)
+    assert net.tables[0].sparse and "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+    assert model.train_network.captured
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
+    reloaded, model, _ = run(True, reload_at=9)
+    assert model.train_network.captured  # recaptured after the reload's eager step
+    torch.testing.assert_close(reloaded, eager, rtol=1e-4, atol=1e-5)
+
+
 def test_a_graph_step_is_freed_by_reference_counting_not_left_to_the_cyclic_gc():
     """A graph freed by the cyclic GC can be destroyed while another one is being captured, which
     CUDA refuses (seen on an H100: the second capture failed). So no reference cycle may hold one."""

@@ -116,5 +116,6 @@ def test_built_in_models_replay_their_steps_like_eager_ones(name, tmp_path):
     torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
     for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
-    reloaded, _, _ = run(True, reload_at=11)
+    reloaded, model, _ = run(True, reload_at=11)
+    assert model.train_network.captured  # recaptured after one eager step (a failed capture would run eagerly)
     torch.testing.assert_close(reloaded, eager, rtol=1e-4, atol=1e-5)
