@@ -204,8 +204,9 @@ def test_o1_on_cuda_gives_the_same_losses_as_o0(make_opt):
         net = Idiomatic(vocab=4).cuda()
         model = Model(net, nn.BCEWithLogitsLoss(), make_opt(net.parameters()), boost_level=level,
                       boost_config_dict={"sparse_embeddings": level != "O0"})  # small tables: forced
-        losses = [model.train_network(x.cuda(), y.cuda()) for x, y in _batches(10, vocab=4)]
-        return [float(v) for v in losses], net, model
+        # float() at once: a replayed CUDA graph returns the same output tensor every step
+        losses = [float(model.train_network(x.cuda(), y.cuda())) for x, y in _batches(10, vocab=4)]
+        return losses, net, model
 
     dense, _, _ = run("O0")
     boosted, net, model = run("O1")
@@ -217,10 +218,17 @@ def test_o1_on_cuda_gives_the_same_losses_as_o0(make_opt):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_small_cuda_tables_stay_dense_by_cost_unless_forced():
+def test_small_cuda_tables_stay_dense_by_cost_unless_forced_or_in_a_graph():
+    net = Idiomatic().cuda()
+    model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1",
+                  boost_config_dict={"cuda_graphs": False})
+    assert not net.tables[0].sparse and "dense fused update of 400 values is cheaper" in model.boost_report[0]
     net = Idiomatic().cuda()
     model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1")
-    assert not net.tables[0].sparse and "dense fused update of 400 values is cheaper" in model.boost_report[0]
+    assert net.tables[0].sparse and "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+    net = Idiomatic().cuda()  # SGD coalesces sparse gradients: no graph could hold them, the cost rule stands
+    model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.SGD(net.parameters(), lr=0.1), boost_level="O1")
+    assert not net.tables[0].sparse and "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
 
 
 def test_cuda_graphs_are_skipped_off_cuda_with_the_reason():
