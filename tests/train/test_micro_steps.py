@@ -240,3 +240,14 @@ def test_micro_steps_return_the_row_weighted_mean_loss():
     loss = micro(torch.zeros(7, 1), torch.arange(7.0).view(7, 1))
     assert micro.steps_done == 3
     assert loss.item() == pytest.approx(3.0)  # (0+1+2) + (3+4+5) + 6, over 7 rows
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (slicing ids where they live)")
+def test_split_on_cuda_gathers_on_the_device_and_matches_the_host_split():
+    batch = _gen().batch(0)
+    host, device = batch.split(MICRO), batch.to("cuda").split(MICRO)
+    for h, d in zip(host, device, strict=True):
+        assert d.features.values.device.type == "cuda" and d.labels.device.type == "cuda"
+        assert torch.equal(d.features.values.cpu(), h.features.values)
+        assert torch.equal(d.features.offsets.cpu(), h.features.offsets)
+        assert torch.equal(d.features.dense.cpu(), h.features.dense) and torch.equal(d.labels.cpu(), h.labels)
