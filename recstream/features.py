@@ -59,13 +59,18 @@ def _gather(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> tuple[n
     >>> v.tolist(), o.tolist()
     ([20, 21, 22, 10], [0, 3, 4])
     """
+    idx, offsets = _gather_index(starts, lens)
+    return values[idx], offsets
+
+
+def _gather_index(starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The positions `_gather` takes, and the new offsets."""
     offsets = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     total = int(offsets[-1])
     if total == len(lens) and (lens == 1).all():  # single-hot: one id per bag
-        return values[starts], offsets
-    idx = np.repeat(starts - offsets[:-1], lens) + np.arange(total, dtype=np.int64)
-    return values[idx], offsets
+        return starts, offsets
+    return np.repeat(starts - offsets[:-1], lens) + np.arange(total, dtype=np.int64), offsets
 
 
 def _take_bags(values: np.ndarray, offsets: np.ndarray, nf: int, b: int, features, rows) -> tuple[np.ndarray,
@@ -263,6 +268,40 @@ class Features:
                                      self.batch_size, slice(None), slice(start, stop))
         return Features(self.dense[start:stop], _like(values, self.values), _like(offsets, self.offsets),
                         stop - start, self.num_features, self.keys)
+
+    def split(self, size: int) -> list[Features]:
+        """Consecutive row slices of `size` examples each, in order (the last may be smaller);
+        ``[self]`` when the batch has at most `size` rows. Features kept, keys kept.
+
+        The offsets are read on the host once for all the slices (on an accelerator: one host
+        sync per call, not per slice); ids are gathered where they live, dense rows are views.
+
+        >>> f = Features.from_lengths(torch.arange(5.0).view(5, 1), torch.arange(1, 9),
+        ...                           torch.tensor([[1, 1, 1, 1, 1], [0, 2, 0, 0, 1]]), keys=("a", "b"))
+        >>> parts = f.split(2)
+        >>> [p.batch_size for p in parts], [p.values.tolist() for p in parts]
+        ([2, 2, 1], [[1, 2, 6, 7], [3, 4], [5, 8]])
+        >>> parts[2].bag("b")[0].tolist(), parts[2].dense.tolist(), parts[0].keys
+        ([8], [[4.0]], ('a', 'b'))
+        """
+        size = check_int("Features.split", "size", size, minimum=1)
+        b, nf = self.batch_size, self.num_features
+        if b <= size:
+            return [self]
+        offsets = _host(self.offsets).reshape(-1)
+        firsts, lasts = offsets[:-1].reshape(nf, b), offsets[1:].reshape(nf, b)
+        parts = []
+        for start in range(0, b, size):
+            stop = min(start + size, b)
+            starts = firsts[:, start:stop].reshape(-1)
+            idx, new_offsets = _gather_index(starts, lasts[:, start:stop].reshape(-1) - starts)
+            if self.values.device.type == "cpu":
+                values = _like(_host(self.values)[idx], self.values)
+            else:  # the index goes to the device; the ids never leave it
+                values = self.values.index_select(0, torch.from_numpy(idx).to(self.values.device))
+            parts.append(Features(self.dense[start:stop], values, _like(new_offsets, self.offsets), stop - start,
+                                  nf, self.keys))
+        return parts
 
     @staticmethod
     def concat(parts: Sequence[Features]) -> Features:

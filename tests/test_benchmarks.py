@@ -162,3 +162,11 @@ def test_plain():
     # test_param[cpu] too: its source (the decorator) names cuda; the plain test and the doctest are dropped
     assert ids == ["test_marked", "test_param[cpu]", "test_param[cuda]", "test_body"], done.stdout + done.stderr
     assert "4/6 tests collected (2 deselected)" in done.stdout, done.stdout
+
+
+def test_the_micro_steps_benchmark_compares_the_same_stream_with_and_without(capsys):
+    rows = _load("bench_micro_steps").main(["--batches", "5", "--batch-size", "40", "--micro", "none", "16",
+                                            "--table", "hashed", "--table-size", "256"])
+    assert [r["micro"] for r in rows] == [None, 16] and all(r["events"] == 4 * 40 for r in rows)
+    assert all(0.0 <= r["auc"] <= 1.0 and r["events_per_s"] > 0 for r in rows)
+    assert "micro_batch_size" in capsys.readouterr().out

@@ -119,6 +119,11 @@ class ModelCheckpoint(Callback):
         self._params = None
         if exc_type is None or not self._config.exception_save or p is None or p.cur_epoch_num is None:
             return None
+        if p.get("partial_batch"):  # online micro-steps stopped inside a batch: no position describes the weights
+            warnings.warn("ModelCheckpoint: no exception checkpoint: the weights hold part of a batch (its micro-steps "
+                          "were interrupted), which no stream position describes; the last periodic checkpoint "
+                          "stands", RuntimeWarning, stacklevel=2)
+            return None
         if _sharded():  # a save is a collective, and after a failure the other ranks may never join it
             warnings.warn("ModelCheckpoint: no exception checkpoint under hybrid_parallel (saving sharded "
                           "tables needs every rank); the last periodic checkpoint stands", RuntimeWarning,

@@ -51,6 +51,9 @@ class RunState:
             fsynced, renamed): what the committer may commit to the source.
         batch_observers: functions called with every batch just before it trains, also inside a
             sink (``batch_observers``); a callback appends to it at ``on_train_begin``.
+        partial_batch: the weights hold part of a batch (online micro-steps interrupted by an
+            exception; None otherwise): no stream position describes them, so no checkpoint may be
+            written.
     """
 
     mode: str | None = None
@@ -71,6 +74,7 @@ class RunState:
     checkpoint_file: str | None = None
     checkpoint_position: Any = None
     batch_observers: list | None = field(default=None)
+    partial_batch: bool | None = None
 
     def end_epoch(self) -> None:
         """What held for one epoch only (its evaluation) does not hold for the next."""
@@ -97,4 +101,5 @@ FIELDS: dict[str, str] = {
     "latest_ckpt_file": "checkpoint_file",
     "checkpoint_position": "checkpoint_position",
     "batch_observers": "batch_observers",
+    "partial_batch": "partial_batch",
 }

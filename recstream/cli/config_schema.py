@@ -210,6 +210,7 @@ class StreamSection(Section):
     directory: DirectorySource | None = None
     kafka: KafkaSource | None = None
     batch_size: PositiveInt = 1024
+    micro_batch_size: PositiveInt | None = None  # train each batch as steps of this many rows (RecModel.online_train)
     id_column: str | None = None
     time_column: str | None = None
     idle_timeout: NonNegativeFloat | None = None

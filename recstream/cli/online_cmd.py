@@ -1,7 +1,8 @@
 """`recstream online CONFIG.yaml`: train the config's model on ``stream:`` with `RecModel.online_train`.
 
 Resumes from ``<run_dir>/checkpoints`` (network, optimizer and the stream position) when a
-checkpoint is there; reports prequential (test-then-train) AUC and log loss every
+checkpoint is there; trains each batch as steps of ``stream.micro_batch_size`` rows when that is
+set; reports prequential (test-then-train) AUC and log loss every
 ``callbacks.prequential.log_every`` steps into metrics.csv/.jsonl; publishes model versions for
 ``recstream serve`` with ``publish:``; stops when the stream ends (``stream.idle_timeout``,
 ``stream.max_batches``; a rerun with nothing new trains 0 steps and writes nothing), exit status
@@ -77,7 +78,8 @@ def run(args) -> int:
             metrics, end = MetricsLog(run_dir.path, online=True, append=meta is not None), _end_recorder()
             start = time.perf_counter()
             model.online_train(stream, callbacks=callbacks + [metrics, end], dataset_sink_mode=cfg.train.sink_mode,
-                               sink_size=cfg.train.sink_size if cfg.train.sink_size > 0 else 1)
+                               sink_size=cfg.train.sink_size if cfg.train.sink_size > 0 else 1,
+                               micro_batch_size=cfg.stream.micro_batch_size)
             seconds = time.perf_counter() - start
         finally:
             stream.close()

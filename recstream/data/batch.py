@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from ..features import Features
+from ..validation import check_int
 
-__all__ = ["Batch", "Features", "WeightedLabel", "with_loss_weight"]
+__all__ = ["Batch", "Features", "WeightedLabel", "num_rows", "split_rows", "with_loss_weight"]
 
 
 class Batch(NamedTuple):
@@ -55,6 +56,16 @@ class Batch(NamedTuple):
 
     def slice(self, start: int, stop: int) -> Batch:
         return Batch(self.features.slice(start, stop), self.labels[start:stop])
+
+    def split(self, size: int) -> list[Batch]:
+        """Consecutive slices of `size` rows, in order (the last may be smaller): `Features.split`
+        and the matching labels (a `WeightedLabel` keeps its weight in every slice).
+
+        >>> b = Batch(Features.from_lengths(torch.ones(5, 1), torch.zeros(0), torch.zeros(0, 5)), torch.arange(5.0))
+        >>> [part.labels.tolist() for part in b.split(2)]
+        [[0.0, 1.0], [2.0, 3.0], [4.0]]
+        """
+        return split_rows(self, size)
 
     @staticmethod
     def concat(parts: Sequence[Batch]) -> Batch:
@@ -114,3 +125,75 @@ def loss_weight(batch) -> float | None:
     label = batch.get("label") if isinstance(batch, dict) else (
         batch[-1] if isinstance(batch, (tuple, list)) and batch else None)
     return label.weight if isinstance(label, WeightedLabel) else None
+
+
+def num_rows(data) -> int:
+    """The number of rows (examples) of `data`: a `Batch`, `Features`, a tensor, a `WeightedLabel`,
+    or a tuple / list / dict of them; everything with rows must agree (see `split_rows`).
+
+    >>> num_rows((torch.zeros(3, 2), {"label": torch.zeros(3)}, None))
+    3
+    """
+    rows = _rows(data, set())
+    if not rows:
+        raise ValueError(f"num_rows: 'data' ({type(data).__name__}) holds nothing with rows (Features, a tensor of "
+                         "one or more dimensions, a WeightedLabel)")
+    if len(rows) > 1:
+        raise ValueError(f"num_rows: the parts of 'data' have different numbers of rows: {sorted(rows)}; every "
+                         "Features, tensor of one or more dimensions and label must have one row per example")
+    return rows.pop()
+
+
+def split_rows(data, size: int) -> list:
+    """`data` (as `num_rows` takes it: a batch, or a step's inputs) as consecutive slices of `size`
+    rows each, in order (the last may be smaller), each of the same structure as `data`.
+
+    Everything with rows is sliced (`Features.split`, tensor views); a `WeightedLabel` keeps its
+    weight in every slice; what has no rows (None, numbers, strings, 0-dim tensors) is repeated.
+
+    >>> x, y = with_loss_weight((torch.arange(10.0).view(5, 2), torch.arange(5.0)), 0.5)
+    >>> [(p[0].shape[0], p[1].labels.tolist(), p[1].weight) for p in split_rows((x, y), 2)]
+    [(2, [0.0, 1.0], 0.5), (2, [2.0, 3.0], 0.5), (1, [4.0], 0.5)]
+    """
+    size = check_int("split_rows", "size", size, minimum=1)
+    pieces = max(1, -(-num_rows(data) // size))
+    return _split(data, size, pieces)
+
+
+def _rows(data, found: set) -> set:
+    if isinstance(data, Features):
+        found.add(data.batch_size)
+    elif isinstance(data, torch.Tensor):
+        if data.dim() > 0:
+            found.add(int(data.shape[0]))
+    elif isinstance(data, WeightedLabel):
+        _rows(data.labels, found)
+    elif isinstance(data, (tuple, list)):
+        for part in data:
+            _rows(part, found)
+    elif isinstance(data, dict):
+        for part in data.values():
+            _rows(part, found)
+    return found
+
+
+def _split(data, size: int, pieces: int) -> list:
+    """`data` in `pieces` slices of `size` rows (its rows were counted by `num_rows`)."""
+    if pieces == 1:
+        return [data]
+    if isinstance(data, Features):
+        return data.split(size)
+    if isinstance(data, torch.Tensor):
+        return list(torch.split(data, size)) if data.dim() > 0 else [data] * pieces
+    if isinstance(data, WeightedLabel):
+        return [WeightedLabel(labels, data.weight) for labels in _split(data.labels, size, pieces)]
+    if isinstance(data, (tuple, list)) and data:
+        columns = zip(*(_split(part, size, pieces) for part in data), strict=True)
+        if isinstance(data, list):
+            return [list(c) for c in columns]
+        return [type(data)(*c) if hasattr(data, "_fields") else tuple(c) for c in columns]
+    if isinstance(data, dict) and data:
+        keys = list(data)
+        columns = zip(*(_split(data[k], size, pieces) for k in keys), strict=True)
+        return [dict(zip(keys, c, strict=True)) for c in columns]
+    return [data] * pieces

@@ -248,14 +248,17 @@ class Model:
         return history
 
     def _train_loop(self, epochs: Iterable[int], helper: DatasetHelper, callbacks: Callback,
-                    params: CallbackParams, fit_eval: _FitEvaluation | None = None, first_step: int = 0) -> None:
+                    params: CallbackParams, fit_eval: _FitEvaluation | None = None, first_step: int = 0,
+                    network: nn.Module | None = None) -> None:
         """Train over `epochs` (1-based numbers, possibly endless): the one training loop.
 
         A step is one batch, or one sink of batches; either way the hooks run once per step and
         `cur_step_num` counts batches. `first_step` is where it starts (0, except for an online run
-        resumed from a checkpoint).
+        resumed from a checkpoint). `network` runs each batch instead of the train network (online
+        micro-steps: `MicroSteps` around it).
         """
         ctx, state = RunContext(params), params.run_state
+        network = self._train_network if network is None else network
         helper.should_stop = ctx.get_stop_requested  # a stop request also ends a wait for data
         state.step, state.sink_mode = first_step, helper.dataset_sink_mode
         self._set_train_mode(True)
@@ -278,7 +281,7 @@ class Model:
                     state.step = start + step.planned  # hooks see the step the sink ends on
                     state.batch = step.first
                     callbacks.on_train_step_begin(ctx)
-                    state.outputs = self._run_step(step, state, start)
+                    state.outputs = self._run_step(step, state, start, network)
                     state.step = start + step.count  # a sink may end short of its plan
                     watch.observe(state.outputs, state.step, epoch)
                     if step.position is not None:
@@ -301,11 +304,11 @@ class Model:
         watch.check()
         callbacks.on_train_end(ctx)
 
-    def _run_step(self, step, state: RunState, start: int):
+    def _run_step(self, step, state: RunState, start: int, network: nn.Module):
         """`step.run` on the train network. If a sink raises part-way, the state first records what
         the weights already hold (batches and position), so an exception checkpoint saves that."""
         try:
-            return step.run(self._train_network, state.batch_observers or ())
+            return step.run(network, state.batch_observers or ())
         except BaseException:
             if step.trained is not None:
                 state.step = start + step.trained

@@ -54,6 +54,7 @@ from ..distributed import is_distributed, rank, world_size
 from ..distributed.lockstep import Lockstep, is_job_position
 from ..validation import check_bool, check_int
 from .committer import OnlineCommitter
+from .micro_steps import MicroSteps
 from .model import Model
 from .signals import StopOnSignal
 from .sink import DatasetHelper
@@ -99,12 +100,19 @@ class RecModel(Model):
         super().__init__(network, loss_fn, optimizer, *args, **kwargs)
         self._resume_epoch, self._resume_step = 0, 0
 
-    def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1):
+    def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1,
+                     micro_batch_size=None):
         """Train on `train_dataset` until a stop is requested (a callback, SIGINT or SIGTERM) or the
         stream ends (a pass yields no batch after earlier ones did).
 
         Without sink, an epoch is one pass of the dataset's iterator, then ``reset()``; with sink,
         an epoch is `sink_size` batches (any positive size) and step hooks run once per sink.
+
+        Micro-steps: with `micro_batch_size` k (an int >= 1; None: off), each batch trains as
+        consecutive optimizer steps of k rows, in order, the last possibly smaller (`MicroSteps`).
+        Everything else stays per batch: the prequential scoring (of the whole batch, before any
+        of its steps), ``cur_step_num``, the step hooks, positions, checkpoints and commits. One
+        process only for now (several ranks would need to agree on the number of steps).
 
         Nothing new: a `Stream` whose first pass ends without a batch (a `DirectoryStream` or
         `KafkaStream` resumed at its end whose `idle_timeout` passes, an exhausted `IterableStream`,
@@ -127,6 +135,7 @@ class RecModel(Model):
         check_bool("RecModel.online_train", "dataset_sink_mode", dataset_sink_mode)
         if dataset_sink_mode:
             check_int("RecModel.online_train", "sink_size", sink_size, minimum=1)
+        network = self._micro_steps(micro_batch_size)
         check_dataset(train_dataset, "train_dataset")
         user_callbacks = as_callback_list(callbacks, "RecModel.online_train")
         if isinstance(train_dataset, Stream) and train_dataset.commits_progress and \
@@ -158,10 +167,29 @@ class RecModel(Model):
         with CallbackList(cbs) as cbs:
             # exactly once: position -> durable checkpoint -> commit (-> ranks' agreement) -> publish
             committer = OnlineCommitter(cbs, train_dataset, lockstep, helper)
-            self._train_loop(epochs, helper, committer, params, first_step=self._resume_step)
+            self._train_loop(epochs, helper, committer, params, first_step=self._resume_step, network=network)
         if params.cur_step_num == self._resume_step and helper.ended:
             log.info("online_train: the stream ended before its first batch: nothing new, 0 steps trained "
                      "(still at step %d)", self._resume_step)
+
+    def _micro_steps(self, micro_batch_size) -> MicroSteps | None:
+        """The step network that trains a batch as micro-steps, or None (one step per batch)."""
+        check_int("RecModel.online_train", "micro_batch_size", micro_batch_size, minimum=1, allow_none=True)
+        if micro_batch_size is None:
+            return None
+        if is_distributed():
+            raise ValueError(f"RecModel.online_train: 'micro_batch_size' ({micro_batch_size}) needs one process; "
+                             f"on {world_size()} ranks each would take its own number of steps per batch and the "
+                             "gradient all-reduces would not match: use micro_batch_size=None")
+        return MicroSteps(self._train_network, micro_batch_size)
+
+    def _run_step(self, step, state, start, network):
+        try:
+            return super()._run_step(step, state, start, network)
+        except BaseException:
+            if isinstance(network, MicroSteps) and network.partial:
+                state.partial_batch = True  # ModelCheckpoint writes no exception checkpoint of this
+            raise
 
     def _lockstep(self, train_dataset) -> Lockstep | None:
         """Several ranks: this rank's share of the stream, handed out in step with the other ranks."""

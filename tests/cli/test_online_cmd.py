@@ -16,6 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 from recstream.checkpoint import load_checkpoint
 from recstream.cli.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE
@@ -305,3 +306,40 @@ def test_a_torn_metrics_row_is_repaired_and_the_run_resumes(tmp_path):
     assert "removed a torn last line" in (run / "online.log").read_text()
     assert json_line(second.stdout)["steps"] == 11
     assert [r["step"] for r in metric_rows(run)] == [5, 6, 11]  # the final report of the second run
+
+
+# --- micro-steps -----------------------------------------------------------------------------
+def dense_optimizer_steps(run) -> set[float]:
+    """The step counts of the dense (Adam) parameters in the newest checkpoint: one per optimizer step."""
+    path = sorted((run / "checkpoints").iterdir(), key=lambda p: p.stat().st_mtime)[-1]
+    with safe_open(path, "pt") as f:
+        return {float(f.get_tensor(k)) for k in f.keys() if k.startswith("optimizer.") and k.endswith(".step")}
+
+
+@pytest.mark.parametrize("micro, optimizer_steps", [(None, 3), (20, 7)])
+def test_stream_micro_batch_size_trains_each_batch_as_steps_of_that_many_rows(tmp_path, micro, optimizer_steps):
+    events, run = tmp_path / "events", tmp_path / "run"
+    events.mkdir()
+    write_events(events, 0, 120)  # batches of 50, 50 and 20; with micro-steps of 20: 3 + 3 + 1 steps
+    key = "" if micro is None else f"  micro_batch_size: {micro}\n"
+    (tmp_path / "c.yaml").write_text(CONFIG.replace("SOURCE", "  directory: {path: events, format: csv, "
+                                                              "poll_interval: 0.05}")
+                                     .replace("  batch_size: 50\n", f"  batch_size: 50\n{key}  idle_timeout: 0.3\n"))
+    result = json_line(cli(tmp_path, "online", "c.yaml", "--json").stdout)
+    assert result["steps"] == 3 and result["metrics"]["events"] == 120  # counted and scored per batch
+    assert dense_optimizer_steps(run) == {float(optimizer_steps)}
+
+
+@pytest.mark.parametrize("value, words", [("0", "greater than 0"), ("2.5", "got 2.5"), ("many", "got 'many'")])
+def test_a_bad_micro_batch_size_is_a_config_mistake_naming_the_key(tmp_path, value, words):
+    (tmp_path / "events").mkdir()
+    text = CONFIG.replace("SOURCE", "  directory: {path: events, format: csv}").replace(
+        "  batch_size: 50\n", f"  batch_size: 50\n  micro_batch_size: {value}\n")
+    (tmp_path / "c.yaml").write_text(text)
+    result = cli(tmp_path, "online", "c.yaml")
+    assert result.returncode == EXIT_USAGE, result.stderr
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "micro_batch_size" in s)
+    message = result.stderr.strip()
+    assert message.startswith(f"recstream online: c.yaml:{line}: stream.micro_batch_size:"), message
+    assert words in message, message
+    assert not (tmp_path / "run").exists()

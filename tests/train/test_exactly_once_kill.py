@@ -3,6 +3,8 @@ from its last durable checkpoint each time, and every event ends up trained exac
 
 What is checked is the surviving history: the trained-count of each event lives in the model's
 own state, so whatever a killed process trained after its last checkpoint is rolled back with it.
+With micro-steps (each batch of 24 trained as steps of 5 rows), the kills land between two
+micro-steps of one batch, and every durable checkpoint must hold whole batches only.
 """
 import json
 import os
@@ -14,10 +16,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from recstream.callbacks import load_checkpoint
 
-from .online_kill_worker import CountingNet
+from .online_kill_worker import BATCH, CountingNet
 
 WORKER = Path(__file__).with_name("online_kill_worker.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +40,10 @@ def _write_events(data_dir: Path) -> None:
         os.rename(tmp, data_dir / f"part-{f:04d}.csv")
 
 
-def _start(data_dir, ckpt_dir):
+def _start(data_dir, ckpt_dir, micro=None):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, str(WORKER), str(data_dir), str(ckpt_dir), str(N_EVENTS)],
+    extra = [] if micro is None else [str(micro)]
+    return subprocess.Popen([sys.executable, str(WORKER), str(data_dir), str(ckpt_dir), str(N_EVENTS), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -47,21 +51,28 @@ def _latest_position(ckpt_dir: Path):
     files = sorted(ckpt_dir.glob("*.safetensors"), key=os.path.getmtime)
     if not files:
         return None
-    return load_checkpoint(files[-1], CountingNet(N_EVENTS), restore_rng=False)["train_position"]
+    net = CountingNet(N_EVENTS)
+    position = load_checkpoint(files[-1], net, restore_rng=False)["train_position"]
+    trained = net.trained.numpy()
+    done = int(trained.sum())  # whole batches, each event once, in order: no batch half-trained
+    assert done % BATCH == 0 and (trained[:done] == 1).all() and (trained[done:] == 0).all(), (
+        f"{files[-1].name} holds a partly trained batch: {done} events, counts {np.bincount(trained)}")
+    return position
 
 
 def _key(position):
     return (position["file"] or "", position["offset"])
 
 
-def test_sigkill_at_random_moments_trains_every_event_exactly_once(tmp_path):
+@pytest.mark.parametrize("micro", [None, 5], ids=["one-step-per-batch", "micro-steps"])
+def test_sigkill_at_random_moments_trains_every_event_exactly_once(tmp_path, micro):
     data_dir, ckpt_dir = tmp_path / "data", tmp_path / "ckpt"
     data_dir.mkdir(), ckpt_dir.mkdir()
     _write_events(data_dir)
     rng = random.Random(1234)
     kills, last_step = 0, 0
     while kills < 6:
-        proc = _start(data_dir, ckpt_dir)
+        proc = _start(data_dir, ckpt_dir, micro)
         target = last_step + rng.randint(5, 25)  # a random number of steps into this life
         deadline = time.monotonic() + 60
         step, finished = last_step, False
@@ -72,8 +83,12 @@ def test_sigkill_at_random_moments_trains_every_event_exactly_once(tmp_path):
             if line.startswith("done"):
                 finished = True
                 break
+            if line.startswith("mid"):  # micro-steps: a batch is half-trained; it pauses on every 7th
+                if step >= target and (int(line.split()[1]) // BATCH) % 7 == 3:
+                    break  # killed between two micro-steps of one batch
+                continue
             step = int(line.split()[1])
-            if step >= target:
+            if step >= target and micro is None:
                 time.sleep(rng.random() * 0.05)  # and a random moment inside the step
                 break
         if finished:
@@ -90,7 +105,7 @@ def test_sigkill_at_random_moments_trains_every_event_exactly_once(tmp_path):
             assert durable is not None and _key(committed) <= _key(durable)
     assert kills >= 5, f"training finished after only {kills} kills; make the data larger"
 
-    proc = _start(data_dir, ckpt_dir)  # the last life runs to completion
+    proc = _start(data_dir, ckpt_dir, micro)  # the last life runs to completion
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "done" in out
