@@ -76,7 +76,8 @@ def predict(srv, instances) -> list[float]:
         conn.close()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=[] if f == "torchscript" else pytest.mark.e2e)  # tier 2:
+                                 for f in FORMATS])  # torch.export takes seconds (as in test_export.py)
 def test_each_format_fed_by_the_helper_answers_what_the_server_answers(fmt, served):
     srv, tmp = served
     path = str(tmp / f"model.{SUFFIX[fmt]}")
