@@ -62,7 +62,8 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 # (replace this, with that, the line to point at, the words the message must hold)
 CASES = {
     "unknown key": ("  hidden: [8]\n", "  hidden: [8]\n  hiden: [16]\n", "hiden:",
-                    ["model.hiden", "unknown key", "[16]", "allowed keys:", "hidden", "embedding_dim"]),
+                    ["model.hiden", "unknown key", "[16]", "allowed keys:", "hidden", "embedding_dim",
+                     "; did you mean 'hidden'?"]),
     "wrong type": ("  epochs: 1\n", "  epochs: two\n", "epochs: two",
                    ["train.epochs", "got 'two'", "must be a valid integer"]),
     "bad value": ("  epochs: 1\n", "  epochs: 1\n  amp_level: O4\n", "amp_level",
@@ -96,6 +97,21 @@ def test_config_mistake_is_one_line_with_field_value_allowed_and_line(case, tmp_
     for word in words:
         assert word in message, (word, message)
     assert not (tmp_path / "runs").exists()  # nothing written for a config that does not validate
+
+
+def test_an_unknown_key_close_to_an_allowed_one_gets_a_did_you_mean(tmp_path, monkeypatch):
+    from recstream.cli.config_document import ConfigError
+    from recstream.cli.run_command import load_config
+    monkeypatch.chdir(tmp_path)  # the config's relative data path
+    for typo, value, suggestion in (("epoch", "3", "; did you mean 'epochs'?"), ("colour", "3", "")):
+        text = BASE.replace("  epochs: 1\n", f"  {typo}: {value}\n")
+        write(tmp_path, text)
+        with pytest.raises(ConfigError) as e:
+            load_config("c.yaml")
+        message = str(e.value)
+        assert message.startswith(f"c.yaml:{line_of(text, typo)}: train.{typo}: unknown key "
+                                  f"(value 3); allowed keys: epochs, "), message
+        assert message.endswith(suggestion) and message.count("did you mean") == (1 if suggestion else 0), message
 
 
 def test_library_refusal_is_reported_at_the_section(tmp_path):
