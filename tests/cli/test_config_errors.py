@@ -293,3 +293,34 @@ def test_online_refuses_a_run_dir_without_checkpoints_that_holds_an_earlier_run(
     assert message.startswith("recstream online: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
                               "(metrics.jsonl); recstream online resumes only from checkpoints"), message
     assert (run / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n' and not (run / "config.yaml").exists()
+
+
+BAD_ROWS = """run_dir: run
+schema:
+  dense: [x]
+  categorical:
+    - {name: c, vocab_size: 10, embedding_dim: 4}
+data:
+  train: {format: csv, path: train.csv, batch_size: 2}
+  eval: {format: csv, path: eval.csv, batch_size: 2}
+model:
+  type: widedeep
+  hidden: [4]
+train:
+  threads: 1
+"""
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_bad_row_names_the_config_key_that_skips_it(split, tmp_path, monkeypatch, capsys):
+    from recstream.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    good, bad = "label,x,c\n1,0.5,1\n0,0.1,2\n", "label,x,c\n1,0.5,1\n0,abc,2\n"
+    (tmp_path / "train.csv").write_text(bad if split == "train" else good)
+    (tmp_path / "eval.csv").write_text(bad if split == "eval" else good)
+    (tmp_path / "c.yaml").write_text(BAD_ROWS)
+    assert main(["train", "c.yaml"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{split}.csv: row 2: column 'x': cannot parse 'abc' as a number (reason: unparsable); set " \
+           f"data.{split}.on_bad_row: skip in c.yaml to skip and count such rows" in line, line
+    assert "on_bad_row='skip'" not in line  # the Python keyword means nothing to a config's author
