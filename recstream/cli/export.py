@@ -72,6 +72,9 @@ def _check_args(args: argparse.Namespace) -> None:
     """The mistakes found without loading anything (usage errors)."""
     if args.directory is None and args.checkpoint is None:
         raise CliError("give DIR (a publish or run directory) or --checkpoint PATH --config CONFIG.yaml", EXIT_USAGE)
+    if args.checkpoint is not None and args.directory is None and args.config is None:
+        raise CliError("--checkpoint needs the config that trained it: --config CONFIG.yaml (or DIR, a run directory "
+                       "holding config.yaml)", EXIT_USAGE)
     if args.checkpoint is not None and args.model_factory is not None:
         raise CliError("--model-factory rebuilds published versions; a --checkpoint is rebuilt from --config",
                        EXIT_USAGE)

@@ -251,3 +251,20 @@ def test_an_offline_run_without_publish_exports_its_newest_checkpoint(tmp_path):
                                   "trained them with --config CONFIG.yaml")
     result = cli("run", "--config", "elsewhere.yaml", "--format", "torchscript", "--output", "m2.pt", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_checkpoint_argument_mistakes_are_usage_errors(tmp_path):
+    import argparse
+    parser = argparse.ArgumentParser(prog="recstream")
+    export_cli.add_parser(parser.add_subparsers(dest="command"))
+    ckpt = str(tmp_path / "model-1_3.safetensors")
+    (tmp_path / "model-1_3.safetensors").write_bytes(b"")
+    for argv, words in (
+            ([], "give DIR (a publish or run directory) or --checkpoint PATH --config CONFIG.yaml"),
+            (["--checkpoint", ckpt], "--checkpoint needs the config that trained it"),
+            (["--checkpoint", str(tmp_path / "no.safetensors"), "--config", "c.yaml"], "no.safetensors does not exist"),
+            ([str(tmp_path), "--checkpoint", str(tmp_path), "--model-factory", "m:f"], "--model-factory rebuilds")):
+        args = parser.parse_args(["export", *argv, "--format", "torchscript", "--output", str(tmp_path / "m.pt")])
+        with pytest.raises(export_cli.CliError) as e:
+            export_cli.run(args)
+        assert e.value.code == EXIT_USAGE and words in str(e.value), (argv, str(e.value))
