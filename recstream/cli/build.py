@@ -111,7 +111,14 @@ def _needs_criteo(cfg, doc, loc: tuple) -> None:
 
 
 def build_reader(cfg, doc, split: str, schema):
-    """The reader of ``data.<split>`` (train or eval)."""
+    """The reader of ``data.<split>`` (train or eval); its bad-row error names the config key to set."""
+    from ..data.badrows import skip_hint
+    where = f" in {doc.path}" if doc is not None else ""
+    with skip_hint(f"set data.{split}.on_bad_row: skip{where} to skip and count such rows"):
+        return _build_reader(cfg, doc, split, schema)
+
+
+def _build_reader(cfg, doc, split: str, schema):
     from ..data import CriteoReader, CSVReader, ParquetReader
     d = getattr(cfg.data, split)
     loc = ("data", split)

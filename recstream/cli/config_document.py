@@ -24,6 +24,7 @@ True
 """
 from __future__ import annotations
 
+import difflib
 import os
 import reprlib
 from dataclasses import dataclass
@@ -61,6 +62,19 @@ def show(value: Any, limit: int = 60) -> str:
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 4, 200, 200, 200
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 12
+
+
+def did_you_mean(ctx: dict) -> str:
+    """``"; did you mean 'epochs'?"`` for an unknown key close to an allowed one (a typo), else ``""``.
+
+    >>> did_you_mean({"key": "epoch", "allowed": "epochs, seed, threads"})
+    "; did you mean 'epochs'?"
+    >>> did_you_mean({"key": "colour", "allowed": "epochs, seed"})
+    ''
+    """
+    allowed = [a for a in str(ctx.get("allowed", "")).split(", ") if a]
+    close = difflib.get_close_matches(str(ctx.get("key")), allowed, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_expansion(path: str, events) -> None:
@@ -206,7 +220,7 @@ class ConfigDocument:
         if kind == "unknown_key":
             where = used + (ctx["key"],)
             return self.line(where, key=True), (f"{dotted(where)}: unknown key (value {show(ctx['value'])}); "
-                                                f"allowed keys: {ctx['allowed']}")
+                                                f"allowed keys: {ctx['allowed']}{did_you_mean(ctx)}")
         if kind == "missing":
             return self.line(loc[:-1], key=True), f"{dotted(used + loc[-1:])}: required key is missing"
         if kind in ("union_tag_invalid", "union_tag_not_found"):  # the model's type: (the one tagged union)

@@ -11,6 +11,13 @@ last two fields (``event_id``, ``event_time``; JSON: keys), which is what the st
 
 Consume synthetic CSV/JSON events with ``SyntheticCTR(num_dense, num_categorical).schema``;
 Criteo-format ones with ``CriteoTSVDecoder(id_column="event_id", time_column="event_time")``.
+
+Synthetic events have two seeds. ``--truth-seed`` (default 0) fixes the hidden ground truth,
+the click model the events are drawn from: keep it, and every run draws from the same model,
+so a model trained on one run's events scores another's. ``--seed`` picks the rows (batch
+``i`` of a run is the generator's batch ``seed * 2**32 + i``); without it each run takes a new
+one, so two runs do not repeat each other's events. The final line names both, so a run can
+be repeated exactly.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import argparse
 import itertools
 import logging
 import os
+import secrets
 import time
 from collections.abc import Iterator
 
@@ -25,12 +33,16 @@ from .errors import EXIT_USAGE, CliError
 from .options import checked
 
 _OWNER = "recstream produce"
+ROWS_SEEDS = 1 << 31  # --seed below this; batch i of a run is the generator's batch seed * ROWS_STRIDE + i
+ROWS_STRIDE = 1 << 32
 _EXT = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "criteo": "tsv", "parquet": "parquet"}
 DESCRIPTION = """Write events into a Kafka topic or a followed directory, at a chosen rate.
 
 Events come from a file (CSV/TSV/JSON lines/Criteo TSV, one record per line) or from the
 synthetic CTR generator. Each record gets an event id and its send time as its last two
-fields (event_id, event_time; JSON: keys). Examples:
+fields (event_id, event_time; JSON: keys). Synthetic rows are drawn from a hidden
+ground truth fixed by --truth-seed (default 0); --seed picks the rows (default: new ones
+each run; the final line names the seed to repeat them). Examples:
 
   recstream produce --synthetic --rows 100000 --format criteo --kafka 127.0.0.1:9092 --topic clicks --rate 5000
   recstream produce --input day_0.tsv --input-format criteo --directory /data/incoming --file-records 50000
@@ -56,7 +68,12 @@ def add_parser(sub) -> None:
                         "parquet: files with page checksums, with --directory)")
     p.add_argument("--num-dense", type=_checked(int, "--num-dense", minimum=0), default=13)
     p.add_argument("--num-categorical", type=_checked(int, "--num-categorical", minimum=0), default=26)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_checked(int, "--seed", minimum=0, maximum=ROWS_SEEDS - 1), default=None,
+                   help="which synthetic rows (default: a new seed each run, printed at the end); the same seed "
+                        "and truth seed repeat the same events")
+    p.add_argument("--truth-seed", type=_checked(int, "--truth-seed", minimum=0), default=0,
+                   help="the hidden ground truth (click model) the synthetic rows are drawn from (default 0: "
+                        "every run draws from the same model)")
     p.add_argument("--rows", type=_checked(int, "--rows", minimum=0), default=None,
                    help="events to send (default: all of --input, 10000 synthetic; 0: synthetic forever)")
     dst = p.add_mutually_exclusive_group(required=True)
@@ -84,9 +101,9 @@ def _synthetic(args) -> Iterator[list[bytes]]:
     """Blocks of synthetic records (without meta fields)."""
     from ..data import SyntheticCTR
     from .producers import format_records
-    gen = SyntheticCTR(args.num_dense, args.num_categorical, seed=args.seed, batch_size=4096)
+    gen = SyntheticCTR(args.num_dense, args.num_categorical, seed=args.truth_seed, batch_size=4096)
     names = list(gen.schema.columns)
-    for i in itertools.count():
+    for i in itertools.count(args.seed * ROWS_STRIDE):  # the truth stays; the rows are the seed's own
         features, labels = next(iter(gen.train_batches(1, start=i)))
         ids = features.values.view(features.num_features, features.batch_size).T.numpy()
         if args.format == "parquet":  # columns, not records: the meta columns are added per chunk
@@ -206,8 +223,11 @@ def produce(args) -> tuple[int, float]:
 
 
 def run(args) -> int:
+    if args.synthetic and args.seed is None:  # a new run, new rows (the same truth)
+        args.seed = secrets.randbelow(ROWS_SEEDS)
     sent, seconds = produce(args)
     where = f"directory {args.directory}" if args.directory else f"topic {args.topic} at {args.kafka}"
+    seeds = f", --seed {args.seed} --truth-seed {args.truth_seed}" if args.synthetic else ""
     print(f"recstream produce: {sent} events to {where} in {seconds:.2f} s "
-          f"({sent / max(seconds, 1e-9):,.0f} events/s), ids {args.id_start}..{args.id_start + sent - 1}")
+          f"({sent / max(seconds, 1e-9):,.0f} events/s), ids {args.id_start}..{args.id_start + sent - 1}{seeds}")
     return 0

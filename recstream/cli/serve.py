@@ -1,7 +1,7 @@
 """`recstream serve DIR --port P`: serve the newest model version of a publish directory over HTTP.
 
 Loads the newest usable version of DIR (written by ``ModelPublisher``), answers
-``POST /predict`` / ``GET /health`` / ``GET /version`` / ``GET /metrics`` (see
+``POST /predict`` / ``GET /health`` / ``GET /version`` / ``GET /schema`` / ``GET /metrics`` (see
 :mod:`recstream.serving.server.http`; Starlette on uvicorn, ``pip install "recstream[serve]"``) and
 hot-swaps newer versions as they are published. Concurrent requests share forward passes
 (``--max-batch-rows``, ``--max-batch-wait-ms``); each request has a total deadline
@@ -38,7 +38,8 @@ _OWNER = "recstream serve"
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DESCRIPTION = """Serve the newest model version of a publish directory over HTTP.
 
-Answers POST /predict, GET /health, GET /version and GET /metrics (Prometheus), and
+Answers POST /predict, GET /health, GET /version, GET /schema (the fields a request's
+instances hold, their types and an example) and GET /metrics (Prometheus), and
 hot-swaps newer versions as ModelPublisher writes them. Concurrent requests are
 coalesced into shared forward passes (dynamic micro-batching). DIRECTORY must exist
 (a missing one is a usage error); while it holds no version yet, /predict and /health

@@ -18,16 +18,29 @@ The stream sources (:mod:`recstream.data.streams`) use the same names for their 
 
 Rows are numbered from 1 over the data rows of each file (the header is not a row).
 
+A :class:`BadRowError` ends with how to skip such rows instead: the reader's keyword
+(``pass on_bad_row='skip' ...``), or, for readers made inside :func:`skip_hint`, the words given
+there (the command line names its config key: ``set data.train.on_bad_row: skip in c.yaml ...``).
+
 >>> h = BadRowHandler("skip", None, "demo")
 >>> h.start_pass(); h.handle([BadRow("f.csv", 3, "unparsable", "x", "'abc'", None)]); h.counts
 Counter({'unparsable': 1})
+>>> with skip_hint("set data.train.on_bad_row: skip in c.yaml"):
+...     h = BadRowHandler("raise", None, "demo")
+>>> try:
+...     h.handle([BadRow("f.csv", 3, "unparsable", "x", "'abc'", None)])
+... except BadRowError as e:
+...     print(e)
+f.csv: row 3: column 'x': 'abc' (reason: unparsable); set data.train.on_bad_row: skip in c.yaml
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +49,22 @@ from ..validation import check_choice, check_type
 REASONS = ("column_count", "unparsable", "non_finite", "missing_value", "id_out_of_range", "bad_label",
            "oversize", "malformed")
 _POLICIES = ("raise", "skip")
+DEFAULT_HINT = "pass on_bad_row='skip' to skip and count such rows"
+# How to skip, for handlers made now; a context variable so that one caller's words (the CLI's config
+# key) reach its readers only, never another thread's or a later caller's.
+_HINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("recstream_bad_row_hint", default=None)
+
+
+@contextmanager
+def skip_hint(hint: str) -> Iterator[None]:
+    """Readers (their :class:`BadRowHandler`) made inside end a :class:`BadRowError` with `hint`
+    instead of :data:`DEFAULT_HINT` (which names the Python keyword)."""
+    check_type("skip_hint", "hint", hint, str, allowed="the words that say how to skip bad rows")
+    token = _HINT.set(hint)
+    try:
+        yield
+    finally:
+        _HINT.reset(token)
 
 
 @dataclass(frozen=True)
@@ -57,9 +86,9 @@ class BadRow:
 class BadRowError(ValueError):
     """A data file holds a row that cannot be read; names the file, row and column."""
 
-    def __init__(self, bad: BadRow) -> None:
-        super().__init__(f"{bad.message()}; pass on_bad_row='skip' to skip and count such rows")
-        self.bad_row = bad
+    def __init__(self, bad: BadRow, hint: str = DEFAULT_HINT) -> None:
+        super().__init__(f"{bad.message()}; {hint}")
+        self.bad_row, self.hint = bad, hint
         self.path, self.row, self.reason, self.column = bad.path, bad.row, bad.reason, bad.column
 
 
@@ -73,6 +102,7 @@ class BadRowHandler:
             raise ValueError(f"{owner}: 'bad_row_log' needs on_bad_row='skip' (with 'raise' the first bad "
                              f"row stops reading)")
         self.log_path = bad_row_log
+        self.hint = _HINT.get() or DEFAULT_HINT  # what a BadRowError says to skip such rows
         self.counts: Counter = Counter()
         self._log = None
 
@@ -88,7 +118,7 @@ class BadRowHandler:
         if not bad:
             return
         if self.policy == "raise":
-            raise BadRowError(min(bad, key=lambda b: b.row))
+            raise BadRowError(min(bad, key=lambda b: b.row), self.hint)
         self.counts.update(b.reason for b in bad)
         if self._log is not None:
             for b in sorted(bad, key=lambda b: b.row):  # one line per rejected row, not per row read

@@ -62,7 +62,8 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 # (replace this, with that, the line to point at, the words the message must hold)
 CASES = {
     "unknown key": ("  hidden: [8]\n", "  hidden: [8]\n  hiden: [16]\n", "hiden:",
-                    ["model.hiden", "unknown key", "[16]", "allowed keys:", "hidden", "embedding_dim"]),
+                    ["model.hiden", "unknown key", "[16]", "allowed keys:", "hidden", "embedding_dim",
+                     "; did you mean 'hidden'?"]),
     "wrong type": ("  epochs: 1\n", "  epochs: two\n", "epochs: two",
                    ["train.epochs", "got 'two'", "must be a valid integer"]),
     "bad value": ("  epochs: 1\n", "  epochs: 1\n  amp_level: O4\n", "amp_level",
@@ -96,6 +97,21 @@ def test_config_mistake_is_one_line_with_field_value_allowed_and_line(case, tmp_
     for word in words:
         assert word in message, (word, message)
     assert not (tmp_path / "runs").exists()  # nothing written for a config that does not validate
+
+
+def test_an_unknown_key_close_to_an_allowed_one_gets_a_did_you_mean(tmp_path, monkeypatch):
+    from recstream.cli.config_document import ConfigError
+    from recstream.cli.run_command import load_config
+    monkeypatch.chdir(tmp_path)  # the config's relative data path
+    for typo, value, suggestion in (("epoch", "3", "; did you mean 'epochs'?"), ("colour", "3", "")):
+        text = BASE.replace("  epochs: 1\n", f"  {typo}: {value}\n")
+        write(tmp_path, text)
+        with pytest.raises(ConfigError) as e:
+            load_config("c.yaml")
+        message = str(e.value)
+        assert message.startswith(f"c.yaml:{line_of(text, typo)}: train.{typo}: unknown key "
+                                  f"(value 3); allowed keys: epochs, "), message
+        assert message.endswith(suggestion) and message.count("did you mean") == (1 if suggestion else 0), message
 
 
 def test_library_refusal_is_reported_at_the_section(tmp_path):
@@ -277,3 +293,34 @@ def test_online_refuses_a_run_dir_without_checkpoints_that_holds_an_earlier_run(
     assert message.startswith("recstream online: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
                               "(metrics.jsonl); recstream online resumes only from checkpoints"), message
     assert (run / "metrics.jsonl").read_text() == '{"epoch": 1, "loss": 0.5}\n' and not (run / "config.yaml").exists()
+
+
+BAD_ROWS = """run_dir: run
+schema:
+  dense: [x]
+  categorical:
+    - {name: c, vocab_size: 10, embedding_dim: 4}
+data:
+  train: {format: csv, path: train.csv, batch_size: 2}
+  eval: {format: csv, path: eval.csv, batch_size: 2}
+model:
+  type: widedeep
+  hidden: [4]
+train:
+  threads: 1
+"""
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_bad_row_names_the_config_key_that_skips_it(split, tmp_path, monkeypatch, capsys):
+    from recstream.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    good, bad = "label,x,c\n1,0.5,1\n0,0.1,2\n", "label,x,c\n1,0.5,1\n0,abc,2\n"
+    (tmp_path / "train.csv").write_text(bad if split == "train" else good)
+    (tmp_path / "eval.csv").write_text(bad if split == "eval" else good)
+    (tmp_path / "c.yaml").write_text(BAD_ROWS)
+    assert main(["train", "c.yaml"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{split}.csv: row 2: column 'x': cannot parse 'abc' as a number (reason: unparsable); set " \
+           f"data.{split}.on_bad_row: skip in c.yaml to skip and count such rows" in line, line
+    assert "on_bad_row='skip'" not in line  # the Python keyword means nothing to a config's author

@@ -127,12 +127,15 @@ def test_a_directory_without_a_version(tmp_path):
     (tmp_path / "empty").mkdir()
     result = cli(str(tmp_path / "empty"), "--format", "torchscript", "--output", str(tmp_path / "m.pt"))
     assert result.returncode == EXIT_USAGE
-    assert error_line(result) == f"recstream export: no published version in {str(tmp_path / 'empty')!r} " \
-                                 "(nor in a sub-directory of it)"
+    assert error_line(result) == (
+        f"recstream export: no published version in {str(tmp_path / 'empty')!r} (nor in a sub-directory of it), "
+        f"nor a {tmp_path / 'empty' / 'checkpoints'} to export from: give the run_dir of a recstream train or online "
+        "run (it holds checkpoints/ and config.yaml), --checkpoint PATH --config CONFIG.yaml, or a publish "
+        "directory (a config's publish: section writes one)")
     result = cli(str(tmp_path / "missing"), "--format", "torchscript", "--output", str(tmp_path / "m.pt"))
     assert result.returncode == EXIT_USAGE
     assert error_line(result) == f"recstream export: {tmp_path / 'missing'} does not exist " \
-                                 "(export a ModelPublisher's directory)"
+                                 "(export a ModelPublisher's directory, or a run directory)"
     assert sorted(os.listdir(tmp_path)) == ["empty"]
 
 
@@ -176,3 +179,92 @@ def test_help_is_fast_and_formats_match_the_library():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "False", result.stdout + result.stderr
     assert "``" not in result.stdout and "offsets int64 [F*B+1]" in result.stdout
+
+
+TRAIN = """run_dir: run
+schema:
+  criteo: {hash_buckets: 1000, embedding_dim: 4}
+data:
+  train: {format: criteo, path: data/part-00000000.tsv, batch_size: 100}
+model:
+  type: widedeep
+  hidden: [8]
+train:
+  epochs: 2
+  threads: 1
+callbacks:
+  checkpoint: {every_steps: 3}
+"""
+
+
+def criteo_instance(fields: list[str]) -> dict:
+    """A raw Criteo row as a /predict instance: empty counts null, hashed ids as their text."""
+    return {f"I{i}": float(fields[i]) if fields[i] else None for i in range(1, 14)} | {
+        f"C{i}": fields[13 + i] or None for i in range(1, 27)}
+
+
+def test_an_offline_run_without_publish_exports_its_newest_checkpoint(tmp_path):
+    from recstream.checkpoint import load_checkpoint
+    from recstream.cli.main import main
+    from recstream.data import CriteoReader
+    from recstream.serving.export import instances_to_inputs, read_signature
+    assert main(["produce", "--synthetic", "--format", "criteo", "--no-meta", "--rows", "300", "--seed", "1",
+                 "--directory", str(tmp_path / "data"), "--file-records", "300"]) == 0
+    (tmp_path / "c.yaml").write_text(TRAIN)
+    trained = subprocess.run([sys.executable, "-m", "recstream", "train", "c.yaml"], capture_output=True, text=True,
+                             timeout=300, env=ENV, cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").glob("*.safetensors"), key=os.path.getmtime)
+    assert len(checkpoints) == 2  # one per epoch (3 steps): the newest (epoch 2) is exported
+    result = cli("run", "--format", "torchscript", "--output", "m.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"recstream export: wrote m.pt (torchscript, checkpoint {checkpoints[-1]}, "
+                                    "epoch 2, step 6): dense float32 [batch, 13]"), result.stdout
+    sig = read_signature(tmp_path / "m.pt", "torchscript")
+    assert sig["preprocessing"] == {"fill_missing_dense": 0.0, "log1p_dense": True}  # the Criteo reader's
+    net = WideDeep(Schema.from_dict(sig["schema"]), hidden=[8])
+    load_checkpoint(checkpoints[-1], net, restore_rng=False)
+    path = tmp_path / "data" / "part-00000000.tsv"
+    rows = [line.split("\t") for line in path.read_text().splitlines()[:5]]
+    inputs = instances_to_inputs(sig, [criteo_instance(r) for r in rows])
+    read = next(iter(CriteoReader(str(path), 5, 1000, embedding_dim=4))).features  # as training read them
+    with torch.no_grad():
+        want = net.eval()(read)
+        torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(*inputs), want, rtol=0.0, atol=1e-5)
+
+    # --checkpoint names another one (the run's config.yaml rebuilds the network)
+    result = cli("run", "--checkpoint", str(checkpoints[0]), "--format", "torchscript", "--output", "m1.pt",
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"checkpoint {checkpoints[0]}, epoch 1, step 3" in result.stdout
+    load_checkpoint(checkpoints[0], net, restore_rng=False)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.load(str(tmp_path / "m1.pt"))(*inputs), net.eval()(read),
+                                   rtol=0.0, atol=1e-5)
+
+    # without its config, the error says what to add
+    os.rename(tmp_path / "run" / "config.yaml", tmp_path / "elsewhere.yaml")
+    result = cli("run", "--format", "torchscript", "--output", "m2.pt", cwd=tmp_path)
+    assert result.returncode == EXIT_USAGE
+    assert error_line(result) == (f"recstream export: {os.path.join('run', 'checkpoints')} holds the checkpoints but "
+                                  f"{os.path.join('run', 'config.yaml')} does not exist: give the config that "
+                                  "trained them with --config CONFIG.yaml")
+    result = cli("run", "--config", "elsewhere.yaml", "--format", "torchscript", "--output", "m2.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_checkpoint_argument_mistakes_are_usage_errors(tmp_path):
+    import argparse
+    parser = argparse.ArgumentParser(prog="recstream")
+    export_cli.add_parser(parser.add_subparsers(dest="command"))
+    ckpt = str(tmp_path / "model-1_3.safetensors")
+    (tmp_path / "model-1_3.safetensors").write_bytes(b"")
+    for argv, words in (
+            ([], "give DIR (a publish or run directory) or --checkpoint PATH --config CONFIG.yaml"),
+            (["--checkpoint", ckpt], "--checkpoint needs the config that trained it"),
+            (["--checkpoint", str(tmp_path / "no.safetensors"), "--config", "c.yaml"], "no.safetensors does not exist"),
+            ([str(tmp_path), "--checkpoint", str(tmp_path), "--model-factory", "m:f"], "--model-factory rebuilds")):
+        args = parser.parse_args(["export", *argv, "--format", "torchscript", "--output", str(tmp_path / "m.pt")])
+        with pytest.raises(export_cli.CliError) as e:
+            export_cli.run(args)
+        assert e.value.code == EXIT_USAGE and words in str(e.value), (argv, str(e.value))

@@ -127,3 +127,37 @@ def test_rate_paces_from_the_first_event(tmp_path):
     assert result.returncode == 0, result.stderr
     times = [float(line.rsplit(",", 1)[1]) for p in tmp_path.iterdir() for line in p.read_text().splitlines()]
     assert len(times) == 300 and max(times) - min(times) >= 0.25, max(times) - min(times)  # 300 at 1000/s
+
+
+def _synthetic_lines(tmp_path, capsys, name: str, extra: str = "") -> tuple[list[bytes], str]:
+    """The lines a synthetic run wrote (no meta fields) and its final line."""
+    out = tmp_path / name
+    assert _run(f"--synthetic --rows 50 --num-dense 2 --num-categorical 3 --no-meta --directory {out} {extra}") == 0
+    return (out / "part-00000000.csv").read_bytes().splitlines(), capsys.readouterr().out.strip()
+
+
+def _generated(truth_seed: int, rows_seed: int) -> list[bytes]:
+    """The first 50 rows `SyntheticCTR(seed=truth_seed)` draws at the rows seed's batch."""
+    from recstream.data import SyntheticCTR
+    gen = SyntheticCTR(2, 3, seed=truth_seed, batch_size=4096)
+    features, labels = next(iter(gen.train_batches(1, start=rows_seed * produce.ROWS_STRIDE)))
+    ids = features.values.view(features.num_features, features.batch_size).T.numpy()
+    return format_records("csv", labels.numpy(), features.dense.numpy(), ids, names=list(gen.schema.columns))[:50]
+
+
+def test_synthetic_rows_differ_per_run_and_the_seed_repeats_them_from_the_same_truth(tmp_path, capsys):
+    first, line1 = _synthetic_lines(tmp_path, capsys, "a")
+    second, line2 = _synthetic_lines(tmp_path, capsys, "b")
+    assert first != second  # without --seed, a new run is new rows
+    seed1 = int(line1.split("--seed ")[1].split()[0])
+    assert line1.endswith(f"--seed {seed1} --truth-seed 0")
+    again, line3 = _synthetic_lines(tmp_path, capsys, "c", f"--seed {seed1}")  # the printed seed repeats them
+    assert again == first and line3.endswith(f"--seed {seed1} --truth-seed 0")
+    # --seed picks rows of the same hidden truth (truth seed 0); --truth-seed changes the truth
+    assert _synthetic_lines(tmp_path, capsys, "d", "--seed 7")[0] == _generated(0, 7)
+    assert _synthetic_lines(tmp_path, capsys, "e", "--seed 8")[0] == _generated(0, 8) != _generated(0, 7)
+    assert _synthetic_lines(tmp_path, capsys, "f", "--seed 7 --truth-seed 3")[0] == _generated(3, 7)
+    assert _generated(3, 7) != _generated(0, 7)
+    with pytest.raises(SystemExit):
+        _run(f"--synthetic --seed -1 --directory {tmp_path / 'g'}")
+    assert "'--seed' must be an int >= 0" in capsys.readouterr().err

@@ -18,6 +18,11 @@ size >= 1 works, not only the one traced. Every file carries this signature as J
 with :func:`read_signature`): ONNX metadata ``recstream.signature``, or the archive entry
 ``recstream_signature.json`` of the other two.
 
+The file is self-contained: its signature records the schema (hash buckets, vocabularies) and
+the ``preprocessing`` of dense values (``fill_missing_dense``, ``log1p_dense``: a published
+version's, or `preprocessing`), and :func:`~recstream.serving.export.inputs.instances_to_inputs`
+turns raw ``/predict``-style instances into the three tensors exactly as ``recstream serve`` does.
+
 The export reads ids without checking them against the vocabulary sizes (that check needs
 data-dependent control flow, which the formats do not carry): an id past its table reads a
 row of the next table. Check ids before calling (the signature's ``schema`` has every size).
@@ -68,6 +73,7 @@ from ...data.schema import Schema
 from ...models.dynamic import DynamicTables
 from ...nn import EmbeddingBagCollection, HashEmbedding
 from ...validation import check_bool, check_choice, check_module, check_type
+from ..server.request import InstanceParser
 from ..snapshot.layout import list_versions
 from ..snapshot.loader import load_latest
 from ..snapshot.model_spec import OUTPUTS
@@ -106,6 +112,17 @@ def _check_extra(fmt: str) -> None:
         import onnxscript  # noqa: F401
     except ImportError as e:
         raise ImportError(f"ONNX export needs the export extra: pip install 'recstream[export]' ({e})") from e
+
+
+def _check_preprocessing(owner: str, schema: Schema, preprocessing: dict | None) -> dict:
+    """`preprocessing` as a dict the request parser accepts (the one that will apply it)."""
+    preprocessing = dict(check_type(owner, "preprocessing", preprocessing, dict, allow_none=True) or {})
+    allowed = ("fill_missing_dense", "log1p_dense")
+    unknown = sorted(set(preprocessing) - set(allowed))
+    if unknown:
+        raise ValueError(f"{owner}: 'preprocessing' has unknown option(s) {unknown}; allowed {list(allowed)}")
+    InstanceParser(schema, preprocessing)  # TypeError / ValueError for a bad value
+    return preprocessing
 
 
 def _check_not_sharded(owner: str, network: nn.Module) -> None:
@@ -218,7 +235,8 @@ def _verify(wrapper: nn.Module, schema: Schema, fmt: str, path: str) -> None:
 
 
 def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathLike, format: str = "exported-program",
-                 *, output: str = "logits", verify: bool = True, metadata: dict | None = None) -> dict:
+                 *, output: str = "logits", verify: bool = True, metadata: dict | None = None,
+                 preprocessing: dict | None = None) -> dict:
     """Write `network` to `path` in `format` (one of :data:`FORMATS`); returns its signature.
 
     Args:
@@ -230,6 +248,9 @@ def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathL
         output: what `network` returns, "logits" or "probabilities"; names the output.
         verify: load the written file and compare it with the network (see module doc).
         metadata: JSON-able entries added to the recorded signature (e.g. the published version).
+        preprocessing: what the training reader did to raw dense values, ``fill_missing_dense``
+            and/or ``log1p_dense`` (:class:`~recstream.data.convert.ColumnConverter`'s options),
+            recorded in the signature for :func:`~recstream.serving.export.inputs.instances_to_inputs`.
 
     Raises ExportError when the network cannot be exported or the file does not match it.
     """
@@ -244,8 +265,9 @@ def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathL
     path = _check_path(owner, path, format)
     if schema.num_categorical == 0:
         raise ValueError(f"{owner}: 'schema' must have a categorical feature to export, got {schema!r}")
+    preprocessing = _check_preprocessing(owner, schema, preprocessing)
     _check_extra(format)
-    sig = dict(signature(schema, output), format=format)
+    sig = dict(signature(schema, output, preprocessing), format=format)
     clash = sorted(set(metadata or {}) & set(sig))
     if clash:
         raise ValueError(f"{owner}: 'metadata' must not redefine the signature's own entries, got {clash}")
@@ -294,7 +316,7 @@ def export_published(directory: str | os.PathLike, path: str | os.PathLike, form
 
     The network is rebuilt as ``recstream serve`` does (:func:`~recstream.serving.load_latest`:
     the manifest's class and config, or `model_factory`); the signature records the version
-    (``source``) and the manifest's ``output``.
+    (``source``), the manifest's ``output`` and its ``preprocessing``.
     """
     check_choice("export_published", "format", format, FORMATS)
     _check_path("export_published", path, format)
@@ -305,4 +327,4 @@ def export_published(directory: str | os.PathLike, path: str | os.PathLike, form
     source = {"directory": os.path.abspath(publish_dir), "version": manifest["version"], "step": manifest.get("step")}
     return export_model(network, Schema.from_dict(manifest["schema"]), path, format,
                         output=(manifest.get("model") or {}).get("output", "logits"), verify=verify,
-                        metadata={"source": source})
+                        metadata={"source": source}, preprocessing=manifest.get("preprocessing"))

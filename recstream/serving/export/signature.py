@@ -18,12 +18,19 @@ int64 id in ``values``; an id its frozen table does not hold reads the table's d
 Output: float32 ``[B]``, named ``logits`` or ``probabilities`` after what the network returns
 (the published manifest's ``model.output``; recstream models return logits).
 
+The signature also records what turns raw fields into these inputs: the ``schema`` (hash buckets,
+vocabularies, dynamic features) and the ``preprocessing`` of dense values (``fill_missing_dense``,
+``log1p_dense``; ``{}`` for none), which
+:func:`~recstream.serving.export.inputs.instances_to_inputs` applies as the server does.
+
 >>> from recstream.data import CategoricalFeature, Schema
 >>> sig = signature(Schema(["x"], [CategoricalFeature("a", vocab_size=5), CategoricalFeature("b", vocab_size=7)]))
 >>> [(i["name"], i["dtype"], i["shape"]) for i in sig["inputs"]]
 [('dense', 'float32', ['batch', 1]), ('values', 'int64', ['num_ids']), ('offsets', 'int64', ['2*batch+1'])]
 >>> sig["outputs"]
 [{'name': 'logits', 'dtype': 'float32', 'shape': ['batch']}]
+>>> sig["preprocessing"]
+{}
 """
 from __future__ import annotations
 
@@ -59,8 +66,8 @@ class FlatInputs(nn.Module):
         return self.network(Features(dense, values, offsets, dense.shape[0], self.num_features, self.names))
 
 
-def signature(schema: Schema, output: str = "logits") -> dict:
-    """The JSON-able description of an export's inputs and output (see the module doc)."""
+def signature(schema: Schema, output: str = "logits", preprocessing: dict | None = None) -> dict:
+    """The JSON-able description of an export's inputs, output and preprocessing (see the module doc)."""
     nf = schema.num_categorical
     return {
         "inputs": [
@@ -72,6 +79,7 @@ def signature(schema: Schema, output: str = "logits") -> dict:
         "output": output,
         "layout": LAYOUT,
         "schema": schema.to_dict(),
+        "preprocessing": dict(preprocessing or {}),
     }
 
 

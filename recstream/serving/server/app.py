@@ -1,6 +1,7 @@
 """The prediction API as an ASGI application (Starlette): routes, request checks, errors, metrics.
 
-Routes: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /metrics`` (see
+Routes: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /schema`` (the fields an
+instance holds, their types and a valid example instance), ``GET /metrics`` (see
 :mod:`recstream.serving.server.http` for the contract and :mod:`recstream.serving.server.prometheus`), and
 KServe's v1 protocol for clients written against it: ``POST /v1/models/<name>:predict``
 (the same request, answered ``{"predictions": [...], "model_version": "N"}``) and
@@ -41,7 +42,7 @@ from .prometheus import ServingMetrics
 from .request import RequestError, decode_json
 
 log = logging.getLogger(__name__)
-ROUTES = "/predict, /health, /version, /metrics, /v1/models/<name>[:predict]"
+ROUTES = "/predict, /health, /version, /schema, /metrics, /v1/models/<name>[:predict]"
 
 
 def json_response(status: int, body: dict, close: bool = False, headers: dict | None = None) -> Response:
@@ -96,7 +97,7 @@ class PredictionApp:
         self.holder, self.max_body_bytes, self.request_timeout = holder, max_body_bytes, request_timeout
         self.batcher, self.metrics, self.model_name = batcher, metrics, model_name
         routes = [Route("/predict", self.predict, methods=["POST"]), Route("/health", self.health, methods=["GET"]),
-                  Route("/version", self.version, methods=["GET"]),
+                  Route("/version", self.version, methods=["GET"]), Route("/schema", self.schema, methods=["GET"]),
                   Route("/metrics", self.metrics_text, methods=["GET"]),
                   Route("/v1/models/{name}:predict", self.kserve_predict, methods=["POST"]),
                   Route("/v1/models/{name}", self.kserve_model, methods=["GET"])]
@@ -153,6 +154,13 @@ class PredictionApp:
         if served is None:
             return json_response(503, {"error": "no model version loaded yet"})
         return json_response(200, served.info())
+
+    async def schema(self, request: Request) -> Response:
+        """The served version's request schema: every field with its type, an example instance."""
+        served = self.holder.current
+        if served is None:
+            return json_response(503, {"error": "no model version loaded yet"})
+        return json_response(200, {"version": served.version, **served.parser.describe()})
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.exposition(), media_type=self.metrics.content_type)

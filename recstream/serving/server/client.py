@@ -17,6 +17,8 @@ a dropped keep-alive connection (the server restarted, or closed an idle one) is
 >>> scores, version = client.predict([{"x": 1.0, "c": 2}, {"x": 0.0, "c": 4}])
 >>> len(scores), version, client.health()["status"]
 (2, 1, 'ok')
+>>> client.schema()["example"]  # an instance the server takes
+{'x': 0.0, 'c': 0}
 >>> client.close(); server.shutdown(); server.server_close(); t.join()
 """
 from __future__ import annotations
@@ -60,6 +62,11 @@ class PredictionClient:
 
     def version(self) -> dict:
         return self._request("GET", "/version", None)
+
+    def schema(self) -> dict:
+        """``GET /schema``: the fields an instance holds (name, type, nullable, ...), an example
+        instance and the preprocessing of the served version."""
+        return self._request("GET", "/schema", None)
 
     def _request(self, method: str, path: str, body: str | None, ok=(200,)) -> dict:
         headers = {"Content-Type": "application/json"} if body is not None else {}

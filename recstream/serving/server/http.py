@@ -1,4 +1,4 @@
-"""The prediction HTTP server: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /metrics``.
+"""The prediction HTTP server: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /schema``, ``GET /metrics``.
 
 An ASGI application (:mod:`recstream.serving.server.app`, Starlette) on uvicorn (httptools and uvloop
 when installed): ``pip install "recstream[serve]"``. What that stack brings, and why it is

@@ -3,7 +3,7 @@
 Each server has its own registry (several servers may run in one process, e.g. in tests):
 
 * ``recstream_serving_requests_total{route, status}`` -- answered requests by route
-  (``/predict``, ``/health``, ``/version``, ``/metrics``, ``other``) and HTTP status;
+  (``/predict``, ``/health``, ``/version``, ``/schema``, ``/metrics``, ``other``) and HTTP status;
 * ``recstream_serving_request_seconds{route}`` -- latency histogram, first byte of the
   request handed to the application to the response sent;
 * ``recstream_serving_batch_rows`` -- rows per forward pass (what micro-batching coalesced);
@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from .model_holder import ModelHolder
 
-ROUTES = ("/predict", "/health", "/version", "/metrics")
+ROUTES = ("/predict", "/health", "/version", "/schema", "/metrics")
 # Latency buckets (seconds) from 0.5 ms: a one-instance forward is well under a millisecond.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)

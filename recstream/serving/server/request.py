@@ -48,6 +48,7 @@ from ...data.schema import CategoricalFeature, Schema
 from ...validation import check_int, check_type
 
 _F32_MAX = float(np.finfo(np.float32).max)
+_SHOWN = 5  # missing fields named in an error message
 
 
 class RequestError(Exception):
@@ -139,8 +140,46 @@ class InstanceParser:
         unknown, missing = sorted(set(inst) - self.fields), sorted(self.fields - set(inst))
         if unknown:
             raise _bad(f"instance {i}: unknown field(s) {_names(unknown)}", instance=i, fields=_names(unknown))
-        if missing:
-            raise _bad(f"instance {i}: missing field(s) {missing}", instance=i, fields=missing)
+        if missing:  # a first request often misses all of them: name a few, and where the list is
+            shown = ", ".join(repr(m) for m in missing[:_SHOWN]) + (", ..." if len(missing) > _SHOWN else "")
+            raise _bad(f"instance {i}: missing {len(missing)} field(s): {shown} (GET /schema lists every field "
+                       "with its type)", instance=i, missing=len(missing), fields=_names(missing))
+
+    def describe(self) -> dict:
+        """What an instance holds: each field with the JSON values it takes, one valid example
+        instance, and the preprocessing (what ``GET /schema`` answers).
+
+        >>> from recstream.data import Schema, CategoricalFeature
+        >>> d = InstanceParser(Schema(["x"], [CategoricalFeature("c", vocab_size=5)])).describe()
+        >>> d["fields"][1]
+        {'name': 'c', 'kind': 'categorical', 'type': 'integer', 'min': 0, 'max': 4, 'nullable': False}
+        >>> d["example"]
+        {'x': 0.0, 'c': 0}
+        """
+        fields = [{"name": n, "kind": "dense", "type": "number", "nullable": self.allow_null_dense}
+                  for n in self.schema.dense_names]
+        example: dict[str, Any] = dict.fromkeys(self.schema.dense_names, 0.0)
+        for f in self.schema.categorical:
+            field: dict[str, Any] = {"name": f.name, "kind": "categorical"}
+            if f.dynamic:
+                field.update(type="integer (int64) or non-empty string", nullable=False, dynamic=True)
+                value: Any = 1
+            elif f.hashed or f.vocabulary is not None:
+                field.update(type="string or integer (the raw value)", nullable=True)
+                if f.vocabulary is not None:
+                    field["vocabulary_size"] = len(f.vocabulary)
+                value = f.vocabulary[0] if f.vocabulary is not None else "a"
+            else:
+                field.update(type="integer", min=0, max=f.vocab_size - 1, nullable=False)
+                value = 0
+            if f.multi_hot:
+                field.update(list=True, max_len=f.max_len, nullable=False)
+                value = [value]
+            fields.append(field)
+            example[f.name] = value
+        preprocessing = {"fill_missing_dense": self.converter.fill_missing_dense,
+                         "log1p_dense": self.converter.log1p_dense}
+        return {"fields": fields, "example": example, "preprocessing": preprocessing}
 
     def _dense(self, i: int, name: str, v: Any) -> float | None:
         if v is None and self.allow_null_dense:

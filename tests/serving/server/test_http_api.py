@@ -73,9 +73,30 @@ def test_health_and_version(server):
     assert info["loaded_at"] >= info["created"] and info["skipped"] == []
 
 
+def test_schema_lists_every_field_with_its_type_and_an_example_the_server_takes(server):
+    srv, _ = server
+    status, body, _ = call(srv, "GET", "/schema")
+    assert status == 200 and body["version"] == 1
+    assert body["fields"] == [
+        {"name": "x0", "kind": "dense", "type": "number", "nullable": False},
+        {"name": "x1", "kind": "dense", "type": "number", "nullable": False},
+        {"name": "user", "kind": "categorical", "type": "string or integer (the raw value)", "nullable": True},
+        {"name": "item", "kind": "categorical", "type": "integer", "min": 0, "max": 49, "nullable": False},
+        {"name": "tags", "kind": "categorical", "type": "integer", "min": 0, "max": 19, "nullable": False,
+         "list": True, "max_len": 3}]
+    assert body["preprocessing"] == {"fill_missing_dense": None, "log1p_dense": False}
+    status, answer, _ = call(srv, "POST", "/predict", {"instances": [body["example"]]})
+    assert status == 200 and len(answer["scores"]) == 1
+    # a request missing fields points to it
+    status, answer, _ = call(srv, "POST", "/predict", {"instances": [{}]})
+    assert status == 400 and answer["error"] == ("instance 0: missing 5 field(s): 'item', 'tags', 'user', 'x0', "
+                                                 "'x1' (GET /schema lists every field with its type)")
+    assert answer["missing"] == 5
+
+
 @pytest.mark.parametrize("instance,fragment", [
     ({**GOOD, "color": 1}, "unknown field(s) ['color']"),
-    ({k: v for k, v in GOOD.items() if k != "item"}, "missing field(s) ['item']"),
+    ({k: v for k, v in GOOD.items() if k != "item"}, "missing 1 field(s): 'item' (GET /schema lists"),
     ({**GOOD, "x0": "1.5"}, "'x0' must be a number"),
     ({**GOOD, "x0": True}, "'x0' must be a number"),
     ({**GOOD, "item": 50}, "'item' id 50 is outside [0, 50)"),

@@ -63,3 +63,32 @@ def test_the_direct_path_builds_exactly_what_the_reader_converter_builds(pre):
     for name in ("dense", "values", "offsets"):
         assert torch.equal(getattr(direct, name), getattr(reader, name)), name
     assert direct.keys == reader.keys and direct.batch_size == reader.batch_size == 40
+
+
+def test_a_request_missing_many_fields_gets_a_short_error_that_points_to_the_schema():
+    from recstream.data import criteo_schema
+    parser = InstanceParser(criteo_schema(1000, 4), {"fill_missing_dense": 0.0, "log1p_dense": True})
+    with pytest.raises(RequestError) as e:
+        parser.parse({"instances": [{"I1": 3, "C7": "ab"}]})
+    assert e.value.message == ("instance 0: missing 37 field(s): 'C1', 'C10', 'C11', 'C12', 'C13', ... "
+                               "(GET /schema lists every field with its type)")
+    assert e.value.details["missing"] == 37 and len(e.value.details["fields"]) == 11  # 10 names and "..."
+    described = parser.describe()
+    assert [f["name"] for f in described["fields"]] == [*[f"I{i}" for i in range(1, 14)],
+                                                         *[f"C{i}" for i in range(1, 27)]]
+    assert described["fields"][0] == {"name": "I1", "kind": "dense", "type": "number", "nullable": True}
+    assert described["preprocessing"] == {"fill_missing_dense": 0.0, "log1p_dense": True}
+    assert parser.parse({"instances": [described["example"]]}).batch_size == 1  # the example is valid
+
+
+def test_describe_names_vocabulary_dynamic_and_multi_hot_features():
+    schema = Schema([], [CategoricalFeature("g", vocabulary=["drama", "comedy"], multi_hot=True, max_len=2),
+                         CategoricalFeature("u", dynamic=True, capacity=16)])
+    described = InstanceParser(schema).describe()
+    assert described["fields"] == [
+        {"name": "g", "kind": "categorical", "type": "string or integer (the raw value)", "nullable": False,
+         "vocabulary_size": 2, "list": True, "max_len": 2},
+        {"name": "u", "kind": "categorical", "type": "integer (int64) or non-empty string", "nullable": False,
+         "dynamic": True}]
+    assert described["example"] == {"g": ["drama"], "u": 1}
+    assert InstanceParser(schema).parse({"instances": [described["example"]]}).batch_size == 1
