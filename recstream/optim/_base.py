@@ -165,17 +165,28 @@ class SparseRowOptimizer(Optimizer):
         self._validate_group(merged)
         super().add_param_group(param_group)
 
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """Whether a loss-scaled step may hand this optimizer a device ``found_inf`` flag to skip
+        an overflowing step itself, as torch's fused optimizers do (`step`): in capturable mode,
+        where the step count is a device tensor too."""
+        return all(group.get("capturable") for group in self.param_groups)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update the touched rows of every parameter that has a gradient.
 
         Adds no host synchronisation: on a device the gradient's rows are summed
-        into fixed-size outputs (`_rows_and_values`), not coalesced.
+        into fixed-size outputs (`_rows_and_values`), not coalesced. A ``found_inf``
+        attribute (a 0-d device flag set by a loss-scaled step, see
+        `_step_supports_amp_scaling`) makes the step a no-op where it is 1: each update is
+        computed, then its rows, their state and the step count put back as they were.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -196,8 +207,27 @@ class SparseRowOptimizer(Optimizer):
                 # 0-d parameters are treated as a single row; unsqueeze is a
                 # view, so in-place updates still land in ``p``.
                 target = p if p.dim() > 0 else p.unsqueeze(0)
-                self._update(target, rows, grad, state, group)
+                if found_inf is None:
+                    self._update(target, rows, grad, state, group)
+                else:
+                    self._update_unless(found_inf, target, rows, grad, state, group)
         return loss
+
+    def _update_unless(self, found_inf: Tensor, p: Tensor, rows: Tensor | None, grad: Tensor,
+                       state: dict[str, Any], group: dict[str, Any]) -> None:
+        """`_update`, undone on the device where `found_inf` is set: the touched rows of the
+        parameter and of its per-row state are saved before and chosen after by the flag (no host
+        read; an overflowing step leaves weights, state and count as they were)."""
+        per_row = [t for k, t in state.items() if k != "step" and isinstance(t, Tensor) and t.dim() > 0
+                   and t.shape[0] == p.shape[0]]
+        tensors = [p, *per_row]
+        before = [take_rows(t, rows).clone() for t in tensors]
+        self._update(p, rows, grad, state, group)
+        skip = found_inf.reshape(()).to(torch.bool)
+        for t, old in zip(tensors, before, strict=True):
+            put_rows(t, rows, torch.where(skip, old, take_rows(t, rows)))
+        if isinstance(state.get("step"), Tensor):
+            state["step"] -= skip.to(state["step"].dtype)
 
     @staticmethod
     def _pop_reset_rows(p: Tensor) -> Tensor | None:

@@ -106,13 +106,27 @@ class CombinedOptimizer(Optimizer):
             merged.update(opt.state)
         return merged
 
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """Whether every child skips an overflowing step itself from a ``found_inf`` flag (see `step`)."""
+        return all(getattr(opt, "_step_supports_amp_scaling", False) for opt in self._optimizers.values())
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """Step every child. A ``found_inf`` attribute set by a loss-scaled step (with `grad_scale`,
+        as torch's GradScaler sets them) is handed to each child for its step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        flags = {k: getattr(self, k) for k in ("found_inf", "grad_scale") if hasattr(self, k)}
         for opt in self._optimizers.values():
-            opt.step()
+            for k, v in flags.items():
+                setattr(opt, k, v)
+            try:
+                opt.step()
+            finally:
+                for k in flags:
+                    delattr(opt, k)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:

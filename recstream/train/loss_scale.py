@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..hostpath import host_reads_free
+from ..optim import CombinedOptimizer, SparseRowOptimizer
 from ..validation import check_bool, check_int, check_number, check_type
 
 
@@ -192,6 +193,21 @@ def unscale_grads_(grads: list[torch.Tensor], inv_scale: torch.Tensor, found_inf
     found_inf.clamp_(max=1.0)
 
 
+def _skips_on_device(optimizer) -> bool:
+    """Whether `optimizer` can skip an overflowing step from a device flag (torch's
+    ``_step_supports_amp_scaling``). recstream's row-sparse optimizers can once in capturable mode
+    (step counts on the device), which is switched on here; their state dicts stay plain, so a
+    load switches it off and the next step on again."""
+    leaves = [optimizer]
+    while any(isinstance(o, CombinedOptimizer) for o in leaves):
+        leaves = [c for o in leaves for c in (o.optimizers.values() if isinstance(o, CombinedOptimizer) else [o])]
+    for leaf in leaves:
+        if isinstance(leaf, SparseRowOptimizer):
+            for group in leaf.param_groups:
+                group["capturable"] = True
+    return getattr(optimizer, "_step_supports_amp_scaling", False)
+
+
 class TrainOneStepWithLossScaleCell(nn.Module):
     """One step with loss scaling; ``forward(*inputs) -> (loss, overflow, scale)``.
 
@@ -249,7 +265,9 @@ class TrainOneStepWithLossScaleCell(nn.Module):
         loss.backward(scale.to(loss.dtype).expand_as(loss))
         params = self._params()
         for p in params:
-            if p.grad.is_sparse:
+            # On a host, summed duplicates are checked too (coalesce); on a device that is a sync, so
+            # each entry is checked instead (the row-sparse optimizers sum them into fixed-size rows).
+            if p.grad.is_sparse and host_reads_free(p.grad):
                 p.grad = p.grad.coalesce()
         found_inf = torch.zeros(1, device=scale.device)
         unscale_grads_([p.grad for p in params], scale.reciprocal().reshape(1), found_inf)
@@ -257,9 +275,10 @@ class TrainOneStepWithLossScaleCell(nn.Module):
         self.scale_update(overflow)
         if not self.scale_update.drop_overflow_update:
             self.optimizer.step()
-        elif getattr(self.optimizer, "_step_supports_amp_scaling", False) and not host_reads_free(overflow):
-            # A fused torch optimizer skips an overflowing step on the device (weights, moments and
-            # step counts stay), as torch's GradScaler drives it: no host read of the flag.
+        elif not host_reads_free(overflow) and _skips_on_device(self.optimizer):
+            # A fused torch optimizer (or recstream's row-sparse ones, in capturable mode) skips an
+            # overflowing step on the device (weights, moments and step counts stay), as torch's
+            # GradScaler drives it: no host read of the flag.
             self.optimizer.found_inf = found_inf.reshape(())
             try:
                 self.optimizer.step()

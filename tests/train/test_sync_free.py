@@ -178,6 +178,71 @@ def test_an_overflowing_step_on_the_device_path_leaves_weights_and_adam_untouche
         assert torch.equal(a, b.detach())
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_loss_scaling_with_the_row_sparse_optimizers_steps_without_host_syncs(name):
+    """default_optimizer (FTRL / RowWiseAdagrad / fused Adam) under dynamic loss scaling: the
+    row-sparse children skip an overflowing step on the device too (capturable mode), so no step
+    reads the overflow flag."""
+    from recstream.train.loss_scale import DynamicLossScaleManager
+
+    schema = mixed_schema()
+    torch.manual_seed(0)
+    net = BUILDERS[name](schema)
+    opt = default_optimizer(net, lr=1e-2)  # its dense Adam is fused: it takes the flag too
+    model = Model(net, nn.BCEWithLogitsLoss(), opt, metrics={"loss"}, progress_bar=False,
+                  loss_scale_manager=DynamicLossScaleManager(2.0 ** 10, scale_window=2))
+    syncs, _ = _count(model, LogisticData(schema, WARM + STEPS + 1, 16), f"{name}, dynamic loss scaling")
+    assert syncs == 0
+
+
+def test_loss_scaled_steps_on_the_device_path_train_like_the_host_path():
+    from recstream.train.loss_scale import DynamicLossScaleManager
+
+    schema = mixed_schema()
+    batches = list(LogisticData(schema, 6, 16))
+
+    def run(on_device: bool):
+        torch.manual_seed(0)
+        net = BUILDERS["deepfm"](schema)
+        model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2, embedding="lazy_adam"),
+                      progress_bar=False, loss_scale_manager=DynamicLossScaleManager(2.0 ** 10, scale_window=2))
+        with device_path() if on_device else torch.enable_grad():
+            model.train(1, batches)
+        return net
+
+    host, device = run(False), run(True)
+    for (key, a), b in zip(host.state_dict().items(), device.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=key)  # capturable: float32 step sizes
+
+
+def test_an_overflowing_step_leaves_the_row_sparse_optimizers_untouched_on_the_device_path():
+    from recstream.train.loss_scale import DynamicLossScaleManager
+
+    schema = mixed_schema()
+    torch.manual_seed(0)
+    net = BUILDERS["widedeep"](schema)
+    opt = default_optimizer(net, lr=1e-2, embedding="lazy_adam")
+    model = Model(net, nn.BCEWithLogitsLoss(), opt, progress_bar=False,
+                  loss_scale_manager=DynamicLossScaleManager(2.0 ** 10, scale_window=2))
+    batch = next(iter(LogisticData(schema, 1, 16)))
+    with device_path():
+        model.train_network(*batch)  # a clean step: every child moves
+    moved = [p.detach().clone() for p in net.parameters()]
+    state = {k: v.clone() for child in ("wide", "embedding") for st in opt.optimizers[child].state.values()
+             for k, v in st.items() if isinstance(v, torch.Tensor)}
+    model.train_network.scale_update.loss_scale.fill_(float("inf"))  # every scaled gradient overflows
+    with device_path():
+        _, overflow, _ = model.train_network(*batch)
+    assert bool(overflow)
+    for a, b in zip(moved, net.parameters(), strict=True):
+        assert torch.equal(a, b.detach())
+    after = {k: v for child in ("wide", "embedding") for st in opt.optimizers[child].state.values()
+             for k, v in st.items() if isinstance(v, torch.Tensor)}
+    for k, v in state.items():
+        assert torch.equal(v, after[k]), k
+    assert all(int(st["step"]) == 1 for st in opt.optimizers["embedding"].state.values())
+
+
 class _EvalSteps(Callback):
     def __init__(self, counter: SyncCounter):
         self.counter = counter
