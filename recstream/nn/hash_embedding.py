@@ -111,9 +111,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..hostpath import device_assert, host_reads_free
 from ..sorting import sort_bounded, unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from . import native
+from .hash_static import DevicePlan, Scatter, claim, masked_put, probe, static_unique
 from .key_sharding import KeySharding
 from .lru_select import oldest
 from .row_gather import gather_rows
@@ -259,7 +261,11 @@ class HashEmbedding(nn.Module):
         for name in ("num_free_t", "num_pending_t", "global_step_t", "track_evictions_t"):
             self.register_buffer(name, torch.zeros((), dtype=torch.int64, device=device))
         # Python mirrors of the 0-d buffers: read on every call without a host sync.
-        self._step, self._num_pending, self._track_evictions = 0, 0, False
+        self._step, self._track_evictions = 0, False
+        # Free rows and pending keys: host copies (read only when `_stale`: the device path changed
+        # the buffers on the device) and bounds the device path keeps without reading (see _plan).
+        self._free = self._pending = self._free_bound = self._pending_bound = 0
+        self._stale = False
         self._sharding: KeySharding | None = None  # set by shard_keys_
         self._allocate(self.capacity, self.pending_capacity)
         # A module-level function (not a lambda) keeps the module picklable.
@@ -307,8 +313,7 @@ class HashEmbedding(nn.Module):
     def _sync_mirrors(self) -> None:
         self._attach_reset_hook()
         self._step = int(self.global_step_t)
-        self._num_free = int(self.num_free_t)
-        self._num_pending = int(self.num_pending_t)
+        self._read_counters()
         self._track_evictions = bool(self.track_evictions_t)
         self._reset_parts = [self.reset_mask.nonzero().squeeze(1)]
         self._sync_row_last_seen()
@@ -340,7 +345,11 @@ class HashEmbedding(nn.Module):
         # (O(capacity)) per optimizer step would cost more than the step's own lookups.
         # One part (one admitting call since the last pop, the usual case) holds distinct rows already.
         parts = self._reset_parts
-        rows = parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+        if len(parts) == 1:
+            rows = parts[0]
+        else:  # the device path's parts repeat rows (padding): filling a row twice is filling it once
+            rows = torch.cat(parts)
+            rows = torch.unique(rows) if host_reads_free(rows) else rows
         self._reset_parts = []
         self.reset_mask.index_fill_(0, rows, False)
         return rows
@@ -360,6 +369,10 @@ class HashEmbedding(nn.Module):
         bad = (keys | 1) == EMPTY  # EMPTY (-1) and DELETED (-2) are the two values x with x | 1 == -1
         if self.key_dtype == torch.int32:
             bad |= (keys < -2 ** 31) | (keys >= 2 ** 31)
+        if not host_reads_free(keys):  # a device: checked there (see recstream.hostpath)
+            device_assert(~bad.any(), f"{owner}: keys must not be -1 or -2 (the hash table's EMPTY/DELETED "
+                                      f"markers) and must fit in {str(self.key_dtype).replace('torch.', '')}")
+            return keys
         if bool(bad.any()):  # host sync: the only way to decide whether to raise
             i = bad.reshape(-1).nonzero()[0, 0]
             allowed = "int32 values" if self.key_dtype == torch.int32 else "int64 values"
@@ -390,6 +403,8 @@ class HashEmbedding(nn.Module):
             self.step()
         if flat.numel() == 0 and self._sharding is None:  # sharded: still answer the other ranks
             return self.values.new_zeros(*keys.shape, self.embedding_size)
+        if self._sharding is None and not host_reads_free(flat):
+            return self._device_lookup(flat, mutate).view(*keys.shape, self.embedding_size)
         uniq, inverse, counts = unique(flat, return_inverse=True, return_counts=True)
         if self._sharding is not None:  # keys routed to their owners; every rank takes part
             out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
@@ -414,7 +429,7 @@ class HashEmbedding(nn.Module):
             self._renorm(r)
         if r.numel() == uniq.numel() and (self.max_norm is None or mutate):
             # Every key has a row (the common case once keys are admitted): one gather.
-            if mutate and self.sparse and self.values.device.type == "cpu":
+            if mutate and self.sparse and host_reads_free(self.values):
                 # The keys are unique, so are their rows: sorted, they make a gradient the
                 # optimizer need not sort and sum again (gather_rows).
                 sorted_rows, order = sort_bounded(rows, self.capacity)
@@ -453,12 +468,36 @@ class HashEmbedding(nn.Module):
 
         # ---------------------------------------------------------- row life cycle
     # ---------------------------------------------------------- scalars
+    @property
+    def _num_free(self) -> int:
+        if self._stale:
+            self._read_counters()
+        return self._free
+
+    @property
+    def _num_pending(self) -> int:
+        if self._stale:
+            self._read_counters()
+        return self._pending
+
+    def _read_counters(self, *extra: torch.Tensor) -> list[int]:
+        """Copy the counters the device path keeps on the device to the host: ONE read, which also
+        brings back `extra` (0-d tensors of the same device); returns their values."""
+        t = self.table
+        values = torch.stack([self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t,
+                              *[e.to(torch.int64) for e in extra]]).tolist()
+        self._free, self._pending = values[0], values[1]
+        self._free_bound, self._pending_bound = values[0], values[1]
+        t.set_mirrors(values[2], values[3])
+        self._stale = False
+        return values[4:]
+
     def _set_free(self, n: int) -> None:
-        self._num_free = n
+        self._free = self._free_bound = n
         self.num_free_t.fill_(n)
 
     def _set_pending(self, n: int) -> None:
-        self._num_pending = n
+        self._pending = self._pending_bound = n
         self.num_pending_t.fill_(n)
 
     @property
@@ -708,6 +747,153 @@ class HashEmbedding(nn.Module):
         self._assign_rows(torch.cat([ripe, ins_slots[: new_admit.numel()]]))
         slots.index_copy_(0, n_idx.index_select(0, ins), ins_slots)
         return slots
+
+    # ---------------------------------------------------------- the device path (no host sync)
+    def lookup_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of the 1-D `keys` where `mask` holds, ``default_value`` elsewhere: the
+        entries out of `mask` are not counted, admitted or looked up. ``[len(keys), embedding_size]``.
+        On a device nothing is compacted (no host sync): a caller with a batch of several features
+        passes all its ids and masks the ones of this table's features.
+
+        >>> emb = HashEmbedding(2, capacity=8, param_init="ones")
+        >>> emb.lookup_masked(torch.tensor([5, 6]), torch.tensor([True, False])).tolist(), emb.num_rows
+        ([[1.0, 1.0], [0.0, 0.0]], 1)
+        """
+        owner = "HashEmbedding.lookup_masked"
+        keys = check_int_tensor(owner, "keys", keys, ndim=1)
+        mask = check_type(owner, "mask", mask, torch.Tensor)
+        if mask.dtype != torch.bool or mask.shape != keys.shape:
+            raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        if self._sharding is not None or host_reads_free(keys):
+            out = self.default_value.expand(keys.numel(), -1).clone()
+            return out.index_put((mask,), self(keys[mask]))
+        keys = self._check_keys("HashEmbedding", torch.where(mask, keys, 0))
+        mutate = self.training and not torch.is_inference_mode_enabled()
+        if mutate and self.auto_step:
+            self.step()
+        return self._device_lookup(keys, mutate, mask)
+
+    def _device_lookup(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
+        ``recstream.nn.hash_static``, every shape that of the batch. No host sync while the table
+        has room for the batch's keys (the host keeps bounds of its free rows, pending keys and used
+        slots); one read of the counters when the bounds do not show it (:meth:`_plan`); the host
+        path's ops (with their syncs) for a step that must evict or rebuild the table."""
+        if not mutate:
+            return self._device_read(flat, mask)
+        uniq, inverse, counts, valid = static_unique(flat, mask)
+        plan = self._plan(uniq, counts, valid)
+        if plan is None:  # an eviction pass or a rebuild must run: the host path's step
+            keys = flat if mask is None else flat[mask]
+            uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
+            out = self._lookup_unique(uniq, counts, True, inverse)
+            return out if mask is None else self.default_value.expand(flat.numel(), -1).to(out.dtype).index_put(
+                (mask,), out)
+        out = self._apply(plan, inverse)
+        return out if mask is None else torch.where(mask.unsqueeze(1), out, self.default_value.to(out.dtype))
+
+    def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """An eval-mode lookup on a device: unknown and pending keys read ``default_value``."""
+        t = self.table
+        slots, _ = probe(t, flat, torch.ones_like(flat, dtype=torch.bool) if mask is None else mask)
+        rows = torch.where(slots >= 0, t.rows.index_select(0, slots.clamp(min=0)), -1)
+        has = rows >= 0
+        emb = F.embedding(self._padded(rows, has, rows.clamp(min=0)[:1]), self.values, sparse=self.sparse)
+        if self.max_norm is not None:  # the same rows, renormalised out of place
+            emb = emb * self.renorm_scale(emb.detach().norm(dim=1)).unsqueeze(1)
+        return torch.where(has.unsqueeze(1), emb, self.default_value.to(emb.dtype))
+
+    @staticmethod
+    def _padded(rows: torch.Tensor, has: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+        """`rows` with the entries that have none (`has` false) set to the first row there is (or
+        `fallback` ``[1]``): a gather of static shape whose sparse gradient names only rows that
+        get one anyway (zeros added to a row's gradient change nothing)."""
+        first = rows.index_select(0, has.to(torch.uint8).argmax().reshape(1))
+        return torch.where(has, rows, torch.where(has.any(), first, fallback))
+
+    def _plan(self, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan | None:
+        """Probe `uniq` and decide which keys are admitted, with no write; None when the step must
+        evict or rebuild (then nothing changed). Reads the counters (once) only when the host's
+        bounds cannot show that the table has room for every key of the batch."""
+        t, permit, n = self.table, self.permit_filter_value, uniq.numel()
+        slots, free = probe(t, uniq, valid)
+        found, new = slots >= 0, free >= 0
+        safe = slots.clamp(min=0)
+        total = torch.where(found, t.counts.index_select(0, safe) + counts, counts)
+        row = torch.where(found, t.rows.index_select(0, safe), -1)
+        plan = DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
+                          ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
+                          new_pending=new & (counts < permit), pad_ok=True)
+        limit = self._used_limit()
+        if self._free_bound >= n and t.num_used_bound() + n <= limit * t.num_slots and (
+                permit == 1 or self._pending_bound + n <= self.pending_capacity):
+            self._free_bound -= n  # at most n keys admitted, n more pending, n slots used
+            self._pending_bound += n if permit > 1 else 0
+            t.mark_stale(n)
+            self._stale = True
+            return plan
+        n_admit, n_ripe, n_pending, n_new = self._read_counters(  # the step's one host read
+            plan.ripe.sum() + plan.new_admit.sum(), plan.ripe.sum(), plan.new_pending.sum(), new.sum())
+        if n_admit > self._free or self._pending - n_ripe + n_pending > self.pending_capacity \
+                or t.needs_rehash(n_new, limit):
+            return None
+        self._free_bound, self._pending_bound = self._free - n_admit, self._pending - n_ripe + n_pending
+        t.mark_stale(n_new)
+        self._stale = True
+        plan.pad_ok = n_admit > 0 or self._free_bound > 0  # a row whose optimizer state may be reset
+        return plan
+
+    def _apply(self, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+        """Carry out :meth:`_plan`: insert the new keys, count, admit (rows from the top of the free
+        stack: ripe pending keys first, then new ones, in key order -- the host path's order), mark
+        the rows seen; return the vectors of ``uniq[inverse]``."""
+        t, step, p = self.table, self._step, plan
+        ins, reused = claim(t, p.uniq, p.new, p.free)
+        placed = ins >= 0  # a key claim() left out is not counted this step (as one over capacity)
+        slot = torch.where(p.found, p.slots, ins)
+        seen = Scatter(slot, p.found | placed)
+        seen.put(t.counts, p.total)
+        seen.put(t.last_seen, step)
+        n_ins = placed.sum()
+        t.num_used_t.add_(n_ins - reused)
+        t.num_live_t.add_(n_ins)
+        admit_new = p.new_admit & placed
+        adm = p.ripe | admit_new
+        n_ripe, n_adm = p.ripe.sum(), adm.sum()
+        rank = torch.where(p.ripe, p.ripe.cumsum(0) - 1, n_ripe + admit_new.cumsum(0) - 1)
+        row = self.free_rows.index_select(0, (self.num_free_t - 1 - rank).clamp(0, self.capacity - 1))
+        masked_put(t.rows, slot, row, adm)
+        fresh = Scatter(row, adm)
+        fresh.put(self.row_slots, slot)
+        with torch.no_grad():
+            fresh.put(self.values, self._init_rows(row.numel()))
+        fresh.put(self.reset_mask, True)
+        self.num_free_t.sub_(n_adm)
+        self.num_pending_t.add_((p.new_pending & placed).sum() - n_ripe)
+        if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
+            top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
+            self._reset_parts.append(self._padded(row, adm, top))
+        rows = torch.where(adm, row, p.row)
+        has = rows >= 0
+        looked_up = Scatter(rows, has)  # looked up in training: seen, and dirty (see _mark_seen)
+        looked_up.put(self.dirty, True)
+        looked_up.put(self.row_last_seen, step)
+        if self.max_norm is not None:
+            self._renorm_masked(rows, has)
+        top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
+        emb = F.embedding(self._padded(rows, has, top).index_select(0, inverse), self.values, sparse=self.sparse)
+        return torch.where(has.index_select(0, inverse).unsqueeze(1), emb, self.default_value.to(emb.dtype))
+
+    @torch.no_grad()
+    def _renorm_masked(self, rows: torch.Tensor, has: torch.Tensor) -> None:
+        """:meth:`_renorm` of ``rows[has]``, static shape."""
+        safe = rows.clamp(min=0)
+        w = self.values.index_select(0, safe)
+        norm = w.norm(dim=1)
+        renormed = Scatter(safe, has)
+        renormed.put(self.values, w * self.renorm_scale(norm).unsqueeze(1))
+        renormed.put(self.dirty, self.dirty.index_select(0, safe) | (norm > self.max_norm))
 
     # ---------------------------------------------------------- key sharding
     @property
