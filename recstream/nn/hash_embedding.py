@@ -117,7 +117,7 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from . import native
 from .hash_static import DevicePlan, Scatter, claim, masked_put, probe, static_unique
 from .key_sharding import KeySharding
-from .lru_select import oldest
+from .lru_select import oldest, oldest_static
 from .row_gather import gather_rows
 from .tensor_hash_table import (
     DELETED,
@@ -520,15 +520,44 @@ class HashEmbedding(nn.Module):
 
         Called by every training-mode forward when ``auto_step=True``. The age
         eviction is one compare + ``nonzero`` over all slots (O(num_slots), a
-        host sync) and runs every ``evict_interval`` steps: with an interval
-        > 1 a key is evicted at the first check after it went stale.
+        host sync; on a device, masks over all slots and no sync unless evictions
+        are logged for ``export_delta``) and runs every ``evict_interval`` steps:
+        with an interval > 1 a key is evicted at the first check after it went stale.
         """
         self._step += 1
         self.global_step_t.fill_(self._step)
         n = self.evict_filter_value
         if n is not None and self._step % self.evict_interval == 0:
             # Free slots read last_seen=+inf, so one comparison finds the stale keys.
-            self._evict_slots(_where(self.table.last_seen < self._step - n))
+            stale = self.table.last_seen < self._step - n
+            if host_reads_free(stale) or self._track_evictions or self._sharding is not None:
+                self._evict_slots(_where(stale))
+            else:
+                self._evict_stale(stale)
+
+    def _evict_stale(self, stale: torch.Tensor) -> None:
+        """:meth:`_evict_slots` of every slot in the mask `stale`, static shape: the admitted keys'
+        rows go onto the free stack in slot order (the host path's), every stale slot becomes a
+        tombstone."""
+        t = self.table
+        rows = t.rows
+        admitted = stale & (rows >= 0)
+        safe = rows.clamp(min=0)
+        freed = Scatter(safe, admitted)
+        freed.put(self.row_slots, -1)
+        freed.put(self.row_last_seen, NEVER_SEEN)
+        freed.put(self.dirty, False)
+        stack = (self.num_free_t + admitted.cumsum(0) - 1).clamp(0, self.capacity - 1)
+        Scatter(stack, admitted).put(self.free_rows, rows)
+        n_freed, n_stale = admitted.sum(), stale.sum()
+        self.num_free_t.add_(n_freed)
+        self.num_pending_t.sub_(n_stale - n_freed)
+        t.num_live_t.sub_(n_stale)
+        t.keys.masked_fill_(stale, DELETED)
+        t.rows.masked_fill_(stale, -1)
+        t.counts.masked_fill_(stale, 0)
+        t.last_seen.masked_fill_(stale, NEVER_SEEN)
+        self._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
 
     # ---------------------------------------------------------- eviction
     def _evict_slots(self, slots: torch.Tensor, rows: torch.Tensor | None = None) -> None:
@@ -833,16 +862,46 @@ class HashEmbedding(nn.Module):
             t.mark_stale(n)
             self._stale = True
             return plan
-        n_admit, n_ripe, n_pending, n_new = self._read_counters(  # the step's one host read
-            plan.ripe.sum() + plan.new_admit.sum(), plan.ripe.sum(), plan.new_pending.sum(), new.sum())
-        if n_admit > self._free or self._pending - n_ripe + n_pending > self.pending_capacity \
-                or t.needs_rehash(n_new, limit):
-            return None
+        n_admit, n_ripe, n_pending, n_new, n_seen = self._read_counters(  # the step's one host read
+            plan.ripe.sum() + plan.new_admit.sum(), plan.ripe.sum(), plan.new_pending.sum(), new.sum(),
+            (row >= 0).sum())
+        short = n_admit - self._free  # rows an LRU pass must free
+        unseen = self.capacity - self._free - n_seen  # admitted keys not in this batch: what it may evict
+        if self._pending - n_ripe + n_pending > self.pending_capacity or t.needs_rehash(n_new, limit) \
+                or (short > 0 and (self._track_evictions or short > unseen)):
+            return None  # rare: the host path's step (its ops, its syncs)
+        if short > 0:
+            evicted = min(short + self._headroom(self.capacity), unseen)
+            self._evict_unseen(evicted, row)
+            plan.slots, plan.free = probe(t, uniq, valid)  # tombstones may come first in a probe now
+            self._free += evicted
         self._free_bound, self._pending_bound = self._free - n_admit, self._pending - n_ripe + n_pending
         t.mark_stale(n_new)
         self._stale = True
         plan.pad_ok = n_admit > 0 or self._free_bound > 0  # a row whose optimizer state may be reset
         return plan
+
+    def _evict_unseen(self, k: int, batch_rows: torch.Tensor) -> None:
+        """:meth:`_evict_lru_rows` of exactly `k` admitted keys not in this batch (their rows:
+        ``batch_rows``, -1 for keys without one), static shape: the rows :func:`oldest` picks, in
+        its order onto the free stack. Not while evictions are logged (the log's length is data)."""
+        t, step = self.table, self._step
+        Scatter(batch_rows, batch_rows >= 0).put(self.row_last_seen, step)  # the batch's keys stay
+        rows, chosen = oldest_static(self.row_last_seen, step, k)
+        slots = self.row_slots.index_select(0, rows)
+        gone = Scatter(rows, chosen)
+        gone.put(self.row_slots, -1)
+        gone.put(self.row_last_seen, NEVER_SEEN)
+        gone.put(self.dirty, False)
+        stack = self.num_free_t + torch.arange(rows.numel(), device=rows.device)  # chosen rows come first
+        Scatter(stack.clamp(max=self.capacity - 1), chosen).put(self.free_rows, rows)
+        dead = Scatter(slots.clamp(min=0), chosen)
+        dead.put(t.keys, DELETED)
+        dead.put(t.rows, -1)
+        dead.put(t.counts, 0)
+        dead.put(t.last_seen, NEVER_SEEN)
+        self.num_free_t.add_(k)
+        t.num_live_t.sub_(k)
 
     def _apply(self, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         """Carry out :meth:`_plan`: insert the new keys, count, admit (rows from the top of the free

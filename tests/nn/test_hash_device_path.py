@@ -70,11 +70,13 @@ def _compare(host, device):
 
 
 @pytest.mark.parametrize("permit", [1, 3])
-@pytest.mark.parametrize("capacity", [4096, 48])  # room for every key; LRU eviction (host-path steps)
-def test_the_device_path_admits_counts_and_evicts_as_the_host_path(permit, capacity):
+@pytest.mark.parametrize("capacity", [4096, 48])  # room for every key; LRU eviction
+@pytest.mark.parametrize("evict_after", [None, 2])  # age eviction
+def test_the_device_path_admits_counts_and_evicts_as_the_host_path(permit, capacity, evict_after):
     stream = _stream(12, 16, 40)
     torch.manual_seed(0)
-    emb = HashEmbedding(4, capacity=capacity, permit_filter_value=permit, param_init="ones")
+    emb = HashEmbedding(4, capacity=capacity, permit_filter_value=permit, param_init="ones",
+                        evict_filter_value=evict_after)
     host = _train(copy.deepcopy(emb), stream, on_device=False)
     device = _train(emb, stream, on_device=True)
     _compare(host, device)
@@ -82,8 +84,20 @@ def test_the_device_path_admits_counts_and_evicts_as_the_host_path(permit, capac
     syncs = [s.syncs for s in device[3].per_step]
     if capacity == 4096:  # room for every key all along: the bounds show it, nothing is read
         assert syncs == [0] * len(stream), syncs
-    else:
-        assert max(syncs[1:]) >= 1
+    else:  # more keys than rows: LRU passes, each after the step's one read
+        assert torch.cat([s.reshape(-1) for s in stream]).unique().numel() > capacity
+        assert max(syncs) == 1, syncs
+
+
+def test_a_step_that_logs_evictions_takes_the_host_path_and_agrees():
+    stream = _stream(8, 16, 40)
+    emb = HashEmbedding(4, capacity=48, param_init="ones", evict_filter_value=2)
+    emb.export()  # the baseline: evictions are logged from here on
+    other = copy.deepcopy(emb)
+    host = _train(other, stream, on_device=False)
+    device = _train(emb, stream, on_device=True)
+    _compare(host, device)
+    assert torch.equal(other.export_delta()["evicted_keys"], emb.export_delta()["evicted_keys"])
 
 
 def test_the_device_path_reads_the_counters_once_when_the_bounds_do_not_show_room():
