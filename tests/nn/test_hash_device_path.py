@@ -169,3 +169,20 @@ def test_scatter_writes_only_the_masked_entries_and_nothing_when_none_is():
     assert buf.tolist() == [0.0, 8.0, 2.0, 3.0, 4.0, 5.0]
     Scatter(torch.tensor([4, -1]), torch.tensor([False, False])).put(buf, 5.0)
     assert buf.tolist() == [0.0, 8.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("capacity", [4096, 48])
+def test_a_cuda_table_admits_counts_and_evicts_as_the_cpu_host_path(capacity):
+    stream = _stream(10, 16, 40)
+    make = dict(embedding_size=4, capacity=capacity, permit_filter_value=2, param_init="ones", evict_filter_value=3)
+    host = _train(HashEmbedding(**make), stream, on_device=False)
+    cuda = _train(HashEmbedding(**make, device="cuda"), [s.cuda() for s in stream], on_device=False)
+    cpu = lambda run: ([o.cpu() for o in run[0]],  # noqa: E731
+                       [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in run[1]],
+                       run[2])
+    for step, (a, b) in enumerate(zip(host[1], cpu(cuda)[1], strict=True)):
+        for k in a:
+            assert _same(a[k], b[k]), (step, k)
+    for a, b in zip(host[0], cpu(cuda)[0], strict=True):
+        assert _same(a, b)

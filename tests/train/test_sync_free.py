@@ -272,10 +272,10 @@ def _dynamic_batches(schema, n: int, users: int, b: int = 32):
     return out
 
 
-def _dynamic_model(name: str, capacity: int, fixed: bool = False):
+def _dynamic_model(name: str, capacity: int, fixed: bool = False, device: str = "cpu"):
     schema = _dynamic_schema(capacity, fixed)
     torch.manual_seed(0)
-    net = BUILDERS[name](schema)
+    net = BUILDERS[name](schema).to(device)
     return schema, net, Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2),
                               metrics={"auc", "loss"}, progress_bar=False)
 
@@ -308,3 +308,16 @@ def test_mixed_fixed_and_dynamic_models_step_without_host_syncs(name):
     schema, _, model = _dynamic_model(name, capacity=4096, fixed=True)
     syncs, _ = _count(model, _dynamic_batches(schema, WARM + STEPS + 1, users=1000), f"{name} mixed, room")
     assert syncs == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", MODELS)
+def test_dynamic_table_models_train_on_cuda_without_a_sync_while_the_tables_have_room(name):
+    """The real thing: steady steps of each model with dynamic tables under the sync debugger."""
+    schema, net, model = _dynamic_model(name, capacity=1 << 16, device="cuda")
+    batches = [b.to("cuda") for b in _dynamic_batches(schema, WARM + STEPS + 1, users=10 ** 4, b=512)]
+    try:
+        model.train(1, batches, callbacks=[_SyncDebugWindow(WARM, WARM + STEPS - 1)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(p).all() for p in net.parameters())
