@@ -819,7 +819,7 @@ class HashEmbedding(nn.Module):
             out = self._lookup_unique(uniq, counts, True, inverse)
             return out if mask is None else self.default_value.expand(flat.numel(), -1).to(out.dtype).index_put(
                 (mask,), out)
-        out = self._apply(plan, inverse)
+        out = self._carry_out(plan, inverse)
         return out if mask is None else torch.where(mask.unsqueeze(1), out, self.default_value.to(out.dtype))
 
     def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -903,7 +903,7 @@ class HashEmbedding(nn.Module):
         self.num_free_t.add_(k)
         t.num_live_t.sub_(k)
 
-    def _apply(self, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+    def _carry_out(self, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         """Carry out :meth:`_plan`: insert the new keys, count, admit (rows from the top of the free
         stack: ripe pending keys first, then new ones, in key order -- the host path's order), mark
         the rows seen; return the vectors of ``uniq[inverse]``."""
