@@ -52,9 +52,16 @@ key -- admitted or pending -- not seen for more than ``evict_filter_value``
 steps. Pending keys are bounded by ``pending_capacity``; beyond it the
 least-recently-seen ones are dropped, with the same headroom.
 
-Every life-cycle step runs in a training-mode forward or ``step()``; the host syncs
-they contain (``nonzero``, counts read back to size the next tensor) are inherent to a
-dynamically sized table. Eval mode and ``torch.inference_mode`` only read: nothing
+Every life-cycle step runs in a training-mode forward or ``step()``. On a CPU they compact
+their tensors as they go (``nonzero``, counts read back: free on a host) and run compiled
+kernels. On a device (``recstream.hostpath``) they run ops of static shapes instead
+(:mod:`recstream.nn.hash_static`): no host sync while the host's bounds of the free rows,
+pending keys and used slots show room for the batch's keys; one read of the counters when
+they do not (it also decides whether the LRU pass runs, on the device too); the host path's
+ops, with their syncs, for the rare step that rebuilds the table, drops pending keys over
+``pending_capacity`` or logs evictions for ``export_delta``. Both paths admit the same keys to
+the same rows and evict the same ones (their random initial rows differ: they draw different
+amounts). Eval mode and ``torch.inference_mode`` only read: nothing
 in the module changes (``max_norm`` then scales the returned vectors, not the rows).
 
 Sharding (``hybrid_parallel``)
@@ -391,8 +398,8 @@ class HashEmbedding(nn.Module):
         Eval mode or ``torch.inference_mode``: read-only (nothing in the module
         changes; ``max_norm`` scales the returned vectors only); unknown and
         pending keys read ``default_value``.
-        Host syncs: ``torch.unique``, the sentinel check and one per probe
-        round -- inherent to a table whose size changes with the data.
+        Host syncs: on a CPU ``unique``, the sentinel check and the probe rounds' compactions
+        (free there); on a device none while the table has room (module doc, "Row life cycle").
         """
         keys = self._check_keys("HashEmbedding", keys)
         flat = keys.reshape(-1)

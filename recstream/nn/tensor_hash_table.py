@@ -36,8 +36,10 @@ Design
   (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
   the next keys' probes prefetched, the same probe sequence and tombstone rule, and an insert that
   replays the rounds below claim for claim, so both implementations leave the same layout. The
-  torch ops run on CUDA, for int32 keys, and wherever the extension was not built
-  (:mod:`~recstream.nn.native`).
+  torch ops run for int32 keys, wherever the extension was not built (:mod:`~recstream.nn.native`)
+  and on a device outside HashEmbedding's training and eval lookups, which take the static-shape
+  ops of :mod:`~recstream.nn.hash_static` there (no compaction, no host sync). Counters the device
+  path changes on the device reach the host mirrors (:attr:`num_used`) at the next read of them.
 * Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
   default: ~1.5 probes per successful lookup). Tombstones count as used
   (misses probe past them); when ``used`` would exceed a second, higher bound
