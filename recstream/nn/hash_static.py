@@ -87,7 +87,8 @@ def static_unique(values: torch.Tensor, mask: torch.Tensor | None = None
     first = torch.ones(n, dtype=torch.bool, device=dev)
     first[1:] = ordered[1:] != ordered[:-1]
     if mask is not None:  # the masked-out entries after the others, each one no run's start
-        kept, by_mask = torch.sort(~mask.index_select(0, order), stable=True)
+        kept, by_mask = torch.sort((~mask.index_select(0, order)).to(torch.uint8), stable=True)
+        kept = kept.bool()
         order, ordered = order.index_select(0, by_mask), ordered.index_select(0, by_mask)
         first = torch.ones(n, dtype=torch.bool, device=dev)
         first[1:] = ordered[1:] != ordered[:-1]

@@ -32,10 +32,10 @@ def _state(emb: HashEmbedding) -> dict:
             **out}
 
 
-def _train(emb: HashEmbedding, stream, on_device: bool, masks=None, every_step: bool = True):
+def _train(emb: HashEmbedding, stream, on_device: bool, masks=None, every_step: bool = True, opt=None):
     """Train on `stream`; the outputs, the table's state (after every step, or at the end: reading
     it makes the counters exact, which spares the next steps' reads), the optimizer, the counts."""
-    opt = LazyAdam([emb.values], lr=0.05)
+    opt = opt or LazyAdam([emb.values], lr=0.05)
     outs, states, counter = [], [], SyncCounter()
     for i, keys in enumerate(stream):
         with (device_path() if on_device else torch.enable_grad()), counter:
@@ -186,3 +186,24 @@ def test_a_cuda_table_admits_counts_and_evicts_as_the_cpu_host_path(capacity):
             assert _same(a[k], b[k]), (step, k)
     for a, b in zip(host[0], cpu(cuda)[0], strict=True):
         assert _same(a, b)
+
+
+def test_a_table_trained_on_the_device_path_goes_on_on_the_host_path_as_if_it_had_been_there():
+    stream = _stream(8, 16, 40)
+    make = dict(embedding_size=4, capacity=48, permit_filter_value=2, param_init="ones")
+    host = _train(HashEmbedding(**make), stream, on_device=False)
+    mixed = HashEmbedding(**make)
+    first = _train(mixed, stream[:4], on_device=True, every_step=False)
+    then = _train(mixed, stream[4:], on_device=False, opt=first[2])
+    for a, b in zip(host[1][4:], then[1], strict=True):
+        for k in a:
+            assert _same(a[k], b[k]), k
+    assert all(_same(a, b) for a, b in zip(host[0], first[0] + then[0], strict=True))
+
+
+def test_lookup_masked_refuses_a_mask_of_another_shape_or_type():
+    emb = HashEmbedding(2, capacity=8)
+    with pytest.raises(ValueError, match="'mask' must be a bool tensor shaped like 'keys'"):
+        emb.lookup_masked(torch.tensor([1, 2]), torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="'mask' must be a bool tensor shaped like 'keys'"):
+        emb.lookup_masked(torch.tensor([1, 2]), torch.tensor([True]))
