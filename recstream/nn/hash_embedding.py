@@ -110,7 +110,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +122,7 @@ from ..hostpath import device_assert, host_reads_free
 from ..sorting import sort_bounded, unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from . import native
-from .hash_static import DevicePlan, Scatter, claim, masked_put, probe, static_unique
+from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique
 from .key_sharding import KeySharding
 from .lru_select import oldest, oldest_static
 from .row_gather import gather_rows
@@ -136,7 +136,7 @@ from .tensor_hash_table import (
     _where,
 )
 
-__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries"]
+__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many"]
 
 # Initial row values per ``param_init`` (std / half-width of the distribution).
 _INIT_SCALE = {"normal": 0.01, "uniform": 0.05}
@@ -487,17 +487,17 @@ class HashEmbedding(nn.Module):
             self._read_counters()
         return self._pending
 
-    def _read_counters(self, *extra: torch.Tensor) -> list[int]:
-        """Copy the counters the device path keeps on the device to the host: ONE read, which also
-        brings back `extra` (0-d tensors of the same device); returns their values."""
+    def _read_counters(self) -> None:
+        """Copy the counters the device path keeps on the device to the host: ONE read."""
         t = self.table
-        values = torch.stack([self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t,
-                              *[e.to(torch.int64) for e in extra]]).tolist()
+        self._set_read(torch.stack([self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t]).tolist())
+
+    def _set_read(self, values: list[int]) -> None:
+        """The host's copies of (free rows, pending keys, used slots, live slots), just read."""
         self._free, self._pending = values[0], values[1]
         self._free_bound, self._pending_bound = values[0], values[1]
-        t.set_mirrors(values[2], values[3])
+        self.table.set_mirrors(values[2], values[3])
         self._stale = False
-        return values[4:]
 
     def _set_free(self, n: int) -> None:
         self._free = self._free_bound = n
@@ -795,12 +795,11 @@ class HashEmbedding(nn.Module):
         >>> emb.lookup_masked(torch.tensor([5, 6]), torch.tensor([True, False])).tolist(), emb.num_rows
         ([[1.0, 1.0], [0.0, 0.0]], 1)
         """
-        owner = "HashEmbedding.lookup_masked"
-        keys = check_int_tensor(owner, "keys", keys, ndim=1)
-        mask = check_type(owner, "mask", mask, torch.Tensor)
-        if mask.dtype != torch.bool or mask.shape != keys.shape:
-            raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
-                             f"got {mask.dtype} {tuple(mask.shape)}")
+        return lookup_masked_many([(self, keys, mask)])[0]
+
+    def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | DeviceCall:
+        """:meth:`lookup_masked` up to the host read (see `lookup_masked_many`): its result, or on a
+        device the call to finish."""
         if self._sharding is not None or host_reads_free(keys):
             out = self.default_value.expand(keys.numel(), -1).clone()
             return out.index_put((mask,), self(keys[mask]))
@@ -808,19 +807,33 @@ class HashEmbedding(nn.Module):
         mutate = self.training and not torch.is_inference_mode_enabled()
         if mutate and self.auto_step:
             self.step()
-        return self._device_lookup(keys, mutate, mask)
+        return self._begin_device(keys, mutate, mask)
 
-    def _device_lookup(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _device_lookup(self, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
         """:meth:`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
         ``recstream.nn.hash_static``, every shape that of the batch. No host sync while the table
         has room for the batch's keys (the host keeps bounds of its free rows, pending keys and used
-        slots); one read of the counters when the bounds do not show it (:meth:`_plan`); the host
-        path's ops (with their syncs) for a step that must evict or rebuild the table."""
+        slots); one read of the counters when the bounds do not show it (:meth:`_has_room`); the host
+        path's ops (with their syncs) for a step that must rebuild the table (:meth:`_decide`)."""
+        call = self._begin_device(flat, mutate, None)
+        if isinstance(call, torch.Tensor):
+            return call
+        return self._finish(call, torch.stack(self._read_terms(call.plan)).tolist() if call.read else None)
+
+    def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None) -> torch.Tensor | DeviceCall:
+        """The device path up to the decision that may need a host read: an eval lookup's result, or
+        the probed batch (:class:`~recstream.nn.hash_static.DeviceCall`)."""
         if not mutate:
             return self._device_read(flat, mask)
         uniq, inverse, counts, valid = static_unique(flat, mask)
-        plan = self._plan(uniq, counts, valid)
-        if plan is None:  # an eviction pass or a rebuild must run: the host path's step
+        plan = self._probe_plan(uniq, counts, valid)
+        return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan))
+
+    def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
+        """Decide (given the counters `read` for a call that needed them), then carry out."""
+        flat, mask, inverse = call.flat, call.mask, call.inverse
+        plan = call.plan if read is None else self._decide(call.plan, read)
+        if plan is None:  # a rebuild (or another rare step) must run: the host path's step
             keys = flat if mask is None else flat[mask]
             uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
             out = self._lookup_unique(uniq, counts, True, inverse)
@@ -848,11 +861,9 @@ class HashEmbedding(nn.Module):
         first = rows.index_select(0, has.to(torch.uint8).argmax().reshape(1))
         return torch.where(has, rows, torch.where(has.any(), first, fallback))
 
-    def _plan(self, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan | None:
-        """Probe `uniq` and decide which keys are admitted, with no write; None when the step must
-        evict or rebuild (then nothing changed). Reads the counters (once) only when the host's
-        bounds cannot show that the table has room for every key of the batch."""
-        t, permit, n = self.table, self.permit_filter_value, uniq.numel()
+    def _probe_plan(self, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
+        """Probe `uniq`: which keys are found, new, admitted now or pending (no write)."""
+        t, permit = self.table, self.permit_filter_value
         slots, free = probe(t, uniq, valid)
         found, new = slots >= 0, free >= 0
         safe = slots.clamp(min=0)
@@ -860,18 +871,38 @@ class HashEmbedding(nn.Module):
         row = torch.where(found, t.rows.index_select(0, safe), -1)
         plan = DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
-                          new_pending=new & (counts < permit), pad_ok=True)
-        limit = self._used_limit()
-        if self._free_bound >= n and t.num_used_bound() + n <= limit * t.num_slots and (
-                permit == 1 or self._pending_bound + n <= self.pending_capacity):
+                          new_pending=new & (counts < permit), valid=valid, pad_ok=True)
+        return plan
+
+    def _has_room(self, plan: DevicePlan) -> bool:
+        """Whether the host's bounds show room for every key of the batch (no read needed); then
+        they are moved on by the batch's worst case."""
+        t, n = self.table, plan.uniq.numel()
+        if self._free_bound >= n and t.num_used_bound() + n <= self._used_limit() * t.num_slots and (
+                self.permit_filter_value == 1 or self._pending_bound + n <= self.pending_capacity):
             self._free_bound -= n  # at most n keys admitted, n more pending, n slots used
-            self._pending_bound += n if permit > 1 else 0
+            self._pending_bound += n if self.permit_filter_value > 1 else 0
             t.mark_stale(n)
             self._stale = True
-            return plan
-        n_admit, n_ripe, n_pending, n_new, n_seen = self._read_counters(  # the step's one host read
-            plan.ripe.sum() + plan.new_admit.sum(), plan.ripe.sum(), plan.new_pending.sum(), new.sum(),
-            (row >= 0).sum())
+            return True
+        return False
+
+    def _read_terms(self, plan: DevicePlan) -> list[torch.Tensor]:
+        """What :meth:`_decide` needs read from the device: the counters, then the batch's keys
+        admitted now, ripe pending ones, new pending ones, new ones and ones with a row."""
+        t = self.table
+        ripe = plan.ripe.sum()
+        return [self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t, ripe + plan.new_admit.sum(), ripe,
+                plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum()]
+
+    def _decide(self, plan: DevicePlan, read: list[int]) -> DevicePlan | None:
+        """Given :meth:`_read_terms` read: run the LRU pass if the rows run short, or return None for
+        a step the host path must run (a rebuild, pending keys over budget, logged evictions, more
+        new keys than there are keys to evict); then nothing changed."""
+        t, uniq, valid = self.table, plan.uniq, plan.valid
+        self._set_read(read[:4])
+        n_admit, n_ripe, n_pending, n_new, n_seen = read[4:]
+        limit = self._used_limit()
         short = n_admit - self._free  # rows an LRU pass must free
         unseen = self.capacity - self._free - n_seen  # admitted keys not in this batch: what it may evict
         if self._pending - n_ripe + n_pending > self.pending_capacity or t.needs_rehash(n_new, limit) \
@@ -879,7 +910,7 @@ class HashEmbedding(nn.Module):
             return None  # rare: the host path's step (its ops, its syncs)
         if short > 0:
             evicted = min(short + self._headroom(self.capacity), unseen)
-            self._evict_unseen(evicted, row)
+            self._evict_unseen(evicted, plan.row)
             plan.slots, plan.free = probe(t, uniq, valid)  # tombstones may come first in a probe now
             self._free += evicted
         self._free_bound, self._pending_bound = self._free - n_admit, self._pending - n_ripe + n_pending
@@ -1204,3 +1235,34 @@ class HashEmbedding(nn.Module):
                 f"num_slots={self.num_slots}, rows={self.num_rows}, pending={self._num_pending}, "
                 f"permit={self.permit_filter_value}, evict={self.evict_filter_value}, "
                 f"sparse={self.sparse}, step={self._step}")
+
+
+def lookup_masked_many(calls: Sequence[tuple[HashEmbedding, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """:meth:`HashEmbedding.lookup_masked` of several distinct tables ``(table, keys, mask)``, with at
+    most ONE host read for all of them on a device (the tables whose bounds do not show room for
+    their batch read their counters together; see the module doc).
+
+    >>> a, b = HashEmbedding(2, capacity=8, param_init="ones"), HashEmbedding(3, capacity=8)
+    >>> keys, mask = torch.tensor([5, 6]), torch.tensor([True, False])
+    >>> [tuple(out.shape) for out in lookup_masked_many([(a, keys, mask), (b, keys, ~mask)])]
+    [(2, 2), (2, 3)]
+    """
+    started = []
+    for table, keys, mask in calls:
+        owner = "HashEmbedding.lookup_masked"
+        keys = check_int_tensor(owner, "keys", keys, ndim=1)
+        check_type(owner, "mask", mask, torch.Tensor)
+        if mask.dtype != torch.bool or mask.shape != keys.shape:
+            raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        started.append(table._begin_masked(keys, mask))
+    reading = [(table, call) for (table, _, _), call in zip(calls, started, strict=True)
+               if isinstance(call, DeviceCall) and call.read]
+    values: dict[int, list[int]] = {}
+    if reading:  # the one read
+        terms = [table._read_terms(call.plan) for table, call in reading]
+        flat = torch.stack([t.to(torch.int64) for ts in terms for t in ts]).tolist()
+        size = len(terms[0])
+        values = {id(call): flat[i * size:(i + 1) * size] for i, (_, call) in enumerate(reading)}
+    return [call if isinstance(call, torch.Tensor) else table._finish(call, values.get(id(call)))
+            for (table, _, _), call in zip(calls, started, strict=True)]

@@ -34,7 +34,7 @@ import torch
 
 from ..hostpath import device_assert
 
-__all__ = ["static_unique", "probe", "claim", "masked_put", "Scatter", "DevicePlan", "CLAIM_ROUNDS"]
+__all__ = ["static_unique", "probe", "claim", "masked_put", "Scatter", "DevicePlan", "DeviceCall", "CLAIM_ROUNDS"]
 
 EMPTY, DELETED = -1, -2  # the table's markers (tensor_hash_table imports nothing from here)
 CLAIM_ROUNDS = 4
@@ -183,4 +183,17 @@ class DevicePlan:
     ripe: torch.Tensor
     new_admit: torch.Tensor
     new_pending: torch.Tensor
+    valid: torch.Tensor
     pad_ok: bool
+
+
+@dataclass
+class DeviceCall:
+    """A training lookup on the device path probed and planned, waiting for the decision that may
+    need a host read (`read`): its ids (`flat`, `mask`), ``inverse`` of :func:`static_unique`, its plan."""
+
+    flat: torch.Tensor
+    mask: torch.Tensor | None
+    inverse: torch.Tensor
+    plan: DevicePlan
+    read: bool
