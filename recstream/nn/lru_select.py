@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hostpath import host_reads_free
 from . import native
 from .tensor_hash_table import NEVER_SEEN, _where
 
@@ -39,7 +40,7 @@ def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None
     one step, e.g. a bulk load, age together) until probe sequences there grow past max_rounds.
     Host syncs: the candidate count, the minimum age, the threshold bucket.
     """
-    if native.kernels is not None and last_seen.device.type == "cpu":
+    if native.kernels is not None and host_reads_free(last_seen):
         out = torch.empty(max(k, 0), dtype=torch.int64)
         n = native.kernels.oldest(last_seen.contiguous().numpy(), None if rows is None else rows.contiguous().numpy(),
                                    step, k, BUCKET_BITS, out.numpy())
