@@ -207,3 +207,33 @@ def test_lookup_masked_refuses_a_mask_of_another_shape_or_type():
         emb.lookup_masked(torch.tensor([1, 2]), torch.tensor([1, 0]))
     with pytest.raises(ValueError, match="'mask' must be a bool tensor shaped like 'keys'"):
         emb.lookup_masked(torch.tensor([1, 2]), torch.tensor([True]))
+
+
+def _same_home(table: TensorHashTable, n: int) -> torch.Tensor:
+    """`n` keys whose probe sequences are one and the same (same first slot)."""
+    cand = torch.arange(10 ** 6, 10 ** 6 + 50000)
+    home = table.start_of(cand)
+    return cand[home == home[0]][:n]
+
+
+def test_claim_leaves_out_a_chain_longer_than_its_rounds_and_the_table_stays_sound():
+    from recstream.nn.hash_static import CLAIM_ROUNDS
+    t = TensorHashTable(64)
+    keys = _same_home(t, CLAIM_ROUNDS + 2)  # each round places one of them
+    _, free = probe(t, keys, torch.ones(keys.numel(), dtype=torch.bool))
+    slots, _ = claim(t, keys, torch.ones(keys.numel(), dtype=torch.bool), free)
+    assert (slots[:CLAIM_ROUNDS] >= 0).all() and (slots[CLAIM_ROUNDS:] == -1).all()
+    t.record_inserts(CLAIM_ROUNDS, 0)
+    found = t.find(keys)
+    assert torch.equal(found[:CLAIM_ROUNDS], slots[:CLAIM_ROUNDS]) and (found[CLAIM_ROUNDS:] == -1).all()
+
+
+def test_keys_left_out_by_claim_read_the_default_and_are_admitted_when_next_seen():
+    from recstream.nn.hash_static import CLAIM_ROUNDS
+    emb = HashEmbedding(2, capacity=16, param_init="ones")
+    keys = _same_home(emb.table, CLAIM_ROUNDS + 2)
+    with device_path():
+        first = emb(keys)
+        assert emb.num_rows == CLAIM_ROUNDS and first[CLAIM_ROUNDS:].abs().sum() == 0
+        again = emb(keys[CLAIM_ROUNDS:])
+    assert emb.num_rows == CLAIM_ROUNDS + 2 and bool((again == 1).all())
