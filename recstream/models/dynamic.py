@@ -42,7 +42,7 @@ from ..data.schema import CategoricalFeature
 from ..features import Features
 from ..hostpath import host_reads_free
 from ..nn import HashEmbedding
-from ..nn.hash_embedding import lookup_masked_many
+from ..nn.hash_device_path import lookup_masked_many
 from ..validation import check_number
 
 _RESERVED_SHIFT = -(2 ** 63) + 2  # -1 -> -2**63 + 1, -2 -> -2**63: keys no real id uses in practice
