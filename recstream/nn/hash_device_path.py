@@ -142,35 +142,59 @@ class DevicePath:
 
     def _read_terms(self, plan: DevicePlan) -> list[torch.Tensor]:
         """What :meth:`_decide` needs read from the device: the counters, then the batch's keys
-        admitted now, ripe pending ones, new pending ones, new ones and ones with a row."""
+        admitted now, ripe pending ones, new pending ones, new ones, ones with a row, pending ones."""
         t = self.table
         ripe = plan.ripe.sum()
         return [self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t, ripe + plan.new_admit.sum(), ripe,
-                plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum()]
+                plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum(), (plan.found & (plan.row < 0)).sum()]
 
     def _decide(self, plan: DevicePlan, read: list[int]) -> DevicePlan | None:
-        """Given :meth:`_read_terms` read: run the LRU pass if the rows run short, or return None for
-        a step the host path must run (a rebuild, pending keys over budget, logged evictions, more
-        new keys than there are keys to evict); then nothing changed."""
+        """Given :meth:`_read_terms` read: run the LRU pass if the rows run short and drop the oldest
+        pending keys if they go over budget (the host path's order and rules), or return None for a
+        step the host path must run (a rebuild, logged evictions, more new keys than there are keys
+        to evict); then nothing changed."""
         t, uniq, valid = self.table, plan.uniq, plan.valid
         self._set_read(read[:4])
-        n_admit, n_ripe, n_pending, n_new, n_seen = read[4:]
-        limit = self._used_limit()
+        n_admit, n_ripe, n_pending, n_new, n_seen, n_pending_seen = read[4:]
         short = n_admit - self._free  # rows an LRU pass must free
         unseen = self.capacity - self._free - n_seen  # admitted keys not in this batch: what it may evict
-        if self._pending - n_ripe + n_pending > self.pending_capacity or t.needs_rehash(n_new, limit) \
+        over = self._pending - n_ripe + n_pending - self.pending_capacity  # pending keys over budget
+        dropped = min(over + self._headroom(self.pending_capacity), self._pending - n_pending_seen) if over > 0 else 0
+        surplus = max(over - dropped, 0)  # new pending keys turned away (they restart counting)
+        if t.needs_rehash(n_new - surplus, self._used_limit()) \
                 or (short > 0 and (self._track_evictions or short > unseen)):
             return None  # rare: the host path's step (its ops, its syncs)
         if short > 0:
             evicted = min(short + self._headroom(self.capacity), unseen)
             self._evict_unseen(evicted, plan.row)
-            plan.slots, plan.free = probe(t, uniq, valid)  # tombstones may come first in a probe now
             self._free += evicted
-        self._free_bound, self._pending_bound = self._free - n_admit, self._pending - n_ripe + n_pending
-        t.mark_stale(n_new)
+        if dropped > 0:
+            self._drop_unseen_pending(dropped, plan)
+            self._pending -= dropped
+        if surplus:  # the last new pending keys (key order) are not inserted
+            rank = plan.new_pending.cumsum(0)
+            plan.new_pending = plan.new_pending & (rank <= n_pending - surplus)
+            plan.new = plan.new_admit | plan.new_pending
+        if short > 0 or dropped > 0:
+            plan.slots, plan.free = probe(t, uniq, valid)  # tombstones may come first in a probe now
+        self._free_bound = self._free - n_admit
+        self._pending_bound = self._pending - n_ripe + n_pending - surplus
+        t.mark_stale(n_new - surplus)
         self._stale = True
         plan.pad_ok = n_admit > 0 or self._free_bound > 0  # a row whose optimizer state may be reset
         return plan
+
+    def _drop_unseen_pending(self, k: int, plan: DevicePlan) -> None:
+        """:meth:`_evict_lru_pending` of exactly `k` pending keys not in this batch, static shape."""
+        t, step = self.table, self._step
+        Scatter(plan.slots, plan.found).put(t.last_seen, step)  # the batch's keys stay (as the host path marks them)
+        slots, chosen = oldest_static(torch.where(t.rows < 0, t.last_seen, NEVER_SEEN), step, k)
+        dead = Scatter(slots, chosen)
+        dead.put(t.keys, DELETED)
+        dead.put(t.counts, 0)
+        dead.put(t.last_seen, NEVER_SEEN)
+        self.num_pending_t.sub_(k)
+        t.num_live_t.sub_(k)
 
     def _evict_unseen(self, k: int, batch_rows: torch.Tensor) -> None:
         """:meth:`_evict_lru_rows` of exactly `k` admitted keys not in this batch (their rows:

@@ -237,3 +237,20 @@ def test_keys_left_out_by_claim_read_the_default_and_are_admitted_when_next_seen
         assert emb.num_rows == CLAIM_ROUNDS and first[CLAIM_ROUNDS:].abs().sum() == 0
         again = emb(keys[CLAIM_ROUNDS:])
     assert emb.num_rows == CLAIM_ROUNDS + 2 and bool((again == 1).all())
+
+
+@pytest.mark.parametrize("capacity", [4096, 32])
+def test_pending_keys_over_budget_are_dropped_alike_with_one_read_a_step(capacity):
+    """A long tail: most keys stay pending (permit 3) and overflow ``pending_capacity`` every step."""
+    stream = _stream(10, 16, 150)
+    make = dict(embedding_size=4, capacity=capacity, permit_filter_value=3, pending_capacity=20, param_init="ones")
+    host = _train(HashEmbedding(**make), stream, on_device=False)
+    emb = HashEmbedding(**make)
+    device = _train(emb, stream, on_device=True)
+    _compare(host, device)
+    syncs = [s.syncs for s in device[3].per_step]
+    assert host[1][-1]["pending"] <= 20
+    if capacity == 4096:
+        assert max(syncs) == 1, syncs
+    else:  # churn fills the slots with tombstones: one step rebuilds the table (the host path's step)
+        assert sorted(syncs)[-2] == 1 and sorted(syncs)[-1] > 1, syncs
