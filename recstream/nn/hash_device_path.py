@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..hostpath import host_reads_free
 from ..validation import check_int_tensor, check_type
-from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique
+from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique, window
 from .lru_select import oldest_static
 from .tensor_hash_table import DELETED, NEVER_SEEN
 
@@ -117,14 +117,15 @@ class DevicePath:
     def _probe_plan(self, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
         """Probe `uniq`: which keys are found, new, admitted now or pending (no write)."""
         t, permit = self.table, self.permit_filter_value
-        slots, free = probe(t, uniq, valid)
+        pos = window(t, uniq)
+        slots, free = probe(t, uniq, valid, pos)
         found, new = slots >= 0, free >= 0
         safe = slots.clamp(min=0)
         total = torch.where(found, t.counts.index_select(0, safe) + counts, counts)
         row = torch.where(found, t.rows.index_select(0, safe), -1)
         plan = DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
-                          new_pending=new & (counts < permit), valid=valid, pad_ok=True)
+                          new_pending=new & (counts < permit), valid=valid, pos=pos, pad_ok=True)
         return plan
 
     def _has_room(self, plan: DevicePlan) -> bool:
@@ -176,7 +177,7 @@ class DevicePath:
             plan.new_pending = plan.new_pending & (rank <= n_pending - surplus)
             plan.new = plan.new_admit | plan.new_pending
         if short > 0 or dropped > 0:
-            plan.slots, plan.free = probe(t, uniq, valid)  # tombstones may come first in a probe now
+            plan.slots, plan.free = probe(t, uniq, valid, plan.pos)  # tombstones may come first in a probe now
         self._free_bound = self._free - n_admit
         self._pending_bound = self._pending - n_ripe + n_pending - surplus
         t.mark_stale(n_new - surplus)
@@ -223,7 +224,7 @@ class DevicePath:
         stack: ripe pending keys first, then new ones, in key order -- the host path's order), mark
         the rows seen; return the vectors of ``uniq[inverse]``."""
         t, step, p = self.table, self._step, plan
-        ins, reused = claim(t, p.uniq, p.new, p.free)
+        ins, reused = claim(t, p.uniq, p.new, p.free, p.pos)
         placed = ins >= 0  # a key claim() left out is not counted this step (as one over capacity)
         slot = torch.where(p.found, p.slots, ins)
         seen = Scatter(slot, p.found | placed)

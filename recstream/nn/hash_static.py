@@ -34,7 +34,8 @@ import torch
 
 from ..hostpath import device_assert
 
-__all__ = ["static_unique", "probe", "claim", "masked_put", "Scatter", "DevicePlan", "DeviceCall", "CLAIM_ROUNDS"]
+__all__ = ["static_unique", "window", "probe", "claim", "masked_put", "Scatter", "DevicePlan", "DeviceCall",
+           "CLAIM_ROUNDS"]
 
 EMPTY, DELETED = -1, -2  # the table's markers (tensor_hash_table imports nothing from here)
 CLAIM_ROUNDS = 4
@@ -102,11 +103,11 @@ def static_unique(values: torch.Tensor, mask: torch.Tensor | None = None
     return uniq, inverse, counts, torch.arange(n, device=dev) < runs
 
 
-def _window(table, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every probe slot of `keys` ``[n, max_rounds]`` and the keys stored there."""
+def window(table, keys: torch.Tensor) -> torch.Tensor:
+    """Every probe slot of `keys` ``[n, max_rounds]`` (they depend on the keys alone: compute them
+    once for :func:`probe` and :func:`claim` of the same keys)."""
     tri = table._triangular(keys.device)[:table.max_rounds]
-    pos = (table.start_of(keys).unsqueeze(1) + tri) & (table.num_slots - 1)
-    return pos, table.keys.index_select(0, pos.view(-1)).view(pos.shape)
+    return (table.start_of(keys.to(table.keys.dtype)).unsqueeze(1) + tri) & (table.num_slots - 1)
 
 
 def _first(mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -114,11 +115,14 @@ def _first(mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return pos.gather(1, mask.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)
 
 
-def probe(table, keys: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def probe(table, keys: torch.Tensor, valid: torch.Tensor,
+          pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(slots, free)`` of ``table.locate`` for the `valid` entries of `keys` (-1 elsewhere): the slot
-    of each key found, and for each absent one the first free slot of its probe sequence."""
+    of each key found, and for each absent one the first free slot of its probe sequence. `pos`:
+    :func:`window` of `keys`."""
     keys = keys.to(table.keys.dtype)
-    pos, cur = _window(table, keys)
+    pos = window(table, keys) if pos is None else pos
+    cur = table.keys.index_select(0, pos.view(-1)).view(pos.shape)
     hit = cur == keys.unsqueeze(1)
     empty = cur == EMPTY
     stop = hit | empty
@@ -132,8 +136,10 @@ def probe(table, keys: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     return slots, free
 
 
-def claim(table, keys: torch.Tensor, want: torch.Tensor, free: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write the `want` keys (distinct, absent; ``free``: :func:`probe`'s) into free slots.
+def claim(table, keys: torch.Tensor, want: torch.Tensor, free: torch.Tensor,
+          pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write the `want` keys (distinct, absent; ``free``: :func:`probe`'s; `pos`: :func:`window`'s)
+    into free slots.
 
     Returns ``(slots, reused)``: each key's slot (-1 where not wanted or, after ``CLAIM_ROUNDS``
     rounds, left out) and the number of tombstones reused (a 0-d tensor). The caller updates the
@@ -142,14 +148,13 @@ def claim(table, keys: torch.Tensor, want: torch.Tensor, free: torch.Tensor) -> 
     n, size = keys.numel(), table.num_slots
     slots = torch.full((n,), -1, dtype=torch.int64, device=keys.device)
     reused = torch.zeros((), dtype=torch.int64, device=keys.device)
-    pos = cur = None
     for r in range(CLAIM_ROUNDS):
         if r == 0:  # the probe's first free slots: no window needed
             active, want_slot = want, free
             was_deleted = table.keys.index_select(0, free.clamp(min=0)) == DELETED
         else:  # the slots taken so far are no longer free: each loser's next free one comes first
             if pos is None:
-                pos, _ = _window(table, keys)
+                pos = window(table, keys)
             cur = table.keys.index_select(0, pos.view(-1)).view(pos.shape)
             is_free = (cur == EMPTY) | (cur == DELETED)
             active = want & (slots < 0) & is_free.any(1)
@@ -167,11 +172,12 @@ def claim(table, keys: torch.Tensor, want: torch.Tensor, free: torch.Tensor) -> 
 
 @dataclass
 class DevicePlan:
-    """What :meth:`HashEmbedding._plan` found for one batch's keys (every tensor sized like `uniq`):
+    """What ``HashEmbedding._probe_plan`` found for one batch's keys (every tensor sized like `uniq`):
     their slots (-1: absent) and first free slots, which are found / new, their counts after the
     batch and current rows (-1: none), which are admitted now (`ripe` pending keys, `new_admit` new
-    ones) or stay pending; `pad_ok`: some row's optimizer state may be reset (padding of the reset
-    rows: a row admitted now, or a free one)."""
+    ones) or stay pending, which entries are real (`valid`), their probe slots (`pos`); `pad_ok`:
+    some row's optimizer state may be reset (padding of the reset rows: a row admitted now, or a
+    free one)."""
 
     uniq: torch.Tensor
     slots: torch.Tensor
@@ -184,6 +190,7 @@ class DevicePlan:
     new_admit: torch.Tensor
     new_pending: torch.Tensor
     valid: torch.Tensor
+    pos: torch.Tensor
     pad_ok: bool
 
 
