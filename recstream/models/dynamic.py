@@ -40,7 +40,9 @@ from torch import nn
 from ..data.hashing import hash_strings
 from ..data.schema import CategoricalFeature
 from ..features import Features
+from ..hostpath import host_reads_free
 from ..nn import HashEmbedding
+from ..nn.hash_device_path import lookup_masked_many
 from ..validation import check_number
 
 _RESERVED_SHIFT = -(2 ** 63) + 2  # -1 -> -2**63 + 1, -2 -> -2**63: keys no real id uses in practice
@@ -144,6 +146,8 @@ class DynamicTables(nn.Module):
 
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         """Pooled vectors of every dynamic feature (`features` must carry ``keys``)."""
+        if not host_reads_free(features.values) and not any(t.sharded for t in self.tables.values()):
+            return self._forward_static(features)
         out = {}
         for key, members in self._members.items():
             bags = [features.bag(self.features[i].name) for i in members]
@@ -153,6 +157,34 @@ class DynamicTables(nn.Module):
             for i, (ids, offsets), part in zip(members, bags, emb.split([k.numel() for k in keys]), strict=True):
                 out[self.features[i].name] = self._pool(self.features[i], ids, offsets, part, features.batch_size)
         return {name: out[name] for name in self.names}  # schema order
+
+    def _forward_static(self, features: Features) -> dict[str, torch.Tensor]:
+        """:meth:`forward` on a device with no host sync: a feature's ids are a slice of ``values``
+        whose bounds are data (``Features.bag`` reads them), so each table looks up every id of the
+        batch with a mask of its features' ids (``lookup_masked_many``: one host read at most for all
+        the tables) and each feature pools its own bags out of the whole batch's: every shape is the
+        batch's."""
+        values, offsets, b = features.values, features.offsets, features.batch_size
+        positions = torch.arange(values.numel(), device=values.device)
+        feature_of = (torch.searchsorted(offsets, positions, right=True) - 1) // b
+        calls, where = [], {}
+        for key, members in self._members.items():
+            where[key] = [features.position(self.features[i].name) for i in members]
+            mask, keys = None, values
+            for i, f in zip(members, where[key], strict=True):
+                mine = feature_of == f
+                mask = mine if mask is None else mask | mine
+                if self._salts[i]:
+                    keys = torch.where(mine, values ^ self._salts[i], keys)
+            calls.append((self.tables[key], table_key(keys), mask))
+        out = {}
+        # every table at once: those whose bounds do not show room read their counters in one read
+        for (key, members), emb in zip(self._members.items(), lookup_masked_many(calls), strict=True):
+            for i, f in zip(members, where[key], strict=True):
+                pooled = F.embedding_bag(positions, emb, offsets, mode=self.features[i].pooling,
+                                         include_last_offset=True)
+                out[self.features[i].name] = pooled[f * b:(f + 1) * b]
+        return {name: out[name] for name in self.names}
 
     @staticmethod
     def _pool(f: CategoricalFeature, ids: torch.Tensor, offsets: torch.Tensor, emb: torch.Tensor,

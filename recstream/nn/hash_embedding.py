@@ -52,9 +52,17 @@ key -- admitted or pending -- not seen for more than ``evict_filter_value``
 steps. Pending keys are bounded by ``pending_capacity``; beyond it the
 least-recently-seen ones are dropped, with the same headroom.
 
-Every life-cycle step runs in a training-mode forward or ``step()``; the host syncs
-they contain (``nonzero``, counts read back to size the next tensor) are inherent to a
-dynamically sized table. Eval mode and ``torch.inference_mode`` only read: nothing
+Every life-cycle step runs in a training-mode forward or ``step()``. On a CPU they compact
+their tensors as they go (``nonzero``, counts read back: free on a host) and run compiled
+kernels. On a device (``recstream.hostpath``) they run ops of static shapes instead
+(:mod:`recstream.nn.hash_static`): no host sync while the host's bounds of the free rows,
+pending keys and used slots show room for the batch's keys; one read of the counters when
+they do not (it also decides whether the LRU pass and the drop of pending keys over budget
+run, on the device too); the host path's ops, with their syncs, for the rare step that
+rebuilds the table, logs evictions for ``export_delta`` or brings more new keys than there are
+keys to evict (see :mod:`~recstream.nn.hash_device_path`). Both paths admit the same keys to
+the same rows and evict the same ones (their random initial rows differ: they draw different
+amounts). Eval mode and ``torch.inference_mode`` only read: nothing
 in the module changes (``max_norm`` then scales the returned vectors, not the rows).
 
 Sharding (``hybrid_parallel``)
@@ -111,9 +119,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..hostpath import device_assert, host_reads_free
 from ..sorting import sort_bounded, unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from . import native
+from .hash_device_path import DevicePath, lookup_masked_many
 from .key_sharding import KeySharding
 from .lru_select import oldest
 from .row_gather import gather_rows
@@ -127,7 +137,7 @@ from .tensor_hash_table import (
     _where,
 )
 
-__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries"]
+__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many"]
 
 # Initial row values per ``param_init`` (std / half-width of the distribution).
 _INIT_SCALE = {"normal": 0.01, "uniform": 0.05}
@@ -181,7 +191,7 @@ class HashEmbeddingState:
     track_evictions: bool
 
 
-class HashEmbedding(nn.Module):
+class HashEmbedding(DevicePath, nn.Module):
     """Embedding lookup keyed by arbitrary int64 ids with admission and eviction.
 
     Args:
@@ -259,7 +269,11 @@ class HashEmbedding(nn.Module):
         for name in ("num_free_t", "num_pending_t", "global_step_t", "track_evictions_t"):
             self.register_buffer(name, torch.zeros((), dtype=torch.int64, device=device))
         # Python mirrors of the 0-d buffers: read on every call without a host sync.
-        self._step, self._num_pending, self._track_evictions = 0, 0, False
+        self._step, self._track_evictions = 0, False
+        # Free rows and pending keys: host copies (read only when `_stale`: the device path changed
+        # the buffers on the device) and bounds the device path keeps without reading (see _plan).
+        self._free = self._pending = self._free_bound = self._pending_bound = 0
+        self._stale = False
         self._sharding: KeySharding | None = None  # set by shard_keys_
         self._allocate(self.capacity, self.pending_capacity)
         # A module-level function (not a lambda) keeps the module picklable.
@@ -307,8 +321,7 @@ class HashEmbedding(nn.Module):
     def _sync_mirrors(self) -> None:
         self._attach_reset_hook()
         self._step = int(self.global_step_t)
-        self._num_free = int(self.num_free_t)
-        self._num_pending = int(self.num_pending_t)
+        self._read_counters()
         self._track_evictions = bool(self.track_evictions_t)
         self._reset_parts = [self.reset_mask.nonzero().squeeze(1)]
         self._sync_row_last_seen()
@@ -340,7 +353,11 @@ class HashEmbedding(nn.Module):
         # (O(capacity)) per optimizer step would cost more than the step's own lookups.
         # One part (one admitting call since the last pop, the usual case) holds distinct rows already.
         parts = self._reset_parts
-        rows = parts[0] if len(parts) == 1 else torch.unique(torch.cat(parts))
+        if len(parts) == 1:
+            rows = parts[0]
+        else:  # the device path's parts repeat rows (padding): filling a row twice is filling it once
+            rows = torch.cat(parts)
+            rows = torch.unique(rows) if host_reads_free(rows) else rows
         self._reset_parts = []
         self.reset_mask.index_fill_(0, rows, False)
         return rows
@@ -360,6 +377,10 @@ class HashEmbedding(nn.Module):
         bad = (keys | 1) == EMPTY  # EMPTY (-1) and DELETED (-2) are the two values x with x | 1 == -1
         if self.key_dtype == torch.int32:
             bad |= (keys < -2 ** 31) | (keys >= 2 ** 31)
+        if not host_reads_free(keys):  # a device: checked there (see recstream.hostpath)
+            device_assert(~bad.any(), f"{owner}: keys must not be -1 or -2 (the hash table's EMPTY/DELETED "
+                                      f"markers) and must fit in {str(self.key_dtype).replace('torch.', '')}")
+            return keys
         if bool(bad.any()):  # host sync: the only way to decide whether to raise
             i = bad.reshape(-1).nonzero()[0, 0]
             allowed = "int32 values" if self.key_dtype == torch.int32 else "int64 values"
@@ -378,8 +399,8 @@ class HashEmbedding(nn.Module):
         Eval mode or ``torch.inference_mode``: read-only (nothing in the module
         changes; ``max_norm`` scales the returned vectors only); unknown and
         pending keys read ``default_value``.
-        Host syncs: ``torch.unique``, the sentinel check and one per probe
-        round -- inherent to a table whose size changes with the data.
+        Host syncs: on a CPU ``unique``, the sentinel check and the probe rounds' compactions
+        (free there); on a device none while the table has room (module doc, "Row life cycle").
         """
         keys = self._check_keys("HashEmbedding", keys)
         flat = keys.reshape(-1)
@@ -390,6 +411,8 @@ class HashEmbedding(nn.Module):
             self.step()
         if flat.numel() == 0 and self._sharding is None:  # sharded: still answer the other ranks
             return self.values.new_zeros(*keys.shape, self.embedding_size)
+        if self._sharding is None and not host_reads_free(flat):
+            return self._device_lookup(flat, mutate).view(*keys.shape, self.embedding_size)
         uniq, inverse, counts = unique(flat, return_inverse=True, return_counts=True)
         if self._sharding is not None:  # keys routed to their owners; every rank takes part
             out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
@@ -414,7 +437,7 @@ class HashEmbedding(nn.Module):
             self._renorm(r)
         if r.numel() == uniq.numel() and (self.max_norm is None or mutate):
             # Every key has a row (the common case once keys are admitted): one gather.
-            if mutate and self.sparse and self.values.device.type == "cpu":
+            if mutate and self.sparse and host_reads_free(self.values):
                 # The keys are unique, so are their rows: sorted, they make a gradient the
                 # optimizer need not sort and sum again (gather_rows).
                 sorted_rows, order = sort_bounded(rows, self.capacity)
@@ -453,12 +476,36 @@ class HashEmbedding(nn.Module):
 
         # ---------------------------------------------------------- row life cycle
     # ---------------------------------------------------------- scalars
+    @property
+    def _num_free(self) -> int:
+        if self._stale:
+            self._read_counters()
+        return self._free
+
+    @property
+    def _num_pending(self) -> int:
+        if self._stale:
+            self._read_counters()
+        return self._pending
+
+    def _read_counters(self) -> None:
+        """Copy the counters the device path keeps on the device to the host: ONE read."""
+        t = self.table
+        self._set_read(torch.stack([self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t]).tolist())
+
+    def _set_read(self, values: list[int]) -> None:
+        """The host's copies of (free rows, pending keys, used slots, live slots), just read."""
+        self._free, self._pending = values[0], values[1]
+        self._free_bound, self._pending_bound = values[0], values[1]
+        self.table.set_mirrors(values[2], values[3])
+        self._stale = False
+
     def _set_free(self, n: int) -> None:
-        self._num_free = n
+        self._free = self._free_bound = n
         self.num_free_t.fill_(n)
 
     def _set_pending(self, n: int) -> None:
-        self._num_pending = n
+        self._pending = self._pending_bound = n
         self.num_pending_t.fill_(n)
 
     @property
@@ -481,15 +528,20 @@ class HashEmbedding(nn.Module):
 
         Called by every training-mode forward when ``auto_step=True``. The age
         eviction is one compare + ``nonzero`` over all slots (O(num_slots), a
-        host sync) and runs every ``evict_interval`` steps: with an interval
-        > 1 a key is evicted at the first check after it went stale.
+        host sync; on a device, masks over all slots and no sync unless evictions
+        are logged for ``export_delta``) and runs every ``evict_interval`` steps:
+        with an interval > 1 a key is evicted at the first check after it went stale.
         """
         self._step += 1
         self.global_step_t.fill_(self._step)
         n = self.evict_filter_value
         if n is not None and self._step % self.evict_interval == 0:
             # Free slots read last_seen=+inf, so one comparison finds the stale keys.
-            self._evict_slots(_where(self.table.last_seen < self._step - n))
+            stale = self.table.last_seen < self._step - n
+            if host_reads_free(stale) or self._track_evictions or self._sharding is not None:
+                self._evict_slots(_where(stale))
+            else:
+                self._evict_stale(stale)
 
     # ---------------------------------------------------------- eviction
     def _evict_slots(self, slots: torch.Tensor, rows: torch.Tensor | None = None) -> None:
@@ -708,6 +760,19 @@ class HashEmbedding(nn.Module):
         self._assign_rows(torch.cat([ripe, ins_slots[: new_admit.numel()]]))
         slots.index_copy_(0, n_idx.index_select(0, ins), ins_slots)
         return slots
+
+    # ---------------------------------------------------------- the device path (no host sync)
+    def lookup_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of the 1-D `keys` where `mask` holds, ``default_value`` elsewhere: the
+        entries out of `mask` are not counted, admitted or looked up. ``[len(keys), embedding_size]``.
+        On a device nothing is compacted (no host sync): a caller with a batch of several features
+        passes all its ids and masks the ones of this table's features.
+
+        >>> emb = HashEmbedding(2, capacity=8, param_init="ones")
+        >>> emb.lookup_masked(torch.tensor([5, 6]), torch.tensor([True, False])).tolist(), emb.num_rows
+        ([[1.0, 1.0], [0.0, 0.0]], 1)
+        """
+        return lookup_masked_many([(self, keys, mask)])[0]
 
     # ---------------------------------------------------------- key sharding
     @property
@@ -952,3 +1017,4 @@ class HashEmbedding(nn.Module):
                 f"num_slots={self.num_slots}, rows={self.num_rows}, pending={self._num_pending}, "
                 f"permit={self.permit_filter_value}, evict={self.evict_filter_value}, "
                 f"sparse={self.sparse}, step={self._step}")
+

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..hostpath import host_reads_free
 from . import native
 from .tensor_hash_table import NEVER_SEEN, _where
 
@@ -39,7 +40,7 @@ def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None
     one step, e.g. a bulk load, age together) until probe sequences there grow past max_rounds.
     Host syncs: the candidate count, the minimum age, the threshold bucket.
     """
-    if native.kernels is not None and last_seen.device.type == "cpu":
+    if native.kernels is not None and host_reads_free(last_seen):
         out = torch.empty(max(k, 0), dtype=torch.int64)
         n = native.kernels.oldest(last_seen.contiguous().numpy(), None if rows is None else rows.contiguous().numpy(),
                                    step, k, BUCKET_BITS, out.numpy())
@@ -79,3 +80,44 @@ def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int)
         edge = edge.index_select(0, torch.sort(ls.index_select(0, edge), stable=True).indices)
         return torch.cat([older, edge[:m]])
     return torch.cat([older, edge.index_select(0, torch.arange(m, device=dev) * edge.numel() // m)])
+
+
+def oldest_static(last_seen: torch.Tensor, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`oldest` (without ``rows``) with no host sync: ``(order, chosen)``, both sized like
+    `last_seen`, where ``order[chosen]`` is :func:`oldest`'s result (the chosen entries first, in its
+    order). The bucket width, threshold bucket and counts stay on the device."""
+    n, dev = last_seen.numel(), last_seen.device
+    index = torch.arange(n, device=dev)
+    candidate = last_seen < step
+    k_eff = torch.minimum(candidate.sum(), torch.tensor(max(k, 0), device=dev))
+    ls = torch.where(candidate, last_seen, NEVER_SEEN)
+    lo = ls.min()
+    span = (step - lo).clamp(min=1)  # no candidate: every entry NEVER_SEEN, nothing chosen below
+    bits = ((span - 1).unsqueeze(0) >= (torch.ones(1, dtype=torch.int64, device=dev)
+                                         << torch.arange(63, device=dev))).sum()  # (span - 1).bit_length()
+    shift = (bits - BUCKET_BITS).clamp(min=0)
+    top = lo + (torch.full((), _BUCKETS, dtype=torch.int64, device=dev) << shift)
+    bucket = torch.where(candidate, (torch.minimum(ls, top) - lo) >> shift, _BUCKETS)
+    cum = torch.zeros(_BUCKETS + 1, dtype=torch.int64, device=dev).index_add_(
+        0, bucket, torch.ones_like(bucket)).cumsum(0)
+    t = torch.searchsorted(cum, k_eff.reshape(1))  # the first bucket reaching k
+    older = candidate & (bucket < t)
+    edge = candidate & (bucket == t)
+    m = k_eff - older.sum()  # taken from the edge bucket
+    # One age in the edge bucket: entries evenly spread over it (the e-th of E is taken when some
+    # j < m has j * E // m == e); several ages: its oldest (ties in index order).
+    e, size = edge.cumsum(0) - 1, edge.sum()
+    j = (e * m + size - 1) // size.clamp(min=1)  # the least j with j * E // m >= e
+    spread = edge & (j < m) & ((j * size) // m.clamp(min=1) == e)
+    by_age = torch.sort(torch.where(edge, ls, NEVER_SEEN), stable=True).indices
+    age_rank = torch.empty_like(by_age).index_copy_(0, by_age, index)
+    chosen = older | torch.where(shift > 0, edge & (age_rank < m), spread)
+    # order: the older buckets' entries by index, then the edge's (by age when it spans several);
+    # every candidate chosen: all of them by index
+    every = k_eff == candidate.sum()
+    chosen = torch.where(every, candidate, chosen)
+    rank = torch.where(older | every, 0, 1).masked_fill(~chosen, 2)
+    age = torch.where(chosen & ~older & ~every & (shift > 0), ls, 0)
+    order = torch.sort(age, stable=True).indices
+    order = order.index_select(0, torch.sort(rank.index_select(0, order), stable=True).indices)
+    return order, chosen.index_select(0, order)

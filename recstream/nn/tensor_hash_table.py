@@ -36,8 +36,10 @@ Design
   (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
   the next keys' probes prefetched, the same probe sequence and tombstone rule, and an insert that
   replays the rounds below claim for claim, so both implementations leave the same layout. The
-  torch ops run on CUDA, for int32 keys, and wherever the extension was not built
-  (:mod:`~recstream.nn.native`).
+  torch ops run for int32 keys, wherever the extension was not built (:mod:`~recstream.nn.native`)
+  and on a device outside HashEmbedding's training and eval lookups, which take the static-shape
+  ops of :mod:`~recstream.nn.hash_static` there (no compaction, no host sync). Counters the device
+  path changes on the device reach the host mirrors (:attr:`num_used`) at the next read of them.
 * Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
   default: ~1.5 probes per successful lookup). Tombstones count as used
   (misses probe past them); when ``used`` would exceed a second, higher bound
@@ -56,6 +58,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..hostpath import host_reads_free
 from ..sorting import sort_bounded
 from ..validation import check_choice, check_int
 from . import native
@@ -141,25 +144,53 @@ class TensorHashTable(nn.Module):
         # below avoid a device->host read on every call.
         self.register_buffer("num_used_t", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("num_live_t", torch.zeros((), dtype=torch.int64, device=device))
-        self.num_used = 0  # live + tombstones
-        self.num_live = 0
+        self._used = self._live = 0  # live + tombstones; live (host mirrors, see num_used)
+        self._stale = False  # the device path changed the 0-d buffers: the mirrors wait for a read
+        self.used_bound = 0  # an upper bound of num_used that never needs a read (the device path's)
         # A module-level function (not a lambda) keeps the module picklable.
         self.register_load_state_dict_post_hook(_after_load)
 
+    @property
+    def num_used(self) -> int:
+        """Slots holding a key or a tombstone. After the device path (``recstream.nn.hash_static``)
+        changed the counters on the device, the first read copies them to the host (one sync)."""
+        if self._stale:
+            self._sync_counters()
+        return self._used
+
+    @property
+    def num_live(self) -> int:
+        """Slots holding a key (see :attr:`num_used`)."""
+        if self._stale:
+            self._sync_counters()
+        return self._live
+
     def _sync_counters(self) -> None:
-        self.num_used = int(self.num_used_t)
-        self.num_live = int(self.num_live_t)
+        self.set_mirrors(*torch.stack([self.num_used_t, self.num_live_t]).tolist())
+
+    def set_mirrors(self, used: int, live: int) -> None:
+        """The host's copies of the counters, just read from the device."""
+        self._used, self._live, self._stale, self.used_bound = used, live, False, used
+
+    def mark_stale(self, more_used: int) -> None:
+        """The device path changed the counters on the device, adding at most `more_used` used slots."""
+        self.used_bound = self.num_used_bound() + more_used
+        self._stale = True
+
+    def num_used_bound(self) -> int:
+        """:attr:`num_used` or more, without a read."""
+        return self.used_bound if self._stale else self._used
 
     def _set_counters(self, used: int, live: int) -> None:
-        self.num_used, self.num_live = used, live
+        self.set_mirrors(used, live)
         self.num_used_t.fill_(used)
         self.num_live_t.fill_(live)
 
     def runs_kernels(self, keys: torch.Tensor) -> bool:
-        """Whether a call on `keys` runs the compiled kernels: a CPU table of int64 keys, CPU keys,
-        the kernels built (module doc)."""
+        """Whether a call on `keys` runs the compiled kernels: a CPU table of int64 keys, CPU keys on
+        the host path (``recstream.hostpath``), the kernels built (module doc)."""
         return native.kernels is not None and self.keys.device.type == "cpu" and self.keys.dtype == torch.int64 \
-            and keys.device.type == "cpu"
+            and host_reads_free(keys)
 
     def occupied(self) -> torch.Tensor:
         """Bool mask of slots holding a key."""

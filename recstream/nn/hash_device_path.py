@@ -1,0 +1,303 @@
+"""The device path of :class:`~recstream.nn.HashEmbedding`: its training and eval lookups, LRU and age
+passes with static shapes and no host sync (ops in :mod:`~recstream.nn.hash_static`).
+
+:class:`DevicePath` is a mixin of :class:`~recstream.nn.HashEmbedding` (its state, counters and host
+bounds are the module's; see its "Row life cycle"); :func:`lookup_masked_many` looks several tables
+up with one host read at most. What each step does on the host path lives in ``hash_embedding.py``;
+here is its static-shape twin, which must keep the same semantics (tests/nn/test_hash_device_path.py
+runs both on the same key streams).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..hostpath import host_reads_free
+from ..validation import check_int_tensor, check_type
+from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique, window
+from .lru_select import oldest_static
+from .tensor_hash_table import DELETED, NEVER_SEEN
+
+__all__ = ["DevicePath", "lookup_masked_many"]
+
+
+class DevicePath:
+    """The device-path methods of :class:`~recstream.nn.HashEmbedding` (a mixin: no state of its own)."""
+
+    def _evict_stale(self, stale: torch.Tensor) -> None:
+        """:meth:`_evict_slots` of every slot in the mask `stale`, static shape: the admitted keys'
+        rows go onto the free stack in slot order (the host path's), every stale slot becomes a
+        tombstone."""
+        t = self.table
+        rows = t.rows
+        admitted = stale & (rows >= 0)
+        safe = rows.clamp(min=0)
+        freed = Scatter(safe, admitted)
+        freed.put(self.row_slots, -1)
+        freed.put(self.row_last_seen, NEVER_SEEN)
+        freed.put(self.dirty, False)
+        stack = (self.num_free_t + admitted.cumsum(0) - 1).clamp(0, self.capacity - 1)
+        Scatter(stack, admitted).put(self.free_rows, rows)
+        n_freed, n_stale = admitted.sum(), stale.sum()
+        self.num_free_t.add_(n_freed)
+        self.num_pending_t.sub_(n_stale - n_freed)
+        t.num_live_t.sub_(n_stale)
+        t.keys.masked_fill_(stale, DELETED)
+        t.rows.masked_fill_(stale, -1)
+        t.counts.masked_fill_(stale, 0)
+        t.last_seen.masked_fill_(stale, NEVER_SEEN)
+        self._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
+
+    def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | DeviceCall:
+        """:meth:`lookup_masked` up to the host read (see `lookup_masked_many`): its result, or on a
+        device the call to finish."""
+        if self._sharding is not None or host_reads_free(keys):
+            out = self.default_value.expand(keys.numel(), -1).clone()
+            return out.index_put((mask,), self(keys[mask]))
+        keys = self._check_keys("HashEmbedding", torch.where(mask, keys, 0))
+        mutate = self.training and not torch.is_inference_mode_enabled()
+        if mutate and self.auto_step:
+            self.step()
+        return self._begin_device(keys, mutate, mask)
+
+    def _device_lookup(self, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
+        """:meth:`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
+        ``recstream.nn.hash_static``, every shape that of the batch. No host sync while the table
+        has room for the batch's keys (the host keeps bounds of its free rows, pending keys and used
+        slots); one read of the counters when the bounds do not show it (:meth:`_has_room`); the host
+        path's ops (with their syncs) for a step that must rebuild the table (:meth:`_decide`)."""
+        call = self._begin_device(flat, mutate, None)
+        if isinstance(call, torch.Tensor):
+            return call
+        return self._finish(call, torch.stack(self._read_terms(call.plan)).tolist() if call.read else None)
+
+    def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None) -> torch.Tensor | DeviceCall:
+        """The device path up to the decision that may need a host read: an eval lookup's result, or
+        the probed batch (:class:`~recstream.nn.hash_static.DeviceCall`)."""
+        if not mutate:
+            return self._device_read(flat, mask)
+        uniq, inverse, counts, valid = static_unique(flat, mask)
+        plan = self._probe_plan(uniq, counts, valid)
+        return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan))
+
+    def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
+        """Decide (given the counters `read` for a call that needed them), then carry out."""
+        flat, mask, inverse = call.flat, call.mask, call.inverse
+        plan = call.plan if read is None else self._decide(call.plan, read)
+        if plan is None:  # a rebuild (or another rare step) must run: the host path's step
+            keys = flat if mask is None else flat[mask]
+            uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
+            out = self._lookup_unique(uniq, counts, True, inverse)
+            return out if mask is None else self.default_value.expand(flat.numel(), -1).to(out.dtype).index_put(
+                (mask,), out)
+        out = self._carry_out(plan, inverse)
+        return out if mask is None else torch.where(mask.unsqueeze(1), out, self.default_value.to(out.dtype))
+
+    def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """An eval-mode lookup on a device: unknown and pending keys read ``default_value``."""
+        t = self.table
+        slots, _ = probe(t, flat, torch.ones_like(flat, dtype=torch.bool) if mask is None else mask)
+        rows = torch.where(slots >= 0, t.rows.index_select(0, slots.clamp(min=0)), -1)
+        has = rows >= 0
+        emb = F.embedding(self._padded(rows, has, rows.clamp(min=0)[:1]), self.values, sparse=self.sparse)
+        if self.max_norm is not None:  # the same rows, renormalised out of place
+            emb = emb * self.renorm_scale(emb.detach().norm(dim=1)).unsqueeze(1)
+        return torch.where(has.unsqueeze(1), emb, self.default_value.to(emb.dtype))
+
+    @staticmethod
+    def _padded(rows: torch.Tensor, has: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+        """`rows` with the entries that have none (`has` false) set to the first row there is (or
+        `fallback` ``[1]``): a gather of static shape whose sparse gradient names only rows that
+        get one anyway (zeros added to a row's gradient change nothing)."""
+        first = rows.index_select(0, has.to(torch.uint8).argmax().reshape(1))
+        return torch.where(has, rows, torch.where(has.any(), first, fallback))
+
+    def _probe_plan(self, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
+        """Probe `uniq`: which keys are found, new, admitted now or pending (no write)."""
+        t, permit = self.table, self.permit_filter_value
+        pos = window(t, uniq)
+        slots, free = probe(t, uniq, valid, pos)
+        found, new = slots >= 0, free >= 0
+        safe = slots.clamp(min=0)
+        total = torch.where(found, t.counts.index_select(0, safe) + counts, counts)
+        row = torch.where(found, t.rows.index_select(0, safe), -1)
+        plan = DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
+                          ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
+                          new_pending=new & (counts < permit), valid=valid, pos=pos, pad_ok=True)
+        return plan
+
+    def _has_room(self, plan: DevicePlan) -> bool:
+        """Whether the host's bounds show room for every key of the batch (no read needed); then
+        they are moved on by the batch's worst case."""
+        t, n = self.table, plan.uniq.numel()
+        if self._free_bound >= n and t.num_used_bound() + n <= self._used_limit() * t.num_slots and (
+                self.permit_filter_value == 1 or self._pending_bound + n <= self.pending_capacity):
+            self._free_bound -= n  # at most n keys admitted, n more pending, n slots used
+            self._pending_bound += n if self.permit_filter_value > 1 else 0
+            t.mark_stale(n)
+            self._stale = True
+            return True
+        return False
+
+    def _read_terms(self, plan: DevicePlan) -> list[torch.Tensor]:
+        """What :meth:`_decide` needs read from the device: the counters, then the batch's keys
+        admitted now, ripe pending ones, new pending ones, new ones, ones with a row, pending ones."""
+        t = self.table
+        ripe = plan.ripe.sum()
+        return [self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t, ripe + plan.new_admit.sum(), ripe,
+                plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum(), (plan.found & (plan.row < 0)).sum()]
+
+    def _decide(self, plan: DevicePlan, read: list[int]) -> DevicePlan | None:
+        """Given :meth:`_read_terms` read: run the LRU pass if the rows run short and drop the oldest
+        pending keys if they go over budget (the host path's order and rules), or return None for a
+        step the host path must run (a rebuild, logged evictions, more new keys than there are keys
+        to evict); then nothing changed."""
+        t, uniq, valid = self.table, plan.uniq, plan.valid
+        self._set_read(read[:4])
+        n_admit, n_ripe, n_pending, n_new, n_seen, n_pending_seen = read[4:]
+        short = n_admit - self._free  # rows an LRU pass must free
+        unseen = self.capacity - self._free - n_seen  # admitted keys not in this batch: what it may evict
+        over = self._pending - n_ripe + n_pending - self.pending_capacity  # pending keys over budget
+        dropped = min(over + self._headroom(self.pending_capacity), self._pending - n_pending_seen) if over > 0 else 0
+        surplus = max(over - dropped, 0)  # new pending keys turned away (they restart counting)
+        if t.needs_rehash(n_new - surplus, self._used_limit()) \
+                or (short > 0 and (self._track_evictions or short > unseen)):
+            return None  # rare: the host path's step (its ops, its syncs)
+        if short > 0:
+            evicted = min(short + self._headroom(self.capacity), unseen)
+            self._evict_unseen(evicted, plan.row)
+            self._free += evicted
+        if dropped > 0:
+            self._drop_unseen_pending(dropped, plan)
+            self._pending -= dropped
+        if surplus:  # the last new pending keys (key order) are not inserted
+            rank = plan.new_pending.cumsum(0)
+            plan.new_pending = plan.new_pending & (rank <= n_pending - surplus)
+            plan.new = plan.new_admit | plan.new_pending
+        if short > 0 or dropped > 0:
+            plan.slots, plan.free = probe(t, uniq, valid, plan.pos)  # tombstones may come first in a probe now
+        self._free_bound = self._free - n_admit
+        self._pending_bound = self._pending - n_ripe + n_pending - surplus
+        t.mark_stale(n_new - surplus)
+        self._stale = True
+        plan.pad_ok = n_admit > 0 or self._free_bound > 0  # a row whose optimizer state may be reset
+        return plan
+
+    def _drop_unseen_pending(self, k: int, plan: DevicePlan) -> None:
+        """:meth:`_evict_lru_pending` of exactly `k` pending keys not in this batch, static shape."""
+        t, step = self.table, self._step
+        Scatter(plan.slots, plan.found).put(t.last_seen, step)  # the batch's keys stay (as the host path marks them)
+        slots, chosen = oldest_static(torch.where(t.rows < 0, t.last_seen, NEVER_SEEN), step, k)
+        dead = Scatter(slots, chosen)
+        dead.put(t.keys, DELETED)
+        dead.put(t.counts, 0)
+        dead.put(t.last_seen, NEVER_SEEN)
+        self.num_pending_t.sub_(k)
+        t.num_live_t.sub_(k)
+
+    def _evict_unseen(self, k: int, batch_rows: torch.Tensor) -> None:
+        """:meth:`_evict_lru_rows` of exactly `k` admitted keys not in this batch (their rows:
+        ``batch_rows``, -1 for keys without one), static shape: the rows :func:`oldest` picks, in
+        its order onto the free stack. Not while evictions are logged (the log's length is data)."""
+        t, step = self.table, self._step
+        Scatter(batch_rows, batch_rows >= 0).put(self.row_last_seen, step)  # the batch's keys stay
+        rows, chosen = oldest_static(self.row_last_seen, step, k)
+        slots = self.row_slots.index_select(0, rows)
+        gone = Scatter(rows, chosen)
+        gone.put(self.row_slots, -1)
+        gone.put(self.row_last_seen, NEVER_SEEN)
+        gone.put(self.dirty, False)
+        stack = self.num_free_t + torch.arange(rows.numel(), device=rows.device)  # chosen rows come first
+        Scatter(stack.clamp(max=self.capacity - 1), chosen).put(self.free_rows, rows)
+        dead = Scatter(slots.clamp(min=0), chosen)
+        dead.put(t.keys, DELETED)
+        dead.put(t.rows, -1)
+        dead.put(t.counts, 0)
+        dead.put(t.last_seen, NEVER_SEEN)
+        self.num_free_t.add_(k)
+        t.num_live_t.sub_(k)
+
+    def _carry_out(self, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+        """Carry out :meth:`_plan`: insert the new keys, count, admit (rows from the top of the free
+        stack: ripe pending keys first, then new ones, in key order -- the host path's order), mark
+        the rows seen; return the vectors of ``uniq[inverse]``."""
+        t, step, p = self.table, self._step, plan
+        ins, reused = claim(t, p.uniq, p.new, p.free, p.pos)
+        placed = ins >= 0  # a key claim() left out is not counted this step (as one over capacity)
+        slot = torch.where(p.found, p.slots, ins)
+        seen = Scatter(slot, p.found | placed)
+        seen.put(t.counts, p.total)
+        seen.put(t.last_seen, step)
+        n_ins = placed.sum()
+        t.num_used_t.add_(n_ins - reused)
+        t.num_live_t.add_(n_ins)
+        admit_new = p.new_admit & placed
+        adm = p.ripe | admit_new
+        n_ripe, n_adm = p.ripe.sum(), adm.sum()
+        rank = torch.where(p.ripe, p.ripe.cumsum(0) - 1, n_ripe + admit_new.cumsum(0) - 1)
+        row = self.free_rows.index_select(0, (self.num_free_t - 1 - rank).clamp(0, self.capacity - 1))
+        masked_put(t.rows, slot, row, adm)
+        fresh = Scatter(row, adm)
+        fresh.put(self.row_slots, slot)
+        with torch.no_grad():
+            fresh.put(self.values, self._init_rows(row.numel()))
+        fresh.put(self.reset_mask, True)
+        self.num_free_t.sub_(n_adm)
+        self.num_pending_t.add_((p.new_pending & placed).sum() - n_ripe)
+        if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
+            top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
+            self._reset_parts.append(self._padded(row, adm, top))
+        rows = torch.where(adm, row, p.row)
+        has = rows >= 0
+        looked_up = Scatter(rows, has)  # looked up in training: seen, and dirty (see _mark_seen)
+        looked_up.put(self.dirty, True)
+        looked_up.put(self.row_last_seen, step)
+        if self.max_norm is not None:
+            self._renorm_masked(rows, has)
+        top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
+        emb = F.embedding(self._padded(rows, has, top).index_select(0, inverse), self.values, sparse=self.sparse)
+        return torch.where(has.index_select(0, inverse).unsqueeze(1), emb, self.default_value.to(emb.dtype))
+
+    @torch.no_grad()
+    def _renorm_masked(self, rows: torch.Tensor, has: torch.Tensor) -> None:
+        """:meth:`_renorm` of ``rows[has]``, static shape."""
+        safe = rows.clamp(min=0)
+        w = self.values.index_select(0, safe)
+        norm = w.norm(dim=1)
+        renormed = Scatter(safe, has)
+        renormed.put(self.values, w * self.renorm_scale(norm).unsqueeze(1))
+        renormed.put(self.dirty, self.dirty.index_select(0, safe) | (norm > self.max_norm))
+
+
+def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """:meth:`HashEmbedding.lookup_masked` of several distinct tables ``(table, keys, mask)``, with at
+    most ONE host read for all of them on a device (the tables whose bounds do not show room for
+    their batch read their counters together; see the module doc).
+
+    >>> from recstream.nn import HashEmbedding
+    >>> a, b = HashEmbedding(2, capacity=8, param_init="ones"), HashEmbedding(3, capacity=8)
+    >>> keys, mask = torch.tensor([5, 6]), torch.tensor([True, False])
+    >>> [tuple(out.shape) for out in lookup_masked_many([(a, keys, mask), (b, keys, ~mask)])]
+    [(2, 2), (2, 3)]
+    """
+    started = []
+    for table, keys, mask in calls:
+        owner = "HashEmbedding.lookup_masked"
+        keys = check_int_tensor(owner, "keys", keys, ndim=1)
+        check_type(owner, "mask", mask, torch.Tensor)
+        if mask.dtype != torch.bool or mask.shape != keys.shape:
+            raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
+                             f"got {mask.dtype} {tuple(mask.shape)}")
+        started.append(table._begin_masked(keys, mask))
+    reading = [(table, call) for (table, _, _), call in zip(calls, started, strict=True)
+               if isinstance(call, DeviceCall) and call.read]
+    values: dict[int, list[int]] = {}
+    if reading:  # the one read
+        terms = [table._read_terms(call.plan) for table, call in reading]
+        flat = torch.stack([t.to(torch.int64) for ts in terms for t in ts]).tolist()
+        size = len(terms[0])
+        values = {id(call): flat[i * size:(i + 1) * size] for i, (_, call) in enumerate(reading)}
+    return [call if isinstance(call, torch.Tensor) else table._finish(call, values.get(id(call)))
+            for (table, _, _), call in zip(calls, started, strict=True)]
