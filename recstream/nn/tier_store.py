@@ -1,0 +1,217 @@
+"""The files of one disk-tiered table, committed together: :class:`TierStore`.
+
+A directory holds a ``manifest.json`` (the committed generation and the files), one `TierFile` per
+array (``weight``, and one per per-row optimizer state such as ``exp_avg``) and ``undo.log``.
+
+Crash safety without a second copy of the table: rows are written in place, and before the first
+write to a block since the last commit the block's pre-image (its bytes and checksum, as committed)
+is appended to the undo log and fsynced. A commit flushes every file (data and checksums), then
+atomically replaces the manifest with generation ``g + 1`` (the commit point), then stamps the
+files' headers and empties the undo log. Opening the store (or :meth:`TierStore.rollback`) undoes
+every write made after the manifest's generation, so after a SIGKILL the table is exactly as at the
+last commit: nothing of a later step is kept, nothing of an earlier one lost. An undo entry torn
+by the kill is one whose block was never written (the log is fsynced before the write), so the
+entries are read up to the first one failing its checksum.
+
+Example:
+    >>> import tempfile, numpy as np
+    >>> d = tempfile.mkdtemp()
+    >>> s = TierStore.create(d, {"weight": (8, 2, lambda a, b: np.zeros((b - a, 2), np.float32))})
+    >>> s.write("weight", np.array([1]), np.ones((1, 2), np.float32)); s.commit()
+    1
+    >>> s.write("weight", np.array([1]), np.full((1, 2), 5.0, np.float32))  # not committed
+    >>> s.close(); TierStore.open(d).read("weight", np.array([1])).tolist()
+    [[1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+
+from ..atomic import atomic_write, fsync_dir
+from .tier_file import TierFile, TierFileError
+
+__all__ = ["TierStore"]
+
+_LOG_MAGIC = b"RSUNDO01"
+_LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
+_ENTRY = struct.Struct("<IQII")  # file index, block, stored checksum, bytes
+FORMAT = "recstream-tier"
+
+Fill = Callable[[int, int], np.ndarray]
+
+
+class TierStore:
+    """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
+
+    def __init__(self, directory: str, files: dict[str, TierFile], generation: int) -> None:
+        self.directory, self.files, self.generation = directory, files, generation
+        self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    # ----- create / open -----
+    @classmethod
+    def create(cls, directory: str, files: dict[str, tuple[int, int, Fill]]) -> TierStore:
+        os.makedirs(directory, exist_ok=True)
+        opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
+                  for name, (rows, cols, fill) in files.items()}
+        store = cls(directory, opened, 0)
+        store._reset_log()
+        store._write_manifest(0)
+        return store
+
+    @classmethod
+    def exists(cls, directory: str) -> bool:
+        return os.path.exists(os.path.join(directory, "manifest.json"))
+
+    @classmethod
+    def open(cls, directory: str) -> TierStore:
+        """Open a store, undoing the writes made after its last commit (a crash's leftovers)."""
+        path = os.path.join(directory, "manifest.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except (OSError, ValueError) as e:
+            raise TierFileError(f"tier store {directory}: cannot read {path}: {e}") from e
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise TierFileError(f"tier store {directory}: {path} is not a {FORMAT} manifest")
+        files = {name: TierFile.open(os.path.join(directory, f"{name}.tier")) for name in manifest["files"]}
+        store = cls(directory, files, int(manifest["generation"]))
+        store.rollback()
+        return store
+
+    def add(self, name: str, rows: int, cols: int, fill: Fill) -> None:
+        """A new array (an optimizer state met after creation), part of the store from now on."""
+        if name in self.files:
+            raise ValueError(f"TierStore: {self.directory} has an array {name!r} already")
+        f = TierFile.create(os.path.join(self.directory, f"{name}.tier"), rows, cols, fill)
+        f.set_generation(self.generation)
+        self.files[name] = f
+        self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
+        self._write_manifest(self.generation)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+    # ----- rows -----
+    def read(self, name: str, rows: np.ndarray) -> np.ndarray:
+        out = self.files[name].read_rows(rows)
+        self.bytes_read += out.nbytes
+        return out
+
+    def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write rows in place, after logging the pre-images of blocks first written since the commit."""
+        self.write_many([(name, rows, values)])
+
+    def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+        """Several writes with one fsync of the undo log."""
+        fresh = []
+        for name, rows, _ in writes:
+            f = self.files[name]
+            blocks = f.blocks_of(rows)
+            fresh.extend((name, int(b)) for b in blocks[~self._preimaged[name][blocks]])
+        if fresh:
+            self._log_preimages(fresh)
+        for name, rows, values in writes:
+            self.files[name].write_rows(rows, values)
+            self.bytes_written += values.nbytes
+
+    # ----- commit / rollback -----
+    def commit(self) -> int:
+        """Make every write so far durable as generation ``generation + 1``; returns it."""
+        for f in self.files.values():
+            f.flush()
+        generation = self.generation + 1
+        self._write_manifest(generation)  # the commit point
+        for f in self.files.values():
+            f.set_generation(generation)
+        self.generation = generation
+        self._reset_log()
+        return generation
+
+    def rollback(self) -> None:
+        """Undo the writes made after the last commit (in this process or a crashed one)."""
+        names = list(self.files)
+        for entry in self._read_log():
+            index, block, crc, data = entry
+            self.files[names[index]].restore_block(block, crc, data)
+        for f in self.files.values():
+            f.dirty[:] = False
+            if f.generation != self.generation:
+                if f.generation + 1 != self.generation:  # only a commit's last phase can leave one behind
+                    raise TierFileError(f"tier file {f.path}: generation {f.generation}, its store's manifest "
+                                        f"says {self.generation}: the file belongs to another commit")
+                f.flush()
+                f.set_generation(self.generation)
+            else:
+                f.flush()
+        self._reset_log()
+
+    # ----- undo log -----
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self.directory, "undo.log")
+
+    def _reset_log(self) -> None:
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(_LOG_HEAD.pack(_LOG_MAGIC, self.generation))
+
+        atomic_write(self._log_path, write)
+        for seen in self._preimaged.values():
+            seen[:] = False
+
+    def _log_preimages(self, blocks: list[tuple[str, int]]) -> None:
+        names = list(self.files)
+        with open(self._log_path, "ab") as log:
+            for name, b in blocks:
+                crc, data = self.files[name].block_bytes(b)
+                head = _ENTRY.pack(names.index(name), b, crc, len(data))
+                log.write(head + data + struct.pack("<I", zlib.crc32(head + data)))
+                self._preimaged[name][b] = True
+            log.flush()
+            os.fsync(log.fileno())  # before the blocks change: a kill after this finds their pre-images
+
+    def _read_log(self) -> list[tuple[int, int, int, bytes]]:
+        """The intact entries of the log if it belongs to the committed generation, else none."""
+        try:
+            with open(self._log_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return []
+        if len(raw) < _LOG_HEAD.size or raw[:8] != _LOG_MAGIC:
+            raise TierFileError(f"tier store {self.directory}: {self._log_path} is not an undo log")
+        generation = _LOG_HEAD.unpack_from(raw)[1]
+        if generation < self.generation:  # the commit finished, its log was not reset yet
+            return []
+        if generation > self.generation:
+            raise TierFileError(f"tier store {self.directory}: undo log of generation {generation}, manifest "
+                                f"{self.generation}: the manifest is older than the files")
+        entries, pos = [], _LOG_HEAD.size
+        while pos + _ENTRY.size <= len(raw):
+            index, block, crc, n = _ENTRY.unpack_from(raw, pos)
+            end = pos + _ENTRY.size + n
+            if end + 4 > len(raw) or struct.unpack_from("<I", raw, end)[0] != zlib.crc32(raw[pos:end]):
+                break  # torn tail: written before a kill, its block never changed
+            entries.append((index, block, crc, raw[pos + _ENTRY.size:end]))
+            pos = end + 4
+        return entries
+
+    def _write_manifest(self, generation: int) -> None:
+        manifest = {"format": FORMAT, "version": 1, "generation": generation,
+                    "files": {name: {"rows": f.rows, "cols": f.cols} for name, f in self.files.items()}}
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(manifest, f)
+
+        atomic_write(os.path.join(self.directory, "manifest.json"), write)
+        fsync_dir(self.directory)
