@@ -15,12 +15,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..validation import check_choice, check_int, check_number, check_str, describe
 
-__all__ = ["EmbeddingTableConfig", "POOLINGS"]
+__all__ = ["DiskTier", "EmbeddingTableConfig", "POOLINGS"]
 
 POOLINGS = ("sum", "mean")
 
@@ -31,6 +32,31 @@ def _check_name(name: str, value) -> str:
     if "." in value:
         raise ValueError(f"EmbeddingTableConfig: '{name}' must be a non-empty str without '.', got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class DiskTier:
+    """Keep a table's rows and their optimizer state on local disk, ``cache_rows`` of them in memory.
+
+    Args:
+        directory: the table's store (created if absent, opened -- and a crash's uncommitted writes
+            undone -- if present); one directory per table, on a local disk.
+        cache_rows: rows held in memory (the trainable Parameter); at least the distinct rows of a
+            batch. See docs/models.md for sizing.
+
+    Example:
+        >>> DiskTier("/tmp/item_tier", cache_rows=100_000).cache_rows
+        100000
+    """
+
+    directory: str
+    cache_rows: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, (str, os.PathLike)) or not os.fspath(self.directory):
+            raise TypeError(f"DiskTier: 'directory' must be a non-empty path, got {describe(self.directory)}")
+        object.__setattr__(self, "directory", os.fspath(self.directory))
+        object.__setattr__(self, "cache_rows", check_int("DiskTier", "cache_rows", self.cache_rows, minimum=1))
 
 
 @dataclass(frozen=True)
@@ -45,6 +71,7 @@ class EmbeddingTableConfig:
             pools to zeros in both modes).
         init_std: rows are initialised from ``N(0, init_std**2)``.
         feature_names: features looked up in this table, default ``(name,)``.
+        tier: a :class:`DiskTier` to keep the table on disk behind a cache (None: in memory).
     """
 
     name: str
@@ -53,6 +80,7 @@ class EmbeddingTableConfig:
     pooling: str = "sum"
     init_std: float = 0.01
     feature_names: Sequence[str] | None = None
+    tier: DiskTier | None = None
 
     def __post_init__(self) -> None:
         owner = "EmbeddingTableConfig"
@@ -72,3 +100,5 @@ class EmbeddingTableConfig:
             raise ValueError(f"{owner}: 'feature_names' must be unique, got {names!r}")
         # frozen dataclass: normalise list -> tuple so the config stays hashable.
         object.__setattr__(self, "feature_names", names)
+        if self.tier is not None and not isinstance(self.tier, DiskTier):
+            raise TypeError(f"{owner}: 'tier' must be a DiskTier or None, got {describe(self.tier)}")

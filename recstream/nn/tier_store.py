@@ -50,8 +50,9 @@ Fill = Callable[[int, int], np.ndarray]
 class TierStore:
     """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
 
-    def __init__(self, directory: str, files: dict[str, TierFile], generation: int) -> None:
+    def __init__(self, directory: str, files: dict[str, TierFile], generation: int, uid: int) -> None:
         self.directory, self.files, self.generation = directory, files, generation
+        self.uid = uid  # names this store in checkpoints, so one of another store is refused
         self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
@@ -62,7 +63,7 @@ class TierStore:
         os.makedirs(directory, exist_ok=True)
         opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
                   for name, (rows, cols, fill) in files.items()}
-        store = cls(directory, opened, 0)
+        store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"))
         store._reset_log()
         store._write_manifest(0)
         return store
@@ -83,7 +84,7 @@ class TierStore:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise TierFileError(f"tier store {directory}: {path} is not a {FORMAT} manifest")
         files = {name: TierFile.open(os.path.join(directory, f"{name}.tier")) for name in manifest["files"]}
-        store = cls(directory, files, int(manifest["generation"]))
+        store = cls(directory, files, int(manifest["generation"]), int(manifest["uid"]))
         store.rollback()
         return store
 
@@ -206,7 +207,7 @@ class TierStore:
         return entries
 
     def _write_manifest(self, generation: int) -> None:
-        manifest = {"format": FORMAT, "version": 1, "generation": generation,
+        manifest = {"format": FORMAT, "version": 1, "generation": generation, "uid": self.uid,
                     "files": {name: {"rows": f.rows, "cols": f.cols} for name, f in self.files.items()}}
 
         def write(tmp: str) -> None:
