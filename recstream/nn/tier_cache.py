@@ -277,15 +277,15 @@ class TierCache:
             return generation
 
     def restore(self, generation: int) -> None:
-        """Return to committed `generation` (the current one): writes after it undone, the cache emptied."""
+        """Return to committed `generation` (the store's last or the one before): later writes undone,
+        the cache emptied."""
         with self.lock:
-            self.store.rollback()
-            if generation != self.store.generation:
-                raise ValueError(
-                    f"EmbeddingBagCollection: table {self.name!r}: the checkpoint is of tier generation "
-                    f"{generation}, the tier store {self.store.directory} is at generation {self.store.generation}; "
-                    "a tier store can return only to its last commit (restore the latest checkpoint, or the "
-                    "store's directory as it was with that checkpoint)")
+            try:
+                self.store.rollback_to(generation)
+            except ValueError as e:
+                raise ValueError(f"EmbeddingBagCollection: table {self.name!r}: the checkpoint is of tier "
+                                 f"generation {generation}: {e} (restore the latest checkpoint, or the store's "
+                                 "directory as it was with that checkpoint)") from e
             self._clear()
 
     def import_rows(self, weight: torch.Tensor) -> None:

@@ -13,6 +13,10 @@ last commit: nothing of a later step is kept, nothing of an earlier one lost. An
 by the kill is one whose block was never written (the log is fsynced before the write), so the
 entries are read up to the first one failing its checksum.
 
+The log of the last commit is kept (``undo.prev``), so the store can also return one commit back: a
+checkpoint commits the store before its own file is written, and a kill between the two must leave
+the previous checkpoint restorable (:meth:`TierStore.rollback_to`).
+
 Example:
     >>> import tempfile, numpy as np
     >>> d = tempfile.mkdtemp()
@@ -126,40 +130,88 @@ class TierStore:
             self.bytes_written += values.nbytes
 
     # ----- commit / rollback -----
+    @property
+    def changed(self) -> bool:
+        """Whether anything was written since the last commit."""
+        return any(seen.any() for seen in self._preimaged.values())
+
     def commit(self) -> int:
-        """Make every write so far durable as generation ``generation + 1``; returns it."""
+        """Make every write so far durable as generation ``generation + 1`` and return it; with nothing
+        written since the last commit, that commit's generation (no new one)."""
+        if not self.changed:
+            return self.generation
         for f in self.files.values():
             f.flush()
         generation = self.generation + 1
         self._write_manifest(generation)  # the commit point
-        for f in self.files.values():
-            f.set_generation(generation)
         self.generation = generation
-        self._reset_log()
+        self._finish()
         return generation
+
+    def _finish(self) -> None:
+        """After a commit point: stamp the files, keep the log as the previous commit's, start a new one."""
+        for f in self.files.values():
+            if f.generation != self.generation:
+                f.set_generation(self.generation)
+        if self._log_generation(self._log_path) == self.generation - 1:
+            os.replace(self._log_path, self._prev_path)  # can take the store back one commit
+        self._reset_log()
 
     def rollback(self) -> None:
         """Undo the writes made after the last commit (in this process or a crashed one)."""
+        log = self._log_generation(self._log_path)
+        if log is not None and log < self.generation:  # a commit point passed, its finish did not
+            self._finish()
+            return
+        if log is not None and log > self.generation:  # an interrupted rollback_to: finish it
+            self._undo(self._log_path)
+            self._undo(self._prev_path)
+            self._after_undo()
+            return
+        self._undo(self._log_path)
+        self._after_undo(keep_prev=True)
+
+    def rollback_to(self, generation: int) -> None:
+        """Return to committed `generation`: the last commit, or the one before it (a checkpoint whose
+        file was not written when the process died right after committing the store for it)."""
+        self.rollback()
+        if generation == self.generation:
+            return
+        if generation != self.generation - 1 or self._log_generation(self._prev_path) != generation:
+            raise TierFileError(
+                f"tier store {self.directory}: cannot return to generation {generation}; it is at generation "
+                f"{self.generation} and can return only to it or the one before (if that was its last commit)")
+        self._write_manifest(generation)  # intent first: a crash from here on finishes the rollback at open
+        self.generation = generation
+        self._undo(self._prev_path)
+        self._after_undo()
+
+    def _undo(self, path: str) -> None:
         names = list(self.files)
-        for entry in self._read_log():
-            index, block, crc, data = entry
+        for index, block, crc, data in self._read_log(path):
             self.files[names[index]].restore_block(block, crc, data)
+
+    def _after_undo(self, keep_prev: bool = False) -> None:
         for f in self.files.values():
             f.dirty[:] = False
+            if abs(f.generation - self.generation) > 1:
+                raise TierFileError(f"tier file {f.path}: generation {f.generation}, its store's manifest "
+                                    f"says {self.generation}: the file belongs to another commit")
+            f.flush()
             if f.generation != self.generation:
-                if f.generation + 1 != self.generation:  # only a commit's last phase can leave one behind
-                    raise TierFileError(f"tier file {f.path}: generation {f.generation}, its store's manifest "
-                                        f"says {self.generation}: the file belongs to another commit")
-                f.flush()
                 f.set_generation(self.generation)
-            else:
-                f.flush()
+        if not keep_prev and os.path.exists(self._prev_path):
+            os.unlink(self._prev_path)
         self._reset_log()
 
     # ----- undo log -----
     @property
     def _log_path(self) -> str:
         return os.path.join(self.directory, "undo.log")
+
+    @property
+    def _prev_path(self) -> str:
+        return os.path.join(self.directory, "undo.prev")
 
     def _reset_log(self) -> None:
         def write(tmp: str) -> None:
@@ -169,6 +221,17 @@ class TierStore:
         atomic_write(self._log_path, write)
         for seen in self._preimaged.values():
             seen[:] = False
+
+    def _log_generation(self, path: str) -> int | None:
+        """The generation a log's pre-images restore (None: no log)."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_LOG_HEAD.size)
+        except FileNotFoundError:
+            return None
+        if len(head) < _LOG_HEAD.size or head[:8] != _LOG_MAGIC:
+            raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
+        return _LOG_HEAD.unpack(head)[1]
 
     def _log_preimages(self, blocks: list[tuple[str, int]]) -> None:
         names = list(self.files)
@@ -181,21 +244,12 @@ class TierStore:
             log.flush()
             os.fsync(log.fileno())  # before the blocks change: a kill after this finds their pre-images
 
-    def _read_log(self) -> list[tuple[int, int, int, bytes]]:
-        """The intact entries of the log if it belongs to the committed generation, else none."""
-        try:
-            with open(self._log_path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+    def _read_log(self, path: str) -> list[tuple[int, int, int, bytes]]:
+        """The intact entries of the log at `path` (none if there is no log)."""
+        if self._log_generation(path) is None:
             return []
-        if len(raw) < _LOG_HEAD.size or raw[:8] != _LOG_MAGIC:
-            raise TierFileError(f"tier store {self.directory}: {self._log_path} is not an undo log")
-        generation = _LOG_HEAD.unpack_from(raw)[1]
-        if generation < self.generation:  # the commit finished, its log was not reset yet
-            return []
-        if generation > self.generation:
-            raise TierFileError(f"tier store {self.directory}: undo log of generation {generation}, manifest "
-                                f"{self.generation}: the manifest is older than the files")
+        with open(path, "rb") as f:
+            raw = f.read()
         entries, pos = [], _LOG_HEAD.size
         while pos + _ENTRY.size <= len(raw):
             index, block, crc, n = _ENTRY.unpack_from(raw, pos)

@@ -94,14 +94,14 @@ def test_uncommitted_writes_are_rolled_back_and_committed_ones_kept(tmp_path):
 
 def test_an_array_added_later_is_committed_with_the_others(tmp_path):
     store = TierStore.create(str(tmp_path), {"weight": (100, 2, _fill(2))})
-    store.commit()
+    assert store.commit() == 0  # nothing written: no new generation
     store.add("exp_avg", 100, 2, _fill(2, 0.0))
     store.write("exp_avg", np.array([3]), np.ones((1, 2), np.float32))
     store.commit()
     store.write("exp_avg", np.array([3]), np.full((1, 2), 4.0, np.float32))
     store.close()
     reopened = TierStore.open(str(tmp_path))
-    assert set(reopened.files) == {"weight", "exp_avg"} and reopened.generation == 2
+    assert set(reopened.files) == {"weight", "exp_avg"} and reopened.generation == 1
     assert reopened.read("exp_avg", np.array([3])).tolist() == [[1.0, 1.0]]
 
 
@@ -142,3 +142,30 @@ def test_sigkill_while_writing_leaves_the_last_commit(tmp_path):
     for step in range(1, committed_step + 1):
         expected[rng.integers(0, 20000, 64)] = float(step)
     np.testing.assert_array_equal(store.read("weight", np.arange(20000)), expected)
+
+
+def test_the_store_returns_one_commit_back_and_no_further(tmp_path):
+    """A checkpoint commits the store before its file is written: a kill between the two must leave the
+    previous checkpoint's generation reachable, also from a new process."""
+    store = TierStore.create(str(tmp_path), {"weight": (20000, 4, _fill(4, 0.0))})
+    for generation in (1, 2):
+        store.write("weight", np.array([generation, 10000 + generation]), np.full((2, 4), generation, np.float32))
+        assert store.commit() == generation
+    store.write("weight", np.array([1, 3]), np.full((2, 4), 9.0, np.float32))  # uncommitted
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    store.rollback_to(1)
+    assert store.generation == 1
+    assert store.read("weight", np.array([1, 2, 3, 10001, 10002]))[:, 0].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+    store.write("weight", np.array([5]), np.ones((1, 4), np.float32))
+    store.commit()
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    with pytest.raises(TierFileError, match="cannot return to generation 0; it is at generation 2"):
+        store.rollback_to(0)  # two back
+    store.rollback_to(1)  # one back, again
+    assert store.read("weight", np.array([1, 5]))[:, 0].tolist() == [1.0, 0.0]
+    with pytest.raises(TierFileError, match="cannot return to generation 0; it is at generation 1"):
+        store.rollback_to(0)  # the previous commit's log was used up
+    for f in store.files.values():
+        f.verify_all()

@@ -117,9 +117,11 @@ def test_a_store_of_another_shape_is_refused(tmp_path):
         EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 8, tier=DiskTier(tmp_path, 8))])
 
 
-def test_a_checkpoint_restores_the_committed_rows_and_state(tmp_path):
+@pytest.mark.parametrize("later_commit", [False, True])
+def test_a_checkpoint_restores_the_committed_rows_and_state(tmp_path, later_commit):
     """state_dict commits the store; training on, then loading that state_dict (model and optimizer)
-    and training the same batches again gives the same result as the first time."""
+    and training the same batches again gives the same result as the first time -- also after one
+    later commit (a checkpoint whose file was never written, or load_checkpoint's own state_dict)."""
     _, tiered = _pair(tmp_path)
     opts = _optimizer("lazy_adam", tiered)
     batches = _batches(40, seed=1)
@@ -129,6 +131,8 @@ def test_a_checkpoint_restores_the_committed_rows_and_state(tmp_path):
     assert "ebc.tables.item.tier" in model_state and "ebc.tables.item.weight" not in model_state
     first = _train(tiered, opts, batches[20:])
     after_first = tiered.ebc.gather_tables()
+    if later_commit:
+        tiered.state_dict()
     tiered.load_state_dict(model_state)
     for o, s in zip(opts, opt_states, strict=True):
         o.load_state_dict(s)
@@ -142,11 +146,15 @@ def test_a_checkpoint_older_than_the_store_or_of_another_store_is_refused(tmp_pa
     _, tiered = _pair(tmp_path)
     opts = _optimizer("adagrad", tiered)
     batches = _batches(4)
-    _train(tiered, opts, batches[:2])
+    _train(tiered, opts, batches[:1])
     old = tiered.state_dict()
-    _train(tiered, opts, batches[2:])
-    tiered.state_dict()  # a later commit
-    with pytest.raises(RuntimeError, match=r"tier generation 1, the tier store .* is at generation 2"):
+    assert tiered.state_dict()["ebc.tables.item.tier"].tolist() == old["ebc.tables.item.tier"].tolist()  # no change
+    _train(tiered, opts, batches[1:3])
+    tiered.state_dict()
+    _train(tiered, opts, batches[3:])
+    tiered.state_dict()  # two commits later
+    with pytest.raises(RuntimeError, match=r"tier generation 1: .*cannot return to generation 1; it is at "
+                                           r"generation 3 and can return only to it or the one before"):
         tiered.load_state_dict(old)
     other = _Net(DiskTier(tmp_path / "other_item", 64), DiskTier(tmp_path / "other_wide", 64))
     with pytest.raises(RuntimeError, match=r"is a commit of tier store \d+, table 'item' uses store"):
