@@ -121,6 +121,7 @@ _WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_sigkill_while_writing_leaves_the_last_commit(tmp_path):
     """A real process writing and committing in a loop is SIGKILLed; reopening gives exactly a committed
     generation: every row written by a committed step, none by a later one, all blocks valid."""
