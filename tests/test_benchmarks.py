@@ -162,3 +162,14 @@ def test_plain():
     # test_param[cpu] too: its source (the decorator) names cuda; the plain test and the doctest are dropped
     assert ids == ["test_marked", "test_param[cpu]", "test_param[cuda]", "test_body"], done.stdout + done.stderr
     assert "4/6 tests collected (2 deselected)" in done.stdout, done.stdout
+
+
+def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restores():
+    results = _load("bench_tiered").main(["--quick"])
+    tiered, memory = results["tiered"], results["memory"]
+    assert tiered["cache_rows"] == 2_000 and tiered["rows"] == memory["rows"] == 20_000
+    assert 0 < tiered["hit_rate"] < 1  # a tiny cache on Zipf ids: hits and misses
+    assert tiered["tier_read_bytes_per_step"] > 0 and tiered["tier_written_bytes_per_step"] > 0
+    assert tiered["checkpoint_s"] > 0 and tiered["restore_s"] > 0  # the restore is checked against the commit
+    assert results["tiered_vs_memory"] == tiered["samples_per_s"] / memory["samples_per_s"]
+    assert set(_load("bench_tiered").parse(["--rows", "100", "--cache-rows", "7"]).__dict__) >= {"rows", "cache_rows"}

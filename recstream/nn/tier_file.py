@@ -7,7 +7,7 @@ per optimizer state of the rows. Layout::
     [4096, 4096 + pad(4*B))   crc32 of each block's bytes, as of the last flush
     [data, data + rows*cols*4) the rows, float32, row-major
 
-A block is ``block_rows`` consecutive rows (about 64 KiB). Its checksum is refreshed by
+A block is ``block_rows`` consecutive rows (one 4 KiB page). Its checksum is refreshed by
 :meth:`TierFile.flush` for the blocks written since the previous flush; every other block is
 checked against its stored checksum the first time it is read or written after the file is opened,
 so a corrupt or torn block raises :class:`TierFileError` naming the file and the block instead of
@@ -43,7 +43,7 @@ MAGIC = b"RSTIER\x00\x01"
 VERSION = 1
 _HEADER = struct.Struct("<8sIQQIQQ")  # magic, version, rows, cols, block_rows, blocks, generation
 HEADER_BYTES = 4096
-BLOCK_BYTES = 1 << 16
+BLOCK_BYTES = 4096  # a page: an evicted row written back costs one page of undo log, not 64 KiB
 _OWNER = "TierFile"
 
 
@@ -93,8 +93,9 @@ class TierFile:
             f.truncate(size)
         mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
         tier = cls(path, mm, rows, cols, block_rows, 0)
-        for b in range(blocks):
-            a, e = tier.block_range(b)
+        chunk = block_rows * 256  # 16 MiB a fill call: few calls for a large table, little memory
+        for a in range(0, rows, chunk):
+            e = min(rows, a + chunk)
             tier.data[a:e] = fill(a, e)
         tier.dirty[:] = True
         tier.verified[:] = True
