@@ -65,12 +65,11 @@ def register_row_state(optimizer_class_name: str, row_state: RowState) -> None:
     ROW_STATE[optimizer_class_name] = row_state
 
 
-def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str, float]:
+def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str, float] | None:
     for cls in type(opt).__mro__:
         if cls.__name__ in ROW_STATE:
             return ROW_STATE[cls.__name__](group)
-    raise TypeError(f"a disk-tiered table is trained by {type(opt).__name__}, which has no row-state adapter "
-                    f"(known: {sorted(ROW_STATE)}); add one with recstream.nn.register_row_state")
+    return None
 
 
 @dataclass
@@ -97,7 +96,11 @@ def _bind_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     for cache in list(_CACHES):
         for group in optimizer.param_groups:
             if any(p is cache.weight for p in group["params"]):
-                cache.bind(optimizer, group)
+                row_state = _row_state_of(optimizer, group)
+                if row_state is None:  # a wrapper (CombinedOptimizer) steps a child that owns the state
+                    cache.unknown = type(optimizer).__name__
+                else:
+                    cache.bind(optimizer, row_state)
 
 
 class TierCache:
@@ -119,12 +122,13 @@ class TierCache:
         self._opt: weakref.ref | None = None
         self._row_state: dict[str, float] = {}
         self._reload = False  # the optimizer loaded a state dict: the cached rows' state is stale
+        self.unknown: str | None = None  # an optimizer without a row-state adapter stepped this table
         _CACHES.add(self)
         if not _HOOK:
             _HOOK.append(register_optimizer_step_pre_hook(_bind_hook))
 
     # ----- the optimizer -----
-    def bind(self, optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> None:
+    def bind(self, optimizer: torch.optim.Optimizer, row_state: dict[str, float]) -> None:
         """Called before each step of the optimizer owning ``weight``.
 
         The first time an optimizer is seen: a fresh one (no state yet) starts every row's state at
@@ -137,7 +141,7 @@ class TierCache:
                 cache = weakref.ref(self)
                 optimizer.register_load_state_dict_post_hook(
                     lambda opt: setattr(cache(), "_reload", True) if cache() is not None else None)
-            self._opt, self._row_state, self._reload = weakref.ref(optimizer), _row_state_of(optimizer, group), False
+            self._opt, self._row_state, self._reload = weakref.ref(optimizer), row_state, False
             if not optimizer.state.get(self.weight):
                 self._reset_stored_state()
             else:
@@ -176,6 +180,10 @@ class TierCache:
         if ids.size and (ids.min() < 0 or ids.max() >= self.rows):  # numpy would wrap a negative index
             bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
             raise ValueError(f"EmbeddingBagCollection: id {bad} of table {self.name!r} must be in [0, {self.rows})")
+        if train and self._opt is None and self.unknown is not None:
+            raise TypeError(f"a disk-tiered table ({self.name!r}) is trained by {self.unknown}, which has no "
+                            f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
+                            "recstream.nn.register_row_state")
         with self.lock:
             self.tick += 1
             unique = np.unique(ids)
@@ -287,6 +295,10 @@ class TierCache:
                                  f"generation {generation}: {e} (restore the latest checkpoint, or the store's "
                                  "directory as it was with that checkpoint)") from e
             self._clear()
+
+    def __deepcopy__(self, memo):
+        raise TypeError(f"the disk-tiered table {self.name!r} cannot be deep-copied: its rows are a store on disk "
+                        f"({self.store.directory}), not memory; copy what gather_tables() returns instead")
 
     def import_rows(self, weight: torch.Tensor) -> None:
         """Replace every row's weights by `weight` ``[rows, dim]`` (an in-memory table's), cache emptied."""

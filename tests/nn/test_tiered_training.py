@@ -179,3 +179,41 @@ def test_prefetch_on_a_thread_keeps_training_equal(tmp_path):
     np.testing.assert_allclose(lt, lm, rtol=1e-5)
     _assert_same_tables(memory, tiered)
     assert tiered.ebc.tier_stats()["item"].prefetched > 0
+
+
+@pytest.mark.parametrize("boost_level", ["O0", "O1"])
+def test_model_with_combined_optimizer_and_checkpoints_trains_a_tiered_net_as_an_in_memory_one(tmp_path,
+                                                                                                 boost_level):
+    """The Model API, sparse_and_dense (a CombinedOptimizer: LazyAdam for the tables, Adam for the head),
+    ModelCheckpoint every 4 steps (each a commit of the stores): same tables as in memory."""
+    from recstream import Model
+    from recstream.callbacks import CheckpointConfig, ModelCheckpoint
+    from recstream.optim import sparse_and_dense
+    memory, tiered = _pair(tmp_path)
+    data = _batches(12, seed=3)
+    for net in (memory, tiered):
+        callbacks = [ModelCheckpoint("m", str(tmp_path / "ckpt"), CheckpointConfig(save_checkpoint_steps=4))] \
+            if net is tiered else []
+        model = Model(net, nn.BCEWithLogitsLoss(), sparse_and_dense(net), boost_level=boost_level,
+                      progress_bar=False)
+        model.train(2, data, callbacks=callbacks)
+    _assert_same_tables(memory, tiered)
+    assert tiered.ebc.tier_stats()["wide"].misses > 64
+
+
+def test_an_optimizer_without_a_row_state_adapter_is_named(tmp_path):
+    class MyOpt(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self, closure=None):
+            pass
+
+    net = EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 8))])
+    opt = MyOpt(net.parameters())
+    net(torch.tensor([1]), torch.tensor([0, 1]), 1).sum().backward()
+    opt.step()
+    with pytest.raises(TypeError, match=r"table \('t'\) is trained by MyOpt, which has no row-state adapter"):
+        net(torch.tensor([1]), torch.tensor([0, 1]), 1)
+    with pytest.raises(TypeError, match="cannot be deep-copied"):
+        copy.deepcopy(net)
