@@ -20,11 +20,11 @@ Example:
 """
 
 from .embedding_bag_collection import EmbeddingBagCollection
-from .embedding_config import DiskTier, EmbeddingTableConfig
+from .embedding_config import DiskTier, EmbeddingTableConfig, TierPlan
 from .hash_embedding import HashEmbedding
 from .tensor_hash_table import TensorHashTable
 from .tier_cache import TierStats, register_row_state
 from .tier_file import TierFileError
 
 __all__ = ["DiskTier", "EmbeddingBagCollection", "EmbeddingTableConfig", "HashEmbedding", "TensorHashTable",
-           "TierFileError", "TierStats", "register_row_state"]
+           "TierFileError", "TierPlan", "TierStats", "register_row_state"]

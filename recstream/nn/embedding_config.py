@@ -16,12 +16,12 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..validation import check_choice, check_int, check_number, check_str, describe
 
-__all__ = ["DiskTier", "EmbeddingTableConfig", "POOLINGS"]
+__all__ = ["DiskTier", "EmbeddingTableConfig", "POOLINGS", "TierPlan"]
 
 POOLINGS = ("sum", "mean")
 
@@ -57,6 +57,46 @@ class DiskTier:
             raise TypeError(f"DiskTier: 'directory' must be a non-empty path, got {describe(self.directory)}")
         object.__setattr__(self, "directory", os.fspath(self.directory))
         object.__setattr__(self, "cache_rows", check_int("DiskTier", "cache_rows", self.cache_rows, minimum=1))
+
+
+@dataclass(frozen=True)
+class TierPlan:
+    """Which tables of a model live on disk: the tables of the features in `cache_rows`, each with
+    a `DiskTier` of that many cached rows in ``directory/<part>/<table>`` (``part``: the model's
+    ``embedding`` or ``wide`` tables). The recstream models take it as ``disk_tier=``.
+
+    Example:
+        >>> plan = TierPlan("tiers", {"C3": 50_000})
+        >>> plan.for_table("embedding", "C3", ("C3",))
+        DiskTier(directory='tiers/embedding/C3', cache_rows=50000)
+        >>> plan.for_table("embedding", "C1", ("C1",)) is None
+        True
+    """
+
+    directory: str
+    cache_rows: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, (str, os.PathLike)) or not os.fspath(self.directory):
+            raise TypeError(f"TierPlan: 'directory' must be a non-empty path, got {describe(self.directory)}")
+        object.__setattr__(self, "directory", os.fspath(self.directory))
+        if not isinstance(self.cache_rows, Mapping):
+            raise TypeError(f"TierPlan: 'cache_rows' must map feature names to rows, got {describe(self.cache_rows)}")
+        object.__setattr__(self, "cache_rows", {check_str("TierPlan", "cache_rows key", k):
+                                                check_int("TierPlan", f"cache_rows[{k!r}]", v, minimum=1)
+                                                for k, v in self.cache_rows.items()})
+
+    def for_table(self, part: str, table: str, features: Sequence[str]) -> DiskTier | None:
+        """The tier of table `table` of `part`, read by `features` (None: in memory)."""
+        rows = [self.cache_rows[f] for f in features if f in self.cache_rows]
+        return DiskTier(os.path.join(self.directory, part, table), max(rows)) if rows else None
+
+    def check_features(self, owner: str, fixed: Sequence[str]) -> None:
+        """Refuse a feature that is not one of the model's fixed-vocabulary features."""
+        unknown = sorted(set(self.cache_rows) - set(fixed))
+        if unknown:
+            raise ValueError(f"{owner}: disk_tier names {unknown}, which are not fixed-vocabulary features of "
+                             f"the schema (dynamic features are not tiered); those are {list(fixed)}")
 
 
 @dataclass(frozen=True)
