@@ -138,6 +138,9 @@ class EmbeddingBagCollection(nn.Module):
                 raise ValueError(f"{_OWNER}: {kind} names must be unique, got duplicates {dup}")
         self.tables = tables
         self.sparse = check_bool(_OWNER, "sparse", sparse)
+        tiered_names = [t.name for t in tables if t.tier is not None]
+        if tiered_names and not self.sparse:  # a dense gradient would update every cached slot, not the batch's
+            raise ValueError(f"{_OWNER}: disk-tiered tables {tiered_names} need sparse=True (row-sparse updates)")
         self.validate = check_bool(_OWNER, "validate", validate)
 
         # Groups: one per dim of the in-memory tables (first-seen order), then one per disk-tiered table,

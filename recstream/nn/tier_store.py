@@ -244,21 +244,22 @@ class TierStore:
             log.flush()
             os.fsync(log.fileno())  # before the blocks change: a kill after this finds their pre-images
 
-    def _read_log(self, path: str) -> list[tuple[int, int, int, bytes]]:
-        """The intact entries of the log at `path` (none if there is no log)."""
+    def _read_log(self, path: str):
+        """The intact entries of the log at `path` (none if there is no log), read one at a time: a log
+        can hold many pages."""
         if self._log_generation(path) is None:
-            return []
+            return
         with open(path, "rb") as f:
-            raw = f.read()
-        entries, pos = [], _LOG_HEAD.size
-        while pos + _ENTRY.size <= len(raw):
-            index, block, crc, n = _ENTRY.unpack_from(raw, pos)
-            end = pos + _ENTRY.size + n
-            if end + 4 > len(raw) or struct.unpack_from("<I", raw, end)[0] != zlib.crc32(raw[pos:end]):
-                break  # torn tail: written before a kill, its block never changed
-            entries.append((index, block, crc, raw[pos + _ENTRY.size:end]))
-            pos = end + 4
-        return entries
+            f.seek(_LOG_HEAD.size)
+            while True:
+                head = f.read(_ENTRY.size)
+                if len(head) < _ENTRY.size:
+                    return
+                index, block, crc, n = _ENTRY.unpack(head)
+                data, tail = f.read(n), f.read(4)
+                if len(data) < n or len(tail) < 4 or struct.unpack("<I", tail)[0] != zlib.crc32(head + data):
+                    return  # torn tail: written before a kill, its block never changed
+                yield index, block, crc, data
 
     def _write_manifest(self, generation: int) -> None:
         manifest = {"format": FORMAT, "version": 1, "generation": generation, "uid": self.uid,

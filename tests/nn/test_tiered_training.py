@@ -111,6 +111,11 @@ def test_a_batch_wider_than_the_cache_is_refused_with_the_sizes(tmp_path):
         net(torch.tensor([100]), torch.tensor([0, 1]), 1)
 
 
+def test_a_tiered_table_needs_sparse_gradients(tmp_path):
+    with pytest.raises(ValueError, match=r"disk-tiered tables \['t'\] need sparse=True"):
+        EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 8))], sparse=False)
+
+
 def test_a_store_of_another_shape_is_refused(tmp_path):
     EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 8))])
     with pytest.raises(ValueError, match=r"table 't' is 100x8, its tier store .* holds \(100, 4\)"):
