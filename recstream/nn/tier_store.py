@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import struct
@@ -51,11 +52,24 @@ FORMAT = "recstream-tier"
 Fill = Callable[[int, int], np.ndarray]
 
 
+def _lock(directory: str):
+    """An exclusive lock on the store, so two tables (in this process or another) never write one store."""
+    lock = open(os.path.join(directory, "lock"), "a+b")  # noqa: SIM115 -- held for the store's life
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise TierFileError(f"tier store {directory} is in use by another table (in this process or another); "
+                            "give each table its own directory") from None
+    return lock
+
+
 class TierStore:
     """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
 
-    def __init__(self, directory: str, files: dict[str, TierFile], generation: int, uid: int) -> None:
+    def __init__(self, directory: str, files: dict[str, TierFile], generation: int, uid: int, lock) -> None:
         self.directory, self.files, self.generation = directory, files, generation
+        self._lock = lock  # held while the store is open (released by close, or by the kernel at exit)
         self.uid = uid  # names this store in checkpoints, so one of another store is refused
         self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
         self.bytes_read = 0
@@ -65,9 +79,10 @@ class TierStore:
     @classmethod
     def create(cls, directory: str, files: dict[str, tuple[int, int, Fill]]) -> TierStore:
         os.makedirs(directory, exist_ok=True)
+        lock = _lock(directory)
         opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
                   for name, (rows, cols, fill) in files.items()}
-        store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"))
+        store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"), lock)
         store._reset_log()
         store._write_manifest(0)
         return store
@@ -87,8 +102,9 @@ class TierStore:
             raise TierFileError(f"tier store {directory}: cannot read {path}: {e}") from e
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise TierFileError(f"tier store {directory}: {path} is not a {FORMAT} manifest")
+        lock = _lock(directory)
         files = {name: TierFile.open(os.path.join(directory, f"{name}.tier")) for name in manifest["files"]}
-        store = cls(directory, files, int(manifest["generation"]), int(manifest["uid"]))
+        store = cls(directory, files, int(manifest["generation"]), int(manifest["uid"]), lock)
         store.rollback()
         return store
 
@@ -105,6 +121,7 @@ class TierStore:
     def close(self) -> None:
         for f in self.files.values():
             f.close()
+        self._lock.close()
 
     # ----- rows -----
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:

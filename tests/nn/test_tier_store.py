@@ -170,3 +170,11 @@ def test_the_store_returns_one_commit_back_and_no_further(tmp_path):
         store.rollback_to(0)  # the previous commit's log was used up
     for f in store.files.values():
         f.verify_all()
+
+
+def test_a_store_in_use_is_refused_until_closed(tmp_path):
+    store = TierStore.create(str(tmp_path), {"weight": (10, 2, _fill(2))})
+    with pytest.raises(TierFileError, match="is in use by another table"):
+        TierStore.open(str(tmp_path))
+    store.close()
+    TierStore.open(str(tmp_path)).close()
