@@ -13,8 +13,9 @@ checked against its stored checksum the first time it is read or written after t
 so a corrupt or torn block raises :class:`TierFileError` naming the file and the block instead of
 being read. (Blocks written in between are the process's own and are trusted until the next flush.)
 
-numpy.memmap gives the page cache the work of moving rows between memory and disk: a read of a few
-rows touches their pages only, and the mapping never counts against the process's anonymous memory.
+A shared memory map gives the page cache the work of moving rows between memory and disk: a read of a
+few rows touches their pages only. Pages a process touched count in its resident set until dropped,
+so :meth:`TierFile.release` drops them (written pages stay in the page cache, to be written back).
 
 Example:
     >>> import os, tempfile, numpy as np
@@ -28,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -66,11 +68,16 @@ class TierFile:
     last commit of the store the file belongs to; :meth:`set_generation` writes it.
     """
 
-    def __init__(self, path: str, mm: np.memmap, rows: int, cols: int, block_rows: int, generation: int) -> None:
+    def __init__(self, path: str, rows: int, cols: int, block_rows: int, generation: int) -> None:
         self.path, self.rows, self.cols, self.block_rows = path, rows, cols, block_rows
         self.blocks = (rows + block_rows - 1) // block_rows
         self.generation = generation
-        self._mm = mm
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)  # MAP_SHARED, read and write
+        finally:
+            os.close(fd)
+        mm = self._mm = np.frombuffer(self._map, dtype=np.uint8)
         crc_end = HEADER_BYTES + 4 * self.blocks
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
         data = HEADER_BYTES + _pad(4 * self.blocks)
@@ -91,8 +98,7 @@ class TierFile:
         size = HEADER_BYTES + _pad(4 * blocks) + rows * cols * 4
         with open(path, "wb") as f:
             f.truncate(size)
-        mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-        tier = cls(path, mm, rows, cols, block_rows, 0)
+        tier = cls(path, rows, cols, block_rows, 0)
         chunk = block_rows * 256  # 16 MiB a fill call: few calls for a large table, little memory
         for a in range(0, rows, chunk):
             e = min(rows, a + chunk)
@@ -125,13 +131,18 @@ class TierFile:
         if size != expected or blocks != (rows + block_rows - 1) // block_rows:
             raise TierFileError(f"tier file {path}: {size} bytes, its header ({rows} rows x {cols}) says "
                                 f"{expected}: truncated or corrupt")
-        mm = np.memmap(path, dtype=np.uint8, mode="r+", shape=(size,))
-        return cls(path, mm, rows, cols, block_rows, generation)
+        return cls(path, rows, cols, block_rows, generation)
 
     def close(self) -> None:
-        self._mm.flush()
-        del self.data, self._crc
-        self._mm._mmap.close()
+        self._map.flush()
+        del self.data, self._crc, self._mm  # the views first: a map with views cannot close
+        self._map.close()
+
+    def release(self) -> None:
+        """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
+        on disk): the table's disk tier then costs the cache, not the pages it went through."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     # ----- rows -----
     def block_range(self, b: int) -> tuple[int, int]:
@@ -201,7 +212,7 @@ class TierFile:
         self.check_blocks(np.arange(self.blocks))
 
     def _sync(self) -> None:
-        self._mm.flush()  # msync(MS_SYNC) of the mapping
+        self._map.flush()  # msync(MS_SYNC) of the mapping
         fd = os.open(self.path, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -48,6 +48,7 @@ _LOG_MAGIC = b"RSUNDO01"
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
 _ENTRY = struct.Struct("<IQII")  # file index, block, stored checksum, bytes
 FORMAT = "recstream-tier"
+RELEASE_BYTES = 256 << 20
 
 Fill = Callable[[int, int], np.ndarray]
 
@@ -74,6 +75,7 @@ class TierStore:
         self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
+        self._touched = 0  # page bytes mapped in since the last release_pages (an upper bound)
 
     # ----- create / open -----
     @classmethod
@@ -127,7 +129,17 @@ class TierStore:
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         out = self.files[name].read_rows(rows)
         self.bytes_read += out.nbytes
+        self._touch(len(out))
         return out
+
+    def _touch(self, rows: int) -> None:
+        """Count the pages `rows` rows may have mapped in; past RELEASE_BYTES, drop them from the
+        process's resident set (`TierFile.release`), so its peak RSS does not grow with the table."""
+        self._touched += rows * 4096
+        if self._touched > RELEASE_BYTES:
+            for f in self.files.values():
+                f.release()
+            self._touched = 0
 
     def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
@@ -145,6 +157,7 @@ class TierStore:
         for name, rows, values in writes:
             self.files[name].write_rows(rows, values)
             self.bytes_written += values.nbytes
+            self._touch(len(values))
 
     # ----- commit / rollback -----
     @property

@@ -178,3 +178,24 @@ def test_a_store_in_use_is_refused_until_closed(tmp_path):
         TierStore.open(str(tmp_path))
     store.close()
     TierStore.open(str(tmp_path)).close()
+
+
+def _rss_file_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssFile:"))
+
+
+def test_release_drops_mapped_pages_from_the_resident_set_and_keeps_written_rows(tmp_path):
+    path = str(tmp_path / "w.tier")
+    f = TierFile.create(path, rows=1 << 20, cols=16, fill=_fill(16, 1.0))  # 64 MiB
+    f.release()
+    before = _rss_file_mib()
+    f.read_rows(np.arange(0, 1 << 20, 64))  # a row of every page
+    f.write_rows(np.array([5, 1 << 19]), np.full((2, 16), 3.0, np.float32))
+    assert _rss_file_mib() - before > 48
+    f.release()  # written pages not flushed yet: they must survive
+    assert _rss_file_mib() - before < 8
+    assert f.read_rows(np.array([5, 6, 1 << 19]))[:, 0].tolist() == [3.0, 1.0, 3.0]
+    f.flush()
+    f.close()
+    assert TierFile.open(path).read_rows(np.array([5, 1 << 19]))[:, 0].tolist() == [3.0, 3.0]
