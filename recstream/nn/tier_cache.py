@@ -53,6 +53,7 @@ ROW_STATE: dict[str, RowState] = {
     "RowWiseAdagrad": lambda g: {"sum": float(g["initial_accumulator_value"])},
     "Adagrad": lambda g: {"sum": float(g["initial_accumulator_value"])},
     "FTRL": lambda g: {"accumulator": float(g["initial_accumulator_value"]), "linear": 0.0},
+    "SGD": lambda g: {"momentum_buffer": 0.0} if g.get("momentum") else {},  # sparse SGD: no state
 }
 
 
