@@ -103,10 +103,13 @@ class TierFile:
         for a in range(0, rows, chunk):
             e = min(rows, a + chunk)
             tier.data[a:e] = fill(a, e)
+            if (a // chunk) % 16 == 15:  # every 256 MiB: out of the resident set (see release)
+                tier.release()
         tier.dirty[:] = True
         tier.verified[:] = True
         tier.flush()
         tier.set_generation(0)
+        tier.release()  # the pages the fill went through are not the table's working set
         return tier
 
     @classmethod
@@ -177,26 +180,29 @@ class TierFile:
         self.data[rows] = values
         self.dirty[blocks] = True
 
-    def block_bytes(self, b: int) -> tuple[int, bytes]:
-        """``(stored checksum, bytes)`` of block `b`, verified: the pre-image an undo log keeps."""
+    def block_crc(self, b: int) -> int:
+        """Block `b`'s stored checksum, the block verified first (an undo log keeps it)."""
         self.check_blocks(np.array([b]))
-        a, e = self.block_range(b)
-        return int(self._crc[b]), self.data[a:e].tobytes()
+        return int(self._crc[b])
 
-    def restore_block(self, b: int, crc: int, data: bytes) -> None:
-        """Put back a block's pre-image and its checksum (undo-log rollback)."""
-        a, e = self.block_range(b)
-        self.data[a:e] = np.frombuffer(data, dtype=np.float32).reshape(e - a, self.cols)
+    def restore_crc(self, b: int, crc: int) -> None:
+        """Put back a block's committed checksum (undo-log rollback; its rows are put back too)."""
         self._crc[b] = crc
         self.verified[b] = False
         self.dirty[b] = False
 
+    def restore_rows(self, rows: np.ndarray, data: bytes) -> None:
+        """Put back rows' committed bytes (undo-log rollback), without touching checksums."""
+        self.data[rows] = np.frombuffer(data, dtype=np.float32).reshape(len(rows), self.cols)
+
     # ----- durability -----
     def flush(self) -> None:
         """Refresh the checksums of the blocks written since the last flush, then msync + fsync."""
-        for b in np.flatnonzero(self.dirty):
+        for i, b in enumerate(np.flatnonzero(self.dirty)):
             a, e = self.block_range(int(b))
             self._crc[b] = _crc(self.data[a:e])
+            if i % 65536 == 65535:  # every 256 MiB checksummed (a new file's every block)
+                self.release()
         self.dirty[:] = False
         self._sync()
 

@@ -3,15 +3,15 @@
 A directory holds a ``manifest.json`` (the committed generation and the files), one `TierFile` per
 array (``weight``, and one per per-row optimizer state such as ``exp_avg``) and ``undo.log``.
 
-Crash safety without a second copy of the table: rows are written in place, and before the first
-write to a block since the last commit the block's pre-image (its bytes and checksum, as committed)
-is appended to the undo log and fsynced. A commit flushes every file (data and checksums), then
-atomically replaces the manifest with generation ``g + 1`` (the commit point), then stamps the
-files' headers and empties the undo log. Opening the store (or :meth:`TierStore.rollback`) undoes
-every write made after the manifest's generation, so after a SIGKILL the table is exactly as at the
-last commit: nothing of a later step is kept, nothing of an earlier one lost. An undo entry torn
-by the kill is one whose block was never written (the log is fsynced before the write), so the
-entries are read up to the first one failing its checksum.
+Crash safety without a second copy of the table: rows are written in place, and before a row is
+first written since the last commit its committed bytes (and, for the first row of a block, the
+block's committed checksum) are appended to the undo log and fsynced. A commit flushes every file
+(data and checksums), then atomically replaces the manifest with generation ``g + 1`` (the commit
+point), then stamps the files' headers and empties the undo log. Opening the store (or
+:meth:`TierStore.rollback`) undoes every write made after the manifest's generation, so after a
+SIGKILL the table is exactly as at the last commit: nothing of a later step is kept, nothing of an
+earlier one lost. An undo entry torn by the kill is one whose rows were never written (the log is
+fsynced before the write), so the entries are read up to the first one failing its checksum.
 
 The log of the last commit is kept (``undo.prev``), so the store can also return one commit back: a
 checkpoint commits the store before its own file is written, and a kill between the two must leave
@@ -46,7 +46,10 @@ __all__ = ["TierStore"]
 
 _LOG_MAGIC = b"RSUNDO01"
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
-_ENTRY = struct.Struct("<IQII")  # file index, block, stored checksum, bytes
+# An undo entry: kind, file index, block (kind _CRC) or row count (kind _ROWS), the block's committed
+# checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their committed bytes).
+_ENTRY = struct.Struct("<BIQII")
+_CRC, _ROWS = 0, 1
 FORMAT = "recstream-tier"
 RELEASE_BYTES = 256 << 20
 
@@ -72,7 +75,9 @@ class TierStore:
         self.directory, self.files, self.generation = directory, files, generation
         self._lock = lock  # held while the store is open (released by close, or by the kernel at exit)
         self.uid = uid  # names this store in checkpoints, so one of another store is refused
+        # Since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
         self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
+        self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
         self._touched = 0  # page bytes mapped in since the last release_pages (an upper bound)
@@ -118,6 +123,7 @@ class TierStore:
         f.set_generation(self.generation)
         self.files[name] = f
         self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
+        self._logged_rows[name] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
         self._write_manifest(self.generation)
 
     def close(self) -> None:
@@ -146,14 +152,11 @@ class TierStore:
         self.write_many([(name, rows, values)])
 
     def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
-        """Several writes with one fsync of the undo log."""
-        fresh = []
+        """Several writes (rows unique within each), with one fsync of the undo log before them."""
+        writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
         for name, rows, _ in writes:
-            f = self.files[name]
-            blocks = f.blocks_of(rows)
-            fresh.extend((name, int(b)) for b in blocks[~self._preimaged[name][blocks]])
-        if fresh:
-            self._log_preimages(fresh)
+            self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
+        self._log_preimages(writes)
         for name, rows, values in writes:
             self.files[name].write_rows(rows, values)
             self.bytes_written += values.nbytes
@@ -218,8 +221,13 @@ class TierStore:
 
     def _undo(self, path: str) -> None:
         names = list(self.files)
-        for index, block, crc, data in self._read_log(path):
-            self.files[names[index]].restore_block(block, crc, data)
+        for kind, index, what, crc, data in self._read_log(path):
+            f = self.files[names[index]]
+            if kind == _CRC:
+                f.restore_crc(what, crc)
+            else:
+                rows = np.frombuffer(data[:8 * what], dtype=np.int64)
+                f.restore_rows(rows, data[8 * what:])
 
     def _after_undo(self, keep_prev: bool = False) -> None:
         for f in self.files.values():
@@ -249,8 +257,8 @@ class TierStore:
                 f.write(_LOG_HEAD.pack(_LOG_MAGIC, self.generation))
 
         atomic_write(self._log_path, write)
-        for seen in self._preimaged.values():
-            seen[:] = False
+        for seen in (*self._preimaged.values(), *self._logged_rows.values()):
+            seen[:] = 0
 
     def _log_generation(self, path: str) -> int | None:
         """The generation a log's pre-images restore (None: no log)."""
@@ -263,20 +271,34 @@ class TierStore:
             raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
         return _LOG_HEAD.unpack(head)[1]
 
-    def _log_preimages(self, blocks: list[tuple[str, int]]) -> None:
+    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+        """Append the committed checksums of blocks and bytes of rows about to be written for the first
+        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes."""
         names = list(self.files)
-        with open(self._log_path, "ab") as log:
-            for name, b in blocks:
-                crc, data = self.files[name].block_bytes(b)
-                head = _ENTRY.pack(names.index(name), b, crc, len(data))
-                log.write(head + data + struct.pack("<I", zlib.crc32(head + data)))
+        entries = []
+        for name, rows, _ in writes:
+            f, index = self.files[name], names.index(name)
+            blocks = f.blocks_of(rows)
+            for b in blocks[~self._preimaged[name][blocks]]:
+                entries.append(_ENTRY.pack(_CRC, index, int(b), f.block_crc(int(b)), 0))
                 self._preimaged[name][b] = True
+            bits = self._logged_rows[name]
+            mask = (1 << (rows & 7)).astype(np.uint8)
+            new = rows[(bits[rows >> 3] & mask) == 0]
+            if new.size:
+                data = new.tobytes() + f.data[new].tobytes()
+                entries.append(_ENTRY.pack(_ROWS, index, new.size, 0, len(data)) + data)
+                np.bitwise_or.at(bits, new >> 3, (1 << (new & 7)).astype(np.uint8))
+        if not entries:
+            return
+        with open(self._log_path, "ab") as log:
+            log.write(b"".join(e + struct.pack("<I", zlib.crc32(e)) for e in entries))
             log.flush()
-            os.fsync(log.fileno())  # before the blocks change: a kill after this finds their pre-images
+            os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
 
     def _read_log(self, path: str):
-        """The intact entries of the log at `path` (none if there is no log), read one at a time: a log
-        can hold many pages."""
+        """The intact entries ``(kind, file index, block or row count, crc, data)`` of the log at `path`
+        (none if there is no log), read one at a time: a log can be long."""
         if self._log_generation(path) is None:
             return
         with open(path, "rb") as f:
@@ -285,11 +307,11 @@ class TierStore:
                 head = f.read(_ENTRY.size)
                 if len(head) < _ENTRY.size:
                     return
-                index, block, crc, n = _ENTRY.unpack(head)
+                kind, index, what, crc, n = _ENTRY.unpack(head)
                 data, tail = f.read(n), f.read(4)
                 if len(data) < n or len(tail) < 4 or struct.unpack("<I", tail)[0] != zlib.crc32(head + data):
-                    return  # torn tail: written before a kill, its block never changed
-                yield index, block, crc, data
+                    return  # torn tail: written before a kill, its rows never changed
+                yield kind, index, what, crc, data
 
     def _write_manifest(self, generation: int) -> None:
         manifest = {"format": FORMAT, "version": 1, "generation": generation, "uid": self.uid,
