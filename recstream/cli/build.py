@@ -186,9 +186,10 @@ def build_network(cfg, schema, doc):
     check_layers_fit(cfg, doc)
     with at(doc, ("model",)):
         args = cfg.model.args()
-        if args.get("disk_tier") is not None:
+        if args.get("disk_tier") is not None:  # a relative directory is the run's: kept with its checkpoints
             from ..nn import TierPlan
-            args["disk_tier"] = TierPlan(**args["disk_tier"])
+            tier = args["disk_tier"]
+            args["disk_tier"] = TierPlan(os.path.join(cfg.run_dir, tier["directory"]), tier["cache_rows"])
         try:
             return classes[cfg.model.type](schema, **args)
         except (MemoryError, RuntimeError) as e:  # widths within their bounds, but too many of them

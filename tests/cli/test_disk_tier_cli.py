@@ -20,10 +20,10 @@ def test_train_then_eval_with_disk_tiered_tables(tmp_path):
     make_data(tmp_path, produce_line(templates.OFFLINE))
     train = json_result(cli(tmp_path, "train", "tiered.yaml", "--json", timeout=300))
     assert 0.6 < train["metrics"]["auc"] <= 1.0
-    stores = sorted(p.parent.relative_to(tmp_path / "tiers").as_posix()
-                    for p in (tmp_path / "tiers").rglob("manifest.json"))
+    tiers = tmp_path / "runs" / "criteo_offline" / "tiers"  # under run_dir, with the checkpoints
+    stores = sorted(p.parent.relative_to(tiers).as_posix() for p in tiers.rglob("manifest.json"))
     assert stores == ["embedding/C1", "embedding/C2", "wide/C1", "wide/C2"]
-    manifest = json.loads((tmp_path / "tiers" / "embedding" / "C1" / "manifest.json").read_text())
+    manifest = json.loads((tiers / "embedding" / "C1" / "manifest.json").read_text())
     assert manifest["generation"] >= 1 and {"weight", "exp_avg", "exp_avg_sq"} <= set(manifest["files"])
     evaluated = json_result(cli(tmp_path, "eval", "tiered.yaml", "--json", timeout=300))
     assert abs(evaluated["metrics"]["auc"] - train["metrics"]["auc"]) < 1e-9  # the restored commit
