@@ -170,3 +170,14 @@ def test_the_micro_steps_benchmark_compares_the_same_stream_with_and_without(cap
     assert [r["micro"] for r in rows] == [None, 16] and all(r["events"] == 4 * 40 for r in rows)
     assert all(0.0 <= r["auc"] <= 1.0 and r["events_per_s"] > 0 for r in rows)
     assert "micro_batch_size" in capsys.readouterr().out
+
+
+def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restores():
+    results = _load("bench_tiered").main(["--quick"])
+    tiered, memory = results["tiered"], results["memory"]
+    assert tiered["cache_rows"] == 2_000 and tiered["rows"] == memory["rows"] == 20_000
+    assert 0 < tiered["hit_rate"] < 1  # a tiny cache on Zipf ids: hits and misses
+    assert tiered["tier_read_bytes_per_step"] > 0 and tiered["tier_written_bytes_per_step"] > 0
+    assert tiered["checkpoint_s"] > 0 and tiered["restore_s"] > 0  # the restore is checked against the commit
+    assert results["tiered_vs_memory"] == tiered["samples_per_s"] / memory["samples_per_s"]
+    assert set(_load("bench_tiered").parse(["--rows", "100", "--cache-rows", "7"]).__dict__) >= {"rows", "cache_rows"}

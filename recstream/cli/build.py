@@ -50,7 +50,10 @@ def check_tables_fit(cfg, doc, schema, memory: int | None = None) -> None:
     if memory is None or doc is None:
         return
     s = cfg.schema_
+    tier = getattr(cfg.model, "disk_tier", None)
     for i, feature in enumerate(schema.categorical):
+        if tier is not None and feature.name in tier.cache_rows:  # on disk: only its cache is in memory
+            continue
         size = feature.num_embeddings * feature.embedding_dim * 4
         if size > memory:
             loc = (("schema", "criteo", "hash_buckets") if s.criteo is not None else ("schema", "file")
@@ -189,8 +192,13 @@ def build_network(cfg, schema, doc):
     classes = {"widedeep": WideDeep, "deepfm": DeepFM, "dcnv2": DCNv2, "dlrm": DLRM}
     check_layers_fit(cfg, doc)
     with at(doc, ("model",)):
+        args = cfg.model.args()
+        if args.get("disk_tier") is not None:  # a relative directory is the run's: kept with its checkpoints
+            from ..nn import TierPlan
+            tier = args["disk_tier"]
+            args["disk_tier"] = TierPlan(os.path.join(cfg.run_dir, tier["directory"]), tier["cache_rows"])
         try:
-            return classes[cfg.model.type](schema, **cfg.model.args())
+            return classes[cfg.model.type](schema, **args)
         except (MemoryError, RuntimeError) as e:  # widths within their bounds, but too many of them
             if doc is None or not isinstance(e, MemoryError) and "alloc" not in str(e):
                 raise

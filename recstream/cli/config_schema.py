@@ -228,12 +228,22 @@ class StreamSection(Section):
 Activation = Literal["relu", "gelu", "silu", "tanh", "sigmoid"]
 
 
+class DiskTierSection(Section):
+    """``model: disk_tier:`` -- fixed tables kept on disk behind a cache (`recstream.nn.TierPlan`):
+    ``cache_rows`` maps feature names to the rows cached in memory; the stores go under ``directory``
+    (a relative one under ``run_dir``: the stores are part of the run's checkpoints)."""
+
+    directory: PathStr
+    cache_rows: dict[str, Rows]
+
+
 class _Net(Section):
     embedding_dim: Dim | None = None
     dropout: Probability = 0.0
     batch_norm: bool = False
     activation: Activation = "relu"
     init_std: PositiveFloat = 0.01
+    disk_tier: DiskTierSection | None = None
 
     def args(self, exclude: tuple[str, ...] = ("type",)) -> dict:
         return super().args(exclude)

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..data.schema import Schema
 from ..features import Features
+from ..nn import TierPlan
 from ..validation import check_choice
 from .base import CTRModel
 from .cross import CrossNetwork
@@ -49,6 +50,8 @@ class DCNv2(CTRModel):
         dropout / batch_norm / activation: of the MLP (see :class:`MLP`).
         init_std: initial std of the tables.
         validate: check ids on every step (see :class:`FeatureEmbedding`).
+        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+            (docs/models.md).
 
     Submodules: ``embedding``, ``cross`` (:class:`CrossNetwork`), ``deep`` (:class:`MLP`,
     no head), ``head`` (``Linear(., 1)``).
@@ -57,11 +60,13 @@ class DCNv2(CTRModel):
     def __init__(self, schema: Schema, num_cross_layers: int = 3, hidden: Sequence[int] = (256, 128), *,
                  structure: str = "stacked", low_rank: int | None = None, embedding_dim: int | None = None,
                  dropout: float = 0.0, batch_norm: bool = False, activation: str = "relu",
-                 init_std: float = 0.01, validate: bool = True) -> None:
+                 init_std: float = 0.01, validate: bool = True,
+                 disk_tier: TierPlan | None = None) -> None:
         super().__init__()
         self.schema = check_schema(type(self).__name__, schema)
         self.structure = check_choice(type(self).__name__, "structure", structure, STRUCTURES)
-        self.embedding = FeatureEmbedding(schema, embedding_dim, init_std=init_std, validate=validate)
+        self.embedding = FeatureEmbedding(schema, embedding_dim, init_std=init_std, validate=validate,
+                                          disk_tier=disk_tier)
         width = self.embedding.output_dim + schema.num_dense
         self.cross = CrossNetwork(width, num_cross_layers, low_rank)
         self.deep = MLP(width, hidden, activation=activation, dropout=dropout, batch_norm=batch_norm)

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..data.schema import Schema
 from ..features import Features
+from ..nn import TierPlan
 from .base import CTRModel
 from .embedding import FeatureEmbedding, check_schema
 from .linear import LinearTerm
@@ -54,6 +55,8 @@ class DeepFM(CTRModel):
         dropout / batch_norm / activation: of the MLP (see :class:`MLP`).
         init_std: initial std of the embeddings (categorical tables and dense-field vectors).
         validate: check ids on every step (see :class:`FeatureEmbedding`).
+        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+            (docs/models.md).
 
     Submodules: ``linear`` (:class:`LinearTerm`, first order), ``embedding``
     (:class:`FeatureEmbedding`), ``dense_fields`` (``[n_dense, D]`` Parameter), ``deep``.
@@ -63,14 +66,15 @@ class DeepFM(CTRModel):
 
     def __init__(self, schema: Schema, hidden: Sequence[int] = (256, 128), *, embedding_dim: int | None = None,
                  dropout: float = 0.0, batch_norm: bool = False, activation: str = "relu",
-                 init_std: float = 0.01, validate: bool = True) -> None:
+                 init_std: float = 0.01, validate: bool = True,
+                 disk_tier: TierPlan | None = None) -> None:
         super().__init__()
         self.schema = check_schema(type(self).__name__, schema)
         # Dynamic features keep their first-order weight as column 0 of their embedding table:
         # one hash lookup per feature and step instead of two (both parts train with one optimizer).
-        self.linear = LinearTerm(schema, validate=validate, use_dynamic=False)
+        self.linear = LinearTerm(schema, validate=validate, use_dynamic=False, disk_tier=disk_tier)
         self.embedding = FeatureEmbedding(schema, embedding_dim, equal_dims=True, init_std=init_std,
-                                          validate=validate, first_order=True)
+                                          validate=validate, first_order=True, disk_tier=disk_tier)
         dim = self.embedding.field_dim
         self.dense_fields = nn.Parameter(torch.randn(schema.num_dense, dim) * init_std)
         self.num_fields = schema.num_categorical + schema.num_dense

@@ -26,6 +26,7 @@ import torch
 
 from ..data.schema import Schema
 from ..features import Features
+from ..nn import TierPlan
 from ..validation import check_bool, check_sizes
 from .base import CTRModel
 from .embedding import FeatureEmbedding, check_schema
@@ -44,6 +45,8 @@ class DLRM(CTRModel):
         activation / dropout / batch_norm: of the top MLP.
         init_std: initial std of the tables.
         validate: check ids on every step (see :class:`FeatureEmbedding`).
+        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+            (docs/models.md).
 
     Submodules: ``embedding``, ``bottom`` (None without dense features), ``top``.
     """
@@ -51,14 +54,15 @@ class DLRM(CTRModel):
     def __init__(self, schema: Schema, bottom: Sequence[int] = (64,), top: Sequence[int] = (256, 128), *,
                  embedding_dim: int | None = None, self_interaction: bool = False, activation: str = "relu",
                  dropout: float = 0.0, batch_norm: bool = False, init_std: float = 0.01,
-                 validate: bool = True) -> None:
+                 validate: bool = True,
+                 disk_tier: TierPlan | None = None) -> None:
         super().__init__()
         owner = type(self).__name__
         self.schema = check_schema(owner, schema)
         bottom = check_sizes(owner, "bottom", bottom)
         check_bool(owner, "self_interaction", self_interaction)
         self.embedding = FeatureEmbedding(schema, embedding_dim, equal_dims=True, init_std=init_std,
-                                          validate=validate)
+                                          validate=validate, disk_tier=disk_tier)
         dim = self.embedding.field_dim
         self.bottom = MLP(schema.num_dense, bottom + (dim,)) if schema.num_dense else None
         n = schema.num_categorical + (1 if self.bottom is not None else 0)

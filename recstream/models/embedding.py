@@ -32,7 +32,7 @@ from torch import nn
 
 from ..data.schema import Schema
 from ..features import Features
-from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
+from ..nn import EmbeddingBagCollection, EmbeddingTableConfig, TierPlan
 from ..validation import check_bool, check_int, check_number, check_type
 from .dynamic import DynamicTables
 
@@ -74,6 +74,16 @@ def with_keys(features: Features, names: tuple[str, ...]) -> Features:
                     features.num_features, names)
 
 
+def tier_lookup(owner: str, plan, schema: Schema, part: str = "embedding"):
+    """``(table, feature) -> DiskTier | None`` of a model's ``disk_tier`` (None: every table in memory)."""
+    if plan is None:
+        return lambda table, feature: None
+    if not isinstance(plan, TierPlan):
+        raise TypeError(f"{owner}: 'disk_tier' must be a recstream.nn.TierPlan or None, got {type(plan).__name__}")
+    plan.check_features(owner, [f.name for f in schema.categorical if not f.dynamic])
+    return lambda table, feature: plan.for_table(part, table, (feature,))
+
+
 class FeatureEmbedding(nn.Module):
     """Pooled embeddings of every categorical feature of `schema`.
 
@@ -90,13 +100,16 @@ class FeatureEmbedding(nn.Module):
         first_order: give each dynamic feature's table one more column, its first-order
             (linear) weight, read by :meth:`with_first_order`: one hash lookup per feature and
             step instead of two (DeepFM uses it; its embeddings and linear term share an optimizer).
+        disk_tier: a `recstream.nn.TierPlan`: the tables of its features live on disk behind a cache
+            (``<directory>/embedding/<table>``; see docs/models.md).
     """
 
     def __init__(self, schema: Schema, embedding_dim: int | None = None, *, equal_dims: bool = False,
                  sparse: bool = True, init_std: float = 0.01, validate: bool = True,
-                 first_order: bool = False) -> None:
+                 first_order: bool = False, disk_tier: TierPlan | None = None) -> None:
         super().__init__()
         owner = type(self).__name__
+        tiers = tier_lookup(owner, disk_tier, schema)
         self.schema = check_schema(owner, schema)
         dim = check_int(owner, "embedding_dim", embedding_dim, minimum=1, allow_none=True)
         check_bool(owner, "equal_dims", equal_dims)
@@ -114,7 +127,7 @@ class FeatureEmbedding(nn.Module):
                              "is replaced by '_' in table names")
         # Features are named as in the schema, so named inputs are matched by name.
         tables = [EmbeddingTableConfig(n, f.num_embeddings, d, pooling=f.pooling, init_std=init_std,
-                                       feature_names=(f.name,))
+                                       feature_names=(f.name,), tier=tiers(n, f.name))
                   for n, f, d in zip(names, schema.categorical, dims, strict=True) if not f.dynamic]
         self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate) if tables else None
         dynamic = [(f, d) for f, d in zip(schema.categorical, dims, strict=True) if f.dynamic]

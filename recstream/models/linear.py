@@ -20,10 +20,10 @@ from torch import nn
 
 from ..data.schema import Schema
 from ..features import Features
-from ..nn import EmbeddingBagCollection, EmbeddingTableConfig
+from ..nn import EmbeddingBagCollection, EmbeddingTableConfig, TierPlan
 from ..validation import check_bool
 from .dynamic import DynamicTables
-from .embedding import check_features, check_schema, table_name, with_keys
+from .embedding import check_features, check_schema, table_name, tier_lookup, with_keys
 
 
 class LinearTerm(nn.Module):
@@ -37,19 +37,22 @@ class LinearTerm(nn.Module):
             a column of its embedding tables).
         sparse: sparse COO gradients for the id weights.
         validate: check ids on every call (see :class:`FeatureEmbedding`).
+        disk_tier: a `recstream.nn.TierPlan`: the tables of its features on disk (``<directory>/wide/``).
     """
 
     def __init__(self, schema: Schema, *, use_dense: bool = True, sparse: bool = True,
-                 validate: bool = True, use_dynamic: bool = True) -> None:
+                 validate: bool = True, use_dynamic: bool = True, disk_tier: TierPlan | None = None) -> None:
         super().__init__()
         owner = type(self).__name__
         self.schema = check_schema(owner, schema, need_categorical=False)
+        tiers = tier_lookup(owner, disk_tier, schema, part="wide")
         check_bool(owner, "use_dense", use_dense)
         check_bool(owner, "sparse", sparse)
         check_bool(owner, "validate", validate)
         self.ebc = None
         tables = [EmbeddingTableConfig(table_name(f.name), f.num_embeddings, 1, pooling=f.pooling, init_std=0.0,
-                                       feature_names=(f.name,)) for f in schema.categorical if not f.dynamic]
+                                       feature_names=(f.name,), tier=tiers(table_name(f.name), f.name))
+                  for f in schema.categorical if not f.dynamic]
         if tables:
             self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate)
         # Dynamic features: a width-1 HashEmbedding each, zero rows (a new key starts at weight 0).

@@ -34,6 +34,7 @@ import torch
 
 from ..data.schema import Schema
 from ..features import Features
+from ..nn import TierPlan
 from ..validation import check_bool
 from .base import CTRModel
 from .embedding import FeatureEmbedding, check_schema
@@ -52,6 +53,8 @@ class WideDeep(CTRModel):
         dropout / batch_norm / activation: of the deep MLP (see :class:`MLP`).
         init_std: initial std of the deep tables.
         validate: check ids on every step (see :class:`FeatureEmbedding`).
+        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+            (docs/models.md).
 
     Submodules: ``wide`` (:class:`LinearTerm`), ``embedding`` (:class:`FeatureEmbedding`),
     ``deep`` (:class:`MLP`). A ``dynamic=True`` feature's wide weight is column 0 of its
@@ -60,14 +63,16 @@ class WideDeep(CTRModel):
 
     def __init__(self, schema: Schema, hidden: Sequence[int] = (256, 128), *, embedding_dim: int | None = None,
                  wide_dense: bool = True, dropout: float = 0.0, batch_norm: bool = False,
-                 activation: str = "relu", init_std: float = 0.01, validate: bool = True) -> None:
+                 activation: str = "relu", init_std: float = 0.01, validate: bool = True,
+                 disk_tier: TierPlan | None = None) -> None:
         super().__init__()
         self.schema = check_schema(type(self).__name__, schema)
         check_bool(type(self).__name__, "wide_dense", wide_dense)
         # Dynamic features: the wide weight shares the deep row's hash lookup (see the module doc).
-        self.wide = LinearTerm(schema, use_dense=wide_dense, validate=validate, use_dynamic=False)
+        self.wide = LinearTerm(schema, use_dense=wide_dense, validate=validate, use_dynamic=False,
+                               disk_tier=disk_tier)
         self.embedding = FeatureEmbedding(schema, embedding_dim, init_std=init_std, validate=validate,
-                                          first_order=True)
+                                          first_order=True, disk_tier=disk_tier)
         self.deep = MLP(self.embedding.output_dim + schema.num_dense, hidden, out_features=1,
                         activation=activation, dropout=dropout, batch_norm=batch_norm)
 

@@ -6,6 +6,8 @@
 * :class:`HashEmbedding` -- dynamic table for unbounded int64 id spaces
   (admission, age/LRU eviction, sparse gradients, export for serving), built
   on :class:`TensorHashTable`, an open-addressing hash table on tensors.
+* :class:`DiskTier` -- an ``EmbeddingTableConfig(tier=...)`` keeps the table's rows and
+  optimizer state on local disk behind a cache of hot rows (tables larger than RAM).
 
 Example:
     >>> import torch
@@ -18,8 +20,11 @@ Example:
 """
 
 from .embedding_bag_collection import EmbeddingBagCollection
-from .embedding_config import EmbeddingTableConfig
+from .embedding_config import DiskTier, EmbeddingTableConfig, TierPlan
 from .hash_embedding import HashEmbedding
 from .tensor_hash_table import TensorHashTable
+from .tier_cache import TierStats, register_row_state
+from .tier_file import TierFileError
 
-__all__ = ["EmbeddingBagCollection", "EmbeddingTableConfig", "HashEmbedding", "TensorHashTable"]
+__all__ = ["DiskTier", "EmbeddingBagCollection", "EmbeddingTableConfig", "HashEmbedding", "TensorHashTable",
+           "TierFileError", "TierPlan", "TierStats", "register_row_state"]

@@ -65,6 +65,9 @@ from ..hostpath import device_assert, host_reads_free
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
+from .tier_cache import TierCache, TierStats
+from .tier_file import TierFileError
+from .tier_store import TierStore
 
 __all__ = ["EmbeddingBagCollection"]
 
@@ -89,6 +92,23 @@ class _InputLayout(NamedTuple):
     group_positions: list[torch.Tensor | None]
     names: tuple[str, ...]
     owned: torch.Tensor | None
+
+
+def _open_store(t: EmbeddingTableConfig) -> TierStore:
+    """The store of tiered table `t`: opened (a crash's uncommitted writes undone) or created."""
+    if TierStore.exists(t.tier.directory):
+        store = TierStore.open(t.tier.directory)
+        weight = store.files.get("weight")
+        if weight is None or (weight.rows, weight.cols) != (t.num_embeddings, t.embedding_dim):
+            shape = None if weight is None else (weight.rows, weight.cols)
+            raise ValueError(f"{_OWNER}: table {t.name!r} is {t.num_embeddings}x{t.embedding_dim}, its tier store "
+                             f"{t.tier.directory} holds {shape}; give the table its own directory")
+        return store
+
+    def fill(a: int, b: int):  # N(0, init_std**2) from torch's generator, as an in-memory table
+        return torch.empty(b - a, t.embedding_dim).normal_(0.0, t.init_std).numpy()
+
+    return TierStore.create(t.tier.directory, {"weight": (t.num_embeddings, t.embedding_dim, fill)})
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -118,13 +138,22 @@ class EmbeddingBagCollection(nn.Module):
                 raise ValueError(f"{_OWNER}: {kind} names must be unique, got duplicates {dup}")
         self.tables = tables
         self.sparse = check_bool(_OWNER, "sparse", sparse)
+        tiered_names = [t.name for t in tables if t.tier is not None]
+        if tiered_names and not self.sparse:  # a dense gradient would update every cached slot, not the batch's
+            raise ValueError(f"{_OWNER}: disk-tiered tables {tiered_names} need sparse=True (row-sparse updates)")
         self.validate = check_bool(_OWNER, "validate", validate)
 
-        dims = list(dict.fromkeys(t.embedding_dim for t in tables))  # groups, first-seen order
-        self._group_dims = dims
-        group_rows = [0] * len(dims)
+        # Groups: one per dim of the in-memory tables (first-seen order), then one per disk-tiered table,
+        # whose Parameter is its cache of slots (see tier_cache).
+        dims = list(dict.fromkeys(t.embedding_dim for t in tables if t.tier is None))
+        tiered = [t for t in tables if t.tier is not None]
+        self._group_dims = dims + [t.embedding_dim for t in tiered]
+        group_rows = [0] * len(dims) + [t.tier.cache_rows for t in tiered]
         self._table_loc: dict[str, tuple] = {}  # name -> (group, first row, rows)
         for t in tables:
+            if t.tier is not None:
+                self._table_loc[t.name] = (len(dims) + tiered.index(t), 0, t.num_embeddings)
+                continue
             g = dims.index(t.embedding_dim)
             self._table_loc[t.name] = (g, group_rows[g], t.num_embeddings)
             group_rows[g] += t.num_embeddings
@@ -132,13 +161,16 @@ class EmbeddingBagCollection(nn.Module):
         # groups are redirected to one extra zero "padding" row that embedding_bag
         # skips (no output, no sparse-grad entry), so the other groups cost no
         # optimizer work. A single group needs no padding row.
-        self._pad = len(dims) > 1
+        self._pad = len(self._group_dims) > 1
         self._group_param_names = []
-        for g, dim in enumerate(dims):
+        for g, dim in enumerate(self._group_dims):
             w = torch.zeros(group_rows[g] + int(self._pad), dim, device=device)
-            name = f"fused_weight_dim{dim}"
+            name = f"fused_weight_dim{dim}" if g < len(dims) else f"tier_cache_{tiered[g - len(dims)].name}"
             self.register_parameter(name, nn.Parameter(w))
             self._group_param_names.append(name)
+        self._tiers: list[TierCache | None] = [None] * len(dims) + [
+            TierCache(t.name, getattr(self, self._group_param_names[len(dims) + i]), _open_store(t),
+                      t.tier.cache_rows) for i, t in enumerate(tiered)]
         self.reset_parameters()
 
         feats = [(f, t) for t in tables for f in t.feature_names]
@@ -202,6 +234,9 @@ class EmbeddingBagCollection(nn.Module):
         """
         if self.sharded:
             raise RuntimeError(f"{_OWNER}: the tables are row-sharded already")
+        if any(t is not None for t in self._tiers):
+            raise ValueError(f"{_OWNER}.shard_rows_: disk-tiered tables are not row-sharded (give each rank "
+                             "its own tables, or keep them in memory)")
         sharding = []
         for name in self._group_param_names:
             weight = getattr(self, name)
@@ -222,7 +257,8 @@ class EmbeddingBagCollection(nn.Module):
         """``{table name: full weight}`` assembled from all ranks' shards (collective), or the
         local tables when not sharded."""
         if not self.sharded:
-            return {t.name: self.table_weight(t.name).detach().clone() for t in self.tables}
+            return {t.name: self.table_weight(t.name).detach().clone() if t.tier is None
+                    else self._tiers[self._table_loc[t.name][0]].full_weight() for t in self.tables}
         full = [rows.gather(getattr(self, name)) for rows, name in zip(self._sharding, self._group_param_names,
                                                                         strict=True)]
         return {t.name: full[g][start:start + n].clone() for t in self.tables
@@ -238,7 +274,8 @@ class EmbeddingBagCollection(nn.Module):
         self._refuse_if_sharded("reset_parameters")
         with torch.no_grad():
             for t in self.tables:
-                self.table_weight(t.name).normal_(0.0, t.init_std)
+                if t.tier is None:  # a tiered table's rows are its store's
+                    self.table_weight(t.name).normal_(0.0, t.init_std)
             if self._pad:
                 for name in self._group_param_names:
                     getattr(self, name)[-1].zero_()
@@ -246,10 +283,14 @@ class EmbeddingBagCollection(nn.Module):
     def table_weight(self, name: str) -> torch.Tensor:
         """View ``[num_embeddings, dim]`` of table ``name`` inside the fused storage.
 
-        Writes through the view (under ``torch.no_grad()``) change the table.
+        Writes through the view (under ``torch.no_grad()``) change the table. A disk-tiered table has
+        no such view: `gather_tables` reads it.
         """
         check_choice(f"{_OWNER}.table_weight", "name", name, self._table_loc)
         self._refuse_if_sharded("table_weight")
+        if self._tiers[self._table_loc[name][0]] is not None:
+            raise ValueError(f"{_OWNER}.table_weight: table {name!r} lives on disk behind a cache (DiskTier); "
+                             "gather_tables() reads its rows into memory")
         g, start, rows = self._table_loc[name]
         return getattr(self, self._group_param_names[g])[start:start + rows]
 
@@ -377,7 +418,12 @@ class EmbeddingBagCollection(nn.Module):
         outs = []
         for g, pname in enumerate(self._group_param_names):
             w = getattr(self, pname)
-            if single:
+            if self._tiers[g] is not None:  # table rows -> cache slots (the pad row for other groups' ids)
+                ids_g = self._tier_slots(g, w, values, fid, layout)
+                pooled = F.embedding(ids_g, w, sparse=self.sparse) if single else F.embedding_bag(
+                    ids_g, w, offsets, mode="sum", sparse=self.sparse, per_sample_weights=psw,
+                    include_last_offset=True, padding_idx=w.shape[0] - 1 if self._pad else None)
+            elif single:
                 # Each bag one id: a row gather, the same values and gradient as a sum (or mean) of
                 # one at a fraction of the cost on a CPU -- embedding_bag's sparse backward took
                 # 2.2 ms for 26,624 ids of dim 16, embedding's 0.35 ms (one thread).
@@ -402,6 +448,34 @@ class EmbeddingBagCollection(nn.Module):
         if self._needs_perm:
             out = out.index_select(1, self._col_perm)
         return out
+
+    def _tier_slots(self, g: int, w: torch.Tensor, values: torch.Tensor, fid: torch.Tensor,
+                    layout: _InputLayout) -> torch.Tensor:
+        train = self.training and torch.is_grad_enabled()
+        if not self._pad:
+            return self._tiers[g].map_ids(values, train)
+        mine = layout.group[fid] == g
+        slots = torch.full_like(values, w.shape[0] - 1)
+        slots[mine] = self._tiers[g].map_ids(values[mine], train)
+        return slots
+
+    # ----- disk tiers -----
+    def tier_stats(self) -> dict[str, TierStats]:
+        """``{table: TierStats}`` of the disk-tiered tables (hits, misses, bytes read and written)."""
+        return {t.name: self._tiers[self._table_loc[t.name][0]].stats for t in self.tables if t.tier is not None}
+
+    def prefetch(self, features: Features) -> None:
+        """Bring the rows a future batch reads into the tiered tables' caches (thread-safe: call it from
+        the thread that prepares batches while the current step trains). A no-op without tiers."""
+        if all(t is None for t in self._tiers):
+            return
+        values, offsets, batch_size, layout = self._inputs(features, None, None)
+        nf = layout.shift.numel()
+        f_len = offsets[1:].reshape(nf, batch_size)[:, -1] - offsets[:-1].reshape(nf, batch_size)[:, 0]
+        fid = torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=values.numel())
+        for g, tier in enumerate(self._tiers):
+            if tier is not None:
+                tier.prefetch(values if not self._pad else values[layout.group[fid] == g])
 
     def _one_id_per_bag(self, values: torch.Tensor, offsets: torch.Tensor, num_bags: int) -> bool:
         """Whether every bag holds exactly one id (single-hot fields, the usual CTR input), on a CPU
@@ -481,6 +555,11 @@ class EmbeddingBagCollection(nn.Module):
                 destination[self._table_key(prefix, name)] = weight
             return
         for t in self.tables:
+            if t.tier is not None:  # a commit of the store: the checkpoint holds which one
+                tier = self._tiers[self._table_loc[t.name][0]]
+                generation = tier.commit()
+                destination[f"{prefix}tables.{t.name}.tier"] = torch.tensor([tier.store.uid, generation])
+                continue
             w = self.table_weight(t.name)
             # Cloned: views of one storage would make torch.save write the whole
             # fused storage per table, and safetensors rejects shared storage.
@@ -489,7 +568,15 @@ class EmbeddingBagCollection(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
         expected = {self._table_key(prefix, t.name): t.name for t in self.tables}
+        for t in self.tables:
+            tier_key = f"{prefix}tables.{t.name}.tier"
+            if t.tier is not None and tier_key in state_dict:
+                del expected[self._table_key(prefix, t.name)]
+                expected[tier_key] = t.name
+                self._load_tier(t.name, tier_key, state_dict[tier_key], error_msgs)
         for key, name in expected.items():
+            if key.endswith(".tier"):
+                continue
             if key not in state_dict:
                 missing_keys.append(key)
                 continue
@@ -501,10 +588,26 @@ class EmbeddingBagCollection(nn.Module):
             elif tuple(src.shape) != shape:
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape "
                                   f"{tuple(src.shape)}, the shape in current model is {shape}.")
+            elif self._tiers[g] is not None:  # an in-memory table's rows into the store
+                self._tiers[g].import_rows(src)
             else:
                 self._load_table(g, start, src)
         if strict:
             unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in expected)
+
+    def _load_tier(self, name: str, key: str, src, error_msgs: list) -> None:
+        """Return tiered table `name` to the commit a checkpoint names (``[store uid, generation]``)."""
+        tier = self._tiers[self._table_loc[name][0]]
+        if not isinstance(src, torch.Tensor) or src.shape != (2,) or src.dtype != torch.int64:
+            error_msgs.append(f'While copying "{key}", expected an int64 tensor [store uid, generation], got {src!r}.')
+        elif int(src[0]) != tier.store.uid:
+            error_msgs.append(f'"{key}" is a commit of tier store {int(src[0])}, table {name!r} uses store '
+                              f"{tier.store.uid} in {tier.store.directory}.")
+        else:
+            try:
+                tier.restore(int(src[1]))
+            except (ValueError, TierFileError) as e:
+                error_msgs.append(str(e))
 
     def _load_table(self, g: int, start: int, src: torch.Tensor) -> None:
         """Copy a full table (rows ``start..`` of group `g`) into the storage this rank holds."""
@@ -520,5 +623,6 @@ class EmbeddingBagCollection(nn.Module):
             weight[first - offset:last - offset].copy_(src[first - start:last - start])
 
     def extra_repr(self) -> str:
-        tabs = ", ".join(f"{t.name}:{t.num_embeddings}x{t.embedding_dim}/{t.pooling}" for t in self.tables)
+        tabs = ", ".join(f"{t.name}:{t.num_embeddings}x{t.embedding_dim}/{t.pooling}"
+                         + (f"/disk({t.tier.cache_rows} cached)" if t.tier is not None else "") for t in self.tables)
         return f"tables=[{tabs}], features={self.num_features}, sparse={self.sparse}"

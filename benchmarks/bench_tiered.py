@@ -1,0 +1,198 @@
+"""A disk-tiered table (`DiskTier`) against the same table in memory: samples/s, peak RSS, disk bytes
+read and written per step, cache hit rate; then a checkpoint (a commit of the store) and a restore.
+
+One table of ``--rows`` rows x ``--dim``, read by ``--fields`` features (single-id bags, batch
+``--batch``), ids Zipf(``--zipf``) over the rows (scattered by a fixed multiplicative hash, so hot
+rows are not neighbours); a linear head; LazyAdam (``--optimizer adagrad``: RowWiseAdagrad). The
+tier caches ``--cache-rows`` rows (default 10% of the rows) in a store under ``--dir`` (default: a
+temporary directory on the local disk); each step the next batch is prefetched on a thread, as the
+data channel would.
+
+    python benchmarks/bench_tiered.py --quick                  # CI: small table, tiny cache, both variants
+    python benchmarks/bench_tiered.py --rows 10000000          # both variants at a size both can hold
+    python benchmarks/bench_tiered.py --rows 200000000 --cache-rows 20000000 --variant tiered \\
+        --dir /data/tier   # larger than RAM: 200M x 16 with LazyAdam = 36 GiB of rows and state
+
+Run one variant per process (``--variant tiered`` / ``--variant memory``) for peak-RSS figures of
+their own: the peak is the process's. Creating the store writes every row once (minutes for tens of
+GiB). Prints one JSON document; ``--out FILE`` writes it too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from recstream.features import Features
+from recstream.nn import DiskTier, EmbeddingBagCollection, EmbeddingTableConfig
+from recstream.optim import LazyAdam, RowWiseAdagrad
+
+
+def _status(field: str) -> float:
+    """A /proc/self/status figure in MiB (VmHWM: peak RSS; RssAnon: memory that is not a file's)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def _io() -> tuple[int, int]:
+    """Bytes this process read from and wrote to storage (/proc/self/io; zeros where unreadable)."""
+    try:
+        with open("/proc/self/io") as f:
+            io = dict(line.split(": ") for line in f.read().splitlines())
+        return int(io["read_bytes"]), int(io["write_bytes"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
+class Net(nn.Module):
+    def __init__(self, args, tier: DiskTier | None):
+        super().__init__()
+        names = tuple(f"f{i}" for i in range(args.fields))
+        self.ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", args.rows, args.dim, feature_names=names,
+                                                                tier=tier)], validate=False)
+        self.head = nn.Linear(self.ebc.output_dim, 1)
+
+    def forward(self, x):
+        return self.head(self.ebc(x)).squeeze(1)
+
+
+def _batches(args, n: int) -> list[tuple[Features, torch.Tensor]]:
+    g = np.random.default_rng(0)
+    lengths = torch.ones(args.fields, args.batch, dtype=torch.int64)
+    out = []
+    for _ in range(n):
+        ranks = g.zipf(args.zipf, args.fields * args.batch).astype(np.uint64) - np.uint64(1)
+        ids = ((ranks * np.uint64(2654435761)) % np.uint64(args.rows)).astype(np.int64)  # scatter hot rows
+        x = Features.from_lengths(torch.zeros(args.batch, 0), torch.from_numpy(ids), lengths)
+        out.append((x, torch.from_numpy(g.integers(0, 2, args.batch).astype(np.float32))))
+    return out
+
+
+def _optimizer(args, net):
+    cls = LazyAdam if args.optimizer == "lazy_adam" else RowWiseAdagrad
+    return cls(net.parameters(), lr=0.01)
+
+
+def _step(net, opt, x, y) -> None:
+    opt.zero_grad(set_to_none=True)
+    nn.functional.binary_cross_entropy_with_logits(net(x), y).backward()
+    opt.step()
+
+
+def run(args, variant: str, directory: str) -> dict:
+    torch.manual_seed(0)
+    tier = DiskTier(os.path.join(directory, "t"), args.cache_rows) if variant == "tiered" else None
+    t0 = time.perf_counter()
+    net = Net(args, tier)
+    built_s = time.perf_counter() - t0
+    opt = _optimizer(args, net)
+    batches = _batches(args, args.warmup + args.steps + 1)
+    for x, y in batches[:args.warmup]:
+        _step(net, opt, x, y)
+    stats0 = net.ebc.tier_stats().get("t")
+    counts0 = (stats0.hits, stats0.misses, stats0.bytes_read, stats0.bytes_written) if stats0 else None
+    io0 = _io()
+    t0 = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        x, y = batches[i]
+        ahead = threading.Thread(target=net.ebc.prefetch, args=(batches[i + 1][0],)) if tier else None
+        if ahead is not None:
+            ahead.start()
+        _step(net, opt, x, y)
+        if ahead is not None:
+            ahead.join()
+    seconds = time.perf_counter() - t0
+    io1 = _io()
+    result = {"variant": variant, "rows": args.rows, "dim": args.dim, "batch": args.batch, "fields": args.fields,
+              "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
+              "ms_per_step": 1000 * seconds / args.steps, "build_s": built_s,
+              "peak_rss_mib": _status("VmHWM"), "rss_anon_mib": _status("RssAnon"),
+              "os_read_bytes_per_step": (io1[0] - io0[0]) / args.steps,
+              "os_write_bytes_per_step": (io1[1] - io0[1]) / args.steps}
+    if tier is not None:
+        s = net.ebc.tier_stats()["t"]
+        hits, misses = s.hits - counts0[0], s.misses - counts0[1]
+        result.update(cache_rows=args.cache_rows, hit_rate=hits / max(1, hits + misses),
+                      tier_read_bytes_per_step=(s.bytes_read - counts0[2]) / args.steps,
+                      tier_written_bytes_per_step=(s.bytes_written - counts0[3]) / args.steps)
+        result.update(_checkpoint_and_restore(net, opt, batches[-1]))
+    return result
+
+
+def _checkpoint_and_restore(net, opt, batch) -> dict:
+    """A checkpoint commits the store (only the blocks written since the last one are flushed); one
+    more step, then the restore undoes it."""
+    t0 = time.perf_counter()
+    state = net.state_dict()
+    commit_s = time.perf_counter() - t0
+    before = net.ebc.gather_tables()["t"][:1000].clone() if net.ebc.tables[0].num_embeddings <= 10**7 else None
+    _step(net, opt, *batch)
+    t0 = time.perf_counter()
+    net.load_state_dict(state)
+    restore_s = time.perf_counter() - t0
+    if before is not None and not torch.equal(net.ebc.gather_tables()["t"][:1000], before):
+        raise RuntimeError("bench_tiered: the restored table differs from the checkpoint")
+    return {"checkpoint_s": commit_s, "restore_s": restore_s}
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="CI size: 20,000 rows, a 2,000-row cache, 10 steps")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--cache-rows", type=int, default=None, help="rows the tier caches (default: 10%% of --rows)")
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--fields", type=int, default=8)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--zipf", type=float, default=1.05)
+    p.add_argument("--optimizer", choices=("lazy_adam", "adagrad"), default="lazy_adam")
+    p.add_argument("--variant", choices=("both", "tiered", "memory"), default="both")
+    p.add_argument("--dir", default=None, help="where the store goes (default: a temporary directory)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.fields, args.batch, args.steps, args.warmup = 20_000, 4, 128, 10, 2
+        args.cache_rows = args.cache_rows or 2_000
+    args.cache_rows = args.cache_rows or max(1, args.rows // 10)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    directory = args.dir or tempfile.mkdtemp(prefix="bench_tiered_")
+    try:
+        variants = ("tiered", "memory") if args.variant == "both" else (args.variant,)
+        # the tiered run first: a process's peak RSS only grows, so the in-memory run cannot inflate it
+        results = {v: run(args, v, directory) for v in variants}
+    finally:
+        if args.dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
+    if len(results) == 2:
+        results["tiered_vs_memory"] = results["tiered"]["samples_per_s"] / results["memory"]["samples_per_s"]
+    print(json.dumps(results, indent=1))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

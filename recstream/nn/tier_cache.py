@@ -1,0 +1,325 @@
+"""The in-memory cache of a disk-tiered table: :class:`TierCache`.
+
+A tiered table keeps every row and its optimizer state in a `TierStore` on local disk; its trainable
+Parameter holds only ``cache_rows`` slots (plus a padding row). Before a lookup, the batch's ids are
+mapped to slots (:meth:`TierCache.map_ids`): a missing row takes a free slot or the least recently used
+one, whose row -- weights and per-row optimizer state -- is written back first if the slot was
+trained since it was loaded. The optimizer then updates the cache Parameter as it would any table, so
+training equals the in-memory table's as long as a row's optimizer state travels with it.
+
+The optimizer is found without the caller's help: a global ``torch.optim`` step pre-hook binds a
+cache to the optimizer whose parameters include its Parameter. Which state entries are per-row, and
+their initial values, is an optimizer's *row-state adapter* (:data:`ROW_STATE`, keyed by class name;
+:func:`register_row_state` adds one). A row-sparse optimizer is required: a dense update would move
+the cached slots only, not every row of the table.
+
+Example:
+    >>> import tempfile, torch
+    >>> from recstream.nn import DiskTier, EmbeddingBagCollection, EmbeddingTableConfig
+    >>> tier = DiskTier(tempfile.mkdtemp(), cache_rows=4)
+    >>> ebc = EmbeddingBagCollection([EmbeddingTableConfig("item", 1000, 8, tier=tier)])
+    >>> ebc(torch.tensor([5, 999, 5]), torch.tensor([0, 1, 3]), batch_size=2).shape
+    torch.Size([2, 8])
+    >>> ebc.tier_stats()["item"].misses
+    2
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .tier_store import TierStore
+
+__all__ = ["ROW_STATE", "TierCache", "TierStats", "register_row_state"]
+
+RowState = Callable[[dict[str, Any]], dict[str, float]]
+
+# Per optimizer class name: the per-row state entries of a parameter and their initial values, from
+# its param group. Names, not classes: nn sits beside optim in the layering and does not import it.
+ROW_STATE: dict[str, RowState] = {
+    "LazyAdam": lambda g: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
+    "SparseAdam": lambda g: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
+    "Adam": lambda g: {"exp_avg": 0.0, "exp_avg_sq": 0.0, **({"max_exp_avg_sq": 0.0} if g.get("amsgrad") else {})},
+    "AdamW": lambda g: {"exp_avg": 0.0, "exp_avg_sq": 0.0, **({"max_exp_avg_sq": 0.0} if g.get("amsgrad") else {})},
+    "RowWiseAdagrad": lambda g: {"sum": float(g["initial_accumulator_value"])},
+    "Adagrad": lambda g: {"sum": float(g["initial_accumulator_value"])},
+    "FTRL": lambda g: {"accumulator": float(g["initial_accumulator_value"]), "linear": 0.0},
+    "SGD": lambda g: {"momentum_buffer": 0.0} if g.get("momentum") else {},  # sparse SGD: no state
+}
+
+
+def register_row_state(optimizer_class_name: str, row_state: RowState) -> None:
+    """Teach tiered tables another optimizer: ``row_state(param_group)`` returns
+    ``{state key: initial value}`` for the state entries shaped ``[rows, ...]``."""
+    if not isinstance(optimizer_class_name, str) or not callable(row_state):
+        raise TypeError("register_row_state: expected (str, callable), got "
+                        f"({type(optimizer_class_name).__name__}, {type(row_state).__name__})")
+    ROW_STATE[optimizer_class_name] = row_state
+
+
+def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str, float] | None:
+    for cls in type(opt).__mro__:
+        if cls.__name__ in ROW_STATE:
+            return ROW_STATE[cls.__name__](group)
+    return None
+
+
+@dataclass
+class TierStats:
+    """Counters of a tiered table since it was built (rows, not ids: a batch's repeats count once)."""
+
+    hits: int = 0
+    misses: int = 0
+    prefetched: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / max(1, self.hits + self.misses)
+
+
+_CACHES: weakref.WeakSet = weakref.WeakSet()
+_HOOK: list = []
+
+
+def _bind_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """Global step pre-hook: hand each tiered table its optimizer (cheap when there are none)."""
+    for cache in list(_CACHES):
+        for group in optimizer.param_groups:
+            if any(p is cache.weight for p in group["params"]):
+                row_state = _row_state_of(optimizer, group)
+                if row_state is None:  # a wrapper (CombinedOptimizer) steps a child that owns the state
+                    cache.unknown = type(optimizer).__name__
+                else:
+                    cache.bind(optimizer, row_state)
+
+
+class TierCache:
+    """Slots of the Parameter `weight` (``[cache_rows (+ padding), dim]``) over the rows of `store`.
+
+    ``map_ids`` and ``prefetch`` share one lock, so a prefetch on another thread never races a step's
+    mapping; a prefetch never evicts the rows of the step in flight (the last ``map_ids``)."""
+
+    def __init__(self, name: str, weight: nn.Parameter, store: TierStore, cache_rows: int) -> None:
+        self.name, self.weight, self.store, self.cache_rows = name, weight, store, cache_rows
+        self.rows = store.files["weight"].rows
+        self.row2slot = np.full(self.rows, -1, dtype=np.int32)  # 4 bytes a row: the host map
+        self.slot2row = np.full(cache_rows, -1, dtype=np.int64)
+        self.last_use = np.full(cache_rows, -1, dtype=np.int64)  # -1: free
+        self.dirty = np.zeros(cache_rows, dtype=bool)
+        self.tick = 0
+        self.lock = threading.Lock()
+        self.stats = TierStats()
+        self._opt: weakref.ref | None = None
+        self._row_state: dict[str, float] = {}
+        self._reload = False  # the optimizer loaded a state dict: the cached rows' state is stale
+        self.unknown: str | None = None  # an optimizer without a row-state adapter stepped this table
+        _CACHES.add(self)
+        if not _HOOK:
+            _HOOK.append(register_optimizer_step_pre_hook(_bind_hook))
+
+    # ----- the optimizer -----
+    def bind(self, optimizer: torch.optim.Optimizer, row_state: dict[str, float]) -> None:
+        """Called before each step of the optimizer owning ``weight``.
+
+        The first time an optimizer is seen: a fresh one (no state yet) starts every row's state at
+        its initial value, so stored state of an earlier optimizer is reset; one holding state (a
+        restored one) gets the cached rows' stored state. After its ``load_state_dict`` too."""
+        with self.lock:
+            if self._opt is not None and self._opt() is optimizer and not self._reload:
+                return
+            if self._opt is None or self._opt() is not optimizer:
+                cache = weakref.ref(self)
+                optimizer.register_load_state_dict_post_hook(
+                    lambda opt: setattr(cache(), "_reload", True) if cache() is not None else None)
+            self._opt, self._row_state, self._reload = weakref.ref(optimizer), row_state, False
+            if not optimizer.state.get(self.weight):
+                self._reset_stored_state()
+            else:
+                slots = np.flatnonzero(self.slot2row >= 0)
+                self._load_state(slots, self.slot2row[slots])
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The per-row state tensors of ``weight`` as ``[slots, cols]`` views (empty before the first step)."""
+        opt = self._opt() if self._opt is not None else None
+        state = {} if opt is None else opt.state.get(self.weight, {})
+        out = {}
+        for key in self._row_state:
+            t = state.get(key)
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == self.weight.shape[0]:
+                out[key] = t.view(t.shape[0], -1)
+        for key, t in out.items():  # first sight of a state: its file, every row at the initial value
+            if key not in self.store.files:
+                value, cols = self._row_state[key], t.shape[1]
+                self.store.add(key, self.rows, cols, lambda a, b, v=value, c=cols: np.full((b - a, c), v, np.float32))
+        return out
+
+    def _reset_stored_state(self) -> None:
+        for key, value in self._row_state.items():
+            f = self.store.files.get(key)
+            if f is None:
+                continue
+            for start in range(0, self.rows, 1 << 16):
+                rows = np.arange(start, min(self.rows, start + (1 << 16)))
+                self.store.write(key, rows, np.full((rows.size, f.cols), value, np.float32))
+
+    # ----- slots -----
+    def map_ids(self, rows: torch.Tensor, train: bool) -> torch.Tensor:
+        """Slots of table rows `rows` (int64, any shape), loading missing rows; with `train`, the slots
+        are marked to be written back when evicted."""
+        ids = rows.detach().cpu().numpy()
+        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):  # numpy would wrap a negative index
+            bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
+            raise ValueError(f"EmbeddingBagCollection: id {bad} of table {self.name!r} must be in [0, {self.rows})")
+        if train and self._opt is None and self.unknown is not None:
+            raise TypeError(f"a disk-tiered table ({self.name!r}) is trained by {self.unknown}, which has no "
+                            f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
+                            "recstream.nn.register_row_state")
+        with self.lock:
+            self.tick += 1
+            unique = np.unique(ids)
+            if not self._ensure(unique, pin=True):
+                raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "
+                                 f"{self.cache_rows} rows, a batch reads {unique.size} distinct ones; raise "
+                                 "DiskTier.cache_rows above the distinct rows of a batch")
+            slots = self.row2slot[ids]
+            if train:
+                self.dirty[slots] = True
+        return torch.from_numpy(slots.astype(np.int64)).to(rows.device)
+
+    def prefetch(self, rows: torch.Tensor | np.ndarray) -> int:
+        """Bring rows into the cache ahead of the step that reads them (safe from another thread);
+        the rows of the step in flight stay. Returns how many rows were loaded."""
+        ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        with self.lock:
+            unique = np.unique(ids.astype(np.int64))
+            unique = unique[(unique >= 0) & (unique < self.rows)]
+            before = self.stats.misses
+            self._ensure(unique, pin=False)
+            loaded = self.stats.misses - before
+            self.stats.misses -= loaded
+            self.stats.prefetched += loaded
+            return loaded
+
+    def _ensure(self, unique: np.ndarray, pin: bool) -> bool:
+        """Load the rows of `unique` not cached; False (nothing done) if they do not fit."""
+        slots = self.row2slot[unique]
+        hit = slots >= 0
+        missing = unique[~hit]
+        if pin:
+            self.stats.hits += int(hit.sum())
+        self.last_use[slots[hit]] = self.tick
+        if missing.size == 0:
+            return True
+        if not pin:  # a prefetch loads what fits beside the step in flight
+            missing = missing[:int((self.last_use < self.tick).sum())]
+            if missing.size == 0:
+                return True
+        victims = self._victims(missing.size)
+        if victims is None:
+            return False
+        self._evict(victims)
+        self.row2slot[missing] = victims
+        self.slot2row[victims] = missing
+        self.last_use[victims] = self.tick
+        self.dirty[victims] = False
+        self.stats.misses += missing.size
+        self.weight.data[torch.from_numpy(victims)] = torch.from_numpy(
+            self.store.read("weight", missing)).to(self.weight.device)
+        self._load_state(victims, missing)
+        self._sync_io_stats()
+        return True
+
+    def _victims(self, n: int) -> np.ndarray | None:
+        """`n` free or least recently used slots, none used by the current step."""
+        if n > self.cache_rows:
+            return None
+        victims = np.argpartition(self.last_use, n - 1)[:n] if n < self.cache_rows else np.arange(self.cache_rows)
+        if (self.last_use[victims] >= self.tick).any():
+            return None
+        return victims
+
+    def _evict(self, slots: np.ndarray) -> None:
+        """Write the trained rows among `slots` back (weights and per-row state) and unmap them all."""
+        held = slots[self.slot2row[slots] >= 0]
+        self._write_back(held[self.dirty[held]])
+        self.row2slot[self.slot2row[held]] = -1
+        self.slot2row[held] = -1
+
+    def _write_back(self, slots: np.ndarray) -> None:
+        if slots.size == 0:
+            return
+        rows = self.slot2row[slots]
+        index = torch.from_numpy(slots)
+        writes = [("weight", rows, self.weight.data[index].cpu().numpy())]
+        writes += [(key, rows, t[index].cpu().numpy()) for key, t in self._state().items()]
+        self.store.write_many(writes)
+        self.dirty[slots] = False
+
+    def _load_state(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        if slots.size == 0:
+            return
+        index = torch.from_numpy(slots)
+        for key, t in self._state().items():
+            t[index.to(t.device)] = torch.from_numpy(self.store.read(key, rows)).to(t.device, t.dtype)
+
+    def _sync_io_stats(self) -> None:
+        self.stats.bytes_read, self.stats.bytes_written = self.store.bytes_read, self.store.bytes_written
+
+    # ----- durability -----
+    def commit(self) -> int:
+        """Write back every trained cached row and commit the store; returns the generation."""
+        with self.lock:
+            self._write_back(np.flatnonzero(self.dirty))
+            generation = self.store.commit()
+            self._sync_io_stats()
+            return generation
+
+    def restore(self, generation: int) -> None:
+        """Return to committed `generation` (the store's last or the one before): later writes undone,
+        the cache emptied."""
+        with self.lock:
+            try:
+                self.store.rollback_to(generation)
+            except ValueError as e:
+                raise ValueError(f"EmbeddingBagCollection: table {self.name!r}: the checkpoint is of tier "
+                                 f"generation {generation}: {e} (restore the latest checkpoint, or the store's "
+                                 "directory as it was with that checkpoint)") from e
+            self._clear()
+
+    def __deepcopy__(self, memo):
+        raise TypeError(f"the disk-tiered table {self.name!r} cannot be deep-copied: its rows are a store on disk "
+                        f"({self.store.directory}), not memory; copy what gather_tables() returns instead")
+
+    def import_rows(self, weight: torch.Tensor) -> None:
+        """Replace every row's weights by `weight` ``[rows, dim]`` (an in-memory table's), cache emptied."""
+        with self.lock:
+            self._clear()
+            src = weight.detach().cpu().to(torch.float32).numpy()
+            for start in range(0, self.rows, 1 << 16):
+                rows = np.arange(start, min(self.rows, start + (1 << 16)))
+                self.store.write("weight", rows, src[rows])
+
+    def full_weight(self) -> torch.Tensor:
+        """Every row (stored rows overlaid by the cached trained ones): materialises the table in memory."""
+        with self.lock:
+            out = torch.from_numpy(self.store.read("weight", np.arange(self.rows)))
+            held = np.flatnonzero(self.slot2row >= 0)
+            out[torch.from_numpy(self.slot2row[held])] = self.weight.data[torch.from_numpy(held)].cpu()
+            return out
+
+    def _clear(self) -> None:
+        self.row2slot[:] = -1
+        self.slot2row[:] = -1
+        self.last_use[:] = -1
+        self.dirty[:] = False

@@ -1,0 +1,226 @@
+"""One memory-mapped file of fixed-width float32 rows with a checksum per block: :class:`TierFile`.
+
+The storage of a disk-tiered embedding table (`tier_store`) is one such file for the weights and one
+per optimizer state of the rows. Layout::
+
+    [0, 4096)                 header: magic, version, rows, cols, block_rows, blocks, generation, crc32
+    [4096, 4096 + pad(4*B))   crc32 of each block's bytes, as of the last flush
+    [data, data + rows*cols*4) the rows, float32, row-major
+
+A block is ``block_rows`` consecutive rows (one 4 KiB page). Its checksum is refreshed by
+:meth:`TierFile.flush` for the blocks written since the previous flush; every other block is
+checked against its stored checksum the first time it is read or written after the file is opened,
+so a corrupt or torn block raises :class:`TierFileError` naming the file and the block instead of
+being read. (Blocks written in between are the process's own and are trusted until the next flush.)
+
+A shared memory map gives the page cache the work of moving rows between memory and disk: a read of a
+few rows touches their pages only. Pages a process touched count in its resident set until dropped,
+so :meth:`TierFile.release` drops them (written pages stay in the page cache, to be written back).
+
+Example:
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.tier")
+    >>> f = TierFile.create(path, rows=10, cols=4, fill=lambda a, b: np.full((b - a, 4), 1.0, np.float32))
+    >>> f.write_rows(np.array([3]), np.full((1, 4), 7.0, np.float32))
+    >>> f.flush(); f.close()
+    >>> TierFile.open(path).read_rows(np.array([2, 3]))[:, 0].tolist()
+    [1.0, 7.0]
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+
+from ..validation import check_int
+
+__all__ = ["TierFile", "TierFileError"]
+
+MAGIC = b"RSTIER\x00\x01"
+VERSION = 1
+_HEADER = struct.Struct("<8sIQQIQQ")  # magic, version, rows, cols, block_rows, blocks, generation
+HEADER_BYTES = 4096
+BLOCK_BYTES = 4096  # a page: an evicted row written back costs one page of undo log, not 64 KiB
+_OWNER = "TierFile"
+
+
+class TierFileError(ValueError):
+    """A tier file that cannot be trusted: not a tier file, a torn header, a block failing its checksum."""
+
+
+def _pad(n: int) -> int:
+    return (n + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
+
+
+def _crc(buffer) -> int:
+    return zlib.crc32(memoryview(buffer).cast("B"))
+
+
+class TierFile:
+    """Rows ``[rows, cols]`` float32 in a memory-mapped file with per-block checksums.
+
+    Build with :meth:`create` or :meth:`open`. ``generation`` (in the header) is the number of the
+    last commit of the store the file belongs to; :meth:`set_generation` writes it.
+    """
+
+    def __init__(self, path: str, rows: int, cols: int, block_rows: int, generation: int) -> None:
+        self.path, self.rows, self.cols, self.block_rows = path, rows, cols, block_rows
+        self.blocks = (rows + block_rows - 1) // block_rows
+        self.generation = generation
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)  # MAP_SHARED, read and write
+        finally:
+            os.close(fd)
+        mm = self._mm = np.frombuffer(self._map, dtype=np.uint8)
+        crc_end = HEADER_BYTES + 4 * self.blocks
+        self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
+        data = HEADER_BYTES + _pad(4 * self.blocks)
+        self.data = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
+        self.verified = np.zeros(self.blocks, dtype=bool)  # checked against its checksum since open
+        self.dirty = np.zeros(self.blocks, dtype=bool)  # written since the last flush
+
+    # ----- create / open / close -----
+    @classmethod
+    def create(cls, path: str, rows: int, cols: int, fill: Callable[[int, int], np.ndarray]) -> TierFile:
+        """A new file (replacing any at `path`) whose rows ``[a, b)`` are ``fill(a, b)``, flushed.
+
+        The header is written last, so a crash during creation leaves a file :meth:`open` refuses."""
+        rows = check_int(_OWNER, "rows", rows, minimum=1)
+        cols = check_int(_OWNER, "cols", cols, minimum=1)
+        block_rows = max(1, BLOCK_BYTES // (4 * cols))
+        blocks = (rows + block_rows - 1) // block_rows
+        size = HEADER_BYTES + _pad(4 * blocks) + rows * cols * 4
+        with open(path, "wb") as f:
+            f.truncate(size)
+        tier = cls(path, rows, cols, block_rows, 0)
+        chunk = block_rows * 256  # 16 MiB a fill call: few calls for a large table, little memory
+        for a in range(0, rows, chunk):
+            e = min(rows, a + chunk)
+            tier.data[a:e] = fill(a, e)
+            if (a // chunk) % 16 == 15:  # every 256 MiB: out of the resident set (see release)
+                tier.release()
+        tier.dirty[:] = True
+        tier.verified[:] = True
+        tier.flush()
+        tier.set_generation(0)
+        tier.release()  # the pages the fill went through are not the table's working set
+        return tier
+
+    @classmethod
+    def open(cls, path: str) -> TierFile:
+        """Open an existing file; its header (magic, version, sizes, checksum) is checked here, each
+        block the first time it is used."""
+        path = os.fspath(path)
+        size = os.path.getsize(path)
+        if size < HEADER_BYTES:
+            raise TierFileError(f"tier file {path}: {size} bytes, shorter than its header; not a tier file or torn")
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size + 4)
+        magic, version, rows, cols, block_rows, blocks, generation = _HEADER.unpack(head[:_HEADER.size])
+        if magic != MAGIC:
+            raise TierFileError(f"tier file {path}: bad magic {magic!r} (expected {MAGIC!r}): not a tier file, "
+                                "or its creation was interrupted")
+        if struct.unpack("<I", head[_HEADER.size:])[0] != _crc(head[:_HEADER.size]):
+            raise TierFileError(f"tier file {path}: the header fails its checksum (torn or corrupt)")
+        if version != VERSION:
+            raise TierFileError(f"tier file {path}: format version {version}, this recstream reads {VERSION}")
+        expected = HEADER_BYTES + _pad(4 * blocks) + rows * cols * 4
+        if size != expected or blocks != (rows + block_rows - 1) // block_rows:
+            raise TierFileError(f"tier file {path}: {size} bytes, its header ({rows} rows x {cols}) says "
+                                f"{expected}: truncated or corrupt")
+        return cls(path, rows, cols, block_rows, generation)
+
+    def close(self) -> None:
+        self._map.flush()
+        del self.data, self._crc, self._mm  # the views first: a map with views cannot close
+        self._map.close()
+
+    def release(self) -> None:
+        """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
+        on disk): the table's disk tier then costs the cache, not the pages it went through."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    # ----- rows -----
+    def block_range(self, b: int) -> tuple[int, int]:
+        return b * self.block_rows, min(self.rows, (b + 1) * self.block_rows)
+
+    def blocks_of(self, rows: np.ndarray) -> np.ndarray:
+        """The blocks holding `rows` (unique, sorted)."""
+        return np.unique(np.asarray(rows, dtype=np.int64) // self.block_rows)
+
+    def check_blocks(self, blocks: np.ndarray) -> None:
+        """Verify the not-yet-verified `blocks` against their stored checksums."""
+        for b in blocks[~self.verified[blocks]]:
+            a, e = self.block_range(int(b))
+            stored, actual = int(self._crc[b]), _crc(self.data[a:e])
+            if stored != actual:
+                raise TierFileError(
+                    f"tier file {self.path}: block {int(b)} (rows {a}..{e - 1}) fails its checksum (stored "
+                    f"{stored:08x}, computed {actual:08x}): the file is corrupt, or was written after its last "
+                    "commit without the undo log that rolls such writes back; restore it from a copy")
+            self.verified[b] = True
+
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` (a copy, ``[len(rows), cols]``), their blocks verified first."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.check_blocks(self.blocks_of(rows))
+        return self.data[rows]
+
+    def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        blocks = self.blocks_of(rows)
+        self.check_blocks(blocks)
+        self.data[rows] = values
+        self.dirty[blocks] = True
+
+    def block_crc(self, b: int) -> int:
+        """Block `b`'s stored checksum, the block verified first (an undo log keeps it)."""
+        self.check_blocks(np.array([b]))
+        return int(self._crc[b])
+
+    def restore_crc(self, b: int, crc: int) -> None:
+        """Put back a block's committed checksum (undo-log rollback; its rows are put back too)."""
+        self._crc[b] = crc
+        self.verified[b] = False
+        self.dirty[b] = False
+
+    def restore_rows(self, rows: np.ndarray, data: bytes) -> None:
+        """Put back rows' committed bytes (undo-log rollback), without touching checksums."""
+        self.data[rows] = np.frombuffer(data, dtype=np.float32).reshape(len(rows), self.cols)
+
+    # ----- durability -----
+    def flush(self) -> None:
+        """Refresh the checksums of the blocks written since the last flush, then msync + fsync."""
+        for i, b in enumerate(np.flatnonzero(self.dirty)):
+            a, e = self.block_range(int(b))
+            self._crc[b] = _crc(self.data[a:e])
+            if i % 65536 == 65535:  # every 256 MiB checksummed (a new file's every block)
+                self.release()
+        self.dirty[:] = False
+        self._sync()
+
+    def set_generation(self, generation: int) -> None:
+        head = _HEADER.pack(MAGIC, VERSION, self.rows, self.cols, self.block_rows, self.blocks, generation)
+        self._mm[:len(head) + 4] = np.frombuffer(head + struct.pack("<I", _crc(head)), dtype=np.uint8)
+        self._sync()
+        self.generation = generation
+
+    def verify_all(self) -> None:
+        """Check every block now (a full read of the file)."""
+        self.verified[:] = False
+        self.check_blocks(np.arange(self.blocks))
+
+    def _sync(self) -> None:
+        self._map.flush()  # msync(MS_SYNC) of the mapping
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,325 @@
+"""The files of one disk-tiered table, committed together: :class:`TierStore`.
+
+A directory holds a ``manifest.json`` (the committed generation and the files), one `TierFile` per
+array (``weight``, and one per per-row optimizer state such as ``exp_avg``) and ``undo.log``.
+
+Crash safety without a second copy of the table: rows are written in place, and before a row is
+first written since the last commit its committed bytes (and, for the first row of a block, the
+block's committed checksum) are appended to the undo log and fsynced. A commit flushes every file
+(data and checksums), then atomically replaces the manifest with generation ``g + 1`` (the commit
+point), then stamps the files' headers and empties the undo log. Opening the store (or
+:meth:`TierStore.rollback`) undoes every write made after the manifest's generation, so after a
+SIGKILL the table is exactly as at the last commit: nothing of a later step is kept, nothing of an
+earlier one lost. An undo entry torn by the kill is one whose rows were never written (the log is
+fsynced before the write), so the entries are read up to the first one failing its checksum.
+
+The log of the last commit is kept (``undo.prev``), so the store can also return one commit back: a
+checkpoint commits the store before its own file is written, and a kill between the two must leave
+the previous checkpoint restorable (:meth:`TierStore.rollback_to`).
+
+Example:
+    >>> import tempfile, numpy as np
+    >>> d = tempfile.mkdtemp()
+    >>> s = TierStore.create(d, {"weight": (8, 2, lambda a, b: np.zeros((b - a, 2), np.float32))})
+    >>> s.write("weight", np.array([1]), np.ones((1, 2), np.float32)); s.commit()
+    1
+    >>> s.write("weight", np.array([1]), np.full((1, 2), 5.0, np.float32))  # not committed
+    >>> s.close(); TierStore.open(d).read("weight", np.array([1])).tolist()
+    [[1.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import struct
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+
+from ..atomic import atomic_write, fsync_dir
+from .tier_file import TierFile, TierFileError
+
+__all__ = ["TierStore"]
+
+_LOG_MAGIC = b"RSUNDO01"
+_LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
+# An undo entry: kind, file index, block (kind _CRC) or row count (kind _ROWS), the block's committed
+# checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their committed bytes).
+_ENTRY = struct.Struct("<BIQII")
+_CRC, _ROWS = 0, 1
+FORMAT = "recstream-tier"
+RELEASE_BYTES = 256 << 20
+
+Fill = Callable[[int, int], np.ndarray]
+
+
+def _lock(directory: str):
+    """An exclusive lock on the store, so two tables (in this process or another) never write one store."""
+    lock = open(os.path.join(directory, "lock"), "a+b")  # noqa: SIM115 -- held for the store's life
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise TierFileError(f"tier store {directory} is in use by another table (in this process or another); "
+                            "give each table its own directory") from None
+    return lock
+
+
+class TierStore:
+    """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
+
+    def __init__(self, directory: str, files: dict[str, TierFile], generation: int, uid: int, lock) -> None:
+        self.directory, self.files, self.generation = directory, files, generation
+        self._lock = lock  # held while the store is open (released by close, or by the kernel at exit)
+        self.uid = uid  # names this store in checkpoints, so one of another store is refused
+        # Since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
+        self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
+        self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self._touched = 0  # page bytes mapped in since the last release_pages (an upper bound)
+
+    # ----- create / open -----
+    @classmethod
+    def create(cls, directory: str, files: dict[str, tuple[int, int, Fill]]) -> TierStore:
+        os.makedirs(directory, exist_ok=True)
+        lock = _lock(directory)
+        opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
+                  for name, (rows, cols, fill) in files.items()}
+        store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"), lock)
+        store._reset_log()
+        store._write_manifest(0)
+        return store
+
+    @classmethod
+    def exists(cls, directory: str) -> bool:
+        return os.path.exists(os.path.join(directory, "manifest.json"))
+
+    @classmethod
+    def open(cls, directory: str) -> TierStore:
+        """Open a store, undoing the writes made after its last commit (a crash's leftovers)."""
+        path = os.path.join(directory, "manifest.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except (OSError, ValueError) as e:
+            raise TierFileError(f"tier store {directory}: cannot read {path}: {e}") from e
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise TierFileError(f"tier store {directory}: {path} is not a {FORMAT} manifest")
+        lock = _lock(directory)
+        files = {name: TierFile.open(os.path.join(directory, f"{name}.tier")) for name in manifest["files"]}
+        store = cls(directory, files, int(manifest["generation"]), int(manifest["uid"]), lock)
+        store.rollback()
+        return store
+
+    def add(self, name: str, rows: int, cols: int, fill: Fill) -> None:
+        """A new array (an optimizer state met after creation), part of the store from now on."""
+        if name in self.files:
+            raise ValueError(f"TierStore: {self.directory} has an array {name!r} already")
+        f = TierFile.create(os.path.join(self.directory, f"{name}.tier"), rows, cols, fill)
+        f.set_generation(self.generation)
+        self.files[name] = f
+        self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
+        self._logged_rows[name] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
+        self._write_manifest(self.generation)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self._lock.close()
+
+    # ----- rows -----
+    def read(self, name: str, rows: np.ndarray) -> np.ndarray:
+        out = self.files[name].read_rows(rows)
+        self.bytes_read += out.nbytes
+        self._touch(len(out))
+        return out
+
+    def _touch(self, rows: int) -> None:
+        """Count the pages `rows` rows may have mapped in; past RELEASE_BYTES, drop them from the
+        process's resident set (`TierFile.release`), so its peak RSS does not grow with the table."""
+        self._touched += rows * 4096
+        if self._touched > RELEASE_BYTES:
+            for f in self.files.values():
+                f.release()
+            self._touched = 0
+
+    def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write rows in place, after logging the pre-images of blocks first written since the commit."""
+        self.write_many([(name, rows, values)])
+
+    def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+        """Several writes (rows unique within each), with one fsync of the undo log before them."""
+        writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
+        for name, rows, _ in writes:
+            self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
+        self._log_preimages(writes)
+        for name, rows, values in writes:
+            self.files[name].write_rows(rows, values)
+            self.bytes_written += values.nbytes
+            self._touch(len(values))
+
+    # ----- commit / rollback -----
+    @property
+    def changed(self) -> bool:
+        """Whether anything was written since the last commit."""
+        return any(seen.any() for seen in self._preimaged.values())
+
+    def commit(self) -> int:
+        """Make every write so far durable as generation ``generation + 1`` and return it; with nothing
+        written since the last commit, that commit's generation (no new one)."""
+        if not self.changed:
+            return self.generation
+        for f in self.files.values():
+            f.flush()
+        generation = self.generation + 1
+        self._write_manifest(generation)  # the commit point
+        self.generation = generation
+        self._finish()
+        return generation
+
+    def _finish(self) -> None:
+        """After a commit point: stamp the files, keep the log as the previous commit's, start a new one."""
+        for f in self.files.values():
+            if f.generation != self.generation:
+                f.set_generation(self.generation)
+        if self._log_generation(self._log_path) == self.generation - 1:
+            os.replace(self._log_path, self._prev_path)  # can take the store back one commit
+        self._reset_log()
+
+    def rollback(self) -> None:
+        """Undo the writes made after the last commit (in this process or a crashed one)."""
+        log = self._log_generation(self._log_path)
+        if log is not None and log < self.generation:  # a commit point passed, its finish did not
+            self._finish()
+            return
+        if log is not None and log > self.generation:  # an interrupted rollback_to: finish it
+            self._undo(self._log_path)
+            self._undo(self._prev_path)
+            self._after_undo()
+            return
+        self._undo(self._log_path)
+        self._after_undo(keep_prev=True)
+
+    def rollback_to(self, generation: int) -> None:
+        """Return to committed `generation`: the last commit, or the one before it (a checkpoint whose
+        file was not written when the process died right after committing the store for it)."""
+        self.rollback()
+        if generation == self.generation:
+            return
+        if generation != self.generation - 1 or self._log_generation(self._prev_path) != generation:
+            raise TierFileError(
+                f"tier store {self.directory}: cannot return to generation {generation}; it is at generation "
+                f"{self.generation} and can return only to it or the one before (if that was its last commit)")
+        self._write_manifest(generation)  # intent first: a crash from here on finishes the rollback at open
+        self.generation = generation
+        self._undo(self._prev_path)
+        self._after_undo()
+
+    def _undo(self, path: str) -> None:
+        names = list(self.files)
+        for kind, index, what, crc, data in self._read_log(path):
+            f = self.files[names[index]]
+            if kind == _CRC:
+                f.restore_crc(what, crc)
+            else:
+                rows = np.frombuffer(data[:8 * what], dtype=np.int64)
+                f.restore_rows(rows, data[8 * what:])
+
+    def _after_undo(self, keep_prev: bool = False) -> None:
+        for f in self.files.values():
+            f.dirty[:] = False
+            if abs(f.generation - self.generation) > 1:
+                raise TierFileError(f"tier file {f.path}: generation {f.generation}, its store's manifest "
+                                    f"says {self.generation}: the file belongs to another commit")
+            f.flush()
+            if f.generation != self.generation:
+                f.set_generation(self.generation)
+        if not keep_prev and os.path.exists(self._prev_path):
+            os.unlink(self._prev_path)
+        self._reset_log()
+
+    # ----- undo log -----
+    @property
+    def _log_path(self) -> str:
+        return os.path.join(self.directory, "undo.log")
+
+    @property
+    def _prev_path(self) -> str:
+        return os.path.join(self.directory, "undo.prev")
+
+    def _reset_log(self) -> None:
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(_LOG_HEAD.pack(_LOG_MAGIC, self.generation))
+
+        atomic_write(self._log_path, write)
+        for seen in (*self._preimaged.values(), *self._logged_rows.values()):
+            seen[:] = 0
+
+    def _log_generation(self, path: str) -> int | None:
+        """The generation a log's pre-images restore (None: no log)."""
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_LOG_HEAD.size)
+        except FileNotFoundError:
+            return None
+        if len(head) < _LOG_HEAD.size or head[:8] != _LOG_MAGIC:
+            raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
+        return _LOG_HEAD.unpack(head)[1]
+
+    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+        """Append the committed checksums of blocks and bytes of rows about to be written for the first
+        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes."""
+        names = list(self.files)
+        entries = []
+        for name, rows, _ in writes:
+            f, index = self.files[name], names.index(name)
+            blocks = f.blocks_of(rows)
+            for b in blocks[~self._preimaged[name][blocks]]:
+                entries.append(_ENTRY.pack(_CRC, index, int(b), f.block_crc(int(b)), 0))
+                self._preimaged[name][b] = True
+            bits = self._logged_rows[name]
+            mask = (1 << (rows & 7)).astype(np.uint8)
+            new = rows[(bits[rows >> 3] & mask) == 0]
+            if new.size:
+                data = new.tobytes() + f.data[new].tobytes()
+                entries.append(_ENTRY.pack(_ROWS, index, new.size, 0, len(data)) + data)
+                np.bitwise_or.at(bits, new >> 3, (1 << (new & 7)).astype(np.uint8))
+        if not entries:
+            return
+        with open(self._log_path, "ab") as log:
+            log.write(b"".join(e + struct.pack("<I", zlib.crc32(e)) for e in entries))
+            log.flush()
+            os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+
+    def _read_log(self, path: str):
+        """The intact entries ``(kind, file index, block or row count, crc, data)`` of the log at `path`
+        (none if there is no log), read one at a time: a log can be long."""
+        if self._log_generation(path) is None:
+            return
+        with open(path, "rb") as f:
+            f.seek(_LOG_HEAD.size)
+            while True:
+                head = f.read(_ENTRY.size)
+                if len(head) < _ENTRY.size:
+                    return
+                kind, index, what, crc, n = _ENTRY.unpack(head)
+                data, tail = f.read(n), f.read(4)
+                if len(data) < n or len(tail) < 4 or struct.unpack("<I", tail)[0] != zlib.crc32(head + data):
+                    return  # torn tail: written before a kill, its rows never changed
+                yield kind, index, what, crc, data
+
+    def _write_manifest(self, generation: int) -> None:
+        manifest = {"format": FORMAT, "version": 1, "generation": generation, "uid": self.uid,
+                    "files": {name: {"rows": f.rows, "cols": f.cols} for name, f in self.files.items()}}
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(manifest, f)
+
+        atomic_write(os.path.join(self.directory, "manifest.json"), write)
+        fsync_dir(self.directory)

@@ -1,0 +1,201 @@
+"""The tier's storage: TierFile (memory-mapped rows, per-block checksums) and TierStore (commits, undo
+log). Real files in tmp_path; corruption is real bytes flipped on disk; the crash is a real SIGKILL."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from recstream.nn.tier_file import HEADER_BYTES, TierFile, TierFileError
+from recstream.nn.tier_store import TierStore
+
+
+def _fill(cols, value=None):
+    def fill(a, b):
+        if value is not None:
+            return np.full((b - a, cols), value, np.float32)
+        return np.arange(a * cols, b * cols, dtype=np.float32).reshape(b - a, cols)
+    return fill
+
+
+def test_rows_round_trip_and_survive_reopen(tmp_path):
+    path = str(tmp_path / "w.tier")
+    f = TierFile.create(path, rows=20000, cols=3, fill=_fill(3))
+    assert f.blocks > 1  # several blocks, so per-block bookkeeping is exercised
+    np.testing.assert_array_equal(f.read_rows(np.array([0, 19999])), [[0, 1, 2], [59997, 59998, 59999]])
+    f.write_rows(np.array([7, 4000]), np.full((2, 3), -1.0, np.float32))
+    f.flush()
+    f.close()
+    g = TierFile.open(path)
+    g.verify_all()
+    assert g.read_rows(np.array([7, 4000, 8])).tolist() == [[-1.0] * 3, [-1.0] * 3, [24.0, 25.0, 26.0]]
+
+
+def test_a_flipped_byte_is_detected_naming_the_file_and_block(tmp_path):
+    path = str(tmp_path / "w.tier")
+    f = TierFile.create(path, rows=20000, cols=3, fill=_fill(3))
+    block_rows, data_start = f.block_rows, HEADER_BYTES + 4096  # 4 * blocks < 4096: one page of checksums
+    f.close()
+    row = block_rows * 2 + 5  # inside block 2
+    with open(path, "r+b") as raw:
+        raw.seek(data_start + row * 3 * 4 + 1)
+        byte = raw.read(1)
+        raw.seek(-1, os.SEEK_CUR)
+        raw.write(bytes([byte[0] ^ 0xFF]))
+    g = TierFile.open(path)
+    assert g.read_rows(np.array([0])).tolist() == [[0.0, 1.0, 2.0]]  # block 0 is fine
+    with pytest.raises(TierFileError, match=rf"w\.tier: block 2 \(rows {2 * block_rows}\.\..*fails its checksum"):
+        g.read_rows(np.array([row]))
+    with pytest.raises(TierFileError, match="block 2"):  # a write to the block is refused too
+        g.write_rows(np.array([row]), np.zeros((1, 3), np.float32))
+
+
+@pytest.mark.parametrize("damage", ["magic", "header", "truncate", "short"])
+def test_a_torn_or_foreign_file_is_refused(tmp_path, damage):
+    path = str(tmp_path / "w.tier")
+    TierFile.create(path, rows=100, cols=2, fill=_fill(2)).close()
+    with open(path, "r+b") as raw:
+        if damage == "magic":
+            raw.write(b"NOTATIER")
+        elif damage == "header":
+            raw.seek(20)
+            raw.write(b"\x07")  # the row count changes: the header's checksum fails
+        elif damage == "truncate":
+            raw.truncate(os.path.getsize(path) - 4)
+        else:
+            raw.truncate(100)
+    message = {"magic": "bad magic", "header": "header fails its checksum", "truncate": "truncated or corrupt",
+               "short": "shorter than its header"}[damage]
+    with pytest.raises(TierFileError, match=message):
+        TierFile.open(path)
+
+
+def test_uncommitted_writes_are_rolled_back_and_committed_ones_kept(tmp_path):
+    store = TierStore.create(str(tmp_path), {"weight": (3000, 4, _fill(4)), "sum": (3000, 1, _fill(1, 0.5))})
+    store.write_many([("weight", np.array([1, 2999]), np.full((2, 4), 9.0, np.float32)),
+                      ("sum", np.array([1]), np.full((1, 1), 2.0, np.float32))])
+    assert store.commit() == 1
+    store.write_many([("weight", np.array([1, 5]), np.full((2, 4), -3.0, np.float32)),
+                      ("sum", np.array([1]), np.full((1, 1), 7.0, np.float32))])
+    store.rollback()  # in the same process
+    assert store.read("weight", np.array([1, 5, 2999]))[:, 0].tolist() == [9.0, 20.0, 9.0]
+    assert store.read("sum", np.array([1, 2])).ravel().tolist() == [2.0, 0.5]
+    store.write("weight", np.array([5]), np.full((1, 4), -3.0, np.float32))
+    store.close()
+    reopened = TierStore.open(str(tmp_path))  # a new process would see the same
+    assert reopened.generation == 1
+    assert reopened.read("weight", np.array([5]))[0, 0] == 20.0
+    for f in reopened.files.values():
+        f.verify_all()
+
+
+def test_an_array_added_later_is_committed_with_the_others(tmp_path):
+    store = TierStore.create(str(tmp_path), {"weight": (100, 2, _fill(2))})
+    assert store.commit() == 0  # nothing written: no new generation
+    store.add("exp_avg", 100, 2, _fill(2, 0.0))
+    store.write("exp_avg", np.array([3]), np.ones((1, 2), np.float32))
+    store.commit()
+    store.write("exp_avg", np.array([3]), np.full((1, 2), 4.0, np.float32))
+    store.close()
+    reopened = TierStore.open(str(tmp_path))
+    assert set(reopened.files) == {"weight", "exp_avg"} and reopened.generation == 1
+    assert reopened.read("exp_avg", np.array([3])).tolist() == [[1.0, 1.0]]
+
+
+_WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from recstream.nn.tier_store import TierStore
+    store = TierStore.open(sys.argv[1])
+    rng = np.random.default_rng(0)
+    step = 0
+    while True:  # commits every 5 steps: the kill lands between commits (or inside one)
+        step += 1
+        rows = rng.integers(0, 20000, 64)
+        store.write_many([("weight", rows, np.full((64, 4), float(step), np.float32))])
+        if step % 5 == 0:
+            store.commit()
+            print(step, flush=True)
+""")
+
+
+@pytest.mark.e2e
+def test_sigkill_while_writing_leaves_the_last_commit(tmp_path):
+    """A real process writing and committing in a loop is SIGKILLed; reopening gives exactly a committed
+    generation: every row written by a committed step, none by a later one, all blocks valid."""
+    TierStore.create(str(tmp_path), {"weight": (20000, 4, _fill(4, 0.0))}).close()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    seen = [int(proc.stdout.readline()) for _ in range(4)]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = TierStore.open(str(tmp_path))
+    weight = store.files["weight"]
+    weight.verify_all()
+    committed_step = store.generation * 5
+    assert committed_step >= seen[-1]
+    # replay the writes the committed steps made: the file must equal it exactly
+    expected = np.zeros((20000, 4), np.float32)
+    rng = np.random.default_rng(0)
+    for step in range(1, committed_step + 1):
+        expected[rng.integers(0, 20000, 64)] = float(step)
+    np.testing.assert_array_equal(store.read("weight", np.arange(20000)), expected)
+
+
+def test_the_store_returns_one_commit_back_and_no_further(tmp_path):
+    """A checkpoint commits the store before its file is written: a kill between the two must leave the
+    previous checkpoint's generation reachable, also from a new process."""
+    store = TierStore.create(str(tmp_path), {"weight": (20000, 4, _fill(4, 0.0))})
+    for generation in (1, 2):
+        store.write("weight", np.array([generation, 10000 + generation]), np.full((2, 4), generation, np.float32))
+        assert store.commit() == generation
+    store.write("weight", np.array([1, 3]), np.full((2, 4), 9.0, np.float32))  # uncommitted
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    store.rollback_to(1)
+    assert store.generation == 1
+    assert store.read("weight", np.array([1, 2, 3, 10001, 10002]))[:, 0].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+    store.write("weight", np.array([5]), np.ones((1, 4), np.float32))
+    store.commit()
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    with pytest.raises(TierFileError, match="cannot return to generation 0; it is at generation 2"):
+        store.rollback_to(0)  # two back
+    store.rollback_to(1)  # one back, again
+    assert store.read("weight", np.array([1, 5]))[:, 0].tolist() == [1.0, 0.0]
+    with pytest.raises(TierFileError, match="cannot return to generation 0; it is at generation 1"):
+        store.rollback_to(0)  # the previous commit's log was used up
+    for f in store.files.values():
+        f.verify_all()
+
+
+def test_a_store_in_use_is_refused_until_closed(tmp_path):
+    store = TierStore.create(str(tmp_path), {"weight": (10, 2, _fill(2))})
+    with pytest.raises(TierFileError, match="is in use by another table"):
+        TierStore.open(str(tmp_path))
+    store.close()
+    TierStore.open(str(tmp_path)).close()
+
+
+def _rss_file_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("RssFile:"))
+
+
+def test_release_drops_mapped_pages_from_the_resident_set_and_keeps_written_rows(tmp_path):
+    path = str(tmp_path / "w.tier")
+    f = TierFile.create(path, rows=1 << 20, cols=16, fill=_fill(16, 1.0))  # 64 MiB
+    f.release()
+    before = _rss_file_mib()
+    f.read_rows(np.arange(0, 1 << 20, 64))  # a row of every page
+    f.write_rows(np.array([5, 1 << 19]), np.full((2, 16), 3.0, np.float32))
+    assert _rss_file_mib() - before > 48
+    f.release()  # written pages not flushed yet: they must survive
+    assert _rss_file_mib() - before < 8
+    assert f.read_rows(np.array([5, 6, 1 << 19]))[:, 0].tolist() == [3.0, 1.0, 3.0]
+    f.flush()
+    f.close()
+    assert TierFile.open(path).read_rows(np.array([5, 1 << 19]))[:, 0].tolist() == [3.0, 3.0]

@@ -1,0 +1,224 @@
+"""A disk-tiered EmbeddingBagCollection table trains as the in-memory table does: same data, same initial
+rows, same optimizer -> the same rows and losses to float rounding, with a cache far smaller than the ids
+an epoch reads (rows evicted and read back with their optimizer state). Checkpoints commit the store and
+restore to that commit; a store from another table or a later commit is refused."""
+import copy
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from recstream.features import Features
+from recstream.nn import DiskTier, EmbeddingBagCollection, EmbeddingTableConfig
+from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
+
+ROWS, BATCH = 3000, 16
+
+
+class _Net(nn.Module):
+    def __init__(self, tier=None, wide_tier=None):
+        super().__init__()
+        self.ebc = EmbeddingBagCollection([
+            EmbeddingTableConfig("user", 200, 8),
+            EmbeddingTableConfig("item", ROWS, 8, pooling="mean", feature_names=("item", "hist"), tier=tier),
+            EmbeddingTableConfig("wide", ROWS, 1, tier=wide_tier),
+        ])
+        self.head = nn.Linear(self.ebc.output_dim, 1)
+
+    def forward(self, x):
+        return self.head(self.ebc(x)).squeeze(1)
+
+
+def _batches(n, seed=0):
+    """Zipf-ish ids: a few hot rows and a long tail, so a small cache both hits and evicts."""
+    g = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        user = g.integers(0, 200, BATCH)
+        item = np.minimum(g.zipf(1.3, BATCH) - 1, ROWS - 1)
+        hist_len = g.integers(0, 4, BATCH)
+        hist = np.minimum(g.zipf(1.3, hist_len.sum()) - 1, ROWS - 1)
+        wide = g.integers(0, ROWS, BATCH)
+        values = torch.from_numpy(np.concatenate([user, item, hist, wide]).astype(np.int64))
+        ones = np.ones(BATCH)
+        lengths = torch.from_numpy(np.stack([ones, ones, hist_len, ones]).astype(np.int64))
+        x = Features.from_lengths(torch.zeros(BATCH, 0), values, lengths, keys=("user", "item", "hist", "wide"))
+        out.append((x, torch.from_numpy(g.integers(0, 2, BATCH).astype(np.float32))))
+    return out
+
+
+def _optimizer(kind, net):
+    embeddings = [p for n, p in net.named_parameters() if n.startswith("ebc.")]
+    dense = torch.optim.SGD(net.head.parameters(), lr=0.05)
+    sparse = {"lazy_adam": lambda: LazyAdam(embeddings, lr=0.05),
+              "adagrad": lambda: RowWiseAdagrad(embeddings, lr=0.1, initial_accumulator_value=0.1),
+              "ftrl": lambda: FTRL(embeddings, lr=0.1, l1=0.001)}[kind]()
+    return sparse, dense
+
+
+def _train(net, opts, batches):
+    losses = []
+    for x, y in batches:
+        loss = nn.functional.binary_cross_entropy_with_logits(net(x), y)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
+        loss.backward()
+        for o in opts:
+            o.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _pair(tmp_path, cache_rows=64, wide_cache=64):
+    torch.manual_seed(0)
+    memory = _Net()
+    tiered = _Net(DiskTier(tmp_path / "item", cache_rows), DiskTier(tmp_path / "wide", wide_cache))
+    tiered.load_state_dict(memory.state_dict())  # in-memory tables' rows into the stores
+    return memory, tiered
+
+
+def _assert_same_tables(a, b):
+    ta, tb = a.ebc.gather_tables(), b.ebc.gather_tables()
+    for name in ta:
+        torch.testing.assert_close(tb[name], ta[name], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["lazy_adam", "adagrad", "ftrl"])
+def test_training_with_a_small_cache_equals_the_in_memory_table(tmp_path, kind):
+    memory, tiered = _pair(tmp_path)
+    batches = _batches(60)
+    distinct = len(np.unique(np.concatenate([x.values.numpy() for x, _ in batches])))
+    assert distinct > 4 * 64  # the cache holds a fraction of the rows the run reads
+    lm = _train(memory, _optimizer(kind, memory), batches)
+    lt = _train(tiered, _optimizer(kind, tiered), batches)
+    np.testing.assert_allclose(lt, lm, rtol=1e-5)
+    _assert_same_tables(memory, tiered)
+    stats = tiered.ebc.tier_stats()
+    assert stats["item"].misses > 64 and stats["item"].bytes_written > 0 and stats["item"].hits > 0
+    # the optimizer state travelled: the stored state of a row trained and evicted is the in-memory one
+    tier = tiered.ebc._tiers[tiered.ebc._table_loc["item"][0]]
+    key = {"lazy_adam": "exp_avg_sq", "adagrad": "sum", "ftrl": "accumulator"}[kind]
+    assert key in tier.store.files
+
+
+def test_a_batch_wider_than_the_cache_is_refused_with_the_sizes(tmp_path):
+    net = EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 3))])
+    with pytest.raises(ValueError, match=r"table 't' caches 3 rows, a batch reads 4 distinct.*cache_rows"):
+        net(torch.tensor([1, 2, 3, 4]), torch.tensor([0, 1, 2, 3, 4]), 4)
+    with pytest.raises(ValueError, match=r"must be in \[0, 100\)"):
+        net(torch.tensor([100]), torch.tensor([0, 1]), 1)
+
+
+def test_a_tiered_table_needs_sparse_gradients(tmp_path):
+    with pytest.raises(ValueError, match=r"disk-tiered tables \['t'\] need sparse=True"):
+        EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 8))], sparse=False)
+
+
+def test_a_store_of_another_shape_is_refused(tmp_path):
+    EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 8))])
+    with pytest.raises(ValueError, match=r"table 't' is 100x8, its tier store .* holds \(100, 4\)"):
+        EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 8, tier=DiskTier(tmp_path, 8))])
+
+
+@pytest.mark.parametrize("later_commit", [False, True])
+def test_a_checkpoint_restores_the_committed_rows_and_state(tmp_path, later_commit):
+    """state_dict commits the store; training on, then loading that state_dict (model and optimizer)
+    and training the same batches again gives the same result as the first time -- also after one
+    later commit (a checkpoint whose file was never written, or load_checkpoint's own state_dict)."""
+    _, tiered = _pair(tmp_path)
+    opts = _optimizer("lazy_adam", tiered)
+    batches = _batches(40, seed=1)
+    _train(tiered, opts, batches[:20])
+    model_state = {k: v.clone() for k, v in tiered.state_dict().items()}
+    opt_states = copy.deepcopy([o.state_dict() for o in opts])
+    assert "ebc.tables.item.tier" in model_state and "ebc.tables.item.weight" not in model_state
+    first = _train(tiered, opts, batches[20:])
+    after_first = tiered.ebc.gather_tables()
+    if later_commit:
+        tiered.state_dict()
+    tiered.load_state_dict(model_state)
+    for o, s in zip(opts, opt_states, strict=True):
+        o.load_state_dict(s)
+    second = _train(tiered, opts, batches[20:])
+    np.testing.assert_allclose(second, first, rtol=1e-6)
+    for name, w in tiered.ebc.gather_tables().items():
+        torch.testing.assert_close(w, after_first[name])
+
+
+def test_a_checkpoint_older_than_the_store_or_of_another_store_is_refused(tmp_path):
+    _, tiered = _pair(tmp_path)
+    opts = _optimizer("adagrad", tiered)
+    batches = _batches(4)
+    _train(tiered, opts, batches[:1])
+    old = tiered.state_dict()
+    assert tiered.state_dict()["ebc.tables.item.tier"].tolist() == old["ebc.tables.item.tier"].tolist()  # no change
+    _train(tiered, opts, batches[1:3])
+    tiered.state_dict()
+    _train(tiered, opts, batches[3:])
+    tiered.state_dict()  # two commits later
+    with pytest.raises(RuntimeError, match=r"tier generation 1: .*cannot return to generation 1; it is at "
+                                           r"generation 3 and can return only to it or the one before"):
+        tiered.load_state_dict(old)
+    other = _Net(DiskTier(tmp_path / "other_item", 64), DiskTier(tmp_path / "other_wide", 64))
+    with pytest.raises(RuntimeError, match=r"is a commit of tier store \d+, table 'item' uses store"):
+        other.load_state_dict(old)
+
+
+def test_prefetch_on_a_thread_keeps_training_equal(tmp_path):
+    """Each step's next batch is prefetched on a background thread while the step trains."""
+    memory, tiered = _pair(tmp_path, cache_rows=96)
+    batches = _batches(40, seed=2)
+    lm = _train(memory, _optimizer("lazy_adam", memory), batches)
+    opts = _optimizer("lazy_adam", tiered)
+    lt = []
+    for i, (x, y) in enumerate(batches):
+        worker = None
+        if i + 1 < len(batches):
+            worker = threading.Thread(target=tiered.ebc.prefetch, args=(batches[i + 1][0],))
+            worker.start()
+        lt += _train(tiered, opts, [(x, y)])
+        if worker is not None:
+            worker.join()
+    np.testing.assert_allclose(lt, lm, rtol=1e-5)
+    _assert_same_tables(memory, tiered)
+    assert tiered.ebc.tier_stats()["item"].prefetched > 0
+
+
+@pytest.mark.parametrize("boost_level", ["O0", "O1"])
+def test_model_with_combined_optimizer_and_checkpoints_trains_a_tiered_net_as_an_in_memory_one(tmp_path,
+                                                                                                 boost_level):
+    """The Model API, sparse_and_dense (a CombinedOptimizer: LazyAdam for the tables, Adam for the head),
+    ModelCheckpoint every 4 steps (each a commit of the stores): same tables as in memory."""
+    from recstream import Model
+    from recstream.callbacks import CheckpointConfig, ModelCheckpoint
+    from recstream.optim import sparse_and_dense
+    memory, tiered = _pair(tmp_path)
+    data = _batches(12, seed=3)
+    for net in (memory, tiered):
+        callbacks = [ModelCheckpoint("m", str(tmp_path / "ckpt"), CheckpointConfig(save_checkpoint_steps=4))] \
+            if net is tiered else []
+        model = Model(net, nn.BCEWithLogitsLoss(), sparse_and_dense(net), boost_level=boost_level,
+                      progress_bar=False)
+        model.train(2, data, callbacks=callbacks)
+    _assert_same_tables(memory, tiered)
+    assert tiered.ebc.tier_stats()["wide"].misses > 64
+
+
+def test_an_optimizer_without_a_row_state_adapter_is_named(tmp_path):
+    class MyOpt(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self, closure=None):
+            pass
+
+    net = EmbeddingBagCollection([EmbeddingTableConfig("t", 100, 4, tier=DiskTier(tmp_path, 8))])
+    opt = MyOpt(net.parameters())
+    net(torch.tensor([1]), torch.tensor([0, 1]), 1).sum().backward()
+    opt.step()
+    with pytest.raises(TypeError, match=r"table \('t'\) is trained by MyOpt, which has no row-state adapter"):
+        net(torch.tensor([1]), torch.tensor([0, 1]), 1)
+    with pytest.raises(TypeError, match="cannot be deep-copied"):
+        copy.deepcopy(net)
