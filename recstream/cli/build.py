@@ -81,7 +81,7 @@ def build_schema(cfg, doc):
 
 
 def _build_schema(cfg, doc):
-    from ..data import CategoricalFeature, Schema, criteo_schema
+    from ..data import CategoricalFeature, CrossFeature, Schema, criteo_schema
     s = cfg.schema_
     if s.criteo is not None:
         with at(doc, ("schema", "criteo")):
@@ -101,7 +101,13 @@ def _build_schema(cfg, doc):
                 args["vocabulary"] = tuple(args["vocabulary"])
             cats.append(CategoricalFeature(**args))
     with at(doc, ("schema",)):
-        return Schema(s.dense, cats, label=s.label)
+        schema = Schema(s.dense, cats, label=s.label)
+    crosses = []
+    for i, x in enumerate(s.crosses):  # one at a time: a mistake is named at its own entry
+        with at(doc, ("schema", "crosses", i), x.name):
+            crosses.append(CrossFeature(**{**x.args(), "features": tuple(x.features)}))
+            schema = Schema(s.dense, cats, label=s.label, crosses=crosses)
+    return schema
 
 
 def _needs_criteo(cfg, doc, loc: tuple) -> None:

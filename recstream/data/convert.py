@@ -176,7 +176,7 @@ def to_text(arr) -> pa.Array:
 # --- cross features -----------------------------------------------------------------------
 # Salt of a component's position in a cross: (a, b) and (b, a) are different crosses. Fixed: the
 # cross ids are part of a trained model's meaning.
-_POSITION_SALT = np.uint64(0xA24BAED4963EE407)
+_POSITION_SALT = 0xA24BAED4963EE407
 
 
 def _product(ha: np.ndarray, la: np.ndarray, hb: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -217,7 +217,8 @@ def cross_bags(schema: Schema, cats: list[tuple[np.ndarray, np.ndarray]]) -> lis
         h = lens = None
         for pos, name in enumerate(x.features):
             ids, bag = cats[index[name]]
-            hk = splitmix64(np.asarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(pos) * _POSITION_SALT)
+            salt = np.uint64(pos * _POSITION_SALT % 2**64)
+            hk = splitmix64(np.asarray(ids, dtype=np.int64).view(np.uint64) + salt)
             h, lens = (hk, bag) if h is None else _product(h, lens, hk, bag)
         out.append((to_buckets(h, x.hash_buckets), np.asarray(lens, dtype=np.int64)))
     return out
