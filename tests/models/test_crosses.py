@@ -10,7 +10,7 @@ from torch import nn
 
 from recstream.data import CategoricalFeature, CrossFeature, Schema
 from recstream.data.convert import ColumnConverter
-from recstream.models import DCNv2, DeepFM, DLRM, LinearTerm, WideDeep, default_optimizer
+from recstream.models import DLRM, DCNv2, DeepFM, LinearTerm, WideDeep, default_optimizer
 from recstream.optim import FTRL
 
 
