@@ -50,13 +50,17 @@ def check_tables_fit(cfg, doc, schema, memory: int | None = None) -> None:
     if memory is None or doc is None:
         return
     s = cfg.schema_
-    for i, feature in enumerate(schema.categorical):
-        size = feature.num_embeddings * feature.embedding_dim * 4
+    crosses = {x.name: i for i, x in enumerate(schema.crosses)}
+    # a cross has a width-1 wide table, and an embedding_dim wide one in the deep part when deep=True
+    widths = [f.embedding_dim for f in schema.categorical] + [1 + x.deep * x.embedding_dim for x in schema.crosses]
+    for i, (feature, width) in enumerate(zip(schema.categorical + schema.cross_tables(), widths, strict=True)):
+        size = feature.num_embeddings * width * 4
         if size > memory:
             loc = (("schema", "criteo", "hash_buckets") if s.criteo is not None else ("schema", "file")
-                   if s.file is not None else ("schema", "categorical", i))
+                   if s.file is not None else ("schema", "crosses", crosses[feature.name]) if feature.name in crosses
+                   else ("schema", "categorical", i))
             raise doc.error(loc, feature.num_embeddings, f"the table of {feature.name!r} ({feature.num_embeddings:,} "
-                            f"rows x {feature.embedding_dim} float32) needs {size / 2**30:,.1f} GiB; this machine "
+                            f"rows x {width} float32) needs {size / 2**30:,.1f} GiB; this machine "
                             f"has {memory / 2**30:,.1f} GiB")
 
 
