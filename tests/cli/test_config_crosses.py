@@ -56,7 +56,8 @@ def test_crosses_of_the_config_reach_the_network(tmp_path, monkeypatch):
     ("hash_buckets: 64", "hash_buckets: 1", ["schema.crosses[0].hash_buckets", "greater than or equal to 2"]),
     ("hash_buckets: 64", "hash_buckets: 2147483647, embedding_dim: 4096, deep: true",
      ["schema.crosses[0]", "table of 'c_x_d' (2,147,483,647 rows x 4097 float32)", "GiB; this machine has"]),
-    ("hash_buckets: 64", "hash_buckets: 64, dynamic: true", ["schema.crosses[0].dynamic", "unknown key", "allowed keys: name, features"]),
+    ("hash_buckets: 64", "hash_buckets: 64, dynamic: true",
+     ["schema.crosses[0].dynamic", "unknown key", "allowed keys: name, features"]),
 ])
 def test_a_cross_mistake_is_named_at_its_entry(old, new, words, tmp_path, monkeypatch, capsys):
     text = CONFIG.replace(old, new)
