@@ -61,16 +61,27 @@ class LinearTerm(nn.Module):
         self.dynamic = DynamicTables(dynamic, [1] * len(dynamic), init_std=0.0, sparse=sparse) if dynamic else None
         # With dynamic features the fused tables hold a subset: inputs are matched to them by name.
         self._by_name = any(f.dynamic for f in schema.categorical) or bool(schema.crosses)
+        self._seen_keys: tuple[str, ...] | None = None  # input names already checked for the crosses
         self.dense = nn.Linear(schema.num_dense, 1, bias=False) if use_dense and schema.num_dense else None
         if self.dense is not None:
             nn.init.zeros_(self.dense.weight)
         self.bias = nn.Parameter(torch.zeros(1))
+
+    def _check_crosses(self, keys: tuple[str, ...]) -> None:
+        missing = [n for n in self.schema.cross_names if n not in keys]
+        if missing:
+            raise ValueError(f"{type(self).__name__}.forward: 'features' lack the crosses {missing}: batches of "
+                             "the readers, streams and server carry them; add them to batches built otherwise "
+                             "with recstream.data.convert.with_crosses(schema, features)")
+        self._seen_keys = keys
 
     def forward(self, features: Features) -> torch.Tensor:
         check_features(type(self).__name__, features, self.schema)
         logit = self.bias.expand(features.batch_size)
         if self._by_name:
             features = schema_keys(features, self.schema)
+            if self.schema.crosses and features.keys != self._seen_keys:  # once per layout of inputs
+                self._check_crosses(features.keys)
         if self.dynamic is not None:
             logit = logit + torch.cat(list(self.dynamic(features).values()), dim=1).sum(dim=1)
         if self.ebc is not None:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from recstream.data import CategoricalFeature, CrossFeature, Schema
-from recstream.data.convert import ColumnConverter
+from recstream.data.convert import ColumnConverter, with_crosses
 from recstream.models import DLRM, DCNv2, DeepFM, LinearTerm, WideDeep, default_optimizer
 from recstream.optim import FTRL
 
@@ -115,3 +115,13 @@ def test_unnamed_inputs_with_crosses_are_read_in_schema_order():
     short = type(f)(f.dense, f.values, f.offsets, f.batch_size, 4, None)
     with pytest.raises(ValueError, match=r"has 4 categorical features, the schema has 3 .* and 2 crosses"):
         net(short)
+
+
+def test_batches_without_their_crosses_are_refused_with_the_fix():
+    s = schema()
+    net = WideDeep(s, hidden=(8,))
+    f = batch(s, 8).features
+    plain = f.select(list(s.categorical_names))
+    with pytest.raises(ValueError, match=r"lack the crosses \['user_x_genre', 'user_x_city'\].*with_crosses"):
+        net(plain)
+    assert net(with_crosses(s, plain)).shape == (8,)
