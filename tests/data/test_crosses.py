@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv  # noqa: F401  (pa.csv)
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -196,3 +197,34 @@ def test_cross_bags_of_no_rows_and_three_multi_hot_components():
     assert ids.tolist() == want  # row by row, in bag order
     ((ids, lens),) = cross_bags(s, [(np.zeros(0, np.int64), np.zeros(0, np.int64))] * 3)
     assert ids.shape == (0,) and lens.shape == (0,)
+
+
+def test_online_training_from_a_directory_stream_trains_the_cross_weights(tmp_path):
+    """`online_train` on CSV files in a directory: the stream's decoder computes the crosses, the
+    wide part learns their weights, prequential scoring covers every event."""
+    from recstream import RecModel
+    from recstream.callbacks import PrequentialMonitor
+    from recstream.data.streams import DirectoryStream
+    from recstream.models import WideDeep, default_optimizer
+
+    s = Schema(["x"], [CategoricalFeature("user", hash_buckets=50), CategoricalFeature("item", vocab_size=8)],
+               crosses=[CrossFeature("user_x_item", ("user", "item"), hash_buckets=4096)])
+    rng = np.random.default_rng(0)
+    users, items = rng.integers(0, 20, 400), rng.integers(0, 8, 400)
+    lines = [f"{int((u + i) % 3 == 0)},{rng.normal():.3f},u{u},{i}" for u, i in zip(users, items, strict=True)]
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / "part-0.csv").write_text("\n".join(lines) + "\n")
+    stream = DirectoryStream(tmp_path / "events", s, batch_size=50, idle_timeout=0.2)
+    torch.manual_seed(0)
+    net = WideDeep(s, hidden=(8,))
+    model = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False)
+    monitor = PrequentialMonitor(window=400, log_every=1, verbose=False)
+    model.online_train(stream, callbacks=[monitor])
+    assert monitor.last["events"] == 400
+    rows = pa.csv.read_csv(tmp_path / "events" / "part-0.csv",
+                           read_options=pa.csv.ReadOptions(column_names=list(s.columns)),
+                           convert_options=pa.csv.ConvertOptions(column_types={"user": pa.string()}))
+    want = ColumnConverter(s).convert(rows)[0]  # the stream's cross ids are these: exactly their weights trained
+    seen = want.features.bag("user_x_item")[0].unique()
+    weights = net.wide.ebc.table_weight("user_x_item").detach().squeeze(1)
+    assert bool((weights[seen] != 0).all()) and int((weights != 0).sum()) == seen.numel()
