@@ -51,15 +51,19 @@ def check_tables_fit(cfg, doc, schema, memory: int | None = None) -> None:
         return
     s = cfg.schema_
     tier = getattr(cfg.model, "disk_tier", None)
-    for i, feature in enumerate(schema.categorical):
+    crosses = {x.name: i for i, x in enumerate(schema.crosses)}
+    # a cross has a width-1 wide table, and an embedding_dim wide one in the deep part when deep=True
+    widths = [f.embedding_dim for f in schema.categorical] + [1 + x.deep * x.embedding_dim for x in schema.crosses]
+    for i, (feature, width) in enumerate(zip(schema.categorical + schema.cross_tables(), widths, strict=True)):
         if tier is not None and feature.name in tier.cache_rows:  # on disk: only its cache is in memory
             continue
-        size = feature.num_embeddings * feature.embedding_dim * 4
+        size = feature.num_embeddings * width * 4
         if size > memory:
             loc = (("schema", "criteo", "hash_buckets") if s.criteo is not None else ("schema", "file")
-                   if s.file is not None else ("schema", "categorical", i))
+                   if s.file is not None else ("schema", "crosses", crosses[feature.name]) if feature.name in crosses
+                   else ("schema", "categorical", i))
             raise doc.error(loc, feature.num_embeddings, f"the table of {feature.name!r} ({feature.num_embeddings:,} "
-                            f"rows x {feature.embedding_dim} float32) needs {size / 2**30:,.1f} GiB; this machine "
+                            f"rows x {width} float32) needs {size / 2**30:,.1f} GiB; this machine "
                             f"has {memory / 2**30:,.1f} GiB")
 
 
@@ -84,7 +88,7 @@ def build_schema(cfg, doc):
 
 
 def _build_schema(cfg, doc):
-    from ..data import CategoricalFeature, Schema, criteo_schema
+    from ..data import CategoricalFeature, CrossFeature, Schema, criteo_schema
     s = cfg.schema_
     if s.criteo is not None:
         with at(doc, ("schema", "criteo")):
@@ -104,7 +108,13 @@ def _build_schema(cfg, doc):
                 args["vocabulary"] = tuple(args["vocabulary"])
             cats.append(CategoricalFeature(**args))
     with at(doc, ("schema",)):
-        return Schema(s.dense, cats, label=s.label)
+        schema = Schema(s.dense, cats, label=s.label)
+    crosses = []
+    for i, x in enumerate(s.crosses):  # one at a time: a mistake is named at its own entry
+        with at(doc, ("schema", "crosses", i), x.name):
+            crosses.append(CrossFeature(**{**x.args(), "features": tuple(x.features)}))
+            schema = Schema(s.dense, cats, label=s.label, crosses=crosses)
+    return schema
 
 
 def _needs_criteo(cfg, doc, loc: tuple) -> None:

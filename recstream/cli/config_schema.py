@@ -120,13 +120,26 @@ class CategoricalColumn(Section):
     separator: str = "|"
 
 
+class CrossColumn(Section):
+    """One cross of categorical columns (`recstream.data.CrossFeature`): hashed, fed to the wide part
+    unless ``deep: true``."""
+
+    name: str
+    features: list[str]
+    hash_buckets: Buckets
+    embedding_dim: Dim = 16
+    deep: bool = False
+
+
 class SchemaSection(Section):
-    """Where the schema comes from: ``criteo:``, ``file:`` (Schema JSON) or ``dense:``/``categorical:``."""
+    """Where the schema comes from: ``criteo:``, ``file:`` (Schema JSON) or ``dense:``/``categorical:``
+    (with optional ``crosses:`` of the categorical columns)."""
 
     criteo: CriteoSchema | None = None
     file: PathStr | None = None
     dense: list[str] = []
     categorical: list[CategoricalColumn] = []
+    crosses: list[CrossColumn] = []
     label: str = "label"
 
     @field_validator("file")
@@ -141,6 +154,9 @@ class SchemaSection(Section):
         if len(given) != 1:
             raise PydanticCustomError("schema_source", "give exactly one of criteo:, file: or dense:/categorical:, "
                                       "got {given}", {"given": ", ".join(given) or "none"})
+        if self.crosses and not self.categorical:
+            raise PydanticCustomError("crosses_source", "crosses: cross the columns of categorical: (a file: schema "
+                                      "carries its own 'crosses'; criteo: has none)")
         return self
 
 

@@ -1,6 +1,6 @@
 """recstream.data: feature schemas, columnar batches, streaming readers and pipeline stages.
 
-* :class:`Schema`, :class:`DenseFeature`, :class:`CategoricalFeature`: what the columns
+* :class:`Schema`, :class:`DenseFeature`, :class:`CategoricalFeature`, :class:`CrossFeature`: what the columns
   mean and how big each embedding table is (JSON-able, saved next to checkpoints).
 * :class:`Batch` ``(features, labels)`` and :class:`Features`: dense float32 + flat int64
   ids with feature-major offsets, ready for ``torch.nn.EmbeddingBag``.
@@ -30,11 +30,11 @@ from .hashing import hash_int64, hash_strings, to_buckets
 from .memory import InMemoryDataset, from_arrow, from_pandas
 from .pipeline import Prefetcher, Rebatcher, ShuffleBuffer
 from .readers import CriteoReader, CSVReader, ParquetReader, criteo_schema
-from .schema import CategoricalFeature, DenseFeature, Schema, num_embeddings
+from .schema import CategoricalFeature, CrossFeature, DenseFeature, Schema, num_embeddings
 from .synthetic import SyntheticCTR, roc_auc
 
 __all__ = [
-    "Schema", "DenseFeature", "CategoricalFeature", "num_embeddings",
+    "Schema", "DenseFeature", "CategoricalFeature", "CrossFeature", "num_embeddings",
     "Batch", "Features",
     "ParquetReader", "CSVReader", "CriteoReader", "criteo_schema", "BadRowError", "BAD_ROW_REASONS",
     "InMemoryDataset", "from_arrow", "from_pandas", "SyntheticCTR", "DriftingCTR", "roc_auc", "load_adult",

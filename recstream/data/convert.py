@@ -33,7 +33,7 @@ from ..features import Features
 from ..validation import check_bool, check_number, check_str, check_type
 from .badrows import REASONS
 from .batch import Batch
-from .hashing import hash_strings, to_buckets
+from .hashing import hash_strings, splitmix64, to_buckets
 from .schema import CategoricalFeature, Schema
 
 # --- text -> numbers ---------------------------------------------------------------------
@@ -173,6 +173,86 @@ def to_text(arr) -> pa.Array:
     raise TypeError(f"expected a string or integer column, got type {t}")
 
 
+# --- cross features -----------------------------------------------------------------------
+# Salt of a component's position in a cross: (a, b) and (b, a) are different crosses. Fixed: the
+# cross ids are part of a trained model's meaning.
+_POSITION_SALT = 0xA24BAED4963EE407
+
+
+def _product(ha: np.ndarray, la: np.ndarray, hb: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of every pair (one of bag a, one of bag b) per row, row by row: the cartesian
+    product of two bag columns (hashes `ha`/`hb` flat, bag lengths `la`/`lb` [n])."""
+    if (la == 1).all() and (lb == 1).all():  # single-hot: one pair a row
+        return splitmix64(ha ^ hb), la
+    lens = la * lb
+    rows = np.repeat(np.arange(len(la), dtype=np.int64), lens)
+    pos = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+    width = lb[rows]
+    a = (np.cumsum(la) - la)[rows] + pos // width
+    b = (np.cumsum(lb) - lb)[rows] + pos % width
+    return splitmix64(ha[a] ^ hb[b]), lens
+
+
+def cross_bags(schema: Schema, cats: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(ids, lengths)`` of every cross of `schema` from its categorical features' `cats`.
+
+    `cats` holds, per categorical feature in schema order, its ids (int64, flat) and bag
+    lengths (int64 ``[n]``), as the model gets them. The ONE place cross ids are computed: the
+    readers' and streams' :class:`ColumnConverter`, the server's request parser and
+    :func:`with_crosses` all call it. A cross id is ``to_buckets(h, hash_buckets)`` of
+    ``h = splitmix64(... splitmix64(m_1 ^ m_2) ^ m_3 ...)``, ``m_k`` the splitmix64 hash of
+    component k's id plus k times a fixed salt; multi-hot components give the cartesian product
+    (row by row, in bag order).
+
+    >>> from recstream.data.schema import CategoricalFeature, CrossFeature
+    >>> s = Schema([], [CategoricalFeature("u", vocab_size=9), CategoricalFeature("g", vocab_size=5, multi_hot=True)],
+    ...            crosses=[CrossFeature("u_x_g", ("u", "g"), hash_buckets=1000)])
+    >>> ((ids, lens),) = cross_bags(s, [(np.array([3, 3]), np.array([1, 1])), (np.array([1, 2, 1]), np.array([2, 1]))])
+    >>> lens.tolist(), bool(ids[0] == ids[2]), bool(ids[0] != ids[1])
+    ([2, 1], True, True)
+    """
+    index = {c.name: k for k, c in enumerate(schema.categorical)}
+    out = []
+    for x in schema.crosses:
+        h = lens = None
+        for pos, name in enumerate(x.features):
+            ids, bag = cats[index[name]]
+            salt = np.uint64(pos * _POSITION_SALT % 2**64)
+            hk = splitmix64(np.asarray(ids, dtype=np.int64).view(np.uint64) + salt)
+            h, lens = (hk, bag) if h is None else _product(h, lens, hk, bag)
+        out.append((to_buckets(h, x.hash_buckets), np.asarray(lens, dtype=np.int64)))
+    return out
+
+
+def with_crosses(schema: Schema, features: Features) -> Features:
+    """`features` of `schema`'s categorical features (in schema order) with its crosses appended,
+    computed by :func:`cross_bags`: for batches built without a converter (generators such as
+    :class:`~recstream.data.DriftingCTR`). Reads the ids on the host.
+
+    >>> from recstream.data.schema import CategoricalFeature, CrossFeature
+    >>> s = Schema([], [CategoricalFeature("u", vocab_size=9), CategoricalFeature("i", vocab_size=9)],
+    ...            crosses=[CrossFeature("u_x_i", ("u", "i"), hash_buckets=100)])
+    >>> x = with_crosses(s, Features.from_lengths(torch.zeros(2, 0), torch.tensor([1, 2, 5, 5]), torch.ones(2, 2)))
+    >>> x.keys, x.num_features, x.values.shape
+    (('u', 'i', 'u_x_i'), 3, torch.Size([6]))
+    """
+    check_type("with_crosses", "schema", schema, Schema, allowed="a recstream.data.Schema")
+    check_type("with_crosses", "features", features, Features, allowed="a recstream.data.Features")
+    if features.num_features != schema.num_categorical or features.keys not in (None, schema.categorical_names):
+        raise ValueError(f"with_crosses: 'features' must hold the schema's categorical features "
+                         f"{list(schema.categorical_names)} in order, got {features.num_features} features "
+                         f"named {features.keys}")
+    values = features.values.cpu().numpy()
+    lengths = features.lengths().cpu().numpy()
+    bounds = np.concatenate([[0], np.cumsum(lengths.sum(axis=1))])
+    cats = [(values[bounds[k]: bounds[k + 1]], lengths[k]) for k in range(features.num_features)]
+    cats += cross_bags(schema, cats)
+    all_values = torch.from_numpy(np.concatenate([ids for ids, _ in cats]).astype(np.int64, copy=False))
+    all_lengths = torch.from_numpy(np.stack([lens for _, lens in cats]))
+    return Features.from_lengths(features.dense, all_values.to(features.values.device),
+                                 all_lengths, keys=schema.feature_names)
+
+
 # --- columns -> Batch ---------------------------------------------------------------------
 _CODE = {r: i + 1 for i, r in enumerate(REASONS)}  # 0 = good row
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -222,7 +302,8 @@ class ColumnConverter:
     fill_missing_dense: value for empty dense cells (None: such rows are bad, 'missing_value').
     log1p_dense: apply ``log1p(max(x, 0))`` to dense values (the usual Criteo transform).
     owner: the public class whose arguments these are, named in argument errors.
-    The Features of each Batch carry the schema's categorical names as ``keys``.
+    The Features of each Batch carry the schema's categorical names as ``keys``, followed by
+    its crosses (computed here from the ids: :func:`cross_bags`).
     """
 
     def __init__(self, schema: Schema, fill_missing_dense: float | None = None, log1p_dense: bool = False, *,
@@ -231,7 +312,7 @@ class ColumnConverter:
         self.schema = check_type(owner, "schema", schema, Schema, allowed="a recstream.data.Schema")
         self.fill_missing_dense = check_number(owner, "fill_missing_dense", fill_missing_dense, allow_none=True)
         self.log1p_dense = check_bool(owner, "log1p_dense", log1p_dense)
-        self._keys = tuple(self.schema.categorical_names)
+        self._keys = tuple(self.schema.feature_names)  # crosses follow the categorical features
         self._vocab = {c.name: pa.array(c.vocabulary, pa.string()) for c in schema.categorical if c.vocabulary}
 
     def convert(self, rb: pa.RecordBatch | pa.Table) -> tuple[Batch, list[RowFault]]:
@@ -366,6 +447,7 @@ class ColumnConverter:
     # --- output --------------------------------------------------------------------------
     def _assemble(self, dense: np.ndarray, labels: np.ndarray, cats) -> Batch:
         n = len(labels)
+        cats = cats + cross_bags(self.schema, cats)  # from the good rows' ids
         if cats:
             values = torch.from_numpy(np.concatenate([ids for ids, _ in cats]).astype(np.int64, copy=False))
             lengths = torch.from_numpy(np.stack([lens for _, lens in cats]))

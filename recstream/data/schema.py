@@ -22,6 +22,12 @@ Id conventions, per categorical feature:
   Dynamic features that name the same ``table`` share one hash table (one lookup a step for all
   of them; see :class:`CategoricalFeature`).
 
+Cross features (:class:`CrossFeature`, ``Schema(..., crosses=[...])``) are derived, not read:
+the converter computes them from the ids of two or more categorical features (see
+:func:`~recstream.data.convert.cross_bags`), and they follow the categorical features in
+``Features`` (``schema.feature_names``). They feed the wide/linear part of a model unless
+``deep=True``.
+
 >>> s = Schema([DenseFeature("price")], [CategoricalFeature("item", hash_buckets=1000)])
 >>> s.num_embeddings("item"), Schema.from_dict(s.to_dict()) == s
 (1000, True)
@@ -176,6 +182,7 @@ class CategoricalFeature:
         return self.vocab_size if self.vocab_size is not None else self.hash_buckets
 
     def to_dict(self) -> dict:
+        """A JSON-able description (the keyword arguments that rebuild this feature)."""
         d = {"name": self.name, "embedding_dim": self.embedding_dim, "multi_hot": self.multi_hot,
              "max_len": self.max_len, "pooling": self.pooling, "separator": self.separator}
         if self.dynamic:
@@ -192,6 +199,68 @@ class CategoricalFeature:
         return d
 
 
+@dataclass(frozen=True)
+class CrossFeature:
+    """An exact-id cross of two or more categorical `features`, hashed into `hash_buckets` rows.
+
+    Its id, per example, is a stable 64-bit hash of the components' ids (the ids the model
+    gets: vocabulary positions, hash buckets or dynamic keys) bucketed into ``[1, hash_buckets)``
+    like a hashed feature. A multi-hot component makes the cross a bag holding every
+    combination (the cartesian product; an empty component bag gives an empty cross bag).
+
+    ``deep=False`` (the default) feeds it to the wide/linear part only (:class:`LinearTerm`,
+    WideDeep's wide part, trained by FTRL under :func:`~recstream.models.default_optimizer`):
+    measured, crosses help a linear model and hurt the deep embeddings. ``deep=True`` also
+    gives it an embedding table of width `embedding_dim` in the deep part.
+
+    >>> c = CrossFeature("user_x_genre", features=("user", "genre"), hash_buckets=1 << 20)
+    >>> c.features, c.deep, CrossFeature.from_dict(c.to_dict()) == c
+    (('user', 'genre'), False, True)
+    """
+
+    name: str
+    features: tuple[str, ...]
+    hash_buckets: int
+    embedding_dim: int = 16
+    deep: bool = False
+
+    def __post_init__(self) -> None:
+        check_str("CrossFeature", "name", self.name)
+        owner = f"CrossFeature({self.name!r})"
+        feats = self.features
+        if isinstance(feats, (str, bytes)) or not isinstance(feats, Iterable):
+            raise TypeError(f"{owner}: 'features' must be a sequence of categorical feature names, "
+                            f"got {type(feats).__name__}")
+        feats = tuple(feats)
+        for f in feats:
+            check_type(owner, "features[]", f, str, allowed="a str (a categorical feature's name)")
+        if len(feats) < 2:
+            raise ValueError(f"{owner}: 'features' needs at least 2 feature names, got {list(feats)}")
+        dupes = sorted({f for f in feats if feats.count(f) > 1})
+        if dupes:
+            raise ValueError(f"{owner}: 'features' names {dupes} more than once")
+        object.__setattr__(self, "features", feats)
+        object.__setattr__(self, "hash_buckets", check_int(owner, "hash_buckets", self.hash_buckets, minimum=2))
+        object.__setattr__(self, "embedding_dim", check_int(owner, "embedding_dim", self.embedding_dim, minimum=1))
+        check_bool(owner, "deep", self.deep)
+
+    def to_dict(self) -> dict:
+        """A JSON-able description; :meth:`from_dict` rebuilds an equal cross."""
+        return {"name": self.name, "features": list(self.features), "hash_buckets": self.hash_buckets,
+                "embedding_dim": self.embedding_dim, "deep": self.deep}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CrossFeature:
+        check_type("CrossFeature.from_dict", "d", d, dict)
+        return cls(**{**d, "features": tuple(d.get("features", ()))})
+
+    def table(self, multi_hot: bool) -> CategoricalFeature:
+        """The table view of this cross (a hashed categorical feature of its name): what the
+        models size their tables from. `multi_hot`: whether a component is multi-hot."""
+        return CategoricalFeature(self.name, hash_buckets=self.hash_buckets, embedding_dim=self.embedding_dim,
+                                  multi_hot=multi_hot)
+
+
 def num_embeddings(feature: CategoricalFeature) -> int:
     """Rows of the embedding table for `feature`.
 
@@ -204,15 +273,21 @@ def num_embeddings(feature: CategoricalFeature) -> int:
 class Schema:
     """Dense features, categorical features and the label column, validated together.
 
-    Strings in `dense` are shorthand for :class:`DenseFeature`.
+    Strings in `dense` are shorthand for :class:`DenseFeature`. `crosses` are
+    :class:`CrossFeature` s of the categorical features (computed, not read: they are no columns).
 
     >>> s = Schema(["x"], [CategoricalFeature("c", vocab_size=5, embedding_dim=4)], label="y")
     >>> s.dense_names, s.categorical_names, s.table_sizes()
     (('x',), ('c',), [5])
+    >>> x = Schema([], [CategoricalFeature("u", hash_buckets=9), CategoricalFeature("i", vocab_size=3)],
+    ...            crosses=[CrossFeature("u_x_i", ("u", "i"), hash_buckets=100)])
+    >>> x.feature_names, x.columns, Schema.from_dict(x.to_dict()) == x
+    (('u', 'i', 'u_x_i'), ('label', 'u', 'i'), True)
     """
 
     def __init__(self, dense: Sequence[DenseFeature | str] = (),
-                 categorical: Sequence[CategoricalFeature] = (), label: str = "label") -> None:
+                 categorical: Sequence[CategoricalFeature] = (), label: str = "label",
+                 crosses: Sequence[CrossFeature] = ()) -> None:
         if isinstance(dense, (str, DenseFeature)) or isinstance(categorical, CategoricalFeature):
             raise TypeError("Schema: 'dense' and 'categorical' must be sequences of features, not a single feature")
         self.dense = tuple(DenseFeature(d) if isinstance(d, str) else d for d in dense)
@@ -230,6 +305,27 @@ class Schema:
             raise ValueError("Schema: needs at least one dense or categorical feature")
         self._check_shared_tables()
         self._index = {c.name: i for i, c in enumerate(self.categorical)}
+        self.crosses = self._check_crosses(crosses, set(names))
+        by_name = {c.name: c for c in self.categorical}
+        self._cross_tables = tuple(x.table(any(by_name[f].multi_hot for f in x.features)) for x in self.crosses)
+
+    def _check_crosses(self, crosses: Sequence[CrossFeature], columns: set[str]) -> tuple[CrossFeature, ...]:
+        if isinstance(crosses, CrossFeature) or not isinstance(crosses, Iterable):
+            raise TypeError(f"Schema: 'crosses' must be a sequence of CrossFeature, got {type(crosses).__name__}")
+        crosses = tuple(crosses)
+        seen: set[str] = set()
+        for x in crosses:
+            check_type("Schema", "crosses[]", x, CrossFeature)
+            if x.name in columns or x.name in seen:
+                raise ValueError(f"Schema: cross feature name {x.name!r} is already taken (names of columns, "
+                                 "the label and crosses must be unique)")
+            seen.add(x.name)
+            unknown = [f for f in x.features if f not in self._index]
+            if unknown:
+                kind = "dense features, not categorical" if set(unknown) <= set(self.dense_names) else "unknown"
+                raise ValueError(f"Schema: cross {x.name!r} crosses {unknown} ({kind}); crosses take the "
+                                 f"categorical features {list(self.categorical_names)}")
+        return crosses
 
     def _check_shared_tables(self) -> None:
         """Dynamic features of one ``table`` admit and evict alike (it is one hash table)."""
@@ -251,6 +347,25 @@ class Schema:
     @property
     def categorical_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.categorical)
+
+    @property
+    def cross_names(self) -> tuple[str, ...]:
+        return tuple(x.name for x in self.crosses)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Names of the features a model gets, in ``Features`` order: categorical, then crosses."""
+        return self.categorical_names + self.cross_names
+
+    @property
+    def num_features(self) -> int:
+        """Categorical features plus crosses (``Features.num_features`` of converted batches)."""
+        return len(self.categorical) + len(self.crosses)
+
+    def cross_tables(self, deep_only: bool = False) -> tuple[CategoricalFeature, ...]:
+        """The crosses' table views (:meth:`CrossFeature.table`), those with ``deep=True`` only
+        when `deep_only`."""
+        return tuple(t for t, x in zip(self._cross_tables, self.crosses, strict=True) if x.deep or not deep_only)
 
     @property
     def num_dense(self) -> int:
@@ -308,11 +423,12 @@ class Schema:
         dense, values, offsets = features.dense, features.values, features.offsets
         if dense.dtype != torch.float32 or tuple(dense.shape) != (b, self.num_dense):
             raise ValueError(f"dense must be float32 [{b}, {self.num_dense}], got {dense.dtype} {list(dense.shape)}")
-        if nf != self.num_categorical:
-            raise ValueError(f"num_features={nf} but the schema has {self.num_categorical} categorical features")
-        if features.keys is not None and features.keys != self.categorical_names:
+        if nf != self.num_features:
+            raise ValueError(f"num_features={nf} but the schema has {self.num_features} categorical features "
+                             "and crosses")
+        if features.keys is not None and features.keys != self.feature_names:
             raise ValueError(f"feature keys {list(features.keys)} do not match the schema's categorical "
-                             f"features {list(self.categorical_names)}")
+                             f"features and crosses {list(self.feature_names)}")
         if values.dtype != torch.int64 or offsets.dtype != torch.int64:
             raise ValueError(f"values/offsets must be int64, got {values.dtype}/{offsets.dtype}")
         if values.dim() != 1 or tuple(offsets.shape) != (nf * b + 1,):
@@ -324,14 +440,17 @@ class Schema:
         lens = features.lengths()
         if bool((lens < 0).any()):
             raise ValueError("offsets must be non-decreasing")
-        for f, feature in enumerate(self.categorical):  # one check per feature, vectorized over rows
+        for f, feature in enumerate(self.categorical + self._cross_tables):  # one check each, vectorized
             _check_bags(feature, lens[f], *features.bag(f))
 
     def to_dict(self) -> dict:
         """A JSON-able description; :meth:`from_dict` rebuilds an equal schema."""
-        return {"version": _SCHEMA_VERSION, "label": self.label,
+        d = {"version": _SCHEMA_VERSION, "label": self.label,
                 "dense": [d.name for d in self.dense],
                 "categorical": [c.to_dict() for c in self.categorical]}
+        if self.crosses:  # absent when none: schemas without crosses serialise as before
+            d["crosses"] = [x.to_dict() for x in self.crosses]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Schema:
@@ -346,19 +465,23 @@ class Schema:
             if "vocabulary" in c:
                 c["vocabulary"] = tuple(c["vocabulary"])
             cats.append(CategoricalFeature(**c))
-        return cls([DenseFeature(n) for n in d.get("dense", [])], cats, label=d.get("label", "label"))
+        crosses = [CrossFeature.from_dict(x) for x in d.get("crosses", [])]
+        return cls([DenseFeature(n) for n in d.get("dense", [])], cats, label=d.get("label", "label"),
+                   crosses=crosses)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Schema):
             return NotImplemented
-        return (self.dense, self.categorical, self.label) == (other.dense, other.categorical, other.label)
+        return ((self.dense, self.categorical, self.label, self.crosses)
+                == (other.dense, other.categorical, other.label, other.crosses))
 
     def __hash__(self) -> int:
-        return hash((self.dense, self.categorical, self.label))
+        return hash((self.dense, self.categorical, self.label, self.crosses))
 
     def __repr__(self) -> str:
+        crosses = f", crosses={list(self.cross_names)}" if self.crosses else ""
         return (f"Schema(dense={list(self.dense_names)}, categorical={list(self.categorical_names)}, "
-                f"label={self.label!r})")
+                f"label={self.label!r}{crosses})")
 
 
 def _check_bags(feature: CategoricalFeature, lens: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> None:

@@ -77,7 +77,7 @@ class DeepFM(CTRModel):
                                           validate=validate, first_order=True, disk_tier=disk_tier)
         dim = self.embedding.field_dim
         self.dense_fields = nn.Parameter(torch.randn(schema.num_dense, dim) * init_std)
-        self.num_fields = schema.num_categorical + schema.num_dense
+        self.num_fields = self.embedding.num_fields + schema.num_dense  # deep=True crosses are fields too
         self.deep = MLP(self.num_fields * dim, hidden, out_features=1, activation=activation,
                         dropout=dropout, batch_norm=batch_norm)
 

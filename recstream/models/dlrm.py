@@ -65,7 +65,7 @@ class DLRM(CTRModel):
                                           validate=validate, disk_tier=disk_tier)
         dim = self.embedding.field_dim
         self.bottom = MLP(schema.num_dense, bottom + (dim,)) if schema.num_dense else None
-        n = schema.num_categorical + (1 if self.bottom is not None else 0)
+        n = self.embedding.num_fields + (1 if self.bottom is not None else 0)  # with deep=True crosses
         rows, cols = torch.tril_indices(n, n, offset=0 if self_interaction else -1)
         # Flat positions in the [n, n] dot matrix: one gather instead of advanced 2-D indexing.
         self.register_buffer("_pairs", rows * n + cols, persistent=False)

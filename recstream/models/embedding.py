@@ -57,13 +57,23 @@ def check_features(owner: str, features: object, schema: Schema) -> Features:
     collections, which name any missing one; unnamed ones must be the schema's, in order.
     """
     check_type(f"{owner}.forward", "features", features, Features, allowed="a recstream.data.Features")
-    if features.keys is None and features.num_features != schema.num_categorical:
+    if features.keys is None and features.num_features not in (schema.num_categorical, schema.num_features):
         raise ValueError(f"{owner}.forward: 'features' has {features.num_features} categorical features, "
-                         f"the schema has {schema.num_categorical} ({list(schema.categorical_names)})")
+                         f"the schema has {schema.num_categorical} ({list(schema.categorical_names)})"
+                         + (f" and {len(schema.crosses)} crosses" if schema.crosses else ""))
     if features.dense.dim() != 2 or features.dense.shape[1] != schema.num_dense:
         raise ValueError(f"{owner}.forward: 'features.dense' must be [batch_size, {schema.num_dense}], "
                          f"got {list(features.dense.shape)}")
     return features
+
+
+def schema_keys(features: Features, schema: Schema) -> Features:
+    """Unnamed `features` named as `schema`'s: its categorical features, then its crosses when
+    they are there too (models with crosses read their inputs by name)."""
+    if features.keys is not None:
+        return features
+    names = schema.feature_names if features.num_features == schema.num_features else schema.categorical_names
+    return with_keys(features, names)
 
 
 def with_keys(features: Features, names: tuple[str, ...]) -> Features:
@@ -88,7 +98,8 @@ class FeatureEmbedding(nn.Module):
     """Pooled embeddings of every categorical feature of `schema`.
 
     Args:
-        schema: the feature schema; table ``i`` has ``schema.categorical[i].num_embeddings`` rows.
+        schema: the feature schema; table ``i`` has ``schema.categorical[i].num_embeddings`` rows,
+            followed by a table per cross of ``deep=True`` (the others feed the linear part only).
         embedding_dim: width of every table; None keeps each feature's own ``embedding_dim``.
         equal_dims: require one width for all features (FM and dot interactions need it);
             raises ValueError when ``embedding_dim`` is None and the schema's widths differ.
@@ -117,24 +128,26 @@ class FeatureEmbedding(nn.Module):
         check_bool(owner, "sparse", sparse)
         check_bool(owner, "validate", validate)
         init_std = check_number(owner, "init_std", init_std, minimum=0.0)
-        dims = [dim or f.embedding_dim for f in schema.categorical]
+        feats = schema.categorical + schema.cross_tables(deep_only=True)  # crosses: deep=True ones only
+        dims = [dim or f.embedding_dim for f in feats]
         if equal_dims and len(set(dims)) > 1:
             raise ValueError(f"{owner}: this model needs one embedding width for all features, the schema has "
-                             f"{dict(zip(schema.categorical_names, dims, strict=True))}; pass 'embedding_dim'")
-        names = [table_name(f.name) for f in schema.categorical]
+                             f"{dict(zip([f.name for f in feats], dims, strict=True))}; pass 'embedding_dim'")
+        names = [table_name(f.name) for f in feats]
         if len(set(names)) != len(names):
-            raise ValueError(f"{owner}: feature names {list(schema.categorical_names)} collide once '.' "
+            raise ValueError(f"{owner}: feature names {[f.name for f in feats]} collide once '.' "
                              "is replaced by '_' in table names")
         # Features are named as in the schema, so named inputs are matched by name.
         tables = [EmbeddingTableConfig(n, f.num_embeddings, d, pooling=f.pooling, init_std=init_std,
                                        feature_names=(f.name,), tier=tiers(n, f.name))
-                  for n, f, d in zip(names, schema.categorical, dims, strict=True) if not f.dynamic]
+                  for n, f, d in zip(names, feats, dims, strict=True) if not f.dynamic]
         self.ebc = EmbeddingBagCollection(tables, sparse=sparse, validate=validate) if tables else None
-        dynamic = [(f, d) for f, d in zip(schema.categorical, dims, strict=True) if f.dynamic]
+        dynamic = [(f, d) for f, d in zip(feats, dims, strict=True) if f.dynamic]
         extra = 1 if first_order else 0  # column 0: the first-order weight (see with_first_order)
         self.dynamic = DynamicTables([f for f, _ in dynamic], [d + extra for _, d in dynamic], init_std=init_std,
                                      sparse=sparse) if dynamic else None
-        self._names = tuple(schema.categorical_names)
+        self._names = tuple(f.name for f in feats)
+        self._crosses = bool(schema.crosses)  # inputs then hold more features than tables: read by name
         self.dims = tuple(dims)
         self.num_fields = len(dims)
         self.output_dim = sum(dims)
@@ -154,6 +167,8 @@ class FeatureEmbedding(nn.Module):
         """``(forward(features), first-order logit [B] of the dynamic features)``; the second is
         None unless built with ``first_order=True`` (and a dynamic feature)."""
         check_features(type(self).__name__, features, self.schema)
+        if self._crosses:
+            features = schema_keys(features, self.schema)
         if self.dynamic is None:
             return self.ebc(features), None
         features = with_keys(features, self._names)

@@ -273,8 +273,8 @@ def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathL
         raise ValueError(f"{owner}: 'metadata' must not redefine the signature's own entries, got {clash}")
     sig.update(metadata or {})
     _check_not_sharded(owner, network)
-    wrapper = FlatInputs(_prepared(network), schema.num_categorical,
-                         schema.categorical_names if schema.dynamic_names else None)
+    wrapper = FlatInputs(_prepared(network), schema.num_features,
+                         schema.feature_names if schema.dynamic_names or schema.crosses else None)
     program = _trace(wrapper, schema)
     directory, name = os.path.split(os.path.abspath(path))
     # The file gets its final name inside a temporary directory beside `path` (the archive

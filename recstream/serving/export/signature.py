@@ -50,8 +50,9 @@ LAYOUT = ("feature-major: the ids of feature f for example b are "
 class FlatInputs(nn.Module):
     """``network`` called on ``(dense, values, offsets)`` tensors instead of a Features.
 
-    The features are in schema order. Given `names` (the schema's categorical names; a schema
-    with dynamic features needs them: their tables read bags by name) they are named, else
+    The features are in schema order (categorical, then crosses). Given `names` (the schema's
+    ``feature_names``; a schema with dynamic features or crosses needs them: their tables read
+    bags by name) they are named, else
     unnamed and the network reads them by position.
     """
 
@@ -68,7 +69,7 @@ class FlatInputs(nn.Module):
 
 def signature(schema: Schema, output: str = "logits", preprocessing: dict | None = None) -> dict:
     """The JSON-able description of an export's inputs, output and preprocessing (see the module doc)."""
-    nf = schema.num_categorical
+    nf = schema.num_features  # categorical features, then crosses
     return {
         "inputs": [
             {"name": "dense", "dtype": "float32", "shape": ["batch", schema.num_dense]},
@@ -90,9 +91,9 @@ def example_inputs(schema: Schema, batch_size: int = 4) -> tuple[torch.Tensor, t
     Bags of different lengths keep the tracer from relating ``N`` to ``B`` (single-hot
     examples would have ``N == F * B``, which an export could then require).
     """
-    nf = schema.num_categorical
+    nf = schema.num_features
     lengths = (torch.arange(nf * batch_size, dtype=torch.int64) % 3).view(nf, batch_size)
-    sizes = torch.tensor(schema.table_sizes(), dtype=torch.int64)
+    sizes = torch.tensor(schema.table_sizes() + [t.num_embeddings for t in schema.cross_tables()], dtype=torch.int64)
     feature_of_id = torch.repeat_interleave(torch.arange(nf), lengths.sum(dim=1))
     values = torch.arange(feature_of_id.numel(), dtype=torch.int64) % sizes[feature_of_id]
     dense = torch.linspace(-1.0, 1.0, batch_size * schema.num_dense).view(batch_size, schema.num_dense)
@@ -104,4 +105,4 @@ def dynamic_shapes(schema: Schema) -> dict:
     """``torch.export`` dynamic shapes: any batch size >= 1, any number of ids."""
     batch = torch.export.Dim("batch", min=1)
     return {"dense": {0: batch}, "values": {0: torch.export.Dim("num_ids", min=0)},
-            "offsets": {0: schema.num_categorical * batch + 1}}
+            "offsets": {0: schema.num_features * batch + 1}}

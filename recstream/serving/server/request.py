@@ -15,6 +15,9 @@ instance must have exactly the schema's features (no label):
 * ``multi_hot`` features take a list of such values (cut to ``max_len`` like the reader);
   single-valued ones a scalar.
 
+Cross features (``schema.crosses``) are no fields: they are computed from the instance's
+categorical ids by the readers' own :func:`~recstream.data.convert.cross_bags`.
+
 Values go through the training readers' own :class:`~recstream.data.convert.ColumnConverter`
 (with the manifest's ``preprocessing``), so serving sees the exact ids and dense transform
 training saw. Problems raise :class:`RequestError` (HTTP status + JSON-able reason).
@@ -42,7 +45,7 @@ import pyarrow as pa
 import torch
 
 from ...data.batch import Features
-from ...data.convert import ColumnConverter, to_keys
+from ...data.convert import ColumnConverter, cross_bags, to_keys
 from ...data.hashing import hash_strings, to_buckets
 from ...data.schema import CategoricalFeature, Schema
 from ...validation import check_int, check_type
@@ -179,7 +182,10 @@ class InstanceParser:
             example[f.name] = value
         preprocessing = {"fill_missing_dense": self.converter.fill_missing_dense,
                          "log1p_dense": self.converter.log1p_dense}
-        return {"fields": fields, "example": example, "preprocessing": preprocessing}
+        out = {"fields": fields, "example": example, "preprocessing": preprocessing}
+        if self.schema.crosses:  # computed from the fields, not sent
+            out["crosses"] = [x.to_dict() for x in self.schema.crosses]
+        return out
 
     def _dense(self, i: int, name: str, v: Any) -> float | None:
         if v is None and self.allow_null_dense:
@@ -329,9 +335,12 @@ class InstanceParser:
                 column = [row[: f.max_len] for row in column]
             ids.append(self._direct_ids(f, [x for row in column for x in row]))
             lengths.append(np.fromiter((len(row) for row in column), dtype=np.int64, count=n))
+        for cross_ids, cross_lens in cross_bags(self.schema, list(zip(ids, lengths, strict=True))):
+            ids.append(cross_ids)  # the converter's own cross ids (training's)
+            lengths.append(cross_lens)
         values = torch.from_numpy(np.concatenate(ids)) if ids else torch.zeros(0, dtype=torch.int64)
         lens = torch.from_numpy(np.stack(lengths)) if lengths else torch.zeros(0, n, dtype=torch.int64)
-        keys = tuple(self.schema.categorical_names)
+        keys = tuple(self.schema.feature_names)
         return Features.from_lengths(self._direct_dense(parts, n), values, lens, keys=keys)
 
     def convert(self, parts: list[dict[str, list]]) -> tuple[Features, list[RequestError | None]]:
