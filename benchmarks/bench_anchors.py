@@ -70,6 +70,7 @@ class Stream:
     warm: int
     bayes: float
     schema: object
+    probabilities: np.ndarray  # the truth's, of the scored part, in order
     labels: np.ndarray = field(init=False)  # of the scored part, in order
     new_user: np.ndarray = field(init=False)  # its events whose user no earlier batch had
     new_item: np.ndarray = field(init=False)
@@ -204,14 +205,14 @@ class Config:
 
 DEFAULTS = [Config("recstream WideDeep, default_optimizer", WideDeep),
             Config("recstream DeepFM, default_optimizer", DeepFM)]
-# The best found (bench_anchors --search on both streams): see docs/benchmarks.md, "Anchors".
-BEST = [Config("recstream WideDeep, micro-steps of 32", WideDeep, micro=32),
-        Config("recstream DeepFM, micro-steps of 32", DeepFM, micro=32)]
+# The best found (--search on both streams, docs/benchmarks.md "Anchors"): micro-steps of 32 with row-wise
+# Adagrad tables at lr 0.1 (default_optimizer's 0.05) -- WideDeep's best on drifting, DeepFM's on coldstart.
+BEST = [Config("recstream WideDeep, micro 32, tables lr 0.1", WideDeep, {"embedding_lr": 0.1}, 32),
+        Config("recstream DeepFM, micro 32, tables lr 0.1", DeepFM, {"embedding_lr": 0.1}, 32)]
 SEARCH = [Config(f"recstream {m.__name__}, {tag}", m, opt, micro)
           for m in (WideDeep, DeepFM)
-          for tag, opt, micro in (("lr 1e-2", {"lr": 1e-2}, None), ("micro 64", {}, 64), ("micro 16", {}, 16),
-                                  ("micro 32, lr 1e-2", {"lr": 1e-2}, 32),
-                                  ("micro 32, tables lr 0.1", {"embedding_lr": 0.1}, 32),
+          for tag, opt, micro in (("lr 1e-2", {"lr": 1e-2}, None), ("micro 64", {}, 64), ("micro 32", {}, 32),
+                                  ("micro 16", {}, 16), ("micro 32, lr 1e-2", {"lr": 1e-2}, 32),
                                   ("micro 32, wide lr 0.1", {"wide_lr": 0.1}, 32))]
 
 
@@ -284,7 +285,7 @@ def run_recstream(config: Config, stream: Stream) -> dict:
     return result
 
 
-def _result(name: str, scores: np.ndarray, stream: Stream, seconds: float) -> dict:
+def _result(name: str, scores: np.ndarray, stream: Stream, seconds: float | None) -> dict:
     y = stream.labels
     if len(scores) != len(y):
         raise AssertionError(f"{name}: {len(scores)} scores for {len(y)} events")
@@ -292,30 +293,31 @@ def _result(name: str, scores: np.ndarray, stream: Stream, seconds: float) -> di
     def auc(mask):
         return roc_auc(scores[mask], y[mask]) if 0 < y[mask].sum() < mask.sum() else None
     return {"system": name, "auc": roc_auc(scores, y), "auc_new_users": auc(stream.new_user),
-            "auc_known_users": auc(~stream.new_user), "events_per_s": len(y) / seconds}
+            "auc_known_users": auc(~stream.new_user), "events_per_s": None if seconds is None else len(y) / seconds}
 
 
 # --- the run --------------------------------------------------------------------------------------------
 def load(name: str, args) -> Stream:
     gen = make_stream(name, args.batches, args.batch_size, args.seed)
     warm = int(args.batches * args.warmup)
-    return Stream(name, list(gen), warm, gen.bayes_auc(warm, args.batches), gen.schema)
+    truth = np.concatenate([gen.probabilities(t) for t in range(warm, args.batches)])
+    return Stream(name, list(gen), warm, gen.bayes_auc(warm, args.batches), gen.schema, truth)
 
 
 def fmt(v, spec=".4f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def report(stream: Stream, rows: list[dict], missing: list[str]) -> None:
+def report(stream: Stream, bayes: dict, rows: list[dict], missing: list[str]) -> None:
     print(f"\n{stream.name}: {len(stream.batches)} batches x {stream.batches[0].features.batch_size}, warm start "
           f"on {stream.warm}, {len(stream.labels):,} events scored; Bayes AUC {stream.bayes:.4f}; "
           f"{stream.new_user.mean():.1%} of them by users and {stream.new_item.mean():.1%} on items no earlier "
           f"batch had")
     print("| system | prequential AUC | gap to Bayes | AUC, new users | AUC, known users | events/s |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for r in rows:
+    for r in [bayes, *rows]:
         print(f"| {r['system']} | {r['auc']:.4f} | {stream.bayes - r['auc']:.4f} | {fmt(r['auc_new_users'])} | "
-              f"{fmt(r['auc_known_users'])} | {r['events_per_s']:,.0f} |", flush=True)
+              f"{fmt(r['auc_known_users'])} | {fmt(r['events_per_s'], ',.0f')} |", flush=True)
     for line in missing:
         print(f"- {line}")
 
@@ -340,8 +342,9 @@ def main(argv=None) -> dict:
         found, missing = ([], []) if args.no_anchors else anchors(name, args.search)
         rows = [run_anchor(a, stream) for a in found]
         rows += [run_recstream(c, stream) for c in DEFAULTS + BEST + (SEARCH if args.search else [])]
-        report(stream, rows, missing)
-        results[name] = {"bayes": stream.bayes, "new_users": float(stream.new_user.mean()),
+        bayes = _result("Bayes (the true probabilities)", stream.probabilities, stream, None)
+        report(stream, bayes, rows, missing)
+        results[name] = {"bayes": stream.bayes, "bayes_row": bayes, "new_users": float(stream.new_user.mean()),
                          "new_items": float(stream.new_item.mean()), "rows": rows, "missing": missing}
     return results
 

@@ -176,6 +176,7 @@ def test_the_anchors_benchmark_scores_every_system_test_then_train_on_both_strea
         assert any(s.startswith("VW") for s in systems) == installed["Vowpal Wabbit"], systems
         assert any(s.startswith("River") for s in systems) == installed["River"], systems
         assert len(res["missing"]) == 2 - sum(installed.values())
+        assert res["bayes_row"]["auc"] == pytest.approx(res["bayes"], abs=1e-12)  # the truth scored alike
         for r in res["rows"]:  # every system learns something even from 6,144 scored events
             assert 0.55 < r["auc"] < res["bayes"] and r["events_per_s"] > 0, (stream, r)
             assert r["auc_new_users"] is not None and r["auc_known_users"] is not None
