@@ -181,3 +181,37 @@ def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restor
     assert tiered["checkpoint_s"] > 0 and tiered["restore_s"] > 0  # the restore is checked against the commit
     assert results["tiered_vs_memory"] == tiered["samples_per_s"] / memory["samples_per_s"]
     assert set(_load("bench_tiered").parse(["--rows", "100", "--cache-rows", "7"]).__dict__) >= {"rows", "cache_rows"}
+
+
+def test_the_anchors_benchmark_scores_every_system_test_then_train_on_both_streams(capsys):
+    bench = _load("bench_anchors")
+    results = bench.main(["--quick"])
+    installed = {name: importlib.util.find_spec(module) is not None
+                 for name, module in (("Vowpal Wabbit", "vowpalwabbit"), ("River", "river"))}
+    assert 0.35 < results["coldstart"]["new_users"] < 0.55 and results["drifting"]["new_users"] < 0.2
+    for stream, res in results.items():
+        systems = [r["system"] for r in res["rows"]]
+        assert systems[-4:] == [c.name for c in bench.DEFAULTS + bench.BEST]
+        assert any(s.startswith("VW") for s in systems) == installed["Vowpal Wabbit"], systems
+        assert any(s.startswith("River") for s in systems) == installed["River"], systems
+        assert len(res["missing"]) == 2 - sum(installed.values())
+        assert res["bayes_row"]["auc"] == pytest.approx(res["bayes"], abs=1e-12)  # the truth scored alike
+        for r in res["rows"]:  # every system learns something even from 6,144 scored events
+            assert 0.55 < r["auc"] < res["bayes"] and r["events_per_s"] > 0, (stream, r)
+            assert r["auc_new_users"] is not None and r["auc_known_users"] is not None
+        one_step = [r for r in res["rows"] if r["system"] in {c.name for c in bench.DEFAULTS}]
+        # the benchmark's own scorer and recstream's PrequentialMonitor agree (checked inside, kept here)
+        assert all(r["prequential_monitor_auc"] == pytest.approx(r["auc"], abs=1e-12) for r in one_step)
+    out = capsys.readouterr().out
+    assert "| system | prequential AUC | gap to Bayes |" in out and "coldstart: 30 batches x 256" in out
+
+
+def test_the_anchors_benchmark_skips_absent_anchors_with_the_install_line(monkeypatch, capsys):
+    for module in ("vowpalwabbit", "river"):  # absent here even where they are installed
+        monkeypatch.setitem(sys.modules, module, None)
+    results = _load("bench_anchors").main(["--quick", "--streams", "coldstart"])
+    line = "pip install vowpalwabbit==9.11.9 river==0.26.1"
+    assert results["coldstart"]["missing"] == [f"Vowpal Wabbit: not installed ({line}), skipped",
+                                               f"River: not installed ({line}), skipped"]
+    assert [r["system"] for r in results["coldstart"]["rows"]][0] == "recstream WideDeep, default_optimizer"
+    assert f"- River: not installed ({line}), skipped" in capsys.readouterr().out

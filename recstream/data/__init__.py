@@ -9,7 +9,8 @@
   and row named) or, with ``on_bad_row="skip"``, are counted in ``reader.bad_rows``.
 * Data sets: :class:`SyntheticCTR` (Zipf ids, known Bayes AUC), :class:`DriftingCTR` (an online
   stream with new users/items, shifting popularity and drifting tastes, known Bayes AUC over
-  time), :func:`load_adult`.
+  time), :class:`ColdStartCTR` (a rating stream full of new users, with attribute and user x
+  genre interactions, known Bayes AUC), :func:`load_adult`.
 * Pipeline: :class:`Rebatcher` (exact batch sizes), :class:`ShuffleBuffer` (row-level shuffle),
   :class:`Prefetcher` (background thread, pinned memory, async device copies), :class:`InMemoryDataset`.
 
@@ -25,6 +26,7 @@ from .adult import adult_schema, load_adult
 from .badrows import REASONS as BAD_ROW_REASONS
 from .badrows import BadRowError
 from .batch import Batch
+from .coldstart import ColdStartCTR
 from .drifting import DriftingCTR
 from .hashing import hash_int64, hash_strings, to_buckets
 from .memory import InMemoryDataset, from_arrow, from_pandas
@@ -37,8 +39,8 @@ __all__ = [
     "Schema", "DenseFeature", "CategoricalFeature", "CrossFeature", "num_embeddings",
     "Batch", "Features",
     "ParquetReader", "CSVReader", "CriteoReader", "criteo_schema", "BadRowError", "BAD_ROW_REASONS",
-    "InMemoryDataset", "from_arrow", "from_pandas", "SyntheticCTR", "DriftingCTR", "roc_auc", "load_adult",
-    "adult_schema",
+    "InMemoryDataset", "from_arrow", "from_pandas", "SyntheticCTR", "DriftingCTR", "ColdStartCTR", "roc_auc",
+    "load_adult", "adult_schema",
     "ShuffleBuffer", "Prefetcher", "Rebatcher",
     "hash_int64", "hash_strings", "to_buckets",
 ]

@@ -1,0 +1,353 @@
+"""Anchors: recstream's online models against Vowpal Wabbit and River on the same visible streams.
+
+Streams (generated, known Bayes AUC): ``drifting`` (:class:`~recstream.data.DriftingCTR`: new
+users/items, shifting popularity, drifting tastes) and ``coldstart``
+(:class:`~recstream.data.ColdStartCTR`: ~43% of events by users never seen before, user
+attributes and item genres, user x genre and attributes x genre interactions); dynamic user/item
+tables for recstream.
+
+Protocol, the same for every system and on the same events: the stream comes in batches of
+``--batch-size`` (256); the first ``--warmup`` (20%) of the batches is a warm start (one pass of
+training, not scored); on the rest, test-then-train: every event of a batch is scored before any
+update from its batch, then the system trains on the batch (VW and River one event at a time,
+recstream in one step, or in ``k`` sequential micro-steps of the already scored batch: the rows
+``micro 32``). The prequential AUC is the exact AUC of all scores of the scored part
+(``roc_auc``); for recstream's one-step rows ``PrequentialMonitor`` (window = the whole scored
+part) gives the same figure, checked. ``events/s`` is the scored part's events over the wall
+time of scoring and training them (inputs prepared beforehand in each system's own format: VW
+text lines, River dicts, recstream batches); one thread.
+
+Systems (anchors optional: ``pip install vowpalwabbit==9.11.9 river==0.26.1``, or the ``bench``
+extra; absent ones are skipped with that line):
+
+- VW defaults: ``--loss_function logistic``; VW quadratic: the pairs of each stream's crosses
+  (``QUADRATIC``), ``-b 24 --l2 1e-5``. Namespaces: u user, i item, c category, a attributes,
+  g genres, d dense.
+- River: ``LogisticRegression(optimizer=AdaGrad())`` and ``FMClassifier()`` (defaults, seed 0) on
+  one-hot dicts (``"user=123": 1``, dense values as they are).
+- recstream: WideDeep and DeepFM (default widths) with ``default_optimizer``, through
+  ``RecModel.train`` (warm start) and ``RecModel.online_train`` (the rest), and the best
+  configuration found (``BEST``).
+
+Also per stream: the share of scored events whose user (item) was never seen in an earlier batch,
+and each system's AUC on those events and on the others.
+
+    python benchmarks/bench_anchors.py            # 400 batches x 256 per stream
+    python benchmarks/bench_anchors.py --quick    # 30 batches: a smoke run, not a measurement
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from recstream import RecModel
+from recstream.callbacks import Callback, PrequentialMonitor
+from recstream.data import Batch, ColdStartCTR, DriftingCTR, roc_auc
+from recstream.data.streams import IterableStream
+from recstream.models import DeepFM, WideDeep, default_optimizer
+
+INSTALL = "pip install vowpalwabbit==9.11.9 river==0.26.1"
+NAMESPACES = {"user": "u", "item": "i", "category": "c", "age": "a", "gender": "a", "occupation": "a", "genres": "g"}
+QUADRATIC = {"drifting": ("ui", "uc", "ic"), "coldstart": ("ug", "ai", "ag", "ig")}
+
+
+def make_stream(name: str, batches: int, batch_size: int, seed: int):
+    if name == "drifting":
+        return DriftingCTR(num_batches=batches, batch_size=batch_size, seed=seed, table="dynamic")
+    return ColdStartCTR(num_batches=batches, batch_size=batch_size, seed=seed, table="dynamic")
+
+
+@dataclass
+class Stream:
+    """One stream's batches, split into the warm start and the scored part, with its facts."""
+    name: str
+    batches: list[Batch]
+    warm: int
+    bayes: float
+    schema: object
+    probabilities: np.ndarray  # the truth's, of the scored part, in order
+    labels: np.ndarray = field(init=False)  # of the scored part, in order
+    new_user: np.ndarray = field(init=False)  # its events whose user no earlier batch had
+    new_item: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.labels = np.concatenate([b.labels.numpy() for b in self.scored])
+        self.new_user, self.new_item = (_unseen(self.batches, key, self.warm) for key in ("user", "item"))
+
+    @property
+    def scored(self) -> list[Batch]:
+        return self.batches[self.warm:]
+
+
+def _unseen(batches: list[Batch], key: str, warm: int) -> np.ndarray:
+    seen, flags = set(), []
+    for t, batch in enumerate(batches):
+        ids = batch.features.bag(key)[0].tolist()
+        if t >= warm:
+            flags.extend(i not in seen for i in ids)
+        seen.update(ids)
+    return np.array(flags, dtype=bool)
+
+
+# --- events as VW lines and River dicts ------------------------------------------------------------
+def _events(batch: Batch) -> list[tuple[dict[str, list[str]], list[float], float]]:
+    """Per event: {namespace: tokens}, dense values, label."""
+    f = batch.features
+    offsets, values = f.offsets.numpy(), f.values.numpy()
+    dense, labels = f.dense.numpy(), batch.labels.numpy()
+    out = []
+    for b in range(f.batch_size):
+        spaces: dict[str, list[str]] = {}
+        for k, name in enumerate(f.keys):
+            ids = values[offsets[k * f.batch_size + b]:offsets[k * f.batch_size + b + 1]]
+            spaces.setdefault(NAMESPACES[name], []).extend(f"{name}={i}" for i in ids)
+        out.append((spaces, dense[b].tolist(), float(labels[b])))
+    return out
+
+
+def vw_line(spaces, dense, label=None) -> str:
+    parts = [f"|{ns} " + " ".join(tokens) for ns, tokens in spaces.items()]
+    if dense:
+        parts.append("|d " + " ".join(f"x{j}:{v:.6g}" for j, v in enumerate(dense)))
+    text = " ".join(parts)
+    return text if label is None else f"{1 if label > 0.5 else -1} {text}"
+
+
+def river_dict(spaces, dense) -> dict[str, float]:
+    x = {token: 1.0 for tokens in spaces.values() for token in tokens}
+    x.update({f"x{j}": v for j, v in enumerate(dense)})
+    return x
+
+
+# --- one-event-at-a-time systems -------------------------------------------------------------------
+@dataclass
+class Anchor:
+    """An online learner that scores and learns one event at a time, on inputs it prepares."""
+    name: str
+    prepare: Callable  # (spaces, dense, label) -> (score input, learn input)
+    score: Callable  # (model, score input) -> float
+    learn: Callable  # (model, learn input, label) -> None
+    make: Callable  # () -> model
+
+
+def _vw(stream: str, search: bool) -> list[Anchor]:
+    from vowpalwabbit import Workspace
+
+    def vw(args: str) -> Callable:
+        return lambda: Workspace(f"{args} --quiet")
+    prep = lambda s, d, y: (vw_line(s, d), vw_line(s, d, y))  # noqa: E731
+    score = lambda m, x: m.predict(x)  # noqa: E731 (the raw margin: the AUC needs only the order)
+    learn = lambda m, x, y: m.learn(x)  # noqa: E731
+    quad = " ".join(f"-q {pair}" for pair in QUADRATIC[stream])
+    rows = [Anchor("VW defaults", prep, score, learn, vw("--loss_function logistic")),
+            Anchor(f"VW quadratic ({quad}, -b 24 --l2 1e-5)", prep, score, learn,
+                   vw(f"--loss_function logistic {quad} -b 24 --l2 1e-5"))]
+    if search:
+        rows += [Anchor(f"VW quadratic ({quad}, -b 24)", prep, score, learn,
+                        vw(f"--loss_function logistic {quad} -b 24")),
+                 Anchor("VW -b 24", prep, score, learn, vw("--loss_function logistic -b 24"))]
+    return rows
+
+
+def _river() -> list[Anchor]:
+    from river import facto, linear_model, optim
+    prep = lambda s, d, y: (river_dict(s, d),) * 2  # noqa: E731
+    score = lambda m, x: m.predict_proba_one(x).get(True, 0.0)  # noqa: E731
+    learn = lambda m, x, y: m.learn_one(x, y > 0.5)  # noqa: E731
+    return [Anchor("River LogisticRegression (AdaGrad)", prep, score, learn,
+                   lambda: linear_model.LogisticRegression(optimizer=optim.AdaGrad())),
+            Anchor("River FMClassifier", prep, score, learn, lambda: facto.FMClassifier(seed=0))]
+
+
+def anchors(stream: str, search: bool = False) -> tuple[list[Anchor], list[str]]:
+    """The anchors that import here, and a line per system that does not (`search`: VW variants too)."""
+    rows, missing = [], []
+    for system, build in (("Vowpal Wabbit", lambda: _vw(stream, search)), ("River", _river)):
+        try:
+            rows += build()
+        except ImportError:
+            missing.append(f"{system}: not installed ({INSTALL}), skipped")
+    return rows, missing
+
+
+def run_anchor(anchor: Anchor, stream: Stream) -> dict:
+    def inputs(batches):
+        return [[anchor.prepare(*e) + (e[2],) for e in _events(b)] for b in batches]
+    warm, scored = inputs(stream.batches[:stream.warm]), inputs(stream.scored)
+    model = anchor.make()
+    for batch in warm:
+        for _, x, y in batch:
+            anchor.learn(model, x, y)
+    scores = []
+    start = time.perf_counter()
+    for batch in scored:
+        scores.extend(anchor.score(model, x) for x, _, _ in batch)  # the whole batch first
+        for _, x, y in batch:
+            anchor.learn(model, x, y)
+    seconds = time.perf_counter() - start
+    return _result(anchor.name, np.asarray(scores, dtype=np.float64), stream, seconds)
+
+
+# --- recstream ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """A recstream configuration: model, `default_optimizer` arguments, micro-step size (None: one step)."""
+    name: str
+    model: type
+    optimizer: dict = field(default_factory=dict)
+    micro: int | None = None
+
+
+DEFAULTS = [Config("recstream WideDeep, default_optimizer", WideDeep),
+            Config("recstream DeepFM, default_optimizer", DeepFM)]
+# The best found (--search on both streams, docs/benchmarks.md "Anchors"): micro-steps of 32 with row-wise
+# Adagrad tables at lr 0.1 (default_optimizer's 0.05) -- WideDeep's best on drifting, DeepFM's on coldstart.
+BEST = [Config("recstream WideDeep, micro 32, tables lr 0.1", WideDeep, {"embedding_lr": 0.1}, 32),
+        Config("recstream DeepFM, micro 32, tables lr 0.1", DeepFM, {"embedding_lr": 0.1}, 32)]
+SEARCH = [Config(f"recstream {m.__name__}, {tag}", m, opt, micro)
+          for m in (WideDeep, DeepFM)
+          for tag, opt, micro in (("lr 1e-2", {"lr": 1e-2}, None), ("micro 64", {}, 64), ("micro 32", {}, 32),
+                                  ("micro 16", {}, 16), ("micro 32, lr 1e-2", {"lr": 1e-2}, 32),
+                                  ("micro 32, wide lr 0.1", {"wide_lr": 0.1}, 32))]
+
+
+class BatchScorer(Callback):
+    """Scores each whole batch of the stream (network in eval mode, no gradient) just before the
+    first micro-step of it trains: every event before any update from its batch."""
+
+    def __init__(self, batches: list[Batch], steps_per_batch: int):
+        self.batches, self.k, self.seen, self.scores = batches, steps_per_batch, 0, []
+        self._params = None
+
+    def on_train_begin(self, run_context):
+        p = run_context.original_args()
+        if isinstance(p.batch_observers, list):
+            p.batch_observers.append(self._observe)
+            self._params = p
+
+    def on_train_step_begin(self, run_context):
+        if self._params is None:
+            self._observe(None, run_context.original_args())
+
+    @torch.no_grad()
+    def _observe(self, _chunk, p=None) -> None:
+        net = (p or self._params).network
+        if self.seen % self.k == 0:
+            was = net.training
+            net.eval()
+            try:
+                logits = net(self.batches[self.seen // self.k].features).reshape(-1).float()
+                self.scores.append(torch.sigmoid(logits).double().numpy())  # as PrequentialMonitor does
+            finally:
+                net.train(was)
+        self.seen += 1
+
+
+def _chunks(batches: list[Batch], size: int | None) -> list[Batch]:
+    if size is None:
+        return batches
+    out = []
+    for b in batches:
+        n = b.features.batch_size
+        out += [b.slice(s, min(s + size, n)) for s in range(0, n, size)]
+    return out
+
+
+def run_recstream(config: Config, stream: Stream) -> dict:
+    torch.manual_seed(0)
+    net = config.model(stream.schema)
+    model = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net, **config.optimizer),
+                     progress_bar=False)
+    model.train(1, _chunks(stream.batches[:stream.warm], config.micro))  # warm start: one pass
+    size = stream.batches[0].features.batch_size
+    k = 1 if config.micro is None else -(-size // config.micro)
+    chunks = _chunks(stream.scored, config.micro)
+    scorer = BatchScorer(stream.scored, k)
+    callbacks = [scorer]
+    monitor = None
+    if k == 1:  # recstream's own prequential metric, on the same events: the figures must agree
+        monitor = PrequentialMonitor(window=len(stream.labels), log_every=10 ** 9, verbose=False)
+        callbacks.append(monitor)
+    start = time.perf_counter()
+    model.online_train(IterableStream(lambda: iter(chunks)), callbacks=callbacks, dataset_sink_mode=False)
+    seconds = time.perf_counter() - start
+    result = _result(config.name, np.concatenate(scorer.scores), stream, seconds)
+    if monitor is not None:
+        if abs(monitor.last["auc"] - result["auc"]) > 1e-12:
+            raise AssertionError(f"{config.name}: PrequentialMonitor's AUC {monitor.last['auc']} differs from "
+                                 f"the scorer's {result['auc']}")
+        result["prequential_monitor_auc"] = monitor.last["auc"]
+    return result
+
+
+def _result(name: str, scores: np.ndarray, stream: Stream, seconds: float | None) -> dict:
+    y = stream.labels
+    if len(scores) != len(y):
+        raise AssertionError(f"{name}: {len(scores)} scores for {len(y)} events")
+
+    def auc(mask):
+        return roc_auc(scores[mask], y[mask]) if 0 < y[mask].sum() < mask.sum() else None
+    return {"system": name, "auc": roc_auc(scores, y), "auc_new_users": auc(stream.new_user),
+            "auc_known_users": auc(~stream.new_user), "events_per_s": None if seconds is None else len(y) / seconds}
+
+
+# --- the run --------------------------------------------------------------------------------------------
+def load(name: str, args) -> Stream:
+    gen = make_stream(name, args.batches, args.batch_size, args.seed)
+    warm = int(args.batches * args.warmup)
+    truth = np.concatenate([gen.probabilities(t) for t in range(warm, args.batches)])
+    return Stream(name, list(gen), warm, gen.bayes_auc(warm, args.batches), gen.schema, truth)
+
+
+def fmt(v, spec=".4f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def report(stream: Stream, bayes: dict, rows: list[dict], missing: list[str]) -> None:
+    print(f"\n{stream.name}: {len(stream.batches)} batches x {stream.batches[0].features.batch_size}, warm start "
+          f"on {stream.warm}, {len(stream.labels):,} events scored; Bayes AUC {stream.bayes:.4f}; "
+          f"{stream.new_user.mean():.1%} of them by users and {stream.new_item.mean():.1%} on items no earlier "
+          f"batch had")
+    print("| system | prequential AUC | gap to Bayes | AUC, new users | AUC, known users | events/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in [bayes, *rows]:
+        print(f"| {r['system']} | {r['auc']:.4f} | {stream.bayes - r['auc']:.4f} | {fmt(r['auc_new_users'])} | "
+              f"{fmt(r['auc_known_users'])} | {fmt(r['events_per_s'], ',.0f')} |", flush=True)
+    for line in missing:
+        print(f"- {line}")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--warmup", type=float, default=0.2, help="fraction of the batches trained on before scoring")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--streams", nargs="+", default=["drifting", "coldstart"], choices=["drifting", "coldstart"])
+    p.add_argument("--quick", action="store_true", help="30 batches: a smoke run, not a measurement")
+    p.add_argument("--search", action="store_true", help="also SEARCH's recstream configurations and two more of VW")
+    p.add_argument("--no-anchors", action="store_true", help="recstream rows only")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batches = 30
+    torch.set_num_threads(1)
+    results = {}
+    for name in args.streams:
+        stream = load(name, args)
+        found, missing = ([], []) if args.no_anchors else anchors(name, args.search)
+        rows = [run_anchor(a, stream) for a in found]
+        rows += [run_recstream(c, stream) for c in DEFAULTS + BEST + (SEARCH if args.search else [])]
+        bayes = _result("Bayes (the true probabilities)", stream.probabilities, stream, None)
+        report(stream, bayes, rows, missing)
+        results[name] = {"bayes": stream.bayes, "bayes_row": bayes, "new_users": float(stream.new_user.mean()),
+                         "new_items": float(stream.new_item.mean()), "rows": rows, "missing": missing}
+    return results
+
+
+if __name__ == "__main__":
+    main()
