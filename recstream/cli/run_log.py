@@ -129,6 +129,7 @@ class MetricsLog(Callback):
         self.loss = LossMean()
         self.echo = echo  # a text stream for one line per epoch (train), or None
         self.step_offset = 0  # a resumed run counts its steps from the checkpoint's epoch on
+        self.events_offset = 0  # a resumed online run counts its events from the last row on
         self._epoch_started = self._last_epoch = None
 
     def continue_after(self, epoch: int) -> None:
@@ -169,6 +170,21 @@ class MetricsLog(Callback):
             writer = csv.DictWriter(f, self.columns)
             writer.writeheader()
             writer.writerows(self.rows)
+
+    def continue_online(self, step: int) -> None:
+        """An online run resumed at checkpoint `step`: rows after it go (those events are trained
+        again), and ``events`` counts on from the last row kept, so that the event axis never goes
+        back (the events after that row, up to `step`, are not counted twice but not at all)."""
+        kept = [row for row in self.rows if not isinstance(row.get("step"), int) or row["step"] <= step]
+        if len(kept) != len(self.rows):
+            self.rows = kept
+            with open(self.jsonl, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(row) + "\n" for row in kept)
+            self._write_csv()
+        last = next((row for row in reversed(kept) if isinstance(row.get("events"), int)), None)
+        self.events_offset = last["events"] if last is not None else 0
+        if last is not None and isinstance(last.get("seconds"), (int, float)):
+            self._start -= last["seconds"]
 
     def on_train_begin(self, run_context):
         p = run_context.original_args()
@@ -231,6 +247,7 @@ class MetricsLog(Callback):
             return  # the monitor computes its metrics every log_every steps only
         self._last_report = report.get("step")
         row = {"step": p.cur_step_num, **{k: v for k, v in report.items() if k != "step"},
+               **({"events": self.events_offset + report["events"]} if isinstance(report.get("events"), int) else {}),
                **self._loss_column(), "seconds": round(time.perf_counter() - self._start, 3)}
         self.add(row)
 

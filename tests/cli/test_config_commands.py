@@ -96,10 +96,15 @@ def test_online_example_and_resume(tmp_path):
     assert [r["step"] for r in rows] == [20, 24]  # log_every: 20, and the final report
 
     make_data(tmp_path, line.replace("--rows 20000", "--rows 2560"))
-    second = json_result(cli(tmp_path, "online", config, "--json"))
+    result = cli(tmp_path, "online", config, "--json")
+    second = json_result(result)
     assert second["resumed_from_step"] == 24 and second["steps"] == 34  # 10 more batches, nothing read twice
+    assert "recstream online: resumed from step 24" in result.stderr  # it went to online.log only
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [20, 24, 34]
+    # the prequential event count goes on across the restart (it started at 0 again: prequential.png went back)
+    assert [r["events"] for r in rows] == [5120, 6000, 8560]
+    assert rows[2]["seconds"] > rows[1]["seconds"]
 
 
 def test_init_config_is_accepted_by_train(tmp_path):
