@@ -267,7 +267,8 @@ class EvalLossMean(Callback):
 
 
 class BestCheckpoint(Callback):
-    """Keeps the checkpoint of the best evaluated epoch under `monitor` (early stopping's) in
+    """Keeps the checkpoint of the best evaluated epoch under `monitor` (an evaluation result: early
+    stopping's; `mode`: its resolved ``"min"`` or ``"max"``) in
     `directory` (``<run_dir>/best``) with ``best.json`` beside it: ``{"checkpoint", "epoch", "step",
     "monitor", "value"}`` -- what ``recstream eval --checkpoint best`` loads. The best epoch's file
     replaces the earlier best's once it is written."""
@@ -276,22 +277,21 @@ class BestCheckpoint(Callback):
     rank_zero_only = True
 
     def __init__(self, directory: str, monitor: str, mode: str, metrics: MetricsLog) -> None:
-        from ..callbacks._monitoring import MonitorReader
         self.directory, self.monitor, self.mode, self.metrics = directory, monitor, mode, metrics
-        self._reader = MonitorReader(monitor, "BestCheckpoint")
         self.best = None
         record = read_best(directory)
         if record is not None and metrics.rows:  # a resumed run: the best so far stands
             self.best = record.get("value")
 
     def on_train_epoch_end(self, run_context):
-        from ..callbacks._monitoring import is_improvement
         from ..checkpoint import save_checkpoint
         p = run_context.original_args()
         if p.get("stop_signal") is not None:
             return  # an epoch cut short by a signal is no candidate
-        value = self._reader.read(p)
-        if value is None or self.best is not None and not is_improvement(self.mode, value, self.best, 0.0):
+        value = _plain((p.eval_results or {}).get(self.monitor))  # evaluated epochs only
+        if not isinstance(value, float):
+            return
+        if self.best is not None and not (value < self.best if self.mode == "min" else value > self.best):
             return
         os.makedirs(self.directory, exist_ok=True)
         step = self.metrics.step_offset + (p.cur_step_num or 0)
