@@ -6,6 +6,8 @@ this prefix already exist there when the callback is created, the prefix becomes
 files of an earlier one; ``continue_from_step=N`` (a run that resumes the earlier one at its
 global step N, as ``recstream train --resume``) keeps `prefix` instead, counts the steps in names
 and files from N, and ``keep_checkpoint_max`` then counts the earlier run's files of the series too.
+Online training (`RecModel.online_train`) is one endless pass: its files are named
+``{prefix}-1_{step}`` (``model-1_257`` after step 257).
 
 A save happens when ``save_checkpoint_steps`` global steps passed since
 the last one (in sink mode step hooks run once per sink, so saves land on sink boundaries) or
@@ -146,6 +148,14 @@ class ModelCheckpoint(Callback):
             return (step - 1) % p.batch_num + 1
         return self._step_offset + step
 
+    def _name_numbers(self, p) -> tuple[int, int]:
+        """The epoch and step a file's name shows. Online training is one endless pass whose epochs
+        are sinks (and a sink that found no data counts one too): its names show that pass and the
+        step, ``model-1_257`` for step 257 (the file's metadata keeps the loop's own epoch)."""
+        if p.get("online"):
+            return 1, self._step_offset + (p.cur_step_num or 0)
+        return p.cur_epoch_num, self._step_in_epoch(p)
+
     def _due(self, p, force: bool) -> bool:
         steps, seconds = self._config.save_checkpoint_steps, self._config.save_checkpoint_seconds
         if force:  # end of training: always keep the final state
@@ -165,7 +175,7 @@ class ModelCheckpoint(Callback):
             return  # nothing trained since the last save (e.g. the final save right after a periodic one)
         if not self._due(p, force):
             return
-        name = checkpoint_name(self._prefix, p.cur_epoch_num, self._step_in_epoch(p), _sharded())
+        name = checkpoint_name(self._prefix, *self._name_numbers(p), _sharded())
         path = os.path.join(self._directory, name)
         # Write first, prune after: a failed write must not cost an old checkpoint.
         try:

@@ -76,7 +76,9 @@ def run(args) -> int:
                 # a human line: on stdout, or beside the human result line on stderr with --json
                 print(f"recstream online: resumed from step {meta.get('cur_step_num')}",
                       file=sys.stderr if args.json else sys.stdout, flush=True)
-            callbacks = build_callbacks(cfg, doc, run_dir.path, online=True, schema=schema)
+            # a resumed run continues the series (steps are global online: no offset), never model_1-*
+            callbacks = build_callbacks(cfg, doc, run_dir.path, online=True, schema=schema,
+                                        resume_step=0 if meta is not None else None)
             metrics, end = MetricsLog(run_dir.path, online=True, append=meta is not None), _end_recorder()
             if meta is not None:  # the event axis and the time go on from the earlier run's rows
                 metrics.continue_online(int(meta.get("cur_step_num") or 0))
