@@ -8,9 +8,11 @@ One row per training epoch (``epoch``, ``step``, ``loss``, the evaluation result
 (online: over the steps since the previous row), `LossMean`. Where a sink trains several batches
 per step hook, only each sink's last loss is seen, and the column is ``sink_last_loss`` instead
 (the mean of those). The evaluation's loss is its ``logloss``, over the whole evaluation set: the
-last-batch ``eval_loss`` that `Model.fit` reports (MindSpore's) is left out of the rows. JSONL gets each row as it
-comes (flushed: a crash loses nothing written); the CSV's header is the union of the keys seen,
-so the file is rewritten on the rare row that brings a new key (fit evaluates only some epochs).
+last-batch ``eval_loss`` that `Model.fit` reports (MindSpore's) is left out of the rows.
+
+JSONL gets each row as it comes (flushed: a crash loses nothing written); the CSV's header is the
+union of the keys seen, so the file is rewritten on the rare row that brings a new key (fit
+evaluates only some epochs).
 
 A run that continues the files (``append=True``: ``online`` resuming, ``eval``) reads the JSONL
 with `jsonl_rows.repair`: a torn last line (a process killed mid-write) is cut off the file, with a
@@ -35,6 +37,8 @@ import logging
 import math
 import os
 import time
+
+import torch
 
 from ..callbacks import Callback
 from ..data.protocol import batch_rows
@@ -79,7 +83,6 @@ class LossMean:
         self._last_rows = batch_rows(batch)
 
     def add(self, net_outputs) -> None:
-        import torch
         loss = net_outputs[0] if isinstance(net_outputs, (tuple, list)) and net_outputs else net_outputs
         if not isinstance(loss, torch.Tensor):
             return
@@ -130,17 +133,13 @@ class MetricsLog(Callback):
         self.echo = echo  # a text stream for one line per epoch (train), or None
         self.step_offset = 0  # a resumed run counts its steps from the checkpoint's epoch on
         self.events_offset = 0  # a resumed online run counts its events from the last row on
+        self.final_step: int | None = None
         self._epoch_started = self._last_epoch = None
 
     def continue_after(self, epoch: int) -> None:
         """A resumed run (``append=True``) that trains epochs ``epoch+1 ..``: the rows of later epochs
         go (they are trained again), and its steps and seconds count on from the row of `epoch`."""
-        kept = [row for row in self.rows if not isinstance(row.get("epoch"), int) or row["epoch"] <= epoch]
-        if len(kept) != len(self.rows):
-            self.rows = kept
-            with open(self.jsonl, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(row) + "\n" for row in kept)
-            self._write_csv()
+        kept = self._keep(lambda row: not isinstance(row.get("epoch"), int) or row["epoch"] <= epoch)
         last = next((row for row in reversed(kept) if row.get("epoch") == epoch), None)
         if last is not None and isinstance(last.get("step"), int):
             self.step_offset = last["step"]
@@ -171,16 +170,21 @@ class MetricsLog(Callback):
             writer.writeheader()
             writer.writerows(self.rows)
 
-    def continue_online(self, step: int) -> None:
-        """An online run resumed at checkpoint `step`: rows after it go (those events are trained
-        again), and ``events`` counts on from the last row kept, so that the event axis never goes
-        back (the events after that row, up to `step`, are not counted twice but not at all)."""
-        kept = [row for row in self.rows if not isinstance(row.get("step"), int) or row["step"] <= step]
+    def _keep(self, keep) -> list[dict]:
+        """Keep the rows `keep` accepts; the files are written again when any goes."""
+        kept = [row for row in self.rows if keep(row)]
         if len(kept) != len(self.rows):
             self.rows = kept
             with open(self.jsonl, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(row) + "\n" for row in kept)
             self._write_csv()
+        return kept
+
+    def continue_online(self, step: int) -> None:
+        """An online run resumed at checkpoint `step`: rows after it go (those events are trained
+        again), and ``events`` counts on from the last row kept, so that the event axis never goes
+        back (the events after that row, up to `step`, are not counted twice but not at all)."""
+        kept = self._keep(lambda row: not isinstance(row.get("step"), int) or row["step"] <= step)
         last = next((row for row in reversed(kept) if isinstance(row.get("events"), int)), None)
         self.events_offset = last["events"] if last is not None else 0
         if last is not None and isinstance(last.get("seconds"), (int, float)):
@@ -236,6 +240,7 @@ class MetricsLog(Callback):
 
     def on_train_end(self, run_context):
         p = run_context.original_args()
+        self.final_step = self.step_offset + (p.cur_step_num or 0)  # where training stopped
         if self.loss.observe in (p.batch_observers or ()):
             p.batch_observers.remove(self.loss.observe)
         if self.online:

@@ -191,7 +191,10 @@ def _stopped(args, word: str, code: int, checkpoint, metrics) -> int:
     last = checkpoint.latest_ckpt_file_name
     saved = f"checkpoint {last} written" if last else "no checkpoint was written (a new run starts from scratch)"
     done = metrics.last.get("epoch")
-    where = f"in epoch {done + 1}" if isinstance(done, int) else "in the first epoch"
+    if isinstance(done, int) and metrics.final_step == metrics.last.get("step"):
+        where = f"after epoch {done}"  # the signal came between two epochs
+    else:
+        where = f"in epoch {done + 1}" if isinstance(done, int) else "in the first epoch"
     lines = [f"recstream train: {word} {where}; {saved}"]
     if last:
         lines.append(f"recstream train: resume with: {resume_command(args)}")
