@@ -36,6 +36,7 @@ E2E = (
     "tests/cli/test_produce.py::test_a_file_into_kafka_with_ids_and_times",
     "tests/cli/test_produce.py::test_rate_paces_from_the_first_event",
     "tests/cli/test_publish.py",
+    "tests/cli/test_train_resume.py",
     "tests/serving/server/test_cli_serve.py::test_an_unloadable_newest_version_is_skipped_not_fatal",
     "tests/serving/server/test_dynamic_features.py::test_recstream_serve_answers_a_never_seen_id",
     "tests/serving/server/test_hot_swap.py",

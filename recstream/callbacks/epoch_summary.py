@@ -15,7 +15,9 @@ Online training (`RecModel.online_train`, which sets ``cb_params.online``) has a
 far too many lines for a long job. There the line comes at most once every `every_seconds` (checked
 at the end of a step): the step, its loss, and the steps, events (rows of the batches this process
 trained) and events/s since the previous line. When training ends, one more line sums up the run:
-steps, events, seconds, events/s, the last loss and, where a quiet ``PrequentialMonitor(verbose=False)``
+steps, events, seconds and events/s up to the end of the last step (a stream that waits for new
+events before it ends, ``idle_timeout``, is not training: that wait is given on its own, "then
+10.0 s waiting for new events"), the last loss and, where a quiet ``PrequentialMonitor(verbose=False)``
 ran, its whole-stream ``auc_total`` and ``logloss_total`` (a verbose one has just printed them on
 its own line). A run that trained no step prints nothing.
 
@@ -29,16 +31,18 @@ its own line). A run that trained no step prints nothing.
 >>> out.getvalue().split(" in ")[0]
 'epoch 1/2: net_output=0.5000, auc=0.7500, loss=0.2500, 10 steps'
 
-Online, with a clock that reads 0 s at the start, then 40 s and 50 s:
+Online, with a clock that reads 0 s at the start, 40 s at the end of step 100 and 50 s when the
+stream has ended:
 
 >>> out = io.StringIO(); summary = EpochSummary(file=out, clock=iter([0.0, 40.0, 50.0]).__next__)
 >>> p = CallbackParams(online=True, cur_step_num=0, net_outputs=0.5, batch_observers=[])
 >>> summary.on_train_begin(RunContext(p))
 >>> p.cur_step_num = 100; summary.on_train_step_end(RunContext(p))
 >>> summary.on_train_end(RunContext(p))
->>> print(out.getvalue(), end="")
+>>> print(out.getvalue().replace("; ", ";\n"), end="")
 online step 100: net_output=0.5000, 100 steps in 40.0 s, 2.5 steps/s
-online training ended at step 100: 100 steps in 50.0 s, 2.0 steps/s, net_output=0.5000
+online training ended at step 100: 100 steps in 40.0 s, 2.5 steps/s, net_output=0.5000;
+then 10.0 s waiting for new events
 """
 from __future__ import annotations
 
@@ -87,7 +91,7 @@ class EpochSummary(Callback):
         self.clock = check_callable("EpochSummary", "clock", clock)
         self._start, self._first_step, self._last_epoch = 0.0, 0, None
         self._online, self._events = False, 0
-        self._begun = self._printed = _Mark(0.0, 0, 0)
+        self._begun = self._printed = self._stepped = _Mark(0.0, 0, 0)
 
     def on_train_begin(self, run_context):
         p = run_context.original_args()
@@ -95,7 +99,7 @@ class EpochSummary(Callback):
         self._online = bool(p.online)
         if self._online:
             self._events = 0
-            self._begun = self._printed = self._mark(p)
+            self._begun = self._printed = self._stepped = self._mark(p)
             if isinstance(p.batch_observers, list):  # sees every batch, also inside a sink
                 p.batch_observers.append(self._count)
 
@@ -126,10 +130,10 @@ class EpochSummary(Callback):
         if not self._online:
             return
         now = self.clock()  # the clock only, per step: the loss is read from the device when a line is due
+        p = run_context.original_args()
+        self._stepped = mark = _Mark(now, p.cur_step_num or 0, self._events)
         if now - self._printed.seconds < self.every_seconds:
             return
-        p = run_context.original_args()
-        mark = _Mark(now, p.cur_step_num or 0, self._events)
         self._say(f"online step {mark.step}: {', '.join(_loss(p) + _span(self._printed, mark))}")
         self._printed = mark
 
@@ -142,8 +146,12 @@ class EpochSummary(Callback):
         end = self._mark(p)
         if end.step == self._begun.step:
             return  # nothing trained: no line of 0 steps
-        parts = _span(self._begun, end) + _loss(p) + _prequential(p)
-        self._say(f"online training ended at step {end.step}: {', '.join(parts)}")
+        # the rates end with the last step: a wait for events that never came (idle_timeout) is no training
+        last = self._stepped if self._stepped.step == end.step else end
+        parts = _span(self._begun, _Mark(last.seconds, end.step, end.events)) + _loss(p) + _prequential(p)
+        idle = end.seconds - last.seconds
+        wait = f"; then {idle:.1f} s waiting for new events" if idle >= 1.0 else ""
+        self._say(f"online training ended at step {end.step}: {', '.join(parts)}{wait}")
 
     def _count(self, batch) -> None:
         self._events += batch_rows(batch) or 0

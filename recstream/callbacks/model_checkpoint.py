@@ -3,7 +3,13 @@
 Files are named ``{prefix}-{epoch}_{step_in_epoch}.safetensors`` in `directory`. If files with
 this prefix already exist there when the callback is created, the prefix becomes
 ``{prefix}_1``, ``{prefix}_2``, ... (as MindSpore), so a new run never overwrites or prunes the
-files of an earlier one. A save happens when ``save_checkpoint_steps`` global steps passed since
+files of an earlier one; ``continue_from_step=N`` (a run that resumes the earlier one at its
+global step N, as ``recstream train --resume``) keeps `prefix` instead, counts the steps in names
+and files from N, and ``keep_checkpoint_max`` then counts the earlier run's files of the series too.
+Online training (`RecModel.online_train`) is one endless pass: its files are named
+``{prefix}-1_{step}`` (``model-1_257`` after step 257).
+
+A save happens when ``save_checkpoint_steps`` global steps passed since
 the last one (in sink mode step hooks run once per sink, so saves land on sink boundaries) or
 ``save_checkpoint_seconds`` elapsed, and once more at the end of training if the last step was
 not saved. Old files beyond ``keep_checkpoint_max`` are deleted, oldest first. With
@@ -32,7 +38,7 @@ from ..checkpoint import save_checkpoint, save_sharded
 from ..checkpoint.naming import SUFFIX, checkpoint_name, series_files, series_pattern, unique_prefix
 from ..checkpoint.retention import prune, remove_leftovers
 from ..distributed import parallel_mode, rank
-from ..validation import check_str, check_type
+from ..validation import check_int, check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
 from .divergence import check_finite_model
@@ -58,7 +64,7 @@ class ModelCheckpoint(Callback):
         return not _sharded()
 
     def __init__(self, prefix: str = "CKP", directory: str | os.PathLike | None = None,
-                 config: CheckpointConfig | None = None):
+                 config: CheckpointConfig | None = None, *, continue_from_step: int | None = None):
         owner = "ModelCheckpoint"
         check_str(owner, "prefix", prefix)
         if "/" in prefix or os.sep in prefix:
@@ -69,7 +75,10 @@ class ModelCheckpoint(Callback):
         os.makedirs(self._directory, exist_ok=True)
         self._config = config
         self._exception_prefix = prefix
-        self._prefix = unique_prefix(self._directory, prefix, _sharded())
+        self._step_offset = check_int(owner, "continue_from_step", continue_from_step, minimum=0, allow_none=True)
+        self._continue = self._step_offset is not None
+        self._step_offset = self._step_offset or 0
+        self._prefix = prefix if self._continue else unique_prefix(self._directory, prefix, _sharded())
         self._append = dict(config.append_dict or {})
         self._append_epoch_num = self._append.get("epoch_num", 0)
         self._append_step_num = self._append.get("step_num", 0)
@@ -97,7 +106,7 @@ class ModelCheckpoint(Callback):
         self._params = p
         # online training continues across restarts: the files of earlier runs (the same prefix
         # with any _N suffix) are the same series, and keep_checkpoint_max counts them all
-        self._series = bool(p.get("online"))
+        self._series = bool(p.get("online")) or self._continue
         # A reused callback starts counting again: the loop restarts cur_step_num at 0 each run
         # (a resumed online run restarts at its checkpoint's step, which is saved already).
         self._last_triggered_step = self._begin_step = p.cur_step_num or 0
@@ -138,10 +147,19 @@ class ModelCheckpoint(Callback):
         return None
 
     # ------------------------------------------------------------------ internals
-    @staticmethod
-    def _step_in_epoch(p) -> int:
+    def _step_in_epoch(self, p) -> int:
         step = p.cur_step_num or 0
-        return (step - 1) % p.batch_num + 1 if isinstance(p.batch_num, int) and p.batch_num > 0 and step > 0 else step
+        if isinstance(p.batch_num, int) and p.batch_num > 0 and step > 0:
+            return (step - 1) % p.batch_num + 1
+        return self._step_offset + step
+
+    def _name_numbers(self, p) -> tuple[int, int]:
+        """The epoch and step a file's name shows. Online training is one endless pass whose epochs
+        are sinks (and a sink that found no data counts one too): its names show that pass and the
+        step, ``model-1_257`` for step 257 (the file's metadata keeps the loop's own epoch)."""
+        if p.get("online"):
+            return 1, self._step_offset + (p.cur_step_num or 0)
+        return p.cur_epoch_num, self._step_in_epoch(p)
 
     def _due(self, p, force: bool) -> bool:
         steps, seconds = self._config.save_checkpoint_steps, self._config.save_checkpoint_seconds
@@ -162,7 +180,7 @@ class ModelCheckpoint(Callback):
             return  # nothing trained since the last save (e.g. the final save right after a periodic one)
         if not self._due(p, force):
             return
-        name = checkpoint_name(self._prefix, p.cur_epoch_num, self._step_in_epoch(p), _sharded())
+        name = checkpoint_name(self._prefix, *self._name_numbers(p), _sharded())
         path = os.path.join(self._directory, name)
         # Write first, prune after: a failed write must not cost an old checkpoint.
         try:
@@ -193,7 +211,7 @@ class ModelCheckpoint(Callback):
             optimizer = getattr(p.train_network, "optimizer", None)
             optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
         extra = {"epoch": p.cur_epoch_num, "step_in_epoch": self._step_in_epoch(p),
-                 "cur_step_num": p.cur_step_num, "batch_num": p.batch_num}
+                 "cur_step_num": self._step_offset + (p.cur_step_num or 0), "batch_num": p.batch_num}
         for key, value in self._append.items():
             if key == "epoch_num":
                 value = self._append_epoch_num + (p.cur_epoch_num or 0)

@@ -218,7 +218,8 @@ def build_network(cfg, schema, doc):
 
 def build_model(cfg, doc, schema, *, online: bool = False):
     """``(RecModel, network)``: the network on its device, `default_optimizer`, BCE loss, CTR metrics.
-    Online, no line per epoch (a sink of a few batches): the prequential reports are the output."""
+    No progress bar or line per epoch of the library's: online, an epoch is a sink of a few batches
+    (the prequential reports are the output); offline, `recstream train` prints its own line per epoch."""
     import torch
 
     from ..models import ctr_metrics, default_optimizer
@@ -235,13 +236,14 @@ def build_model(cfg, doc, schema, *, online: bool = False):
     with at(doc, ("train",)):
         model = RecModel(net, torch.nn.BCEWithLogitsLoss(), optimizer, metrics=ctr_metrics(),
                          amp_level=cfg.train.amp_level, boost_level=cfg.train.boost_level,
-                         **({"progress_bar": False} if online else {}))
+                         progress_bar=False)
     return model, net
 
 
-def build_callbacks(cfg, doc, run_dir: str, *, online: bool, schema=None) -> list:
+def build_callbacks(cfg, doc, run_dir: str, *, online: bool, schema=None, resume_step: int | None = None) -> list:
     """The callbacks of ``callbacks:`` (a final checkpoint always; prequential by default online),
-    and the publisher of ``publish:`` last (it publishes what the checkpoint before it saved)."""
+    and the publisher of ``publish:`` last (it publishes what the checkpoint before it saved).
+    `resume_step`: the run continues the checkpoints in the run directory (the same prefix) at that step."""
     from ..callbacks import CheckpointConfig, EarlyStopping, ModelCheckpoint, PrequentialMonitor, TensorBoard
     from .config_schema import CheckpointSection, PrequentialSection
     cbs = cfg.callbacks
@@ -250,7 +252,8 @@ def build_callbacks(cfg, doc, run_dir: str, *, online: bool, schema=None) -> lis
     with at(doc, ("callbacks", "checkpoint")):
         config = CheckpointConfig(save_checkpoint_steps=ck.every_steps, save_checkpoint_seconds=ck.every_seconds or 0,
                                   keep_checkpoint_max=ck.keep)
-        out.append(ModelCheckpoint("model", os.path.join(run_dir, "checkpoints"), config))
+        out.append(ModelCheckpoint("model", os.path.join(run_dir, "checkpoints"), config,
+                                   continue_from_step=resume_step))
     tb_dir = os.path.join(run_dir, "tensorboard")
     if cbs.tensorboard is not None:
         with at(doc, ("callbacks", "tensorboard")):

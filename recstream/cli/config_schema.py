@@ -385,12 +385,12 @@ class PublishSection(Section):
 
 
 class EvalSection(Section):
-    checkpoint: PathStr | None = None  # a file or directory; default: <run_dir>/checkpoints
+    checkpoint: PathStr | None = None  # a file or directory, newest or best; default: newest (<run_dir>/checkpoints)
 
     @field_validator("checkpoint")
     @classmethod
     def _exists(cls, value: str | None) -> str | None:
-        return value if value is None else existing_path(value)
+        return value if value is None or value in ("best", "newest") else existing_path(value)
 
 
 class Config(Section):

@@ -74,8 +74,15 @@ def run(args) -> int:
             meta = model.restore(os.path.join(run_dir.path, "checkpoints"), stream)
             if meta is not None:
                 log.info("resumed from step %s at %s", meta.get("cur_step_num"), meta.get("train_position"))
-            callbacks = build_callbacks(cfg, doc, run_dir.path, online=True, schema=schema)
+                # a human line: on stdout, or beside the human result line on stderr with --json
+                print(f"recstream online: resumed from step {meta.get('cur_step_num')}",
+                      file=sys.stderr if args.json else sys.stdout, flush=True)
+            # a resumed run continues the series (steps are global online: no offset), never model_1-*
+            callbacks = build_callbacks(cfg, doc, run_dir.path, online=True, schema=schema,
+                                        resume_step=0 if meta is not None else None)
             metrics, end = MetricsLog(run_dir.path, online=True, append=meta is not None), _end_recorder()
+            if meta is not None:  # the event axis and the time go on from the earlier run's rows
+                metrics.continue_online(int(meta.get("cur_step_num") or 0))
             start = time.perf_counter()
             model.online_train(stream, callbacks=callbacks + [metrics, end], dataset_sink_mode=cfg.train.sink_mode,
                                sink_size=cfg.train.sink_size if cfg.train.sink_size > 0 else 1,

@@ -3,9 +3,12 @@
 Reads ``metrics.jsonl`` of a run directory (what ``recstream train`` / ``online`` write: one
 row per epoch, or per prequential report online) and writes, next to it or to ``--output``:
 
-- ``loss.png``: training loss and evaluation loss over the steps;
-- ``metrics.png``: every other evaluation result (AUC, log loss, accuracy, ...) over the steps;
-- ``throughput.png``: steps per second between rows (from the rows' ``seconds``);
+- ``loss.png``: the mean training loss (``loss``, or ``sink_last_loss``) and the evaluation loss
+  (``eval_loss``, else the whole evaluation set's ``logloss``) over the steps, on one labelled axis;
+- ``metrics.png``: every other evaluation result (AUC, log loss, accuracy, ...) over the steps,
+  one metric per axis (AUC and log loss have different scales and directions);
+- ``throughput.png``: steps per second over the run's time, a point per row (each from the row
+  before it, the first from the start);
 - ``prequential.png`` (online runs): rolling and whole-stream AUC over the events.
 
 A plot whose columns the run does not have is not written. ``metrics.png`` draws at most
@@ -32,8 +35,10 @@ from .jsonl_rows import read_rows
 DESCRIPTION = """Write PNG plots of a run directory's metrics.jsonl (loss, evaluation results,
 throughput, prequential AUC) next to it, or to --output."""
 
-_LOSSES = ("loss", "eval_loss")
+_LOSSES = ("loss", "sink_last_loss", "eval_loss")
 _NOT_METRICS = {"epoch", "step", "seconds", "events", "window_events", "time", *_LOSSES}
+_LABELS = {"loss": "mean training loss", "sink_last_loss": "training loss (mean of each sink's last batch)",
+           "eval_loss": "evaluation loss (whole set)", "logloss": "evaluation log loss (whole set)"}
 MAX_LINES = 12  # metrics drawn in metrics.png
 
 
@@ -64,31 +69,52 @@ def _series(rows: list[dict], x: str, y: str) -> tuple[list, list]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _figure(plt, path: str, title: str, xlabel: str, lines: dict[str, tuple[list, list]]) -> bool:
-    lines = {name: xy for name, xy in lines.items() if xy[0]}
-    if not lines:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, (xs, ys) in lines.items():
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=name)
-    ax.set(title=title, xlabel=xlabel)
-    ax.grid(alpha=0.3)
-    ax.legend()
+def _figure(plt, title: str, xlabel: str, panels: list[tuple[str, dict[str, tuple[list, list]]]]):
+    """One figure, an axis per panel ``(y label, {line name: (xs, ys)})``, or None with nothing to draw."""
+    panels = [(ylabel, {name: xy for name, xy in lines.items() if xy[0]}) for ylabel, lines in panels]
+    panels = [(ylabel, lines) for ylabel, lines in panels if lines]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.2 + 2.6 * len(panels)), sharex=True, squeeze=False)
+    for ax, (ylabel, lines) in zip(axes[:, 0], panels, strict=True):
+        for name, (xs, ys) in lines.items():
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=_LABELS.get(name, name))
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0, 0].set_title(title)
+    axes[-1, 0].set_xlabel(xlabel)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def _throughput(rows: list[dict]) -> tuple[list, list]:
+    """Steps per second at each row's time, over the span since the row before it (the first row:
+    since the start, step 0 at 0 s)."""
     timed = [(step, seconds) for step, seconds in ((_number(r.get("step")), _number(r.get("seconds"))) for r in rows)
              if step is not None and seconds is not None]
     xs, ys = [], []
-    for (step_a, sec_a), (step_b, sec_b) in zip(timed, timed[1:], strict=False):  # consecutive pairs
+    for (step_a, sec_a), (step_b, sec_b) in zip([(0.0, 0.0)] + timed, timed, strict=False):  # consecutive pairs
         if sec_b > sec_a and step_b > step_a:
-            xs.append(step_b)
+            xs.append(sec_b)
             ys.append((step_b - step_a) / (sec_b - sec_a))
     return xs, ys
+
+
+def figures(plt, rows: list[dict], metrics: list[str]) -> dict:
+    """``{file name: matplotlib Figure}`` of the plots these rows have columns for."""
+    eval_loss = "eval_loss" if any(_number(r.get("eval_loss")) is not None for r in rows) else "logloss"
+    losses = ("loss", "sink_last_loss", eval_loss)
+    drawn = {
+        "loss.png": _figure(plt, "loss", "step", [("loss (log loss, mean)",
+                                                   {k: _series(rows, "step", k) for k in losses})]),
+        "metrics.png": _figure(plt, "evaluation", "step", [(k, {k: _series(rows, "step", k)}) for k in metrics]),
+        "throughput.png": _figure(plt, "throughput", "seconds since the start",
+                                  [("steps per second", {"steps/s": _throughput(rows)})]),
+        "prequential.png": _figure(plt, "prequential AUC (test, then train)", "events",
+                                   [("AUC", {k: _series(rows, "events", k) for k in ("auc", "auc_total")})]),
+    }
+    return {name: fig for name, fig in drawn.items() if fig is not None}
 
 
 def _metrics(rows: list[dict], chosen: list[str] | None) -> tuple[list[str], int]:
@@ -131,15 +157,10 @@ def run(args) -> int:
     if total > len(metrics) and not args.metric:
         print(f"recstream plot: metrics.png draws {len(metrics)} of {total} metrics (--metric NAME picks them)",
               file=sys.stderr)
-    written = [name for name, done in (
-        ("loss.png", _figure(plt, os.path.join(out, "loss.png"), "loss", "step",
-                             {k: _series(rows, "step", k) for k in _LOSSES})),
-        ("metrics.png", _figure(plt, os.path.join(out, "metrics.png"), "evaluation", "step",
-                                {k: _series(rows, "step", k) for k in metrics})),
-        ("throughput.png", _figure(plt, os.path.join(out, "throughput.png"), "steps per second", "step",
-                                   {"steps/s": _throughput(rows)})),
-        ("prequential.png", _figure(plt, os.path.join(out, "prequential.png"), "prequential AUC", "events",
-                                    {k: _series(rows, "events", k) for k in ("auc", "auc_total")})),
-    ) if done]
+    written = []
+    for name, fig in figures(plt, rows, metrics).items():
+        fig.savefig(os.path.join(out, name))
+        plt.close(fig)
+        written.append(name)
     print(f"recstream plot: wrote {', '.join(written) or 'nothing (no plottable columns)'} to {out}")
     return 0

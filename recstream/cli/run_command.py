@@ -22,14 +22,16 @@ from .errors import CliError
 
 
 def add_config_parser(sub, name: str, help: str, description: str, run,
-                      overwrite: bool = False) -> argparse.ArgumentParser:
+                      overwrite: bool | str = False) -> argparse.ArgumentParser:
+    """The parser of a run command; `overwrite`: add ``--overwrite`` (a str: its help)."""
     p = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", metavar="CONFIG.yaml", help="the run's config file (recstream init writes an example; "
                                                           "reference: docs/cli.md)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line on stdout, for scripts")
     if overwrite:
-        p.add_argument("--overwrite", action="store_true", help="run in a run_dir that already holds a run: its "
-                       "config.yaml is replaced and its metrics start again (without it, that is refused)")
+        p.add_argument("--overwrite", action="store_true", help=overwrite if isinstance(overwrite, str) else
+                       "run in a run_dir that already holds a run: its config.yaml is replaced and its metrics start "
+                       "again (without it, that is refused)")
     p.set_defaults(run=run, overwrite=False)
     return p
 

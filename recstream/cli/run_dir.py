@@ -11,9 +11,12 @@ Layout (``run_dir:`` of the config)::
     tensorboard/         TensorBoard events, when callbacks.tensorboard is set
 
 An earlier run is never written over silently (`check_new`): ``train`` refuses a run directory
-that holds one (metrics rows, checkpoints, or the config.yaml of another config), and ``online``
-one that holds one but no checkpoint to resume from, unless ``--overwrite`` is given; ``online``
-resumes in a run directory with checkpoints, ``eval`` adds its files to the run it evaluates.
+that holds one (metrics rows, checkpoints, or the config.yaml of another config) unless given
+``--resume`` (continue it from its newest checkpoint) or ``--new`` (`set_aside`: its files move
+into ``earlier-<time>/``, so that one series of checkpoints and one metrics file stay per run;
+``--overwrite`` is the older name of ``--new``); ``online`` refuses one that holds a run but no
+checkpoint to resume from, unless ``--overwrite`` is given, and resumes in a run directory with
+checkpoints; ``eval`` adds its files to the run it evaluates.
 
 >>> import os, tempfile
 >>> src = os.path.join(tempfile.mkdtemp(), "c.yaml"); _ = open(src, "w").write("run_dir: x\\n")
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 
 from .config_document import ConfigError
 
@@ -49,10 +53,37 @@ class RunDirectory:
         if not held or resumable and self._has_checkpoints():
             return
         where = f"{doc.path}:{doc.line(('run_dir',))}: " if doc is not None else ""
-        resume = "; recstream online resumes only from checkpoints, and it has none" if resumable else ""
-        raise ConfigError(f"{where}run_dir: got {self.path!r}; it holds an earlier run ({', '.join(held)}){resume}: "
-                          "give a new run_dir, or --overwrite to run in it anyway (config.yaml is replaced, the "
-                          "metrics start again, other files stay)")
+        if resumable:
+            raise ConfigError(f"{where}run_dir: got {self.path!r}; it holds an earlier run ({', '.join(held)}); "
+                              "recstream online resumes only from checkpoints, and it has none: give a new run_dir, "
+                              "or --overwrite to run in it anyway (config.yaml is replaced, the metrics start again, "
+                              "other files stay)")
+        resume = "--resume to continue it from its newest checkpoint, " if self._has_checkpoints() else ""
+        raise ConfigError(f"{where}run_dir: got {self.path!r}; it holds an earlier run ({', '.join(held)}): give "
+                          f"{resume}--new to start again (the earlier run's files move into "
+                          f"{self.path}/earlier-TIME/), or a new run_dir")
+
+    RUN_FILES = ("metrics.jsonl", "metrics.csv", "checkpoints", "train.log", "eval.jsonl", "eval.csv", "best",
+                 "tensorboard", "published", "config.yaml", "eval.config.yaml", "loss.png", "metrics.png",
+                 "throughput.png")
+
+    def set_aside(self) -> str | None:
+        """Move the earlier run's files (`RUN_FILES` that exist) into ``earlier-<time>/`` of the run
+        directory, for a new run (``--new``); its path, or None when there was nothing to move."""
+        own = os.path.abspath(self.config_path)  # the config given may be the run directory's copy
+        present = [name for name in self.RUN_FILES if os.path.lexists(self.file(name))
+                   and os.path.abspath(self.file(name)) != own]
+        if not present or not self.earlier_run():
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target, n = self.file(f"earlier-{stamp}"), 1
+        while os.path.lexists(target):
+            n += 1
+            target = self.file(f"earlier-{stamp}-{n}")
+        os.makedirs(target)
+        for name in present:
+            os.replace(self.file(name), os.path.join(target, name))
+        return target
 
     def earlier_run(self) -> list[str]:
         """What this directory holds that a run would write over: metrics rows, checkpoints, or a

@@ -114,6 +114,27 @@ def test_online_training_prints_a_line_per_interval_then_one_final_line():
     assert not any(" 0 steps" in line for line in lines)
 
 
+class _IdleEnd(_Tick):
+    """The stream waits `seconds` for events that never come before it ends (its idle_timeout)."""
+
+    def on_train_step_end(self, run_context):
+        pass
+
+    def on_train_end(self, run_context):
+        self.clock.now += self.seconds
+
+
+def test_the_final_online_line_leaves_the_wait_for_the_stream_to_end_out_of_the_rates():
+    """events/s counted the idle timeout as training (480 events/s of a run that trained at 2,000)."""
+    model, stream = _online(10)
+    clock, out = _Clock(), io.StringIO()
+    summary = EpochSummary(file=out, every_seconds=1000, clock=clock)
+    model.online_train(stream, callbacks=[_Tick(clock, 1.0), _IdleEnd(clock, 10.0), summary], sink_size=1)
+    line = out.getvalue().splitlines()[-1]
+    assert line.startswith("online training ended at step 10: 10 steps, 80 events in 10.0 s, 8.0 events/s, "), line
+    assert line.endswith("; then 10.0 s waiting for new events"), line
+
+
 @pytest.mark.parametrize("sink_size", [2, 3])
 def test_online_training_off_a_terminal_prints_no_line_per_sink_and_no_0_step_line(capsys, sink_size):
     model, stream = _online(10)

@@ -94,12 +94,21 @@ def test_online_example_and_resume(tmp_path):
     assert {"config.yaml", "online.log", "metrics.csv", "metrics.jsonl", "checkpoints"} <= set(os.listdir(run))
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [20, 24]  # log_every: 20, and the final report
+    assert os.listdir(run / "checkpoints") == ["model-1_24.safetensors"]  # it was model-25_1
 
     make_data(tmp_path, line.replace("--rows 20000", "--rows 2560"))
-    second = json_result(cli(tmp_path, "online", config, "--json"))
+    result = cli(tmp_path, "online", config, "--json")
+    second = json_result(result)
     assert second["resumed_from_step"] == 24 and second["steps"] == 34  # 10 more batches, nothing read twice
+    assert "recstream online: resumed from step 24" in result.stderr  # it went to online.log only
+    # names show the steps, one series across the restart (no model_1-*)
+    assert sorted(os.listdir(run / "checkpoints"))[-1] == "model-1_34.safetensors"
+    assert all(name.startswith("model-1_") for name in os.listdir(run / "checkpoints"))
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [20, 24, 34]
+    # the prequential event count goes on across the restart (it started at 0 again: prequential.png went back)
+    assert [r["events"] for r in rows] == [5120, 6000, 8560]
+    assert rows[2]["seconds"] > rows[1]["seconds"]
 
 
 def test_init_config_is_accepted_by_train(tmp_path):

@@ -274,8 +274,9 @@ def test_train_refuses_a_run_dir_holding_an_earlier_run_unless_overwrite(tmp_pat
     changed = BASE.replace("  epochs: 1\n", "  epochs: 2\n")
     message = one_line_error(run_cli(tmp_path, "train", write(tmp_path, changed)))
     assert message.startswith("recstream train: c.yaml:1: run_dir: got 'runs/r'; it holds an earlier run "
-                              "(metrics.jsonl, checkpoints/, config.yaml of another config): give a new run_dir, "
-                              "or --overwrite"), message
+                              "(metrics.jsonl, checkpoints/, config.yaml of another config): give --resume to "
+                              "continue it from its newest checkpoint, --new to start again (the earlier run's files "
+                              "move into runs/r/earlier-TIME/), or a new run_dir"), message
     assert {name: (run / name).read_bytes() for name in before} == before
     again = run_cli(tmp_path, "train", "c.yaml", "--overwrite")
     assert again.returncode == 0, again.stderr

@@ -71,3 +71,30 @@ def test_thousands_of_metric_keys_draw_the_first_and_say_so(tmp_path):
     assert "metrics.png draws 12 of 5000 metrics (--metric NAME picks them)" in done.stderr
     done = _plot(tmp_path, "--metric", "m4999", "--metric", "m0001")
     assert done.returncode == 0 and "draws" not in done.stderr, done.stderr
+
+
+def test_plots_label_their_axes_draw_a_metric_per_axis_and_throughput_over_time():
+    """No y labels, AUC and log loss on one axis, and a throughput line of two points (for 3 rows)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from recstream.cli.plot_cmd import figures
+    rows = [{"epoch": e, "step": 40 * e, "loss": 0.6 - 0.05 * e, "auc": 0.7 + 0.01 * e, "logloss": 0.55 - 0.01 * e,
+             "seconds": 2.0 * e + (e == 2)} for e in range(1, 4)]
+    drawn = figures(plt, rows, ["auc", "logloss"])
+    try:
+        assert set(drawn) == {"loss.png", "metrics.png", "throughput.png"}
+        for fig in drawn.values():
+            assert all(ax.get_ylabel() for ax in fig.axes), [ax.get_ylabel() for ax in fig.axes]
+        assert [ax.get_ylabel() for ax in drawn["metrics.png"].axes] == ["auc", "logloss"]
+        assert [len(ax.lines) for ax in drawn["metrics.png"].axes] == [1, 1]
+        (loss,) = drawn["loss.png"].axes  # the mean training loss beside the whole set's evaluation loss
+        assert [line.get_label() for line in loss.lines] == ["mean training loss", "evaluation log loss (whole set)"]
+        (speed,) = drawn["throughput.png"].axes
+        xs, ys = speed.lines[0].get_data()
+        assert list(xs) == [2.0, 5.0, 6.0] and list(ys) == [20.0, 40 / 3, 40.0]
+        assert speed.get_xlabel() == "seconds since the start"
+    finally:
+        for fig in drawn.values():
+            plt.close(fig)
