@@ -100,3 +100,27 @@ def test_readme_block_runs(tmp_path):
             if server is not None:
                 server.terminate()
                 server.communicate(timeout=60)
+
+
+def _command_lines(text: str) -> list[str]:
+    """The shell lines of `text`'s ```bash blocks, comments and trailing blanks dropped."""
+    lines = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+def test_getting_started_runs_the_walkthrough_commands_in_its_order():
+    """docs/getting-started.md says its commands are run by the tests: they are the README
+    walkthrough's (run above), in the same order; its install lines are the README's."""
+    guide = _command_lines((ROOT / "docs" / "getting-started.md").read_text())
+    walkthrough = _command_lines("```bash\n" + WALKTHROUGH[0] + "```\n")
+    readme_lines = _command_lines(README)
+    commands = [line for line in guide if line.startswith("recstream ") and line != "recstream demo"]
+    assert commands == [line for line in walkthrough if line in commands] and len(commands) >= 9, commands
+    curls = [line for line in guide if line.startswith("curl ")]
+    assert curls == [line for line in walkthrough if line.startswith("curl ")]
+    assert all(line in readme_lines for line in guide if line.startswith("pip ")), guide
