@@ -2,7 +2,7 @@
 
 DIR is a publish directory (``ModelPublisher``'s) or a run directory holding one. The newest
 usable version is rebuilt as ``recstream serve`` does, exported, checked against the network
-on two batch sizes and written to PATH (see :mod:`recstream.serving.export.exporter` for the
+on two batch sizes and written to PATH (see `recstream.serving.export.exporter` for the
 formats and the input signature). Prints one line naming the file, the version and the
 signature. Mistakes -- an unknown format, a DIR without a version, PATH in a missing
 directory -- are usage errors (exit status 2); a DIR whose versions are all corrupt, or a

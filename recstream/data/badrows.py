@@ -14,7 +14,7 @@ Reasons (the keys of ``reader.bad_rows``):
 * ``malformed``: a line that is not a row at all: invalid UTF-8, or a stray quote that
   opens a quoted value running into the next lines.
 
-The stream sources (:mod:`recstream.data.streams`) use the same names for their records.
+The stream sources (`recstream.data.streams`) use the same names for their records.
 
 Rows are numbered from 1 over the data rows of each file (the header is not a row).
 

@@ -1,9 +1,9 @@
-"""Arrow columns -> :class:`~recstream.data.Batch`, with every bad row flagged.
+"""Arrow columns -> [`Batch`][recstream.data.batch.Batch], with every bad row flagged.
 
 All work is vectorized per column (one pass of numpy/pyarrow per feature, never a Python
 loop per row); only rows that turn out bad get looked at one by one, to describe them.
 
-Parsing text into numbers (:func:`to_float`, :func:`to_int`, :func:`to_text`): Arrow's
+Parsing text into numbers (`to_float`, `to_int`, `to_text`): Arrow's
 casts fail a whole array on one bad value; readers must instead name the bad row and,
 under ``on_bad_row="skip"``, keep the others. The fast path is one cast; only when it
 fails do we find the bad rows, with a regex over the whole column (vectorized) and, for
@@ -142,7 +142,7 @@ def to_keys(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     An integer is its own key, and so is a string holding a decimal int64 (CSV ``"12"`` and
     Parquet ``12`` are one key); any other string is keyed by its stable 64-bit hash
-    (:func:`~recstream.data.hash_strings`). Null and ``""`` are missing.
+    (`hash_strings`). Null and ``""`` are missing.
 
     >>> keys, missing, bad = to_keys(pa.array(["12", "user-a", None]))
     >>> int(keys[0]), bool(keys[1] != 0), missing.tolist(), bad.tolist()

@@ -1,7 +1,7 @@
 """Feature schema: which columns are dense, which are categorical, and how ids map to rows.
 
-A :class:`Schema` is the contract between the readers (which turn raw columns into
-:class:`~recstream.data.Batch` objects) and the models (which size their embedding tables
+A [`Schema`][recstream.data.schema.Schema] is the contract between the readers (which turn raw columns into
+[`Batch`][recstream.data.batch.Batch] objects) and the models (which size their embedding tables
 from it). It is JSON-able so it can be saved next to a checkpoint.
 
 Id conventions, per categorical feature:
@@ -13,14 +13,14 @@ Id conventions, per categorical feature:
 * ``hash_buckets=N``: values (strings or integers) are hashed with a stable 64-bit hash;
   id ``0`` is reserved for missing values and hashed values land in ``[1, N)``.
 * ``dynamic=True`` (with ``capacity=N``): no id space at all. Ids are int64 KEYS of a
-  :class:`~recstream.nn.HashEmbedding` that gives a row to every key seen
+  [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] that gives a row to every key seen
   ``permit_filter_value`` times in training (at most ``capacity`` rows, least recently seen
   evicted first, keys unseen for ``evict_filter_value`` steps evicted). Integers (and
   strings holding a decimal integer, so CSV ``"12"`` is Parquet ``12``) are their own key;
-  any other string is keyed by its stable 64-bit hash (:func:`~recstream.data.hash_strings`).
+  any other string is keyed by its stable 64-bit hash (`hash_strings`).
   A missing value is a bad row, as for ``vocab_size``. Unknown keys read a default vector.
   Dynamic features that name the same ``table`` share one hash table (one lookup a step for all
-  of them; see :class:`CategoricalFeature`).
+  of them; see [`CategoricalFeature`][recstream.data.schema.CategoricalFeature]).
 
 >>> s = Schema([DenseFeature("price")], [CategoricalFeature("item", hash_buckets=1000)])
 >>> s.num_embeddings("item"), Schema.from_dict(s.to_dict()) == s
@@ -204,7 +204,7 @@ def num_embeddings(feature: CategoricalFeature) -> int:
 class Schema:
     """Dense features, categorical features and the label column, validated together.
 
-    Strings in `dense` are shorthand for :class:`DenseFeature`.
+    Strings in `dense` are shorthand for `DenseFeature`.
 
     >>> s = Schema(["x"], [CategoricalFeature("c", vocab_size=5, embedding_dim=4)], label="y")
     >>> s.dense_names, s.categorical_names, s.table_sizes()
@@ -328,7 +328,7 @@ class Schema:
             _check_bags(feature, lens[f], *features.bag(f))
 
     def to_dict(self) -> dict:
-        """A JSON-able description; :meth:`from_dict` rebuilds an equal schema."""
+        """A JSON-able description; `from_dict` rebuilds an equal schema."""
         return {"version": _SCHEMA_VERSION, "label": self.label,
                 "dense": [d.name for d in self.dense],
                 "categorical": [c.to_dict() for c in self.categorical]}

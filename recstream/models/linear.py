@@ -1,7 +1,7 @@
 """First-order (linear / "wide") term over categorical ids and dense values.
 
-:class:`LinearTerm` computes ``bias + sum_f w_f(ids of f) + dense @ v``: one scalar
-weight per id, held as width-1 tables of its own :class:`~recstream.nn.EmbeddingBagCollection`
+`LinearTerm` computes ``bias + sum_f w_f(ids of f) + dense @ v``: one scalar
+weight per id, held as width-1 tables of its own `EmbeddingBagCollection`
 (sparse gradients, zero-initialised as a logistic regression should be). This is the
 wide part of Wide&Deep (train it with FTRL: its L1 drives unused weights to exactly 0)
 and the first-order term of DeepFM.
@@ -36,7 +36,7 @@ class LinearTerm(nn.Module):
             starting at 0); False when the model takes their weights from elsewhere (DeepFM:
             a column of its embedding tables).
         sparse: sparse COO gradients for the id weights.
-        validate: check ids on every call (see :class:`FeatureEmbedding`).
+        validate: check ids on every call (see `FeatureEmbedding`).
     """
 
     def __init__(self, schema: Schema, *, use_dense: bool = True, sparse: bool = True,

@@ -1,4 +1,4 @@
-"""Configuration of one embedding table of an :class:`EmbeddingBagCollection`.
+"""Configuration of one embedding table of an `EmbeddingBagCollection`.
 
 A table owns ``num_embeddings`` rows of width ``embedding_dim``. One or more
 sparse *features* read from it (``feature_names``; by default the single

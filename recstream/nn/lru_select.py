@@ -1,4 +1,4 @@
-"""Least-recently-seen selection for :class:`~recstream.nn.HashEmbedding`'s eviction: :func:`oldest`.
+"""Least-recently-seen selection for [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding]'s eviction: `oldest`.
 
 Which ``k`` of a table's keys go when it is full: those seen longest ago. A histogram select
 instead of ``topk``: bucket the candidates' ages, find the bucket holding the k-th oldest, take
@@ -51,7 +51,7 @@ def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None
 
 
 def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int) -> torch.Tensor:
-    """:func:`oldest` on torch ops."""
+    """`oldest` on torch ops."""
     dev = candidate.device
     n_cand = int(candidate.count_nonzero())
     k = min(k, n_cand)

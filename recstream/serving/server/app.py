@@ -1,7 +1,7 @@
 """The prediction API as an ASGI application (Starlette): routes, request checks, errors, metrics.
 
 Routes: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /metrics`` (see
-:mod:`recstream.serving.server.http` for the contract and :mod:`recstream.serving.server.prometheus`), and
+`recstream.serving.server.http` for the contract and `recstream.serving.server.prometheus`), and
 KServe's v1 protocol for clients written against it: ``POST /v1/models/<name>:predict``
 (the same request, answered ``{"predictions": [...], "model_version": "N"}``) and
 ``GET /v1/models/<name>`` (``{"name", "ready"}``), ``<name>`` being the server's ``model_name``.
