@@ -1,10 +1,10 @@
-"""The sparse + dense model input of one batch: :class:`Features`.
+"""The sparse + dense model input of one batch: `Features`.
 
 Categorical ids are stored once for the whole batch in a flat ``values`` tensor with
 ``offsets`` in FEATURE-MAJOR order: the ids of feature ``f`` for example ``b`` are
 ``values[offsets[f * B + b] : offsets[f * B + b + 1]]``. One ``torch.nn.EmbeddingBag``
 over all tables (rows of table ``f`` starting at ``table_offsets[f]``) takes exactly this
-after :meth:`Features.fused_ids` adds the per-table row offsets::
+after `Features.fused_ids` adds the per-table row offsets::
 
     bag = torch.nn.EmbeddingBag(sum(sizes), dim, mode="sum", include_last_offset=True)
     out = bag(features.fused_ids(table_offsets), features.offsets).view(F, B, dim)
@@ -20,7 +20,7 @@ so a consumer can pick the features it needs by name instead of by position.
 >>> f.select(["tags"]).values.tolist(), f.select(["tags"]).keys
 ([7, 8, 9], ('tags',))
 
-This module depends on torch, numpy and :mod:`recstream.validation` only, so every layer
+This module depends on torch, numpy and `recstream.validation` only, so every layer
 (data readers, embedding modules, models, serving) can share it.
 """
 from __future__ import annotations
@@ -130,7 +130,7 @@ class Features:
 
     ``offsets`` has ``num_features * batch_size + 1`` entries (feature-major, see module doc).
     ``keys`` optionally names the features, in storage order; every operation below keeps it.
-    Tensor contents are checked by :meth:`validate`, not here (this runs once per batch).
+    Tensor contents are checked by `validate`, not here (this runs once per batch).
     """
 
     dense: torch.Tensor

@@ -5,9 +5,9 @@ the host is free (no device to wait for), so a check can raise a clear error, a 
 can be recognised by comparing its offsets, and a row-sparse gradient can be coalesced by
 `unique` into exactly its touched rows. On a device, each of those reads is a host
 synchronisation, so the device path runs static-shape ops instead (device-side asserts, sort and
-boundary masks, outputs sized to the input). :func:`host_reads_free` tells which applies.
+boundary masks, outputs sized to the input). `host_reads_free` tells which applies.
 
-:func:`device_path` makes CPU tensors take the device path for a while: that is how the test suite
+`device_path` makes CPU tensors take the device path for a while: that is how the test suite
 runs the ops CUDA runs on a machine without a GPU, and counts their host synchronisations
 (``recstream.testing.SyncCounter``). It changes which (equivalent) ops run, not the results.
 
@@ -36,7 +36,7 @@ MAX_ASSERT_MESSAGE = 254
 
 def host_reads_free(t: torch.Tensor) -> bool:
     """Whether reading `t`'s values on the host costs no device synchronisation: `t` is on the CPU
-    and :func:`device_path` is not in force (in this thread)."""
+    and `device_path` is not in force (in this thread)."""
     return t.device.type == "cpu" and not getattr(_forced, "on", False)
 
 

@@ -8,10 +8,10 @@ outweighs a few microseconds of conversions (``SORT_NUMPY_MIN``, ``UNIQUE_NUMPY_
 functions sort with numpy (zero-copy views of the same memory), otherwise with torch; the
 results are identical either way.
 
-* :func:`sort_bounded` -- values known to lie in ``[0, bound)`` (rows, slots): each value is
+* `sort_bounded` -- values known to lie in ``[0, bound)`` (rows, slots): each value is
   packed with its position into one int64 and the packed values sorted, which gives the order
   too, stably, at the cost of a plain sort (``torch.sort(..., stable=True)`` otherwise).
-* :func:`unique` -- ``torch.unique(sorted=True)`` with inverse and counts: on a CPU values and
+* `unique` -- ``torch.unique(sorted=True)`` with inverse and counts: on a CPU values and
   positions packed the same way when the values' span allows (ids, keys prefixed by a feature
   number), numpy's ``argsort`` for arbitrary int64 (hashed keys).
 

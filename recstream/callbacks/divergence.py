@@ -4,11 +4,11 @@ non-finite model is never checkpointed or published.
 One ``NaN``/``inf`` in a step (a learning rate like ``1e308``, an exploding gradient) turns every
 weight non-finite a step later, and such a model predicts nothing. So:
 
-* :class:`LossWatch` (run by the training loop after every step) accumulates ON THE DEVICE
+* `LossWatch` (run by the training loop after every step) accumulates ON THE DEVICE
   whether a loss was non-finite and the step and epoch of the first one: no host sync per step
   (a step may be one CUDA graph). The flag is read where the loop reads values to the host
-  anyway (the end of an offline epoch, the end of training) and raises :class:`DivergenceError`.
-* :func:`check_finite_model` is the last line of defence in ``ModelCheckpoint`` and the model
+  anyway (the end of an offline epoch, the end of training) and raises `DivergenceError`.
+* `check_finite_model` is the last line of defence in ``ModelCheckpoint`` and the model
   publisher: it reads every floating tensor of the state once, at save time, and refuses to
   write a non-finite one.
 
@@ -78,7 +78,7 @@ def _optimizer_tensors(optimizer) -> dict[str, object]:
 
 
 def check_finite_model(network: nn.Module, optimizer=None, *, what: str) -> None:
-    """Raise :class:`DivergenceError` unless every floating tensor of `network`'s state (and of
+    """Raise `DivergenceError` unless every floating tensor of `network`'s state (and of
     `optimizer`'s state) is finite; `what` names what was about to be written."""
     state = dict(network.state_dict(keep_vars=False))
     state.update(_optimizer_tensors(optimizer))
@@ -86,7 +86,7 @@ def check_finite_model(network: nn.Module, optimizer=None, *, what: str) -> None
 
 
 def check_finite_tensors(tensors: Mapping[str, object], *, what: str) -> None:
-    """:func:`check_finite_model` for a flat mapping of named tensors (e.g. a version's files)."""
+    """`check_finite_model` for a flat mapping of named tensors (e.g. a version's files)."""
     bad = nonfinite_names(tensors)
     if bad:
         shown = ", ".join(repr(b) for b in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
@@ -122,7 +122,7 @@ class LossWatch:
         self._first_epoch = torch.where(new, -1 if epoch is None else epoch, self._first_epoch)
 
     def check(self) -> None:
-        """Raise :class:`DivergenceError` if any observed loss was non-finite (one host read)."""
+        """Raise `DivergenceError` if any observed loss was non-finite (one host read)."""
         if self._first_step is None:
             return
         step, epoch = torch.stack([self._first_step, self._first_epoch]).tolist()

@@ -15,15 +15,15 @@ held-out set. Driven by hand without ``batch_observers``, it scores
 Conventions: ``network(*inputs)`` returns LOGITS (as every ``recstream.models`` model), turned
 into probabilities with a sigmoid; pass ``output="probabilities"`` if the network already
 returns them. The labels are found as everywhere in recstream
-(:func:`recstream.data.protocol.split_batch`): the ``"label"`` key of a dict batch, else the
+(`recstream.data.protocol.split_batch`): the ``"label"`` key of a dict batch, else the
 last column of ``(inputs..., labels)`` (e.g. ``recstream.data.Batch``); pass
 ``unpack=fn(batch) -> (args, kwargs, labels)`` for anything else.
 Labels must be 0/1 for the AUC (it is None while the window holds one class only).
 
-Metrics: the window's AUC is the exact sort-based one (:func:`recstream.metrics.exact_auc`,
-O(window log window) per report, not per batch: the streaming :class:`~recstream.metrics.AUC`
+Metrics: the window's AUC is the exact sort-based one (`recstream.metrics.exact_auc`,
+O(window log window) per report, not per batch: the streaming [`AUC`][recstream.metrics.auc.AUC]
 cannot forget old events); the whole stream's AUC is that streaming one (binned, within its
-``error_bound()``), both log losses :class:`recstream.metrics.LogLoss`. Cost per batch: one extra
+``error_bound()``), both log losses `recstream.metrics.LogLoss`. Cost per batch: one extra
 eval-mode forward and one device-to-host copy of the scores.
 
 >>> import torch
@@ -98,7 +98,7 @@ class PrequentialMonitor(Callback):
         tensorboard: None, a ``SummaryWriter``-like object (``add_scalar``), or a log directory.
         output: what the network returns, ``"logits"`` or ``"probabilities"``.
         unpack: ``fn(batch) -> (args, kwargs, labels)``; default
-            :func:`recstream.data.protocol.split_batch`.
+            `recstream.data.protocol.split_batch`.
         eps: log-loss clipping of probabilities, 0 < eps < 0.5.
         verbose: print each report as one line on stderr (logging needs no configuration).
     """

@@ -6,7 +6,7 @@ or ``online`` without published versions (no ``publish:`` section) is exported f
 checkpoint (``checkpoints/``, or ``--checkpoint PATH``), the network rebuilt from the run's
 ``config.yaml`` (or ``--config``) as training built it; the signature records the reader's
 preprocessing either way. The network is exported, checked against itself on two batch sizes
-and written to PATH (see :mod:`recstream.serving.export.exporter` for the formats and the input
+and written to PATH (see `recstream.serving.export.exporter` for the formats and the input
 signature). Prints one line naming the file, its source and the signature. Mistakes -- an
 unknown format, a DIR with neither a version nor a checkpoint and its config, PATH in a missing
 directory -- are usage errors (exit status 2); a DIR whose versions are all corrupt, or a

@@ -1,4 +1,4 @@
-"""argparse ``type`` functions that check values with :mod:`recstream.validation`.
+"""argparse ``type`` functions that check values with `recstream.validation`.
 
 A bad value becomes argparse's usage error (exit status 2) naming the option (argparse
 prefixes the program name, so the message here leaves out the owner):

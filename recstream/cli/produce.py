@@ -1,7 +1,7 @@
 """`recstream produce`: write events into a Kafka topic or a followed directory, at a chosen rate.
 
 Events come from a file (CSV/TSV/JSON lines/Criteo TSV, one record per line) or from the
-synthetic CTR generator (:class:`recstream.data.SyntheticCTR`). Each record gets an event
+synthetic CTR generator (`recstream.data.SyntheticCTR`). Each record gets an event
 id (consecutive from ``--id-start``) and the event time (epoch seconds when sent) as its
 last two fields (``event_id``, ``event_time``; JSON: keys), which is what the streams'
 ``id_column`` / ``time_column`` read. For demos, tests and load runs::

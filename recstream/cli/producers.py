@@ -3,24 +3,24 @@
 Records (vectorized, no Python string work per record: values become text with pyarrow
 casts and are joined with ``binary_join_element_wise``):
 
-* :func:`format_records`: columns -> one CSV / JSON-lines / Criteo TSV record per event;
-* :func:`append_meta`: existing records plus ``event_id`` / ``event_time`` as their last two
+* `format_records`: columns -> one CSV / JSON-lines / Criteo TSV record per event;
+* `append_meta`: existing records plus ``event_id`` / ``event_time`` as their last two
   fields (JSON: keys), which is what the stream decoders' ``id_column`` / ``time_column`` read.
 
-Writers (the producing side of the streams in :mod:`recstream.data.streams`):
+Writers (the producing side of the streams in `recstream.data.streams`):
 
-* :class:`KafkaWriter`: one message per record (Kafka timestamp = the event time), sent
-  asynchronously; :meth:`~KafkaWriter.close` waits until every message is acknowledged.
-* :class:`DirectoryWriter`: records appended to a hidden ``.part-N.ext.tmp`` file which is
+* `KafkaWriter`: one message per record (Kafka timestamp = the event time), sent
+  asynchronously; `close` waits until every message is acknowledged.
+* `DirectoryWriter`: records appended to a hidden ``.part-N.ext.tmp`` file which is
   renamed to ``part-N.ext`` (atomic) when it holds ``file_records`` records or has been
   open ``flush_interval`` seconds: exactly the contract of
-  :class:`~recstream.data.streams.DirectoryStream`. Numbering continues after the files
+  [`DirectoryStream`][recstream.data.streams.directory.DirectoryStream]. Numbering continues after the files
   already there, so later runs add files that sort after earlier ones.
-* :class:`ParquetDirectoryWriter`: the same with Parquet files (tables of columns instead of
+* `ParquetDirectoryWriter`: the same with Parquet files (tables of columns instead of
   records, row groups of ``row_group_records`` rows), written with page checksums: a reader
   that verifies them (`DirectoryStream`, `ParquetReader`) refuses a flipped bit in a data
   page and loses only its row group, where a file without them decodes it as a wrong value.
-* :class:`RateLimiter`: paces records to ``rate`` per second (0: no limit).
+* `RateLimiter`: paces records to ``rate`` per second (0: no limit).
 
 >>> import numpy as np
 >>> format_records("csv", np.array([1.0, 0.0]), np.array([[0.5], [1.5]]), np.array([[3], [4]]),
@@ -108,7 +108,7 @@ def format_records(fmt: str, labels: np.ndarray, dense: np.ndarray, cat_ids: np.
 
 def records_table(labels: np.ndarray, dense: np.ndarray, cat_ids: np.ndarray, names: Sequence[str], *,
                   event_ids: np.ndarray | None = None, times: np.ndarray | None = None) -> pa.Table:
-    """The columns of :func:`format_records` as a table (label and ids int64, dense float32), for Parquet.
+    """The columns of `format_records` as a table (label and ids int64, dense float32), for Parquet.
 
     >>> records_table(np.array([1.0]), np.array([[0.5]]), np.array([[3]]), ["label", "x", "c"],
     ...               event_ids=np.array([7]), times=np.array([1.5])).to_pylist()

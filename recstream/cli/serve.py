@@ -2,7 +2,7 @@
 
 Loads the newest usable version of DIR (written by ``ModelPublisher``), answers
 ``POST /predict`` / ``GET /health`` / ``GET /version`` / ``GET /schema`` / ``GET /metrics`` (see
-:mod:`recstream.serving.server.http`; Starlette on uvicorn, ``pip install "recstream[serve]"``) and
+`recstream.serving.server.http`; Starlette on uvicorn, ``pip install "recstream[serve]"``) and
 hot-swaps newer versions as they are published. Concurrent requests share forward passes
 (``--max-batch-rows``, ``--max-batch-wait-ms``); each request has a total deadline
 (``--request-timeout``). DIR must exist: a missing DIR (or a file) is

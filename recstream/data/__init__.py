@@ -1,18 +1,18 @@
 """recstream.data: feature schemas, columnar batches, streaming readers and pipeline stages.
 
-* :class:`Schema`, :class:`DenseFeature`, :class:`CategoricalFeature`, :class:`CrossFeature`: what the columns
+* `Schema`, `DenseFeature`, `CategoricalFeature`, `CrossFeature`: what the columns
   mean and how big each embedding table is (JSON-able, saved next to checkpoints).
-* :class:`Batch` ``(features, labels)`` and :class:`Features`: dense float32 + flat int64
+* [`Batch`][recstream.data.batch.Batch] ``(features, labels)`` and `Features`: dense float32 + flat int64
   ids with feature-major offsets, ready for ``torch.nn.EmbeddingBag``.
-* Readers, each a re-iterable stream of Batches in constant memory: :class:`ParquetReader`,
-  :class:`CSVReader`, :class:`CriteoReader`; bad rows raise :class:`BadRowError` (file
+* Readers, each a re-iterable stream of Batches in constant memory: `ParquetReader`,
+  `CSVReader`, `CriteoReader`; bad rows raise `BadRowError` (file
   and row named) or, with ``on_bad_row="skip"``, are counted in ``reader.bad_rows``.
-* Data sets: :class:`SyntheticCTR` (Zipf ids, known Bayes AUC), :class:`DriftingCTR` (an online
+* Data sets: `SyntheticCTR` (Zipf ids, known Bayes AUC), `DriftingCTR` (an online
   stream with new users/items, shifting popularity and drifting tastes, known Bayes AUC over
-  time), :class:`ColdStartCTR` (a rating stream full of new users, with attribute and user x
-  genre interactions, known Bayes AUC), :func:`load_adult`.
-* Pipeline: :class:`Rebatcher` (exact batch sizes), :class:`ShuffleBuffer` (row-level shuffle),
-  :class:`Prefetcher` (background thread, pinned memory, async device copies), :class:`InMemoryDataset`.
+  time), `ColdStartCTR` (a rating stream full of new users, with attribute and user x
+  genre interactions, known Bayes AUC), `load_adult`.
+* Pipeline: `Rebatcher` (exact batch sizes), `ShuffleBuffer` (row-level shuffle),
+  `Prefetcher` (background thread, pinned memory, async device copies), `InMemoryDataset`.
 
 >>> from recstream.data import SyntheticCTR, ShuffleBuffer
 >>> gen = SyntheticCTR(num_dense=3, num_categorical=4, batch_size=128)

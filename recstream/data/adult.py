@@ -60,7 +60,7 @@ def _split_rows(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np
 
 def load_adult(split: str = "train", test_fraction: float = 0.2, seed: int = 0, *, batch_size: int = 256,
                shuffle: bool | None = None, embedding_dim: int = 8) -> InMemoryDataset:
-    """Train or test split of Adult as an :class:`InMemoryDataset` (``.schema`` attached).
+    """Train or test split of Adult as an `InMemoryDataset` (``.schema`` attached).
 
     The split is a seeded random partition; the two splits of one (test_fraction, seed)
     never overlap. ``shuffle`` defaults to True for "train" (a new order each pass).

@@ -14,12 +14,12 @@ Reasons (the keys of ``reader.bad_rows``):
 * ``malformed``: a line that is not a row at all: invalid UTF-8, or a stray quote that
   opens a quoted value running into the next lines.
 
-The stream sources (:mod:`recstream.data.streams`) use the same names for their records.
+The stream sources (`recstream.data.streams`) use the same names for their records.
 
 Rows are numbered from 1 over the data rows of each file (the header is not a row).
 
-A :class:`BadRowError` ends with how to skip such rows instead: the reader's keyword
-(``pass on_bad_row='skip' ...``), or, for readers made inside :func:`skip_hint`, the words given
+A `BadRowError` ends with how to skip such rows instead: the reader's keyword
+(``pass on_bad_row='skip' ...``), or, for readers made inside `skip_hint`, the words given
 there (the command line names its config key: ``set data.train.on_bad_row: skip in c.yaml ...``).
 
 >>> h = BadRowHandler("skip", None, "demo")
@@ -57,8 +57,8 @@ _HINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("recstream_ba
 
 @contextmanager
 def skip_hint(hint: str) -> Iterator[None]:
-    """Readers (their :class:`BadRowHandler`) made inside end a :class:`BadRowError` with `hint`
-    instead of :data:`DEFAULT_HINT` (which names the Python keyword)."""
+    """Readers (their `BadRowHandler`) made inside end a `BadRowError` with `hint`
+    instead of `DEFAULT_HINT` (which names the Python keyword)."""
     check_type("skip_hint", "hint", hint, str, allowed="the words that say how to skip bad rows")
     token = _HINT.set(hint)
     try:

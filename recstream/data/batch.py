@@ -1,8 +1,8 @@
-"""One training batch: :class:`Batch` ``(features, labels)``.
+"""One training batch: [`Batch`][recstream.data.batch.Batch] ``(features, labels)``.
 
-The model input, :class:`~recstream.features.Features` (dense values + feature-major ragged
-ids), is defined in :mod:`recstream.features` so that the embedding layers can use it without
-depending on the data package; it is re-exported here and from :mod:`recstream.data`.
+The model input, `Features` (dense values + feature-major ragged
+ids), is defined in `recstream.features` so that the embedding layers can use it without
+depending on the data package; it is re-exported here and from `recstream.data`.
 
 >>> import torch
 >>> f = Features.from_lengths(torch.zeros(2, 1), torch.tensor([3, 4, 7, 8, 9]),
@@ -29,7 +29,7 @@ __all__ = ["Batch", "Features", "WeightedLabel", "num_rows", "split_rows", "with
 class Batch(NamedTuple):
     """``(features, labels)``: unpacks like any (data, label) pair; ``labels`` is float32 [B].
 
-    Row operations run on the host (numpy), like those of :class:`Features`.
+    Row operations run on the host (numpy), like those of `Features`.
 
     >>> import torch
     >>> b = Batch(Features.from_lengths(torch.ones(3, 2), torch.zeros(0), torch.zeros(0, 3)), torch.zeros(3))

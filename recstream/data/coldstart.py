@@ -1,6 +1,6 @@
-"""A synthetic rating stream with heavy cold start and explicit interactions: :class:`ColdStartCTR`.
+"""A synthetic rating stream with heavy cold start and explicit interactions: `ColdStartCTR`.
 
-Where :class:`~recstream.data.DriftingCTR` tests drift, this regime tests what a model does with
+Where `DriftingCTR` tests drift, this regime tests what a model does with
 ids it has never seen, and whether it can learn interactions between a user and an item's
 attributes. It is shaped like a time-ordered rating log (a user rates a burst of items in a
 session, then leaves; the label is "liked it"):
@@ -30,11 +30,11 @@ id); ``r = attribute_share``)::
 So a new user's first answer is best made from their attributes (the ``b_occupation`` and
 ``A[., g]`` terms), and a known user's from a user x genre cross (``T[u, g]``). Nothing drifts:
 the difficulty is the newcomers. Batch ``t`` depends only on ``(seed, t)`` (deterministic,
-re-iterable, random-access: :meth:`batch`); :meth:`bayes_auc` is the AUC of the true
+re-iterable, random-access: `batch`); `bayes_auc` is the AUC of the true
 probabilities on the stream's own events -- what a perfect model scores there.
 
 Features: ``user`` and ``item`` (raw scattered int64 keys, ``table`` ``"dynamic"`` or ``"hashed"``
-as in :class:`~recstream.data.DriftingCTR`), ``age``, ``gender``, ``occupation`` (fixed
+as in `DriftingCTR`), ``age``, ``gender``, ``occupation`` (fixed
 vocabularies) and ``genres`` (multi-hot, ``pooling="mean"``); no dense features.
 
 >>> gen = ColdStartCTR(num_batches=40, batch_size=256, seed=1)

@@ -1,9 +1,9 @@
-"""Arrow columns -> :class:`~recstream.data.Batch`, with every bad row flagged.
+"""Arrow columns -> [`Batch`][recstream.data.batch.Batch], with every bad row flagged.
 
 All work is vectorized per column (one pass of numpy/pyarrow per feature, never a Python
 loop per row); only rows that turn out bad get looked at one by one, to describe them.
 
-Parsing text into numbers (:func:`to_float`, :func:`to_int`, :func:`to_text`): Arrow's
+Parsing text into numbers (`to_float`, `to_int`, `to_text`): Arrow's
 casts fail a whole array on one bad value; readers must instead name the bad row and,
 under ``on_bad_row="skip"``, keep the others. The fast path is one cast; only when it
 fails do we find the bad rows, with a regex over the whole column (vectorized) and, for
@@ -142,7 +142,7 @@ def to_keys(arr) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     An integer is its own key, and so is a string holding a decimal int64 (CSV ``"12"`` and
     Parquet ``12`` are one key); any other string is keyed by its stable 64-bit hash
-    (:func:`~recstream.data.hash_strings`). Null and ``""`` are missing.
+    (`hash_strings`). Null and ``""`` are missing.
 
     >>> keys, missing, bad = to_keys(pa.array(["12", "user-a", None]))
     >>> int(keys[0]), bool(keys[1] != 0), missing.tolist(), bad.tolist()
@@ -198,8 +198,8 @@ def cross_bags(schema: Schema, cats: list[tuple[np.ndarray, np.ndarray]]) -> lis
 
     `cats` holds, per categorical feature in schema order, its ids (int64, flat) and bag
     lengths (int64 ``[n]``), as the model gets them. The ONE place cross ids are computed: the
-    readers' and streams' :class:`ColumnConverter`, the server's request parser and
-    :func:`with_crosses` all call it. A cross id is ``to_buckets(h, hash_buckets)`` of
+    readers' and streams' `ColumnConverter`, the server's request parser and
+    `with_crosses` all call it. A cross id is ``to_buckets(h, hash_buckets)`` of
     ``h = splitmix64(... splitmix64(m_1 ^ m_2) ^ m_3 ...)``, ``m_k`` the splitmix64 hash of
     component k's id plus k times a fixed salt; multi-hot components give the cartesian product
     (row by row, in bag order).
@@ -226,8 +226,8 @@ def cross_bags(schema: Schema, cats: list[tuple[np.ndarray, np.ndarray]]) -> lis
 
 def with_crosses(schema: Schema, features: Features) -> Features:
     """`features` of `schema`'s categorical features (in schema order) with its crosses appended,
-    computed by :func:`cross_bags`: for batches built without a converter (generators such as
-    :class:`~recstream.data.DriftingCTR`). Reads the ids on the host.
+    computed by `cross_bags`: for batches built without a converter (generators such as
+    `DriftingCTR`). Reads the ids on the host.
 
     >>> from recstream.data.schema import CategoricalFeature, CrossFeature
     >>> s = Schema([], [CategoricalFeature("u", vocab_size=9), CategoricalFeature("i", vocab_size=9)],
@@ -303,7 +303,7 @@ class ColumnConverter:
     log1p_dense: apply ``log1p(max(x, 0))`` to dense values (the usual Criteo transform).
     owner: the public class whose arguments these are, named in argument errors.
     The Features of each Batch carry the schema's categorical names as ``keys``, followed by
-    its crosses (computed here from the ids: :func:`cross_bags`).
+    its crosses (computed here from the ids: `cross_bags`).
     """
 
     def __init__(self, schema: Schema, fill_missing_dense: float | None = None, log1p_dense: bool = False, *,

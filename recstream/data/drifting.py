@@ -1,4 +1,4 @@
-"""A synthetic online CTR stream that changes over time, with its true click probabilities: :class:`DriftingCTR`.
+"""A synthetic online CTR stream that changes over time, with its true click probabilities: `DriftingCTR`.
 
 Batch ``t`` (``t = 0 .. num_batches - 1``) holds ``batch_size`` events of users, items and an
 item category, plus ``num_dense`` standard-normal dense values. Over time:
@@ -19,14 +19,14 @@ The click is ``Bernoulli(sigmoid(logit))`` with::
 
 Per-id values (``a_u, b_u, phi_u, c_u, q_i, c_i, c_cat``) come from a 64-bit hash of (seed, id):
 nothing is tabulated, and batch ``t`` depends only on ``(seed, t)``, so the stream is
-deterministic, re-iterable and random-access (:meth:`batch`). :meth:`bayes_auc` is the AUC of
+deterministic, re-iterable and random-access (`batch`). `bayes_auc` is the AUC of
 the TRUE probabilities on the stream's own events of a range of batches -- what a perfect
-model scores there; :meth:`bayes_curve` gives it per window, for comparison with
-:class:`~recstream.callbacks.PrequentialMonitor`'s figures.
+model scores there; `bayes_curve` gives it per window, for comparison with
+[`PrequentialMonitor`][recstream.callbacks.prequential.PrequentialMonitor]'s figures.
 
 ``table`` picks how ``user`` and ``item`` reach a model: ``"dynamic"`` (raw keys,
 ``CategoricalFeature(dynamic=True, capacity=table_size)``: a
-:class:`~recstream.nn.HashEmbedding` each), ``"shared"`` (the same, both in one hash table,
+[`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] each), ``"shared"`` (the same, both in one hash table,
 ``table="ids"``, of twice the capacity) or ``"hashed"`` (``hash_buckets=table_size``,
 hashed exactly as the file readers do: a fixed table of the same size, where colliding ids
 share rows). ``category`` is a fixed ``vocab_size`` feature in both.
@@ -73,13 +73,23 @@ class DriftingCTR:
         table_size: rows of each user/item table (``capacity`` or ``hash_buckets``).
         embedding_dim: width of every feature's table.
         num_dense: dense features.
-        initial_users / users_per_batch / initial_items / items_per_batch: population growth.
+        initial_users: users present at batch 0.
+        users_per_batch: new users arriving with each batch.
+        initial_items: items present at batch 0.
+        items_per_batch: new items arriving with each batch.
         num_categories: item categories (a fixed ``vocab_size`` feature).
-        user_exponent / item_exponent: in (0, 1]; activity bias to the newest (see the module doc).
+        user_exponent: in (0, 1]; the users' activity bias to the newest (see the module doc).
+        item_exponent: in (0, 1]; the items' popularity bias to the newest (see the module doc).
         drift_period: batches for a user's taste to turn a full circle.
         dim: latent taste width.
-        base_logit, dense_scale, user_scale, item_scale, category_scale, affinity_scale: the truth's scales.
-        permit_filter_value / evict_filter_value: of the dynamic tables.
+        base_logit: the logit's intercept (above; sets the click rate).
+        dense_scale: spread of the dense weights ``w`` (drawn N(0, dense_scale / sqrt(num_dense))).
+        user_scale: weight of ``c_u`` in the logit.
+        item_scale: weight of ``c_i`` in the logit.
+        category_scale: weight of ``c_cat`` in the logit.
+        affinity_scale: weight of the taste match ``<p_u(t), q_i> / sqrt(dim)`` in the logit.
+        permit_filter_value: sightings before a key gets a row in the dynamic tables.
+        evict_filter_value: steps unseen after which the dynamic tables evict a key.
     """
 
     def __init__(self, num_batches: int = 400, batch_size: int = 512, seed: int = 0, *, table: str = "dynamic",

@@ -6,7 +6,7 @@ Python ``hash()`` (salted per process), only fixed arithmetic on fixed constants
 
 * integers: splitmix64 (Steele et al.), a bijective 64-bit mixer.
 * strings: the UTF-8 bytes read as 8-byte words, each word mixed with splitmix64 and its
-  position, XOR-combined, then mixed with the length (see :func:`hash_strings`); a
+  position, XOR-combined, then mixed with the length (see `hash_strings`); a
   handful of numpy passes over the Arrow data buffer, no per-string Python loop.
 
 >>> import numpy as np, pyarrow as pa

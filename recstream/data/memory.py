@@ -1,4 +1,4 @@
-"""A dataset held in memory as one big :class:`~recstream.data.Batch`, served in batches.
+"""A dataset held in memory as one big [`Batch`][recstream.data.batch.Batch], served in batches.
 
 For data that fits in RAM (the Adult census set, a synthetic test split, an evaluation
 slice): each pass yields ``batch_size``-row batches, optionally in a new random order

@@ -1,12 +1,12 @@
 """Input-pipeline stages: exact re-batching, row-level shuffling across batches, background prefetching.
 
-* :class:`Rebatcher`: batches of any sizes in, batches of exactly ``batch_size`` rows out
+* `Rebatcher`: batches of any sizes in, batches of exactly ``batch_size`` rows out
   (the readers' record batches follow the file layout and shrink when bad rows are skipped);
-* :class:`ShuffleBuffer`: shuffles rows across batches with a bounded buffer;
-* :class:`Prefetcher`: pulls batches in a background thread, optionally onto a device.
+* `ShuffleBuffer`: shuffles rows across batches with a bounded buffer;
+* `Prefetcher`: pulls batches in a background thread, optionally onto a device.
 
 Each keeps the dataset capabilities that still hold after it (``get_dataset_size()`` of the
-source, see :mod:`recstream.data.protocol`).
+source, see `recstream.data.protocol`).
 
 >>> from recstream.data.synthetic import SyntheticCTR
 >>> data = SyntheticCTR(num_dense=2, num_categorical=2, batch_size=32).train_batches(4)
@@ -141,7 +141,7 @@ class Prefetcher:
 
     Each ``iter()`` starts a fresh pass (and thread) of a `DataChannel`. The thread stops when
     the pass ends, when the consumer stops iterating (the generator is closed), on
-    :meth:`close` or on leaving a ``with`` block; a producer exception is re-raised in the consumer.
+    `close` or on leaving a ``with`` block; a producer exception is re-raised in the consumer.
     """
 
     def __init__(self, iterable: Iterable, depth: int = 2, device: torch.device | str | None = None,

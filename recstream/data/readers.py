@@ -1,14 +1,14 @@
-"""File readers: each a re-iterable stream of :class:`~recstream.data.Batch` in constant memory.
+"""File readers: each a re-iterable stream of [`Batch`][recstream.data.batch.Batch] in constant memory.
 
-* :class:`CSVReader`: delimited text (CSV, TSV, plain or ``.gz``), blocks of whole lines parsed
+* `CSVReader`: delimited text (CSV, TSV, plain or ``.gz``), blocks of whole lines parsed
   by ``pyarrow.csv``;
-* :class:`ParquetReader`: Parquet, one record batch in memory at a time;
-* :class:`CriteoReader`: the Criteo display-advertising TSV logs (:func:`criteo_schema`).
+* `ParquetReader`: Parquet, one record batch in memory at a time;
+* `CriteoReader`: the Criteo display-advertising TSV logs (`criteo_schema`).
 
-They share :class:`FileReader`: a format only says how to stream one file as Arrow record
+They share `FileReader`: a format only says how to stream one file as Arrow record
 batches and which data row (1-based, per file) each record-batch row came from; the shared
-part converts them (:class:`~recstream.data.convert.ColumnConverter`), applies
-``on_bad_row`` (:mod:`recstream.data.badrows`) and re-batches to exactly ``batch_size``
+part converts them (`ColumnConverter`), applies
+``on_bad_row`` (`recstream.data.badrows`) and re-batches to exactly ``batch_size``
 rows. Each ``iter()`` is a new pass.
 
 Every column is read as text (CSV) or as stored (Parquet) and parsed by the converter, so
@@ -77,7 +77,7 @@ def expand_paths(path_or_paths, suffixes: Sequence[str], owner: str) -> list[str
 
 
 class FileReader:
-    """Base class; subclasses implement :meth:`_record_batches`."""
+    """Base class; subclasses implement `_record_batches`."""
 
     _suffixes: tuple[str, ...] = ()
 
@@ -466,7 +466,7 @@ class CriteoReader(CSVReader):
     """Batches from Criteo TSV file(s) (plain or ``.gz``), streamed in constant memory.
 
     Bad rows (wrong field count, non-numeric count, NaN/inf, label not 0/1, a line longer
-    than `block_size`) follow ``on_bad_row`` like any :class:`CSVReader`. The format has
+    than `block_size`) follow ``on_bad_row`` like any `CSVReader`. The format has
     no quoting, so a quote is plain text. ``schema`` holds the matching schema.
 
     >>> import tempfile, os

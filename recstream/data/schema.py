@@ -1,7 +1,7 @@
 """Feature schema: which columns are dense, which are categorical, and how ids map to rows.
 
-A :class:`Schema` is the contract between the readers (which turn raw columns into
-:class:`~recstream.data.Batch` objects) and the models (which size their embedding tables
+A [`Schema`][recstream.data.schema.Schema] is the contract between the readers (which turn raw columns into
+[`Batch`][recstream.data.batch.Batch] objects) and the models (which size their embedding tables
 from it). It is JSON-able so it can be saved next to a checkpoint.
 
 Id conventions, per categorical feature:
@@ -13,18 +13,18 @@ Id conventions, per categorical feature:
 * ``hash_buckets=N``: values (strings or integers) are hashed with a stable 64-bit hash;
   id ``0`` is reserved for missing values and hashed values land in ``[1, N)``.
 * ``dynamic=True`` (with ``capacity=N``): no id space at all. Ids are int64 KEYS of a
-  :class:`~recstream.nn.HashEmbedding` that gives a row to every key seen
+  [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] that gives a row to every key seen
   ``permit_filter_value`` times in training (at most ``capacity`` rows, least recently seen
   evicted first, keys unseen for ``evict_filter_value`` steps evicted). Integers (and
   strings holding a decimal integer, so CSV ``"12"`` is Parquet ``12``) are their own key;
-  any other string is keyed by its stable 64-bit hash (:func:`~recstream.data.hash_strings`).
+  any other string is keyed by its stable 64-bit hash (`hash_strings`).
   A missing value is a bad row, as for ``vocab_size``. Unknown keys read a default vector.
   Dynamic features that name the same ``table`` share one hash table (one lookup a step for all
-  of them; see :class:`CategoricalFeature`).
+  of them; see [`CategoricalFeature`][recstream.data.schema.CategoricalFeature]).
 
-Cross features (:class:`CrossFeature`, ``Schema(..., crosses=[...])``) are derived, not read:
+Cross features (`CrossFeature`, ``Schema(..., crosses=[...])``) are derived, not read:
 the converter computes them from the ids of two or more categorical features (see
-:func:`~recstream.data.convert.cross_bags`), and they follow the categorical features in
+`cross_bags`), and they follow the categorical features in
 ``Features`` (``schema.feature_names``). They feed the wide/linear part of a model unless
 ``deep=True``.
 
@@ -208,8 +208,8 @@ class CrossFeature:
     like a hashed feature. A multi-hot component makes the cross a bag holding every
     combination (the cartesian product; an empty component bag gives an empty cross bag).
 
-    ``deep=False`` (the default) feeds it to the wide/linear part only (:class:`LinearTerm`,
-    WideDeep's wide part, trained by FTRL under :func:`~recstream.models.default_optimizer`):
+    ``deep=False`` (the default) feeds it to the wide/linear part only (`LinearTerm`,
+    WideDeep's wide part, trained by FTRL under `default_optimizer`):
     measured, crosses help a linear model and hurt the deep embeddings. ``deep=True`` also
     gives it an embedding table of width `embedding_dim` in the deep part.
 
@@ -245,7 +245,7 @@ class CrossFeature:
         check_bool(owner, "deep", self.deep)
 
     def to_dict(self) -> dict:
-        """A JSON-able description; :meth:`from_dict` rebuilds an equal cross."""
+        """A JSON-able description; `from_dict` rebuilds an equal cross."""
         return {"name": self.name, "features": list(self.features), "hash_buckets": self.hash_buckets,
                 "embedding_dim": self.embedding_dim, "deep": self.deep}
 
@@ -273,8 +273,8 @@ def num_embeddings(feature: CategoricalFeature) -> int:
 class Schema:
     """Dense features, categorical features and the label column, validated together.
 
-    Strings in `dense` are shorthand for :class:`DenseFeature`. `crosses` are
-    :class:`CrossFeature` s of the categorical features (computed, not read: they are no columns).
+    Strings in `dense` are shorthand for `DenseFeature`. `crosses` are
+    `CrossFeature` s of the categorical features (computed, not read: they are no columns).
 
     >>> s = Schema(["x"], [CategoricalFeature("c", vocab_size=5, embedding_dim=4)], label="y")
     >>> s.dense_names, s.categorical_names, s.table_sizes()
@@ -363,7 +363,7 @@ class Schema:
         return len(self.categorical) + len(self.crosses)
 
     def cross_tables(self, deep_only: bool = False) -> tuple[CategoricalFeature, ...]:
-        """The crosses' table views (:meth:`CrossFeature.table`), those with ``deep=True`` only
+        """The crosses' table views (`CrossFeature.table`), those with ``deep=True`` only
         when `deep_only`."""
         return tuple(t for t, x in zip(self._cross_tables, self.crosses, strict=True) if x.deep or not deep_only)
 
@@ -444,7 +444,7 @@ class Schema:
             _check_bags(feature, lens[f], *features.bag(f))
 
     def to_dict(self) -> dict:
-        """A JSON-able description; :meth:`from_dict` rebuilds an equal schema."""
+        """A JSON-able description; `from_dict` rebuilds an equal schema."""
         d = {"version": _SCHEMA_VERSION, "label": self.label,
                 "dense": [d.name for d in self.dense],
                 "categorical": [c.to_dict() for c in self.categorical]}

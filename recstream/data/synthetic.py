@@ -14,12 +14,12 @@ Learnability: main effects are scaled by ``1 / sqrt(1 + rank / head_size)`` and
 interaction factors by ``1 / (1 + rank / head_size)``. The signal sits on the frequent ids
 a model sees many times; tail ids (rarely seen, impossible to learn) carry small effects:
 with the defaults, knowing only the top-100 ids of each feature already gives an AUC
-within 0.003 of the Bayes AUC (:meth:`bayes_auc`, the AUC of the true probabilities,
+within 0.003 of the Bayes AUC (`bayes_auc`, the AUC of the true probabilities,
 about 0.80), so simple models get close to it within a few thousand steps (how many:
 docs/benchmarks.md). The interactions (worth ~0.005 AUC) reward models that capture them.
 
 Everything is deterministic given ``seed``; batch i of the training stream and the test
-split come from independent random streams, so :meth:`train_batches` can be re-iterated.
+split come from independent random streams, so `train_batches` can be re-iterated.
 
 >>> gen = SyntheticCTR(num_dense=2, num_categorical=3, vocab_sizes=[10, 10**5, 10**8], batch_size=64)
 >>> (features, labels), = gen.train_batches(1)
@@ -206,7 +206,7 @@ class SyntheticCTR:
 class SyntheticBatches:
     """Re-iterable stream of training batches; batch i depends only on (seed, i).
 
-    Made by :meth:`SyntheticCTR.train_batches`, which checks `n` and `start`.
+    Made by `SyntheticCTR.train_batches`, which checks `n` and `start`.
     """
 
     def __init__(self, gen: SyntheticCTR, n: int, start: int = 0) -> None:

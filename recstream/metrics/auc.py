@@ -1,8 +1,8 @@
-"""ROC AUC of binary labels: streaming :class:`AUC` in constant memory with a proven error bound,
-and :func:`exact_auc`, the sort-based reference it is tested against.
+"""ROC AUC of binary labels: streaming [`AUC`][recstream.metrics.auc.AUC] in constant memory with a proven error bound,
+and `exact_auc`, the sort-based reference it is tested against.
 
 Both count, per score group (a histogram bin or one distinct score), the positives and the
-negatives, and share :func:`_auc_from_counts`: pairs across groups are ordered by the groups,
+negatives, and share `_auc_from_counts`: pairs across groups are ordered by the groups,
 pairs inside one group count 1/2.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ class AUC(Metric):
       Only pairs inside one bin are unknown; they count 1/2, exactly like a tie, and
       each truly contributes 0, 1/2 or 1. Hence
       ``|AUC - exact| <= 0.5 * sum_b pos_b * neg_b / (P * N)``, which
-      :meth:`error_bound` returns. Values that are exactly equal share a bin, so ties
+      `error_bound` returns. Values that are exactly equal share a bin, so ties
       are counted 1/2 as in the exact AUC; float16/bfloat16 scores (10/7 mantissa bits)
       get one bin per distinct value, hence the exact AUC, once ``m`` is at least
       that width (probabilities with q >= 2**-32, logits with |z| in [2**-25, 2**6]).

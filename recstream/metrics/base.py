@@ -1,4 +1,4 @@
-"""The :class:`Metric` base class: MindSpore's clear/update/eval protocol on torch tensors."""
+"""The [`Metric`][recstream.metrics.base.Metric] base class: MindSpore's clear/update/eval protocol on torch tensors."""
 from __future__ import annotations
 
 import abc
@@ -186,7 +186,7 @@ class Metric(abc.ABC):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore accumulators saved by :meth:`state_dict` of the same metric type."""
+        """Restore accumulators saved by `state_dict` of the same metric type."""
         check_type(f"{type(self).__name__}.load_state_dict", "state", state, dict)
         expected = set(self._state_names) | {"invalid"}
         missing, unexpected = expected - set(state), set(state) - expected

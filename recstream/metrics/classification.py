@@ -1,6 +1,6 @@
 """Classification metrics: Accuracy, and Precision, Recall, Fbeta and F1 over per-class counts.
 
-All of them read ``update(y_pred, y)`` the same way (see :class:`Accuracy`): (N, C) scores
+All of them read ``update(y_pred, y)`` the same way (see `Accuracy`): (N, C) scores
 whose argmax is the predicted class, binary (N,)/(N, 1) probabilities compared with
 ``threshold``, or, with ``eval_type="multilabel"``, (N, C) scores against 0/1 label rows.
 The first batch fixes the layout (class count or binary); a later batch with another
@@ -118,7 +118,7 @@ def safe_ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 class ClassCountMetric(Metric):
     """Counts, per class, true positives, predictions and actual occurrences.
 
-    The shared accumulator behind :class:`Precision`, :class:`Recall` and :class:`Fbeta`.
+    The shared accumulator behind `Precision`, `Recall` and `Fbeta`.
     Classification accumulates three int64 vectors of length C (binary probabilities
     are two classes, class 1 = score > threshold). Multilabel follows MindSpore: the
     values are per *sample* (each row's own true positives, predicted and actual
@@ -207,7 +207,7 @@ class Precision(ClassCountMetric):
         eval_type: ``"classification"`` or ``"multilabel"``.
         threshold: a binary (N,)/(N, 1) or multilabel score above it is a positive.
 
-    ``update(y_pred, y)`` takes the same inputs as :class:`Accuracy`. ``eval(average=False)``:
+    ``update(y_pred, y)`` takes the same inputs as `Accuracy`. ``eval(average=False)``:
 
     * (N, C) scores: numpy array of per-class precision (class = argmax of y_pred);
       a class that was never predicted gets 0.
@@ -244,7 +244,7 @@ class Recall(ClassCountMetric):
         eval_type: ``"classification"`` or ``"multilabel"``.
         threshold: a binary (N,)/(N, 1) or multilabel score above it is a positive.
 
-    Inputs and return values follow :class:`Precision`; a class absent from y gets 0.
+    Inputs and return values follow `Precision`; a class absent from y gets 0.
 
     Example:
         >>> from recstream.metrics import Recall
@@ -259,7 +259,7 @@ class Recall(ClassCountMetric):
     _name = "Recall"
 
     def eval(self, average: bool = False):
-        """Per-class recall (see :class:`Precision` for the layout), or their mean if ``average``."""
+        """Per-class recall (see `Precision` for the layout), or their mean if ``average``."""
         tp, _, actual = self._counts()
         return self._finish(safe_ratio(tp, actual), average)
 
@@ -275,7 +275,7 @@ class Fbeta(ClassCountMetric):
         beta: weight of recall relative to precision, > 0.
         threshold: binary (N,)/(N, 1) probabilities above it predict the positive class.
 
-    Inputs and return values follow :class:`Precision` (classification only).
+    Inputs and return values follow `Precision` (classification only).
 
     Example:
         >>> from recstream.metrics import Fbeta
@@ -292,14 +292,14 @@ class Fbeta(ClassCountMetric):
         super().__init__("classification", threshold)
 
     def eval(self, average: bool = False):
-        """Per-class F-beta (see :class:`Precision` for the layout), or their mean if ``average``."""
+        """Per-class F-beta (see `Precision` for the layout), or their mean if ``average``."""
         tp, predicted, actual = self._counts()
         b2 = self.beta**2
         return self._finish(safe_ratio((1 + b2) * tp, b2 * actual + predicted), average)
 
 
 class F1(Fbeta):
-    """F1 score: :class:`Fbeta` with ``beta = 1``.
+    """F1 score: `Fbeta` with ``beta = 1``.
 
     Example:
         >>> from recstream.metrics import F1

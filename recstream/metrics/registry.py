@@ -65,8 +65,8 @@ def get_metrics(metrics) -> dict[str, Metric]:
     """Normalise ``Model(metrics=...)`` into a ``{name: Metric}`` dict.
 
     ``metrics`` may be None (no metrics), a set/list/tuple of registered names, or a
-    dict mapping any name to a :class:`Metric` instance or a torchmetrics metric (wrapped in
-    :class:`~recstream.metrics.torchmetrics_adapter.TorchMetric`). Keys are the user's names.
+    dict mapping any name to a [`Metric`][recstream.metrics.base.Metric] instance or a torchmetrics metric (wrapped in
+    [`TorchMetric`][recstream.metrics.torchmetrics_adapter.TorchMetric]). Keys are the user's names.
 
     Example:
         >>> from recstream.metrics import AUC, get_metrics

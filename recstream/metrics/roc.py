@@ -1,9 +1,9 @@
-"""ROC curve points (:class:`ROC`) and the trapezoid area under any curve (:func:`auc`).
+"""ROC curve points (`ROC`) and the trapezoid area under any curve (`auc`).
 
 As ``mindspore.train.ROC`` and ``mindspore.train.auc``: the curve gives, for every distinct
 score used as a threshold, the false and true positive rates, which is what a CTR team needs to
 pick a decision threshold. ``auc(fpr, tpr)`` integrates those points with the trapezoid rule.
-recstream's ``"auc"`` metric name (:class:`~recstream.metrics.AUC`) is a different thing: a
+recstream's ``"auc"`` metric name ([`AUC`][recstream.metrics.auc.AUC]) is a different thing: a
 streaming ROC-AUC in constant memory; use ``ROC`` + ``auc`` for the curve itself.
 """
 from __future__ import annotations

@@ -75,7 +75,7 @@ class TopKCategoricalAccuracy(Metric):
 
 
 class Top1CategoricalAccuracy(TopKCategoricalAccuracy):
-    """Top-1 categorical accuracy: :class:`TopKCategoricalAccuracy` with ``k = 1``.
+    """Top-1 categorical accuracy: `TopKCategoricalAccuracy` with ``k = 1``.
 
     Example:
         >>> from recstream.metrics import Top1CategoricalAccuracy
@@ -90,7 +90,7 @@ class Top1CategoricalAccuracy(TopKCategoricalAccuracy):
 
 
 class Top5CategoricalAccuracy(TopKCategoricalAccuracy):
-    """Top-5 categorical accuracy: :class:`TopKCategoricalAccuracy` with ``k = 5``.
+    """Top-5 categorical accuracy: `TopKCategoricalAccuracy` with ``k = 5``.
 
     Example:
         >>> from recstream.metrics import Top5CategoricalAccuracy

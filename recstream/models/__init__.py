@@ -1,14 +1,14 @@
-"""CTR models built from a :class:`~recstream.data.Schema`: Wide&Deep, DeepFM, DCN-V2, DLRM.
+"""CTR models built from a [`Schema`][recstream.data.schema.Schema]: Wide&Deep, DeepFM, DCN-V2, DLRM.
 
 Every model is a plain ``torch.nn.Module`` whose ``forward(features)`` takes a
-:class:`~recstream.data.Features` and returns LOGITS ``[B]``: train with
-``torch.nn.BCEWithLogitsLoss``, evaluate with :func:`ctr_metrics` (AUC on logits, log
+`Features` and returns LOGITS ``[B]``: train with
+``torch.nn.BCEWithLogitsLoss``, evaluate with `ctr_metrics` (AUC on logits, log
 loss on sigmoid(logits)), get probabilities with ``model.predict_proba(features)``.
-Embedding tables live in one fused :class:`~recstream.nn.EmbeddingBagCollection` per
+Embedding tables live in one fused `EmbeddingBagCollection` per
 model part with sparse gradients; ``dynamic=True`` features (any int64 ids) get a
-:class:`~recstream.nn.HashEmbedding` each instead (:mod:`recstream.models.dynamic`), in any mix.
-:func:`default_optimizer` pairs all tables with the row-sparse optimizers of
-:mod:`recstream.optim` (FTRL for WideDeep's wide part).
+[`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] each instead (`recstream.models.dynamic`), in any mix.
+`default_optimizer` pairs all tables with the row-sparse optimizers of
+`recstream.optim` (FTRL for WideDeep's wide part).
 
 >>> import torch
 >>> from recstream import Model

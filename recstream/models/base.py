@@ -1,10 +1,10 @@
 """The common base of the CTR models: logits out, probabilities on request.
 
-Convention (all models of :mod:`recstream.models`): ``forward(features)`` returns one
+Convention (all models of `recstream.models`): ``forward(features)`` returns one
 LOGIT per example, shape ``[B]``, float32. Train with ``torch.nn.BCEWithLogitsLoss``
 (numerically stable, and the fused sigmoid+log avoids a separate pass); evaluate with
-:func:`recstream.models.ctr_metrics` (AUC on logits, log loss on sigmoid(logits)); call
-:meth:`CTRModel.predict_proba` for click probabilities in [0, 1].
+`recstream.models.ctr_metrics` (AUC on logits, log loss on sigmoid(logits)); call
+`CTRModel.predict_proba` for click probabilities in [0, 1].
 
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Schema

@@ -5,10 +5,10 @@ The input ``x_0 = [embeddings of all categorical features, dense values]`` feeds
 * ``structure="stacked"``: ``x_0 -> CrossNetwork -> MLP -> Linear(1)``;
 * ``structure="parallel"``: ``concat(CrossNetwork(x_0), MLP(x_0)) -> Linear(1)``.
 
-The cross layers can be low-rank (``low_rank=r``, see :class:`CrossNetwork`). An empty
+The cross layers can be low-rank (``low_rank=r``, see `CrossNetwork`). An empty
 ``hidden`` gives the cross network with a linear read-out, in both structures.
 
-Returns logits ``[B]`` (see :mod:`recstream.models.base`).
+Returns logits ``[B]`` (see `recstream.models.base`).
 
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Schema
@@ -47,13 +47,15 @@ class DCNv2(CTRModel):
         structure: "stacked" or "parallel" (see the module doc).
         low_rank: rank of the cross matrices, None for full rank.
         embedding_dim: width of every table; None keeps each feature's own width.
-        dropout / batch_norm / activation: of the MLP (see :class:`MLP`).
+        dropout: drop probability after each hidden layer of the MLP, in [0, 1).
+        batch_norm: BatchNorm1d after each hidden linear layer of the MLP.
+        activation: of the MLP: one of ``relu, gelu, silu, tanh, sigmoid``.
         init_std: initial std of the tables.
-        validate: check ids on every step (see :class:`FeatureEmbedding`).
+        validate: check ids on every step (see `FeatureEmbedding`).
         disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
             (docs/models.md).
 
-    Submodules: ``embedding``, ``cross`` (:class:`CrossNetwork`), ``deep`` (:class:`MLP`,
+    Submodules: ``embedding``, ``cross`` (`CrossNetwork`), ``deep`` (`MLP`,
     no head), ``head`` (``Linear(., 1)``).
     """
 

@@ -7,7 +7,7 @@ fields), so dense features take part in the pairwise interactions too. The FM te
 sum over field pairs of ``<e_i, e_j>``, computed in O(n D) with the identity
 ``sum_{i<j} <e_i, e_j> = 0.5 * (|sum_i e_i|^2 - sum_i |e_i|^2)``.
 
-Returns logits ``[B]`` (see :mod:`recstream.models.base`).
+Returns logits ``[B]`` (see `recstream.models.base`).
 
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Schema
@@ -52,14 +52,16 @@ class DeepFM(CTRModel):
         schema: features (at least one categorical).
         hidden: widths of the MLP's hidden layers (a final Linear(., 1) follows).
         embedding_dim: width of every field; None requires all schema widths to be equal.
-        dropout / batch_norm / activation: of the MLP (see :class:`MLP`).
+        dropout: drop probability after each hidden layer of the MLP, in [0, 1).
+        batch_norm: BatchNorm1d after each hidden linear layer of the MLP.
+        activation: of the MLP: one of ``relu, gelu, silu, tanh, sigmoid``.
         init_std: initial std of the embeddings (categorical tables and dense-field vectors).
-        validate: check ids on every step (see :class:`FeatureEmbedding`).
+        validate: check ids on every step (see `FeatureEmbedding`).
         disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
             (docs/models.md).
 
-    Submodules: ``linear`` (:class:`LinearTerm`, first order), ``embedding``
-    (:class:`FeatureEmbedding`), ``dense_fields`` (``[n_dense, D]`` Parameter), ``deep``.
+    Submodules: ``linear`` (`LinearTerm`, first order), ``embedding``
+    (`FeatureEmbedding`), ``dense_fields`` (``[n_dense, D]`` Parameter), ``deep``.
     A ``dynamic=True`` feature's first-order weight is column 0 of its ``embedding`` hash table
     (width ``D + 1``), not a table of ``linear``: one hash lookup per feature and step.
     """

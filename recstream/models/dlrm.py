@@ -8,7 +8,7 @@
 * top MLP over ``[bottom(dense), dots]`` -> ``Linear(1)``.
 
 Without dense features the bottom MLP is skipped and only the embeddings interact.
-Returns logits ``[B]`` (see :mod:`recstream.models.base`).
+Returns logits ``[B]`` (see `recstream.models.base`).
 
 >>> import torch
 >>> from recstream.data import CategoricalFeature, Schema
@@ -42,9 +42,11 @@ class DLRM(CTRModel):
         top: hidden widths of the top MLP (a final Linear(., 1) follows).
         embedding_dim: width ``D`` of every table; None requires equal schema widths.
         self_interaction: also use each vector's squared norm ``<t_i, t_i>``.
-        activation / dropout / batch_norm: of the top MLP.
+        activation: of the top MLP: one of ``relu, gelu, silu, tanh, sigmoid``.
+        dropout: drop probability after each hidden layer of the top MLP, in [0, 1).
+        batch_norm: BatchNorm1d after each hidden linear layer of the top MLP.
         init_std: initial std of the tables.
-        validate: check ids on every step (see :class:`FeatureEmbedding`).
+        validate: check ids on every step (see `FeatureEmbedding`).
         disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
             (docs/models.md).
 

@@ -1,4 +1,4 @@
-"""Pooled lookups of a schema's ``dynamic=True`` features: one :class:`~recstream.nn.HashEmbedding` each,
+"""Pooled lookups of a schema's ``dynamic=True`` features: one `HashEmbedding` each,
 or one for all the features that name the same ``table``.
 
 A dynamic feature has no id space: its ids are int64 keys, and its table gives a row to every
@@ -7,16 +7,16 @@ key seen ``permit_filter_value`` times in training (evicting the least recently 
 seen, not admitted yet, or evicted) reads the table's ``default_value`` -- zeros -- in
 training and in serving alike, so a server answers a new user instead of failing.
 
-The models' :class:`~recstream.models.FeatureEmbedding` and
-:class:`~recstream.models.LinearTerm` hold a :class:`DynamicTables` for their dynamic features
-next to the fused :class:`~recstream.nn.EmbeddingBagCollection` of the fixed ones.
+The models' `FeatureEmbedding` and
+`LinearTerm` hold a `DynamicTables` for their dynamic features
+next to the fused `EmbeddingBagCollection` of the fixed ones.
 
 Keys ``-1`` and ``-2`` are the hash table's reserved EMPTY/DELETED markers; they are stored as
 ``-2**63 + 1`` and ``-2**63`` instead (so an id -1, a common "unknown" code, still trains).
 
 Features that share a table (``CategoricalFeature(table=...)``) are looked up together, one call
 for all their ids; each one's keys are XOR-ed with a 64-bit hash of its name first
-(:func:`feature_salt`), so equal ids of two features stay two keys. Two keys of different features
+(`feature_salt`), so equal ids of two features stay two keys. Two keys of different features
 could still meet -- when their XOR equals the XOR of the two salts --, a chance of about one in
 2**64 per pair of keys, the same as for two string ids hashing alike.
 
@@ -97,10 +97,10 @@ class DynamicTables(nn.Module):
     Args:
         features: the dynamic features (schema order).
         dims: the width of each one's table (features of one ``table``: the same width).
-        init_std: 0.0 (rows start at zero: a linear term) or 0.01 (see :func:`hash_init`).
+        init_std: 0.0 (rows start at zero: a linear term) or 0.01 (see `hash_init`).
         sparse: sparse COO gradients on the rows (use a row-sparse optimizer).
 
-    Submodule ``tables`` is an ``nn.ModuleDict`` of :class:`~recstream.nn.HashEmbedding`, keyed by
+    Submodule ``tables`` is an ``nn.ModuleDict`` of `HashEmbedding`, keyed by
     feature name, or by ``table`` name for features that share one ('.' becomes '_'); a shared
     table has the sum of its features' capacities.
     """
@@ -159,7 +159,7 @@ class DynamicTables(nn.Module):
         return {name: out[name] for name in self.names}  # schema order
 
     def _forward_static(self, features: Features) -> dict[str, torch.Tensor]:
-        """:meth:`forward` on a device with no host sync: a feature's ids are a slice of ``values``
+        """`forward` on a device with no host sync: a feature's ids are a slice of ``values``
         whose bounds are data (``Features.bag`` reads them), so each table looks up every id of the
         batch with a mask of its features' ids (``lookup_masked_many``: one host read at most for all
         the tables) and each feature pools its own bags out of the whole batch's: every shape is the

@@ -1,16 +1,16 @@
 """The embedding front-end shared by the models: one fused table per schema.
 
-:class:`FeatureEmbedding` turns the categorical part of a :class:`~recstream.data.Features`
-into pooled per-feature vectors with ONE :class:`~recstream.nn.EmbeddingBagCollection`
+`FeatureEmbedding` turns the categorical part of a `Features`
+into pooled per-feature vectors with ONE `EmbeddingBagCollection`
 (one table per categorical feature, rows of all tables in one storage per width, one
 ``embedding_bag`` call per step). Tables have ``sparse=True`` gradients, so the row-sparse
-optimizers of :mod:`recstream.optim` update only the rows a batch touched.
+optimizers of `recstream.optim` update only the rows a batch touched.
 
 Multi-hot features are pooled with the feature's ``pooling`` ("sum" or "mean"); an empty
 bag pools to zeros.
 
 Dynamic features (``CategoricalFeature(dynamic=True, capacity=...)``, ids are any int64 keys)
-get one :class:`~recstream.nn.HashEmbedding` each (:class:`~recstream.models.dynamic.DynamicTables`,
+get one [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] each (`DynamicTables`,
 submodule ``dynamic``), mixed freely with the fixed ones, which keep the fused collection
 (``ebc``, None when every feature is dynamic). The output is in schema order either way.
 
@@ -109,7 +109,7 @@ class FeatureEmbedding(nn.Module):
             step; worth it because an id past its table would otherwise silently read
             the NEXT table's rows of the fused storage.
         first_order: give each dynamic feature's table one more column, its first-order
-            (linear) weight, read by :meth:`with_first_order`: one hash lookup per feature and
+            (linear) weight, read by `with_first_order`: one hash lookup per feature and
             step instead of two (DeepFM uses it; its embeddings and linear term share an optimizer).
         disk_tier: a `recstream.nn.TierPlan`: the tables of its features live on disk behind a cache
             (``<directory>/embedding/<table>``; see docs/models.md).
@@ -191,7 +191,7 @@ class FeatureEmbedding(nn.Module):
         return self.fields_with_first_order(features)[0]
 
     def fields_with_first_order(self, features: Features) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`fields` and the first-order logit of :meth:`with_first_order`."""
+        """`fields` and the first-order logit of `with_first_order`."""
         dim = self.field_dim
         out, first = self.with_first_order(features)
         return out.view(features.batch_size, self.num_fields, dim), first

@@ -1,9 +1,9 @@
 """First-order (linear / "wide") term over categorical ids, cross ids and dense values.
 
-:class:`LinearTerm` computes ``bias + sum_f w_f(ids of f) + dense @ v``, ``f`` over the
-schema's categorical features and its crosses (:class:`~recstream.data.CrossFeature`, all of
+`LinearTerm` computes ``bias + sum_f w_f(ids of f) + dense @ v``, ``f`` over the
+schema's categorical features and its crosses (`CrossFeature`, all of
 them, whatever their ``deep``): one scalar
-weight per id, held as width-1 tables of its own :class:`~recstream.nn.EmbeddingBagCollection`
+weight per id, held as width-1 tables of its own `EmbeddingBagCollection`
 (sparse gradients, zero-initialised as a logistic regression should be). This is the
 wide part of Wide&Deep (train it with FTRL: its L1 drives unused weights to exactly 0)
 and the first-order term of DeepFM.
@@ -38,7 +38,7 @@ class LinearTerm(nn.Module):
             starting at 0); False when the model takes their weights from elsewhere (DeepFM:
             a column of its embedding tables).
         sparse: sparse COO gradients for the id weights.
-        validate: check ids on every call (see :class:`FeatureEmbedding`).
+        validate: check ids on every call (see `FeatureEmbedding`).
         disk_tier: a `recstream.nn.TierPlan`: the tables of its features on disk (``<directory>/wide/``).
     """
 

@@ -1,7 +1,7 @@
-"""Metrics for models that output logits (every model of :mod:`recstream.models`).
+"""Metrics for models that output logits (every model of `recstream.models`).
 
-:func:`ctr_metrics` gives ``{"auc": AUC(from_logits=True), "logloss": OnProbabilities(LogLoss())}``
-for ``Model(metrics=...)``. :class:`OnProbabilities` adapts any probability metric
+`ctr_metrics` gives ``{"auc": AUC(from_logits=True), "logloss": OnProbabilities(LogLoss())}``
+for ``Model(metrics=...)``. `OnProbabilities` adapts any probability metric
 (``LogLoss``, ``Accuracy``, ``Precision``...) to logits by applying a sigmoid first.
 AUC needs no sigmoid: it is rank-based, and binning logits avoids float32 saturation.
 

@@ -1,18 +1,18 @@
-"""The recommended optimizer of a model: :func:`default_optimizer`.
+"""The recommended optimizer of a model: `default_optimizer`.
 
 Three kinds of parameters want three optimizers:
 
 * embedding tables (sparse COO gradients, a few rows touched per step): a row-sparse
-  optimizer, :class:`~recstream.optim.RowWiseAdagrad` (default: one accumulator per row, the
-  least memory) or :class:`~recstream.optim.LazyAdam`; the
-  :class:`~recstream.nn.HashEmbedding` rows of ``dynamic=True`` features too (both optimizers,
+  optimizer, [`RowWiseAdagrad`][recstream.optim.rowwise_adagrad.RowWiseAdagrad] (default: one accumulator per row, the
+  least memory) or [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam]; the
+  [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] rows of ``dynamic=True`` features too (both optimizers,
   and FTRL, zero the state of a row the table hands to a new key, via ``pop_reset_rows``);
-* the wide part of :class:`~recstream.models.WideDeep`: :class:`~recstream.optim.FTRL`
+* the wide part of [`WideDeep`][recstream.models.wide_deep.WideDeep]: [`FTRL`][recstream.optim.ftrl.FTRL]
   (per-coordinate rates, L1 keeps rare ids at exactly zero), as in the paper;
 * everything else (MLPs, cross layers, biases): ``torch.optim.Adam`` (its fused kernel where torch has one: CPU, CUDA).
 
 They are driven as one ``torch.optim.Optimizer`` by a
-:class:`~recstream.optim.CombinedOptimizer` (children ``"wide"``, ``"embedding"``,
+[`CombinedOptimizer`][recstream.optim.combined.CombinedOptimizer] (children ``"wide"``, ``"embedding"``,
 ``"dense"``; a child with no parameter is left out), usable as ``Model(optimizer=...)``
 and by LR schedulers.
 
@@ -42,11 +42,11 @@ _DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
 def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "rowwise_adagrad",
                       embedding_lr: float | None = None, wide: str = "ftrl", wide_lr: float = 0.05,
                       wide_l1: float = 0.0, wide_l2: float = 0.0, weight_decay: float = 0.0) -> CombinedOptimizer:
-    """A :class:`~recstream.optim.CombinedOptimizer` for `model` (see the module doc).
+    """A [`CombinedOptimizer`][recstream.optim.combined.CombinedOptimizer] for `model` (see the module doc).
 
     Args:
         model: any module; sparse-gradient parameters are found by
-            :func:`recstream.optim.split_sparse_dense`.
+            `recstream.optim.split_sparse_dense`.
         lr: Adam learning rate of the dense parameters.
         embedding: "rowwise_adagrad" (default) or "lazy_adam", for the embedding tables. Chosen by
             ``benchmarks/defaults_experiment.py``: online (DeepFM on a drifting stream with dynamic
@@ -55,9 +55,11 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
             on Adult, 3 epochs) both reached a test AUC of 0.912-0.913. And it keeps 4 bytes of
             state per row instead of 2 floats per value.
         embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad.
-        wide: "ftrl" trains a ``model.wide`` :class:`LinearTerm` (WideDeep) with FTRL;
+        wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).
-        wide_lr, wide_l1, wide_l2: FTRL's alpha, L1 and L2 (paper convention).
+        wide_lr: FTRL's alpha (paper convention).
+        wide_l1: FTRL's L1 strength.
+        wide_l2: FTRL's L2 strength.
         weight_decay: Adam's (coupled L2) weight decay on the dense parameters.
     """
     owner = "default_optimizer"

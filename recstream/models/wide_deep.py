@@ -2,17 +2,17 @@
 
 ``logit = wide(x) + deep(x)`` where
 
-* wide = :class:`~recstream.models.LinearTerm`: bias + one weight per categorical id
+* wide = `LinearTerm`: bias + one weight per categorical id
   (+ one per dense value), in its OWN width-1 sparse tables, so it can be trained by a
   different optimizer than the deep part (the paper uses FTRL with L1 for the wide part;
-  :func:`~recstream.models.default_optimizer` does the same). A ``dynamic=True`` feature's
+  `default_optimizer` does the same). A ``dynamic=True`` feature's
   wide weight is instead column 0 of its deep hash table (as in DeepFM): one hash lookup per
   feature and step instead of two -- the lookup, not the arithmetic, is what a dynamic
   feature costs -- so those weights train with the tables' optimizer, not FTRL;
 * deep = MLP over the concatenated feature embeddings (one fused
-  :class:`~recstream.nn.EmbeddingBagCollection`) and the dense values.
+  [`EmbeddingBagCollection`][recstream.nn.embedding_bag_collection.EmbeddingBagCollection]) and the dense values.
 
-Returns logits ``[B]`` (see :mod:`recstream.models.base` for the convention).
+Returns logits ``[B]`` (see `recstream.models.base` for the convention).
 
 >>> import torch
 >>> from torch import nn
@@ -50,14 +50,16 @@ class WideDeep(CTRModel):
         hidden: widths of the deep MLP's hidden layers (a final Linear(., 1) follows).
         embedding_dim: width of every deep table; None keeps each feature's own width.
         wide_dense: feed dense values to the wide part too (they always go to the deep part).
-        dropout / batch_norm / activation: of the deep MLP (see :class:`MLP`).
+        dropout: drop probability after each hidden layer of the deep MLP, in [0, 1).
+        batch_norm: BatchNorm1d after each hidden linear layer of the deep MLP.
+        activation: of the deep MLP: one of ``relu, gelu, silu, tanh, sigmoid``.
         init_std: initial std of the deep tables.
-        validate: check ids on every step (see :class:`FeatureEmbedding`).
+        validate: check ids on every step (see `FeatureEmbedding`).
         disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
             (docs/models.md).
 
-    Submodules: ``wide`` (:class:`LinearTerm`), ``embedding`` (:class:`FeatureEmbedding`),
-    ``deep`` (:class:`MLP`). A ``dynamic=True`` feature's wide weight is column 0 of its
+    Submodules: ``wide`` (`LinearTerm`), ``embedding`` (`FeatureEmbedding`),
+    ``deep`` (`MLP`). A ``dynamic=True`` feature's wide weight is column 0 of its
     ``embedding`` hash table (width ``embedding_dim + 1``), not a table of ``wide``.
     """
 

@@ -1,12 +1,12 @@
 """Embedding layers of recstream.
 
-* :class:`EmbeddingBagCollection` + :class:`EmbeddingTableConfig` -- fixed-size
+* `EmbeddingBagCollection` + `EmbeddingTableConfig` -- fixed-size
   tables with pooled (sum/mean, multi-hot) lookups, all tables fused into one
   storage per embedding dim and one ``embedding_bag`` call per dim per step.
-* :class:`HashEmbedding` -- dynamic table for unbounded int64 id spaces
+* [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] -- dynamic table for unbounded int64 id spaces
   (admission, age/LRU eviction, sparse gradients, export for serving), built
-  on :class:`TensorHashTable`, an open-addressing hash table on tensors.
-* :class:`DiskTier` -- an ``EmbeddingTableConfig(tier=...)`` keeps the table's rows and
+  on `TensorHashTable`, an open-addressing hash table on tensors.
+* `DiskTier` -- an ``EmbeddingTableConfig(tier=...)`` keeps the table's rows and
   optimizer state on local disk behind a cache of hot rows (tables larger than RAM).
 
 Example:

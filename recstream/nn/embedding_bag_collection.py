@@ -1,4 +1,4 @@
-"""Fused pooled lookup of many embedding tables: :class:`EmbeddingBagCollection`.
+"""Fused pooled lookup of many embedding tables: `EmbeddingBagCollection`.
 
 Storage: all tables with the same ``embedding_dim`` live in ONE Parameter
 (``fused_weight_dim<D>``), their rows concatenated; table ``t`` starts at a
@@ -7,7 +7,7 @@ single ``F.embedding_bag`` call per dim-group pools every feature of a batch
 (one kernel and, with ``sparse=True``, one sparse COO gradient per group
 instead of one per table).
 
-Input: a :class:`~recstream.features.Features` (or its raw parts ``values``, ``offsets``,
+Input: a `Features` (or its raw parts ``values``, ``offsets``,
 ``batch_size``). Layout, FEATURE-MAJOR: ``values`` int64 flat ids, ``offsets`` int64 of
 length ``F*B+1``; feature ``f`` of example ``b`` is ``values[offsets[f*B+b] : offsets[f*B+b+1]]``.
 When the Features carry names (``keys``), features are matched to the collection's
@@ -298,7 +298,7 @@ class EmbeddingBagCollection(nn.Module):
                 batch_size: int | None = None, validate: bool | None = None) -> torch.Tensor:
         """Pooled embeddings ``[batch_size, output_dim]``, features concatenated in order.
 
-        Call it with a :class:`~recstream.features.Features` (``ebc(features)``) or with its
+        Call it with a `Features` (``ebc(features)``) or with its
         raw parts (``ebc(values, offsets, batch_size)``). Named Features are matched to
         ``feature_names`` by name, in any order, at no extra cost; features the collection
         does not read are skipped (with a single embedding dim they are selected out first,
@@ -479,7 +479,7 @@ class EmbeddingBagCollection(nn.Module):
 
     def _one_id_per_bag(self, values: torch.Tensor, offsets: torch.Tensor, num_bags: int) -> bool:
         """Whether every bag holds exactly one id (single-hot fields, the usual CTR input), on a CPU
-        with one dim group and no sharding: then :meth:`_pool` gathers rows. One pass over the
+        with one dim group and no sharding: then `_pool` gathers rows. One pass over the
         offsets; on CUDA not asked (the answer would cost a host sync), nor while the network is
         traced for export or compiled (a graph must hold for any offsets: the general path)."""
         # Asked first: under export even comparing the sizes would pin num_ids == num_bags in the graph.
@@ -542,7 +542,7 @@ class EmbeddingBagCollection(nn.Module):
 
     def forward_dict(self, features: Features | torch.Tensor, offsets: torch.Tensor | None = None,
                      batch_size: int | None = None, validate: bool | None = None) -> dict[str, torch.Tensor]:
-        """``forward`` followed by :meth:`split`: ``{feature: [B, dim]}``."""
+        """``forward`` followed by `split`: ``{feature: [B, dim]}``."""
         return self.split(self.forward(features, offsets, batch_size, validate))
 
     # ----- checkpoint format: one tensor per table, not the fused storage -----

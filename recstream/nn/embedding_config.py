@@ -1,4 +1,4 @@
-"""Configuration of one embedding table of an :class:`EmbeddingBagCollection`.
+"""Configuration of one embedding table of an `EmbeddingBagCollection`.
 
 A table owns ``num_embeddings`` rows of width ``embedding_dim``. One or more
 sparse *features* read from it (``feature_names``; by default the single
@@ -111,7 +111,7 @@ class EmbeddingTableConfig:
             pools to zeros in both modes).
         init_std: rows are initialised from ``N(0, init_std**2)``.
         feature_names: features looked up in this table, default ``(name,)``.
-        tier: a :class:`DiskTier` to keep the table on disk behind a cache (None: in memory).
+        tier: a `DiskTier` to keep the table on disk behind a cache (None: in memory).
     """
 
     name: str

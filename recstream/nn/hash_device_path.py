@@ -1,8 +1,8 @@
-"""The device path of :class:`~recstream.nn.HashEmbedding`: its training and eval lookups, LRU and age
-passes with static shapes and no host sync (ops in :mod:`~recstream.nn.hash_static`).
+"""The device path of `HashEmbedding`: its training and eval lookups, LRU and age
+passes with static shapes and no host sync (ops in `hash_static`).
 
-:class:`DevicePath` is a mixin of :class:`~recstream.nn.HashEmbedding` (its state, counters and host
-bounds are the module's; see its "Row life cycle"); :func:`lookup_masked_many` looks several tables
+`DevicePath` is a mixin of `HashEmbedding` (its state, counters and host
+bounds are the module's; see its "Row life cycle"); `lookup_masked_many` looks several tables
 up with one host read at most. What each step does on the host path lives in ``hash_embedding.py``;
 here is its static-shape twin, which must keep the same semantics (tests/nn/test_hash_device_path.py
 runs both on the same key streams).
@@ -24,10 +24,10 @@ __all__ = ["DevicePath", "lookup_masked_many"]
 
 
 class DevicePath:
-    """The device-path methods of :class:`~recstream.nn.HashEmbedding` (a mixin: no state of its own)."""
+    """The device-path methods of `HashEmbedding` (a mixin: no state of its own)."""
 
     def _evict_stale(self, stale: torch.Tensor) -> None:
-        """:meth:`_evict_slots` of every slot in the mask `stale`, static shape: the admitted keys'
+        """`_evict_slots` of every slot in the mask `stale`, static shape: the admitted keys'
         rows go onto the free stack in slot order (the host path's), every stale slot becomes a
         tombstone."""
         t = self.table
@@ -51,7 +51,7 @@ class DevicePath:
         self._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
 
     def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | DeviceCall:
-        """:meth:`lookup_masked` up to the host read (see `lookup_masked_many`): its result, or on a
+        """`lookup_masked` up to the host read (see `lookup_masked_many`): its result, or on a
         device the call to finish."""
         if self._sharding is not None or host_reads_free(keys):
             out = self.default_value.expand(keys.numel(), -1).clone()
@@ -63,11 +63,11 @@ class DevicePath:
         return self._begin_device(keys, mutate, mask)
 
     def _device_lookup(self, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
-        """:meth:`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
+        """`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
         ``recstream.nn.hash_static``, every shape that of the batch. No host sync while the table
         has room for the batch's keys (the host keeps bounds of its free rows, pending keys and used
-        slots); one read of the counters when the bounds do not show it (:meth:`_has_room`); the host
-        path's ops (with their syncs) for a step that must rebuild the table (:meth:`_decide`)."""
+        slots); one read of the counters when the bounds do not show it (`_has_room`); the host
+        path's ops (with their syncs) for a step that must rebuild the table (`_decide`)."""
         call = self._begin_device(flat, mutate, None)
         if isinstance(call, torch.Tensor):
             return call
@@ -75,7 +75,7 @@ class DevicePath:
 
     def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None) -> torch.Tensor | DeviceCall:
         """The device path up to the decision that may need a host read: an eval lookup's result, or
-        the probed batch (:class:`~recstream.nn.hash_static.DeviceCall`)."""
+        the probed batch (`DeviceCall`)."""
         if not mutate:
             return self._device_read(flat, mask)
         uniq, inverse, counts, valid = static_unique(flat, mask)
@@ -142,7 +142,7 @@ class DevicePath:
         return False
 
     def _read_terms(self, plan: DevicePlan) -> list[torch.Tensor]:
-        """What :meth:`_decide` needs read from the device: the counters, then the batch's keys
+        """What `_decide` needs read from the device: the counters, then the batch's keys
         admitted now, ripe pending ones, new pending ones, new ones, ones with a row, pending ones."""
         t = self.table
         ripe = plan.ripe.sum()
@@ -150,7 +150,7 @@ class DevicePath:
                 plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum(), (plan.found & (plan.row < 0)).sum()]
 
     def _decide(self, plan: DevicePlan, read: list[int]) -> DevicePlan | None:
-        """Given :meth:`_read_terms` read: run the LRU pass if the rows run short and drop the oldest
+        """Given `_read_terms` read: run the LRU pass if the rows run short and drop the oldest
         pending keys if they go over budget (the host path's order and rules), or return None for a
         step the host path must run (a rebuild, logged evictions, more new keys than there are keys
         to evict); then nothing changed."""
@@ -186,7 +186,7 @@ class DevicePath:
         return plan
 
     def _drop_unseen_pending(self, k: int, plan: DevicePlan) -> None:
-        """:meth:`_evict_lru_pending` of exactly `k` pending keys not in this batch, static shape."""
+        """`_evict_lru_pending` of exactly `k` pending keys not in this batch, static shape."""
         t, step = self.table, self._step
         Scatter(plan.slots, plan.found).put(t.last_seen, step)  # the batch's keys stay (as the host path marks them)
         slots, chosen = oldest_static(torch.where(t.rows < 0, t.last_seen, NEVER_SEEN), step, k)
@@ -198,8 +198,8 @@ class DevicePath:
         t.num_live_t.sub_(k)
 
     def _evict_unseen(self, k: int, batch_rows: torch.Tensor) -> None:
-        """:meth:`_evict_lru_rows` of exactly `k` admitted keys not in this batch (their rows:
-        ``batch_rows``, -1 for keys without one), static shape: the rows :func:`oldest` picks, in
+        """`_evict_lru_rows` of exactly `k` admitted keys not in this batch (their rows:
+        ``batch_rows``, -1 for keys without one), static shape: the rows `oldest` picks, in
         its order onto the free stack. Not while evictions are logged (the log's length is data)."""
         t, step = self.table, self._step
         Scatter(batch_rows, batch_rows >= 0).put(self.row_last_seen, step)  # the batch's keys stay
@@ -220,7 +220,7 @@ class DevicePath:
         t.num_live_t.sub_(k)
 
     def _carry_out(self, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
-        """Carry out :meth:`_plan`: insert the new keys, count, admit (rows from the top of the free
+        """Carry out `_plan`: insert the new keys, count, admit (rows from the top of the free
         stack: ripe pending keys first, then new ones, in key order -- the host path's order), mark
         the rows seen; return the vectors of ``uniq[inverse]``."""
         t, step, p = self.table, self._step, plan
@@ -262,7 +262,7 @@ class DevicePath:
 
     @torch.no_grad()
     def _renorm_masked(self, rows: torch.Tensor, has: torch.Tensor) -> None:
-        """:meth:`_renorm` of ``rows[has]``, static shape."""
+        """`_renorm` of ``rows[has]``, static shape."""
         safe = rows.clamp(min=0)
         w = self.values.index_select(0, safe)
         norm = w.norm(dim=1)
@@ -272,7 +272,7 @@ class DevicePath:
 
 
 def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """:meth:`HashEmbedding.lookup_masked` of several distinct tables ``(table, keys, mask)``, with at
+    """`HashEmbedding.lookup_masked` of several distinct tables ``(table, keys, mask)``, with at
     most ONE host read for all of them on a device (the tables whose bounds do not show room for
     their batch read their counters together; see the module doc).
 

@@ -1,10 +1,10 @@
-"""Dynamic embedding table for unbounded id spaces: :class:`HashEmbedding`.
+"""Dynamic embedding table for unbounded id spaces: [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding].
 
 The PyTorch counterpart of MindSpore Recommender's ``HashEmbeddingLookup``:
 any int64 key (user id, hashed cross feature, ...) maps to a trainable row
 without a fixed vocabulary. Everything is tensors (CPU or CUDA):
 
-* keys -> slots: :class:`~recstream.nn.TensorHashTable` (open addressing,
+* keys -> slots: `TensorHashTable` (open addressing,
   triangular probing in batched rounds, load factor <= ``max_load``);
 * slots -> rows of ``values`` ``[capacity, embedding_size]``;
 * admission after ``permit_filter_value`` occurrences, age eviction after
@@ -18,7 +18,7 @@ record. Sparse optimizers (recstream.optim) call it before each update and
 zero those rows' state, so a new key never inherits the moments of an evicted
 one. Optimizers that ignore it still work, with stale state on reused rows.
 
-Memory per admitted row (measure with :meth:`memory_bytes`):
+Memory per admitted row (measure with `memory_bytes`):
 ``4*embedding_size`` (values, float32) + 26 (row -> slot 8, free list 8, the
 row's last-seen step 8 for the LRU pass, dirty and reset flags 2) + 32 bytes
 per hash slot (key, row, count, last-seen) times ``num_slots / capacity``
@@ -32,7 +32,7 @@ they cost no extra structure.
 Row life cycle
 --------------
 A key goes through three states, all stored in the slot payload of the
-:class:`~recstream.nn.TensorHashTable`:
+`TensorHashTable`:
 
 * absent  -- not in the table;
 * pending -- in the table with ``rows == -1``: its occurrences are counted
@@ -55,19 +55,19 @@ least-recently-seen ones are dropped, with the same headroom.
 Every life-cycle step runs in a training-mode forward or ``step()``. On a CPU they compact
 their tensors as they go (``nonzero``, counts read back: free on a host) and run compiled
 kernels. On a device (``recstream.hostpath``) they run ops of static shapes instead
-(:mod:`recstream.nn.hash_static`): no host sync while the host's bounds of the free rows,
+(`recstream.nn.hash_static`): no host sync while the host's bounds of the free rows,
 pending keys and used slots show room for the batch's keys; one read of the counters when
 they do not (it also decides whether the LRU pass and the drop of pending keys over budget
 run, on the device too); the host path's ops, with their syncs, for the rare step that
 rebuilds the table, logs evictions for ``export_delta`` or brings more new keys than there are
-keys to evict (see :mod:`~recstream.nn.hash_device_path`). Both paths admit the same keys to
+keys to evict (see `hash_device_path`). Both paths admit the same keys to
 the same rows and evict the same ones (their random initial rows differ: they draw different
 amounts). Eval mode and ``torch.inference_mode`` only read: nothing
 in the module changes (``max_norm`` then scales the returned vectors, not the rows).
 
 Sharding (``hybrid_parallel``)
 ------------------------------
-:meth:`shard_keys_` (called by ``recstream.distributed.hybrid_parallel``) keeps on
+`shard_keys_` (called by ``recstream.distributed.hybrid_parallel``) keeps on
 each rank only the keys it owns (``recstream.nn.key_sharding.owner_of``): each
 rank holds ``ceil(capacity / world_size)`` rows, and every forward -- a
 collective -- sends each key to its owner, which counts, admits, evicts and
@@ -156,7 +156,7 @@ def table_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     and ``reset`` (zeros for pending ones), plus ``row`` (the row it had, -1 if pending).
 
     What a table holds independently of its slot layout: it rebuilds one of any size and
-    sharding (:meth:`HashEmbedding.load_entries_`).
+    sharding ([`HashEmbedding.load_entries_`][recstream.nn.hash_embedding.HashEmbedding.load_entries_]).
     """
     keys = state["table.keys"]
     occ = _where((keys != EMPTY) & (keys != DELETED))
@@ -216,7 +216,7 @@ class HashEmbedding(DevicePath, nn.Module):
             least recently seen are dropped and restart counting.
         max_load: hash table load bound; the table has the next power of two
             >= ``(capacity + pending_capacity) / max_load`` slots.
-        auto_step: a training-mode forward calls :meth:`step` first. Set False
+        auto_step: a training-mode forward calls `step` first. Set False
             when one module is called several times per step and call ``step()``
             yourself once per step.
         evict_interval: run the age-eviction scan (O(num_slots)) only every
@@ -568,7 +568,7 @@ class HashEmbedding(DevicePath, nn.Module):
 
     def _oldest(self, last_seen: torch.Tensor, k: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The ``k`` entries of ``last_seen`` seen longest before this step (with ``rows``: among
-        those whose row is -1, pending keys): :func:`~recstream.nn.lru_select.oldest`."""
+        those whose row is -1, pending keys): `oldest`."""
         return oldest(last_seen, self._step, k, rows)
 
     def _headroom(self, budget: int) -> int:
@@ -627,7 +627,7 @@ class HashEmbedding(DevicePath, nn.Module):
 
     def _used_limit(self) -> float:
         """The fraction of slots live keys and tombstones may use before a rebuild: half of what
-        ``max_load`` leaves free (see :meth:`_rehash_if_needed`)."""
+        ``max_load`` leaves free (see `_rehash_if_needed`)."""
         return self.max_load + (1.0 - self.max_load) / 2
 
     def _rehash_if_needed(self, n_new: int) -> bool:
@@ -648,7 +648,7 @@ class HashEmbedding(DevicePath, nn.Module):
 
     def _train_slots(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Count ``uniq`` (with ``counts`` occurrences), admit, insert; return their slots and, when
-        every key has a row now, the rows (marked seen and dirty: :meth:`_mark_seen`), else None.
+        every key has a row now, the rows (marked seen and dirty: `_mark_seen`), else None.
 
         Slots are -1 only for new keys dropped because the pending budget (or, with
         ``permit_filter_value=1``, the capacity) was exhausted by this very batch.
@@ -659,7 +659,7 @@ class HashEmbedding(DevicePath, nn.Module):
         return self._count_and_admit(uniq, counts), None
 
     def _admit_all(self, uniq: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`_train_slots` when every key is admitted at first sight (``permit_filter_value=1``,
+        """`_train_slots` when every key is admitted at first sight (``permit_filter_value=1``,
         the default): no key is ever pending, so no admission bookkeeping -- a third of the ops of
         the general path, which matters because on a CPU a lookup's cost is its op count."""
         t, step = self.table, self._step
@@ -694,7 +694,7 @@ class HashEmbedding(DevicePath, nn.Module):
 
     def _admit_in_kernel(self, uniq: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor, free: torch.Tensor,
                          n_new: int) -> torch.Tensor:
-        """:meth:`_admit_all`'s work after the lookup in one compiled pass (``admit`` in
+        """`_admit_all`'s work after the lookup in one compiled pass (``admit`` in
         ``_hash_kernels.c``) when every new key gets a free row without an eviction or a rehash:
         insert the new keys, give them rows from the top of the free stack, count every key and mark
         its row seen and dirty -- the torch ops' state, bit for bit, in one pass instead of ten
@@ -712,7 +712,7 @@ class HashEmbedding(DevicePath, nn.Module):
         return rows
 
     def _count_and_admit(self, uniq: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """:meth:`_train_slots` with admission after ``permit_filter_value`` > 1 occurrences."""
+        """`_train_slots` with admission after ``permit_filter_value`` > 1 occurrences."""
         t, step, permit = self.table, self._step, self.permit_filter_value
         slots = t.find(uniq)
         found = slots >= 0
@@ -763,7 +763,7 @@ class HashEmbedding(DevicePath, nn.Module):
 
     # ---------------------------------------------------------- the device path (no host sync)
     def lookup_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` of the 1-D `keys` where `mask` holds, ``default_value`` elsewhere: the
+        """`forward` of the 1-D `keys` where `mask` holds, ``default_value`` elsewhere: the
         entries out of `mask` are not counted, admitted or looked up. ``[len(keys), embedding_size]``.
         On a device nothing is compacted (no host sync): a caller with a batch of several features
         passes all its ids and masks the ones of this table's features.
@@ -777,7 +777,7 @@ class HashEmbedding(DevicePath, nn.Module):
     # ---------------------------------------------------------- key sharding
     @property
     def sharded(self) -> bool:
-        """Whether this module holds only the keys its rank owns (after :meth:`shard_keys_`)."""
+        """Whether this module holds only the keys its rank owns (after `shard_keys_`)."""
         return self._sharding is not None
 
     def shard_keys_(self, group=None) -> HashEmbedding:
@@ -938,7 +938,7 @@ class HashEmbedding(DevicePath, nn.Module):
         return out
 
     def import_(self, exported: Mapping[str, torch.Tensor]) -> None:
-        """Load the output of :meth:`export` (or of ``export_delta`` minus its deletes)."""
+        """Load the output of `export` (or of ``export_delta`` minus its deletes)."""
         owner = "HashEmbedding.import_"
         check_type(owner, "exported", exported, Mapping, allowed="a mapping (as returned by export())")
         if "keys" not in exported or "values" not in exported:
@@ -954,7 +954,7 @@ class HashEmbedding(DevicePath, nn.Module):
         """Insert or overwrite rows for unique ``keys`` ``[n]`` with ``values`` ``[n, dim]``.
 
         ``counts`` defaults to ``max(current count, permit_filter_value)`` and
-        ``last_seen`` to the current step. Key-sharded (:meth:`shard_keys_`): only the keys
+        ``last_seen`` to the current step. Key-sharded (`shard_keys_`): only the keys
         this rank owns are loaded, so every rank can pass the same ones. New keys take free rows (reported by
         ``pop_reset_rows``); raises ValueError if there are not enough, rather
         than evicting.

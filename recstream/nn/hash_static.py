@@ -1,23 +1,23 @@
-"""The device path of :class:`~recstream.nn.HashEmbedding`'s table: static-shape torch ops, no host sync.
+"""The device path of `HashEmbedding`'s table: static-shape torch ops, no host sync.
 
 On a CPU the table probes in rounds that shrink to the keys still unresolved (``nonzero``: free on
 a host) and the compiled kernels do the rest. On a device each of those compactions, each
 ``unique`` and each count read back would stop the host until the device catches up, so
-:class:`HashEmbedding` runs these ops instead whenever ``recstream.hostpath.host_reads_free`` is
+`HashEmbedding` runs these ops instead whenever ``recstream.hostpath.host_reads_free`` is
 false (a CUDA tensor, or a CPU one under ``device_path``). Every output has the size of its input:
 
-* :func:`static_unique` -- ``unique`` by a sort and a mask of each run's first entry, padded to the
+* `static_unique` -- ``unique`` by a sort and a mask of each run's first entry, padded to the
   input's length (a ``valid`` mask marks the real entries);
-* :func:`probe` -- every key examines its whole probe sequence (``max_rounds`` slots) at once: the
+* `probe` -- every key examines its whole probe sequence (``max_rounds`` slots) at once: the
   first stop (the key, or an EMPTY slot) answers it, the first EMPTY-or-tombstone slot is where it
   would go. A key whose sequence has no stop fails a device-side assert (the host path raises);
-* :func:`claim` -- new keys written into their first free slots in ``CLAIM_ROUNDS`` rounds: where
+* `claim` -- new keys written into their first free slots in ``CLAIM_ROUNDS`` rounds: where
   several want one slot the first (in call order) takes it and the others take their next free
   slot in the next round (the host path's rule). A key still without a slot after the last round
   (a chain of more than ``CLAIM_ROUNDS`` keys wanting one slot after another: vanishingly rare at
   the load kept) is left out of the step, as a key over capacity is: it reads the default vector
   and is counted again when next seen;
-* :func:`masked_put` -- ``buf[idx[mask]] = value[mask]`` without the boolean index.
+* `masked_put` -- ``buf[idx[mask]] = value[mask]`` without the boolean index.
 
 Ops per call are fixed (a few dozen); what they cost grows with the keys, not with the data.
 
@@ -73,7 +73,7 @@ class Scatter:
 
 
 def masked_put(buf: torch.Tensor, idx: torch.Tensor, value, mask: torch.Tensor) -> None:
-    """``buf[idx[mask]] = value[mask]`` of static shape (:class:`Scatter` for one buffer)."""
+    """``buf[idx[mask]] = value[mask]`` of static shape (`Scatter` for one buffer)."""
     Scatter(idx, mask).put(buf, value)
 
 
@@ -105,7 +105,7 @@ def static_unique(values: torch.Tensor, mask: torch.Tensor | None = None
 
 def window(table, keys: torch.Tensor) -> torch.Tensor:
     """Every probe slot of `keys` ``[n, max_rounds]`` (they depend on the keys alone: compute them
-    once for :func:`probe` and :func:`claim` of the same keys)."""
+    once for `probe` and `claim` of the same keys)."""
     tri = table._triangular(keys.device)[:table.max_rounds]
     return (table.start_of(keys.to(table.keys.dtype)).unsqueeze(1) + tri) & (table.num_slots - 1)
 
@@ -119,7 +119,7 @@ def probe(table, keys: torch.Tensor, valid: torch.Tensor,
           pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(slots, free)`` of ``table.locate`` for the `valid` entries of `keys` (-1 elsewhere): the slot
     of each key found, and for each absent one the first free slot of its probe sequence. `pos`:
-    :func:`window` of `keys`."""
+    `window` of `keys`."""
     keys = keys.to(table.keys.dtype)
     pos = window(table, keys) if pos is None else pos
     cur = table.keys.index_select(0, pos.view(-1)).view(pos.shape)
@@ -138,7 +138,7 @@ def probe(table, keys: torch.Tensor, valid: torch.Tensor,
 
 def claim(table, keys: torch.Tensor, want: torch.Tensor, free: torch.Tensor,
           pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write the `want` keys (distinct, absent; ``free``: :func:`probe`'s; `pos`: :func:`window`'s)
+    """Write the `want` keys (distinct, absent; ``free``: `probe`'s; `pos`: `window`'s)
     into free slots.
 
     Returns ``(slots, reused)``: each key's slot (-1 where not wanted or, after ``CLAIM_ROUNDS``
@@ -197,7 +197,7 @@ class DevicePlan:
 @dataclass
 class DeviceCall:
     """A training lookup on the device path probed and planned, waiting for the decision that may
-    need a host read (`read`): its ids (`flat`, `mask`), ``inverse`` of :func:`static_unique`, its plan."""
+    need a host read (`read`): its ids (`flat`, `mask`), ``inverse`` of `static_unique`, its plan."""
 
     flat: torch.Tensor
     mask: torch.Tensor | None

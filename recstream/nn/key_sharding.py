@@ -1,4 +1,4 @@
-"""Key sharding of a :class:`~recstream.nn.HashEmbedding` over the ranks of a process group.
+"""Key sharding of a [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] over the ranks of a process group.
 
 `KeySharding` gives every int64 key one owning rank, ``owner(key) = mix(hash(key)) % world_size``
 (`owner_of`): a second mix of the table's own hash, so the keys one rank owns still spread over

@@ -1,4 +1,4 @@
-"""Least-recently-seen selection for :class:`~recstream.nn.HashEmbedding`'s eviction: :func:`oldest`.
+"""Least-recently-seen selection for [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding]'s eviction: `oldest`.
 
 Which ``k`` of a table's keys go when it is full: those seen longest ago. A histogram select
 instead of ``topk``: bucket the candidates' ages, find the bucket holding the k-th oldest, take
@@ -52,7 +52,7 @@ def oldest(last_seen: torch.Tensor, step: int, k: int, rows: torch.Tensor | None
 
 
 def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int) -> torch.Tensor:
-    """:func:`oldest` on torch ops."""
+    """`oldest` on torch ops."""
     dev = candidate.device
     n_cand = int(candidate.count_nonzero())
     k = min(k, n_cand)
@@ -83,8 +83,8 @@ def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int)
 
 
 def oldest_static(last_seen: torch.Tensor, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`oldest` (without ``rows``) with no host sync: ``(order, chosen)``, both sized like
-    `last_seen`, where ``order[chosen]`` is :func:`oldest`'s result (the chosen entries first, in its
+    """`oldest` (without ``rows``) with no host sync: ``(order, chosen)``, both sized like
+    `last_seen`, where ``order[chosen]`` is `oldest`'s result (the chosen entries first, in its
     order). The bucket width, threshold bucket and counts stay on the device."""
     n, dev = last_seen.numel(), last_seen.device
     index = torch.arange(n, device=dev)

@@ -2,8 +2,8 @@
 
 ``kernels`` is the extension module ``recstream.nn._hash_kernels`` (``_hash_kernels.c``; the
 comment atop it says what it does and why it is C), or None where it was not built (no C compiler
-at install time): :class:`~recstream.nn.TensorHashTable`, :class:`~recstream.nn.HashEmbedding`
-and :mod:`~recstream.nn.lru_select` then run the same algorithms on torch ops, which leave the
+at install time): `TensorHashTable`, [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding]
+and `lru_select` then run the same algorithms on torch ops, which leave the
 same state. ``AVAILABLE`` says which. Callers read ``native.kernels`` at call time, so a test can
 switch the kernels off for a run.
 

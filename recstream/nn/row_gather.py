@@ -6,7 +6,7 @@ or unique + index_add_ on a CPU). A caller that already knows the unique rows --
 looks each key up once -- can hand them over sorted: the backward then sums the entries of a
 row into it directly (one `index_add_`) and returns a COO gradient marked coalesced, which the
 optimizer uses as it is. On a CPU, for a full `HashEmbedding` with 26k ids a step, that spares
-the optimizer's sort of all the ids (see the README's figures).
+the optimizer's sort of all the ids (see docs/benchmarks.md).
 
 >>> import torch
 >>> w = torch.nn.Parameter(torch.arange(12.0).view(6, 2))

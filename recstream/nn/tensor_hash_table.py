@@ -1,7 +1,7 @@
-"""Open-addressing hash table on tensors: :class:`TensorHashTable`.
+"""Open-addressing hash table on tensors: `TensorHashTable`.
 
 Maps int64 keys to *slots* of fixed-size tensors, entirely with batched torch
-ops (CPU or CUDA), for :class:`~recstream.nn.HashEmbedding`.
+ops (CPU or CUDA), for [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding].
 
 Design
 ------
@@ -29,21 +29,21 @@ Design
 * Insert conflicts: keys whose first free slot is the same are sorted by slot;
   the first of each run wins and is written, the others move on past it.
   Deterministic on CPU and CUDA.
-* Lookup, then insert of the misses (a training step's new keys): :meth:`locate` notes each
-  absent key's first free slot while it probes, and :meth:`insert_at` writes the keys there when
+* Lookup, then insert of the misses (a training step's new keys): `locate` notes each
+  absent key's first free slot while it probes, and `insert_at` writes the keys there when
   no two want the same slot -- one probe instead of two.
 * Compiled kernels: on a CPU, tables of int64 keys look up and insert through ``_hash_kernels``
   (C, built with the package; see the comment atop ``_hash_kernels.c``): one pass per key with
   the next keys' probes prefetched, the same probe sequence and tombstone rule, and an insert that
   replays the rounds below claim for claim, so both implementations leave the same layout. The
-  torch ops run for int32 keys, wherever the extension was not built (:mod:`~recstream.nn.native`)
+  torch ops run for int32 keys, wherever the extension was not built (`native`)
   and on a device outside HashEmbedding's training and eval lookups, which take the static-shape
-  ops of :mod:`~recstream.nn.hash_static` there (no compaction, no host sync). Counters the device
-  path changes on the device reach the host mirrors (:attr:`num_used`) at the next read of them.
+  ops of `hash_static` there (no compaction, no host sync). Counters the device
+  path changes on the device reach the host mirrors (`num_used`) at the next read of them.
 * Load factor: the owner keeps ``live <= max_load * num_slots`` (0.5 by
   default: ~1.5 probes per successful lookup). Tombstones count as used
   (misses probe past them); when ``used`` would exceed a second, higher bound
-  (0.75 for HashEmbedding) the table is rebuilt without them (:meth:`rehash`).
+  (0.75 for HashEmbedding) the table is rebuilt without them (`rehash`).
 
 Example:
     >>> import torch
@@ -160,7 +160,7 @@ class TensorHashTable(nn.Module):
 
     @property
     def num_live(self) -> int:
-        """Slots holding a key (see :attr:`num_used`)."""
+        """Slots holding a key (see `num_used`)."""
         if self._stale:
             self._sync_counters()
         return self._live
@@ -178,7 +178,7 @@ class TensorHashTable(nn.Module):
         self._stale = True
 
     def num_used_bound(self) -> int:
-        """:attr:`num_used` or more, without a read."""
+        """`num_used` or more, without a read."""
         return self.used_bound if self._stale else self._used
 
     def _set_counters(self, used: int, live: int) -> None:
@@ -197,12 +197,12 @@ class TensorHashTable(nn.Module):
         return (self.keys != EMPTY) & (self.keys != DELETED)
 
     def start_of(self, keys: torch.Tensor) -> torch.Tensor:
-        """First probe slot of each of ``keys``: pass it to :meth:`find` and :meth:`insert` when
+        """First probe slot of each of ``keys``: pass it to `find` and `insert` when
         both see the same keys, to hash them once."""
         return hash_keys(keys) & (self.num_slots - 1)
 
     def _window(self, start: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots at probe offsets ``offset`` (``[w]`` for all keys or ``[n, w]``, from :meth:`_triangular`)
+        """Slots at probe offsets ``offset`` (``[w]`` for all keys or ``[n, w]``, from `_triangular`)
         of keys hashed to ``start`` ``[n]``, and the keys stored there: two ``[n, w]`` tensors."""
         pos = (start.unsqueeze(1) + offset) & (self.num_slots - 1)
         return pos, self.keys.index_select(0, pos.view(-1)).view(pos.shape)
@@ -223,15 +223,15 @@ class TensorHashTable(nn.Module):
         return min(PROBE_WINDOW if n <= WIDE_WINDOW_MAX_KEYS else 1, self.max_rounds)
 
     def find(self, keys: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
-        """Slot of each of ``keys`` (1-D), ``-1`` where absent. Read-only. ``start``: :meth:`start_of`."""
+        """Slot of each of ``keys`` (1-D), ``-1`` where absent. Read-only. ``start``: `start_of`."""
         return self._probe(keys, start, want_free=False)[0]
 
     def locate(self, keys: torch.Tensor, start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`find`, plus where each absent key would go: ``(slots, free)``.
+        """`find`, plus where each absent key would go: ``(slots, free)``.
 
         ``free`` holds, for each absent key, the first free slot (EMPTY or tombstone) of its probe
-        sequence -- the slot :meth:`insert` would give it were it inserted alone -- and ``-1`` for
-        present keys. Pass both to :meth:`insert_at`: a lookup that admits new keys then probes
+        sequence -- the slot `insert` would give it were it inserted alone -- and ``-1`` for
+        present keys. Pass both to `insert_at`: a lookup that admits new keys then probes
         once instead of twice (on a CPU, where a small call costs its number of torch ops, the
         second probe was as dear as the first). Read-only.
         """
@@ -304,13 +304,13 @@ class TensorHashTable(nn.Module):
         free.index_copy_(0, idx, torch.where(before >= 0, before, here))
 
     def insert_at(self, keys: torch.Tensor, free: torch.Tensor, start: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`insert` of unique absent ``keys`` whose free slots :meth:`locate` just found.
+        """`insert` of unique absent ``keys`` whose free slots `locate` just found.
 
         Each key goes to its ``free`` slot: the first free slot of its probe sequence, so
-        :meth:`find` reaches it before any EMPTY slot. Where several keys want one slot (rare at
+        `find` reaches it before any EMPTY slot. Where several keys want one slot (rare at
         the load kept here, but a call on thousands of new keys has a few) the first takes it and
-        the others go through :meth:`insert`. ``start``: :meth:`start_of` of ``keys``. The layout
-        may differ from one :meth:`insert` of the same keys (which of two keys wanting one slot
+        the others go through `insert`. ``start``: `start_of` of ``keys``. The layout
+        may differ from one `insert` of the same keys (which of two keys wanting one slot
         reaches it first depends on the probe window); both are valid.
         """
         if self.runs_kernels(keys):
@@ -335,7 +335,7 @@ class TensorHashTable(nn.Module):
         return out
 
     def _insert_native(self, keys: torch.Tensor, free: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`insert_at` (`free` given) or :meth:`insert` (None) by the compiled kernel."""
+        """`insert_at` (`free` given) or `insert` (None) by the compiled kernel."""
         keys = keys.to(torch.int64).contiguous()
         out = torch.empty_like(keys)
         free = None if free is None else free.to(torch.int64).contiguous().numpy()
@@ -346,7 +346,7 @@ class TensorHashTable(nn.Module):
         return out
 
     def record_inserts(self, n: int, reused: int) -> None:
-        """Count `n` keys written into free slots, `reused` of them tombstones (:meth:`insert` does;
+        """Count `n` keys written into free slots, `reused` of them tombstones (`insert` does;
         so does a kernel that inserts for its owner, HashEmbedding's admission)."""
         self._set_counters(self.num_used + n - reused, self.num_live + n)
 
@@ -360,8 +360,8 @@ class TensorHashTable(nn.Module):
         """Insert unique keys that are NOT in the table; return their slots.
 
         The caller guarantees room (``num_used + len(keys)`` within the load
-        bound; see :meth:`needs_rehash`). Payload of the new slots is reset
-        (``last_seen`` to 0). ``start``: :meth:`start_of` of ``keys``.
+        bound; see `needs_rehash`). Payload of the new slots is reset
+        (``last_seen`` to 0). ``start``: `start_of` of ``keys``.
         """
         if self.runs_kernels(keys):
             return self._insert_native(keys, None)

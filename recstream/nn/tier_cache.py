@@ -1,16 +1,16 @@
-"""The in-memory cache of a disk-tiered table: :class:`TierCache`.
+"""The in-memory cache of a disk-tiered table: `TierCache`.
 
 A tiered table keeps every row and its optimizer state in a `TierStore` on local disk; its trainable
 Parameter holds only ``cache_rows`` slots (plus a padding row). Before a lookup, the batch's ids are
-mapped to slots (:meth:`TierCache.map_ids`): a missing row takes a free slot or the least recently used
+mapped to slots (`TierCache.map_ids`): a missing row takes a free slot or the least recently used
 one, whose row -- weights and per-row optimizer state -- is written back first if the slot was
 trained since it was loaded. The optimizer then updates the cache Parameter as it would any table, so
 training equals the in-memory table's as long as a row's optimizer state travels with it.
 
 The optimizer is found without the caller's help: a global ``torch.optim`` step pre-hook binds a
 cache to the optimizer whose parameters include its Parameter. Which state entries are per-row, and
-their initial values, is an optimizer's *row-state adapter* (:data:`ROW_STATE`, keyed by class name;
-:func:`register_row_state` adds one). A row-sparse optimizer is required: a dense update would move
+their initial values, is an optimizer's *row-state adapter* (`ROW_STATE`, keyed by class name;
+`register_row_state` adds one). A row-sparse optimizer is required: a dense update would move
 the cached slots only, not every row of the table.
 
 Example:

@@ -1,4 +1,4 @@
-"""One memory-mapped file of fixed-width float32 rows with a checksum per block: :class:`TierFile`.
+"""One memory-mapped file of fixed-width float32 rows with a checksum per block: `TierFile`.
 
 The storage of a disk-tiered embedding table (`tier_store`) is one such file for the weights and one
 per optimizer state of the rows. Layout::
@@ -8,14 +8,14 @@ per optimizer state of the rows. Layout::
     [data, data + rows*cols*4) the rows, float32, row-major
 
 A block is ``block_rows`` consecutive rows (one 4 KiB page). Its checksum is refreshed by
-:meth:`TierFile.flush` for the blocks written since the previous flush; every other block is
+`TierFile.flush` for the blocks written since the previous flush; every other block is
 checked against its stored checksum the first time it is read or written after the file is opened,
-so a corrupt or torn block raises :class:`TierFileError` naming the file and the block instead of
+so a corrupt or torn block raises `TierFileError` naming the file and the block instead of
 being read. (Blocks written in between are the process's own and are trusted until the next flush.)
 
 A shared memory map gives the page cache the work of moving rows between memory and disk: a read of a
 few rows touches their pages only. Pages a process touched count in its resident set until dropped,
-so :meth:`TierFile.release` drops them (written pages stay in the page cache, to be written back).
+so `TierFile.release` drops them (written pages stay in the page cache, to be written back).
 
 Example:
     >>> import os, tempfile, numpy as np
@@ -64,8 +64,8 @@ def _crc(buffer) -> int:
 class TierFile:
     """Rows ``[rows, cols]`` float32 in a memory-mapped file with per-block checksums.
 
-    Build with :meth:`create` or :meth:`open`. ``generation`` (in the header) is the number of the
-    last commit of the store the file belongs to; :meth:`set_generation` writes it.
+    Build with `create` or `open`. ``generation`` (in the header) is the number of the
+    last commit of the store the file belongs to; `set_generation` writes it.
     """
 
     def __init__(self, path: str, rows: int, cols: int, block_rows: int, generation: int) -> None:
@@ -90,7 +90,7 @@ class TierFile:
     def create(cls, path: str, rows: int, cols: int, fill: Callable[[int, int], np.ndarray]) -> TierFile:
         """A new file (replacing any at `path`) whose rows ``[a, b)`` are ``fill(a, b)``, flushed.
 
-        The header is written last, so a crash during creation leaves a file :meth:`open` refuses."""
+        The header is written last, so a crash during creation leaves a file `open` refuses."""
         rows = check_int(_OWNER, "rows", rows, minimum=1)
         cols = check_int(_OWNER, "cols", cols, minimum=1)
         block_rows = max(1, BLOCK_BYTES // (4 * cols))

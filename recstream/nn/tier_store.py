@@ -1,4 +1,4 @@
-"""The files of one disk-tiered table, committed together: :class:`TierStore`.
+"""The files of one disk-tiered table, committed together: `TierStore`.
 
 A directory holds a ``manifest.json`` (the committed generation and the files), one `TierFile` per
 array (``weight``, and one per per-row optimizer state such as ``exp_avg``) and ``undo.log``.
@@ -8,14 +8,14 @@ first written since the last commit its committed bytes (and, for the first row 
 block's committed checksum) are appended to the undo log and fsynced. A commit flushes every file
 (data and checksums), then atomically replaces the manifest with generation ``g + 1`` (the commit
 point), then stamps the files' headers and empties the undo log. Opening the store (or
-:meth:`TierStore.rollback`) undoes every write made after the manifest's generation, so after a
+`TierStore.rollback`) undoes every write made after the manifest's generation, so after a
 SIGKILL the table is exactly as at the last commit: nothing of a later step is kept, nothing of an
 earlier one lost. An undo entry torn by the kill is one whose rows were never written (the log is
 fsynced before the write), so the entries are read up to the first one failing its checksum.
 
 The log of the last commit is kept (``undo.prev``), so the store can also return one commit back: a
 checkpoint commits the store before its own file is written, and a kill between the two must leave
-the previous checkpoint restorable (:meth:`TierStore.rollback_to`).
+the previous checkpoint restorable (`TierStore.rollback_to`).
 
 Example:
     >>> import tempfile, numpy as np

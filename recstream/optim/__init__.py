@@ -3,13 +3,13 @@
 Row-sparse optimizers (accept sparse COO or dense gradients, update only the
 rows present in the gradient, honour ``param.pop_reset_rows``):
 
-* :class:`RowWiseAdagrad` - one accumulator per row, for embedding tables;
-* :class:`LazyAdam` - Adam moving only touched rows (TF LazyAdam semantics);
-* :class:`FTRL` - FTRL-Proximal with L1/L2, for the wide part.
+* [`RowWiseAdagrad`][recstream.optim.rowwise_adagrad.RowWiseAdagrad] - one accumulator per row, for embedding tables;
+* [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam] - Adam moving only touched rows (TF LazyAdam semantics);
+* [`FTRL`][recstream.optim.ftrl.FTRL] - FTRL-Proximal with L1/L2, for the wide part.
 
-:class:`CombinedOptimizer` / :func:`sparse_and_dense` pair a sparse optimizer
+[`CombinedOptimizer`][recstream.optim.combined.CombinedOptimizer] / `sparse_and_dense` pair a sparse optimizer
 for embeddings with a dense one for the rest as a single ``Optimizer``.
-:class:`FusedTables` keeps several tables of one torch Adam in one storage (boost's
+`FusedTables` keeps several tables of one torch Adam in one storage (boost's
 ``fused_tables``).
 
 Example:

@@ -115,7 +115,7 @@ class SparseRowOptimizer(Optimizer):
     Subclasses implement:
 
     * ``_validate_group(group)`` - raise on bad hyper-parameters (with
-      :mod:`recstream.validation`, the class name as owner);
+      `recstream.validation`, the class name as owner);
     * ``_init_state(p, state, group)`` - allocate per-parameter state;
     * ``_reset_rows(state, rows, group)`` - restore rows of the state to
       their initial value (used by the row-reset protocol);

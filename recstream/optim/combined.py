@@ -5,7 +5,7 @@ small dense networks. Dense optimizers such as ``torch.optim.Adam`` reject
 sparse gradients, and sparse optimizers are not the best choice for an MLP,
 so the parameters are split and each half gets its own optimizer.
 
-Design: :class:`CombinedOptimizer` subclasses ``torch.optim.Optimizer`` (LR
+Design: [`CombinedOptimizer`][recstream.optim.combined.CombinedOptimizer] subclasses ``torch.optim.Optimizer`` (LR
 schedulers check ``isinstance(opt, Optimizer)``) but owns no parameter groups
 of its own. ``param_groups`` is a live property returning the children's group
 dicts themselves, concatenated, so a scheduler or ``ReduceLROnPlateau`` that
@@ -51,7 +51,7 @@ class CombinedOptimizer(Optimizer):
     Args:
         optimizers: a mapping ``name -> Optimizer`` or a sequence of
             optimizers (named ``"0"``, ``"1"``, ...). Names key the state dict
-            and select the target of :meth:`add_param_group`.
+            and select the target of `add_param_group`.
 
     ``step(closure)`` evaluates the closure once, then steps every child.
     ``state_dict()`` is ``{"optimizers": {name: child.state_dict()}}``.
@@ -210,7 +210,7 @@ def split_sparse_dense(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Pa
 
 
 def _split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """:func:`split_sparse_dense` for a model already checked to be a module."""
+    """`split_sparse_dense` for a model already checked to be a module."""
     sparse: dict[int, nn.Parameter] = {}
     for module in model.modules():
         provider = getattr(module, "sparse_parameters", None)

@@ -20,7 +20,7 @@ denominator, so TF's ``l2_regularization_strength=x`` equals ``l2=2*x`` here;
 TF's ``l1`` is the same. Untouched rows keep ``w``, ``n`` and ``z``.
 
 On a CPU, a float32 table's touched rows are updated in one compiled pass
-(:mod:`recstream.optim.native`), equal to the torch ops to float32 rounding;
+(`recstream.optim.native`), equal to the torch ops to float32 rounding;
 other devices and dtypes, and ``lr_power`` other than -0.5, run the torch ops.
 
 Example:

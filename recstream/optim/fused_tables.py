@@ -1,4 +1,4 @@
-"""Several embedding tables of one Adam param group kept in one storage: :class:`FusedTables`.
+"""Several embedding tables of one Adam param group kept in one storage: `FusedTables`.
 
 A user's CTR network has a table per field (26 ``nn.Embedding`` for Criteo), so a row-sparse
 step on them is 26 small gathers and scatters per state tensor, whose per-call cost exceeds
@@ -42,7 +42,7 @@ __all__ = ["FusedTables", "advance_step", "decay_rows", "host_step", "learning_r
 
 class FusedTables:
     """Tables (parameters of one Adam/AdamW param group with equal dtype, device and row shape)
-    whose weights and Adam moments live in one storage each; :meth:`step` updates them all.
+    whose weights and Adam moments live in one storage each; `step` updates them all.
 
     Args:
         params: the tables' weights, in order (at least two).
@@ -104,7 +104,7 @@ class FusedTables:
 
     def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor]) -> None:
         """One lazy-Adam step of every table from its row-sparse gradient `grads` (in order), with
-        `group`'s hyper-parameters, into Adam's own state entries. Call when :meth:`ready`."""
+        `group`'s hyper-parameters, into Adam's own state entries. Call when `ready`."""
         capturable = bool(group.get("capturable"))
         with torch.no_grad():
             if not self._is_slice_of(self.params, self.weight):

@@ -11,7 +11,7 @@ Adam would decay their moments and keep moving them). This is the semantics
 of TF's ``LazyAdamOptimizer`` and ``torch.optim.SparseAdam``; unlike
 ``SparseAdam`` it also accepts dense gradients (then every row is touched and
 the update is exactly ``torch.optim.Adam`` without weight decay). On a CPU, a float32 table's
-touched rows are updated in one compiled pass (:mod:`recstream.optim.native`), equal to the
+touched rows are updated in one compiled pass (`recstream.optim.native`), equal to the
 torch ops to float32 rounding.
 
 Bias correction uses a *global* step count ``t`` per parameter, incremented
@@ -107,7 +107,7 @@ def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor
 
 def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]], t: int | float | Tensor,
                      lr: float | Tensor, beta1: float, beta2: float, eps: float) -> None:
-    """:func:`lazy_adam_rows` of several tables ``(p, rows, grad, exp_avg, exp_avg_sq)`` that share
+    """`lazy_adam_rows` of several tables ``(p, rows, grad, exp_avg, exp_avg_sq)`` that share
     hyper-parameters and step `t`: their rows' moments are gathered into one tensor, so the
     arithmetic runs once for all of them (a user's network has a table per field: 26 small
     updates cost their number of ops, not their size). Each element gets the same operations as

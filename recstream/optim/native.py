@@ -2,12 +2,12 @@
 
 ``kernels`` is the extension module ``recstream.optim._row_kernels`` (``_row_kernels.c``; the
 comment atop it says what it does and why it is C), or None where it was not built (no C compiler
-at install time): :class:`~recstream.optim.LazyAdam` (and boost's lazy Adam on a user's Adam),
-:class:`~recstream.optim.RowWiseAdagrad` and :class:`~recstream.optim.FTRL` then
+at install time): [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam] (and boost's lazy Adam on a user's Adam),
+[`RowWiseAdagrad`][recstream.optim.rowwise_adagrad.RowWiseAdagrad] and [`FTRL`][recstream.optim.ftrl.FTRL] then
 update their rows with torch ops, which compute the same formulas (equal to float32 rounding).
 ``AVAILABLE`` says which. Callers read ``native.kernels`` at call time, so a test can switch the
-kernels off for a run; :func:`runs_on_kernels` says whether an update's tensors qualify, and
-:func:`update_rows` runs one.
+kernels off for a run; `runs_on_kernels` says whether an update's tensors qualify, and
+`update_rows` runs one.
 
 >>> isinstance(AVAILABLE, bool)
 True

@@ -14,7 +14,7 @@ see gradients of similar scale. For a 1-D parameter every element is its own
 row, so the update is exactly ``torch.optim.Adagrad``.
 
 On a CPU, a float32 table's touched rows are updated in one compiled pass
-(:mod:`recstream.optim.native`), equal to the torch ops to float32 rounding;
+(`recstream.optim.native`), equal to the torch ops to float32 rounding;
 other devices and dtypes run the torch ops.
 
 Example:

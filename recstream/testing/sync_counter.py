@@ -4,8 +4,8 @@ On CUDA a step runs asynchronously: the host queues kernels and moves on, unless
 value back (``.item()``, ``bool(t)``) or an output whose size depends on the data (``nonzero``,
 ``unique``, a boolean mask, ``repeat_interleave`` without ``output_size``, a COO ``coalesce``). Each
 such op waits for the device and makes the step impossible to capture as one CUDA graph.
-:class:`SyncCounter` is a ``TorchDispatchMode`` that counts them, and every dispatched op, on any
-device: run on CPU tensors under :func:`recstream.hostpath.device_path` (with the compiled CPU
+`SyncCounter` is a ``TorchDispatchMode`` that counts them, and every dispatched op, on any
+device: run on CPU tensors under `recstream.hostpath.device_path` (with the compiled CPU
 kernels off), it sees the ops CUDA would run, so the test suite checks a step is sync-free without
 a GPU.
 
@@ -17,7 +17,7 @@ a GPU.
 >>> counter.syncs, sorted(counter.sync_ops)
 (2, ['aten._local_scalar_dense', 'aten.index'])
 
-``per_step`` records the counts between calls of :meth:`mark` (one per step). ``Tensor.tolist`` and
+``per_step`` records the counts between calls of `mark` (one per step). ``Tensor.tolist`` and
 ``Tensor.numpy``, which read values without dispatching an op, are counted too while the mode is on.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _forces_sync(func, args, kwargs) -> bool:
 
 class SyncCounter(TorchDispatchMode):
     """A dispatch mode counting sync-forcing ops (`SYNC_OPS` and the argument-dependent ones) and all
-    dispatched ops. ``total`` covers everything seen; :meth:`mark` closes a step into ``per_step``.
+    dispatched ops. ``total`` covers everything seen; `mark` closes a step into ``per_step``.
     ``where`` records the first few sync-forcing calls' Python stacks when ``trace=True``."""
 
     def __init__(self, trace: bool = False):

@@ -81,8 +81,8 @@ class Model:
         loss_fn: ``loss_fn(outputs, label)``; batches are then ``(data..., label)``.
         optimizer: any ``torch.optim.Optimizer`` (or an object with ``step``/``zero_grad``).
         metrics: names (``{"accuracy", "auc", "loss"}``) or ``{name: Metric}``.
-        eval_network / eval_indexes: a custom eval network and the positions of
-            ``(loss, outputs, label)`` in its outputs.
+        eval_network: a custom eval network (default: built from `network` and `loss_fn`).
+        eval_indexes: the positions of ``(loss, outputs, label)`` in `eval_network`'s outputs.
         amp_level: "O0" | "O1" | "O2" | "O3" | "auto".
         boost_level: "O0" | "O1" | "O2": named accelerations of the user's network and optimizer
             (`recstream.train.boost`; ``boost_config_dict`` switches each by name, `boost_report`

@@ -1,13 +1,13 @@
 """recstream.data.streams: unbounded sources of Batches for online training, with exact positions.
 
-Sources (all iterables of :class:`~recstream.data.Batch` of ``batch_size`` rows that wait for
-new data, see :mod:`.base` for the protocol the trainer relies on):
+Sources (all iterables of [`Batch`][recstream.data.batch.Batch] of ``batch_size`` rows that wait for
+new data, see `.base` for the protocol the trainer relies on):
 
-* :class:`IterableStream`: any Python iterable of batches or of row dicts.
+* [`IterableStream`][recstream.data.streams.iterable.IterableStream]: any Python iterable of batches or of row dicts.
   Position ``{"batches": n}`` / ``{"records": n}``.
-* :class:`DirectoryStream`: files arriving in a directory (CSV/TSV, JSON lines, Criteo TSV,
+* `DirectoryStream`: files arriving in a directory (CSV/TSV, JSON lines, Criteo TSV,
   Parquet), read once each in name order. Position ``{"file": name, "offset": bytes|rows}``.
-* :class:`KafkaStream`: Kafka topics via confluent-kafka, consumer group or explicit
+* `KafkaStream`: Kafka topics via confluent-kafka, consumer group or explicit
   partitions. Position ``{"topic:partition": next_offset}``.
 
 Every stream has ``position()``, ``seek(position)``, ``commit(position)``, ``reset()``
@@ -15,11 +15,11 @@ Every stream has ``position()``, ``seek(position)``, ``commit(position)``, ``res
 ``bad_records`` (by reason; each bad record also goes to ``dead_letter`` with its reason
 and source position, and the stream goes on).
 
-Decoders (records -> Batch, vectorized with pyarrow, :mod:`.decoders`): :class:`CSVLineDecoder`,
-:class:`JSONDecoder`, :class:`CriteoTSVDecoder`, :class:`RowDecoder`, :class:`ArrowTableDecoder`.
+Decoders (records -> Batch, vectorized with pyarrow, `.decoders`): `CSVLineDecoder`,
+`JSONDecoder`, `CriteoTSVDecoder`, `RowDecoder`, `ArrowTableDecoder`.
 
-Producing events is not part of this package: ``recstream produce`` (:mod:`recstream.cli.produce`)
-writes them into a topic or a directory, and :class:`recstream.testing.TansuBroker` runs a
+Producing events is not part of this package: ``recstream produce`` (`recstream.cli.produce`)
+writes them into a topic or a directory, and `recstream.testing.TansuBroker` runs a
 local Kafka-protocol broker for tests and demos.
 
 >>> import os, tempfile

@@ -1,6 +1,6 @@
 """The stream protocol every source implements, and the loop they share.
 
-A stream is an iterable of :class:`~recstream.data.Batch` of ``batch_size`` rows that
+A stream is an iterable of [`Batch`][recstream.data.batch.Batch] of ``batch_size`` rows that
 waits for new data (``idle_timeout=None``: forever; else the iteration ends after that
 many seconds without a new record, first yielding the short remainder unless
 ``drop_remainder``). ``max_batches`` ends an iteration after that many batches. ``max_delay``
@@ -33,7 +33,7 @@ with the source's columns (None when the source cannot say).
 A new ``iter()`` resumes just after the last batch yielded (read-ahead of an unfinished
 iteration is dropped and read again), so ``for b in stream`` twice never loses rows.
 
-Batching (:class:`Assembler`): sources decode records in chunks whose sizes follow the
+Batching (`Assembler`): sources decode records in chunks whose sizes follow the
 source (a poll, a file block) and shrink when records are bad. The assembler queues the
 chunks and cuts exact batches; for each batch it also reports which records it
 *consumed*, as per-record ``keys`` (a Kafka partition, a file) and ``afters`` (the source
@@ -140,7 +140,7 @@ class Stream:
         return dict(self._meta)
 
     def seek(self, position: dict) -> None:
-        """Resume at `position` (from :meth:`position`): no record lost, none repeated."""
+        """Resume at `position` (from `position`): no record lost, none repeated."""
         check_type(f"{type(self).__name__}.seek", "position", position, dict, allowed="a dict from position()")
         self._check_open()
         if self._iterating:  # applied by the running iteration before its next batch

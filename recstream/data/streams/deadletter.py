@@ -9,17 +9,17 @@ Each bad record becomes one JSON line::
 ``record`` is the raw record decoded as UTF-8 (undecodable bytes as U+FFFD), cut to
 ``max_bytes``. Lines go to a file (appended, flushed per call, so a crash loses nothing
 already handled) and/or are forwarded to a callable (the Kafka stream passes one that
-produces to a dead-letter topic). Counts by reason are kept in :attr:`DeadLetter.counts`.
+produces to a dead-letter topic). Counts by reason are kept in `DeadLetter.counts`.
 
 Delivery is at-least-once: a stream that is sought back and decodes the same bad record
 again writes it again (the ``source`` position tells duplicates apart).
 
-:class:`DeadLetterProducer` is the forward callable for a Kafka dead-letter topic. No dead
+`DeadLetterProducer` is the forward callable for a Kafka dead-letter topic. No dead
 letter is lost silently: a full producer queue (``BufferError``) is waited out, serving
-delivery reports, for at most ``max_block`` seconds and then raises :class:`DeadLetterError`
+delivery reports, for at most ``max_block`` seconds and then raises `DeadLetterError`
 (the stream stops loudly instead of dropping records); every delivery is confirmed by a
 callback, and each one that fails (or is still queued when ``flush``/``close`` gives up) is
-logged at ERROR and counted in :attr:`DeadLetterProducer.undelivered`.
+logged at ERROR and counted in `DeadLetterProducer.undelivered`.
 
 >>> import tempfile, os, json
 >>> from recstream.data.streams.records import BadRecord

@@ -1,6 +1,6 @@
-"""Record decoders: raw records -> :class:`~recstream.data.Batch` + bad records, vectorized with pyarrow.
+"""Record decoders: raw records -> [`Batch`][recstream.data.batch.Batch] + bad records, vectorized with pyarrow.
 
-Every decoder shares one pipeline (:class:`TableDecoder`); a format only says how to parse a
+Every decoder shares one pipeline (`TableDecoder`); a format only says how to parse a
 contiguous run of records into an Arrow table (``_parse``):
 
 1. find the records' byte spans (one numpy scan), reject empty and oversize ones;
@@ -8,20 +8,20 @@ contiguous run of records into an Arrow table (``_parse``):
 3. if that call fails (one invalid JSON line, invalid UTF-8, a type that changes mid-run),
    split the run in halves and retry each: only the failing record ends up alone, and is
    rejected as ``malformed`` with pyarrow's message; a clean run costs one call;
-4. convert with :class:`~recstream.data.convert.ColumnConverter` (which flags bad values
+4. convert with `ColumnConverter` (which flags bad values
    per row) plus the optional event-id / event-time columns.
 
 The formats:
 
-* text records, one per line or Kafka message: :class:`CSVLineDecoder` (CSV, TSV...; one
+* text records, one per line or Kafka message: `CSVLineDecoder` (CSV, TSV...; one
   ``pyarrow.csv.read_csv`` call per run, every column as text, lines with the wrong field
-  count rejected as ``column_count``), :class:`CriteoTSVDecoder` (Criteo's TSV layout) and
-  :class:`JSONDecoder` (one JSON object per record, one ``pyarrow.json.read_json`` call per
+  count rejected as ``column_count``), `CriteoTSVDecoder` (Criteo's TSV layout) and
+  `JSONDecoder` (one JSON object per record, one ``pyarrow.json.read_json`` call per
   run; values may be numbers or numeric strings, multi-hot ids lists; absent keys are
   missing values, unknown keys are ignored). Text records carry no header: the columns are
   `column_names` (default: label, dense, categorical, then the event-id / event-time
   columns if named); quoted fields may hold the delimiter, never a newline.
-* structured records: :class:`RowDecoder` (Python row dicts) and :class:`ArrowTableDecoder`
+* structured records: `RowDecoder` (Python row dicts) and `ArrowTableDecoder`
   (Arrow tables / record batches, e.g. Parquet row groups); a bad record's raw form (for
   the dead letter) is its JSON.
 
@@ -170,7 +170,7 @@ class TableDecoder:
         """Reject records the parser must never see (a format's own dangers); default: none."""
 
     def _span(self, buf, starts, ends, lo: int, hi: int):
-        """What :meth:`_parse` gets for records lo..hi-1 (a zero-copy Arrow buffer here)."""
+        """What `_parse` gets for records lo..hi-1 (a zero-copy Arrow buffer here)."""
         return pa.py_buffer(buf[int(starts[lo]):int(ends[hi - 1])])
 
     def _raw(self, buf, starts, ends, j: int) -> bytes:
@@ -264,7 +264,7 @@ class CSVLineDecoder(TableDecoder):
     """Delimited lines (CSV, TSV...) -> Batch (see the module docstring).
 
     delimiter: one character; quote_char: '"' by default, False for none (Criteo TSV).
-    fill_missing_dense / log1p_dense: as for :class:`~recstream.data.CSVReader`.
+    fill_missing_dense / log1p_dense: as for `CSVReader`.
     """
 
     def __init__(self, schema: Schema, delimiter: str = ",", *, column_names: Sequence[str] | None = None,
@@ -327,7 +327,7 @@ def _check_utf8(buf: pa.Buffer) -> None:
 
 class CriteoTSVDecoder(CSVLineDecoder):
     """Criteo display-ads TSV lines (``label, I1..I13, C1..C26``, optional event id / time
-    appended as columns 41-42) -> Batch, like :class:`~recstream.data.CriteoReader`:
+    appended as columns 41-42) -> Batch, like `CriteoReader`:
     empty counts are 0, counts get ``log1p`` (`log1p`), hex ids hash into `hash_buckets`."""
 
     def __init__(self, hash_buckets: int | Sequence[int] = DEFAULT_HASH_BUCKETS, *, embedding_dim: int = 16,

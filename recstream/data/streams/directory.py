@@ -23,7 +23,7 @@ Contract with the writers:
 
 Memory stays constant: one block (``block_bytes``, or one Parquet record batch) plus
 less than one batch of rows, and the names of the directory's files. The directory is listed
-when the stream knows no next file (:class:`~recstream.data.streams.dirindex.DirectoryIndex`
+when the stream knows no next file (`DirectoryIndex`
 keeps the names ahead of the reading point, sorted): consumed files left in place cost no
 time per new file; removing them is safe (see below). Position: ``{"file": name, "offset": n}`` - everything in
 files named before `name`, and `name` up to byte `n` (Parquet: row `n`), is consumed;
@@ -42,12 +42,12 @@ of ranks (everything named before its file was read, whoever owns it now); posit
 ranks do not map to another number of ranks (a rank's files would be read partly), which
 ``rank_position`` refuses.
 
-Reading one file, a block at a time, from a given offset: :class:`TextFileCursor`
+Reading one file, a block at a time, from a given offset: `TextFileCursor`
 (CSV/TSV/JSON lines) reads ``block_bytes`` at ``offset`` and decodes the complete lines in
 it; a last line without its newline is left for later, since a writer may still be
 appending to it, unless the file is final. A line longer than ``max_record_bytes`` is
 skipped without being held in memory and dead-lettered as ``oversize`` (first 4 KiB
-kept). :class:`ParquetFileCursor` reads one record batch at a time from a row offset.
+kept). `ParquetFileCursor` reads one record batch at a time from a row offset.
 
 >>> import os, tempfile
 >>> from recstream.data import Schema
@@ -367,7 +367,7 @@ class TextFileCursor:
     """Complete lines of a text file from byte `offset` (see the module docstring); offsets are bytes.
 
     header: the file's first line names its columns (the decoder is rebuilt with them
-    via ``decoder.with_columns``) and is skipped. :meth:`read` returns ``(Decoded, afters,
+    via ``decoder.with_columns``) and is skipped. `read` returns ``(Decoded, afters,
     sources)``: the offset just after each record, and for each bad record where it starts
     (``{"file": name, "offset": ...}``).
 

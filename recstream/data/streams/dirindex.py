@@ -7,7 +7,7 @@ index lists the directory only when what it knows is exhausted, and keeps, sorte
 at or after the reading point (the *floor*); moving on to the next file is a binary search.
 
 It is a cache, never a source of truth: it is rebuilt by a scan from whatever floor the stream
-resumes at (its checkpointed position), and :meth:`scan` also reports names that appeared
+resumes at (its checkpointed position), and `scan` also reports names that appeared
 *before* the floor since the previous scan (files that arrived too late to be read in order).
 
 A scan of an unchanged directory is skipped: the directory's modification time moves whenever

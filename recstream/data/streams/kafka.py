@@ -43,12 +43,12 @@ the position state without locks. Eager protocols (librdkafka's default) revoke 
 then assign; cooperative ones (``partition.assignment.strategy=cooperative-sticky``) move
 single partitions and need ``incremental_assign``; both are handled.
 
-Consumer defaults (:func:`default_consumer_config`, each overridable with `consumer_config`):
+Consumer defaults (`default_consumer_config`, each overridable with `consumer_config`):
 auto-commit OFF, a 6 s session timeout so a group join takes ~3 s instead of ~23 s,
 reconnect backoff capped at 2 s so the stream is back within seconds of a broker
 returning, fetches that wait at most 100 ms for data.
 
-Example, with a local broker (:class:`recstream.testing.TansuBroker`, for tests and demos)::
+Example, with a local broker (`recstream.testing.TansuBroker`, for tests and demos)::
 
     with TansuBroker() as broker:
         broker.create_topic("demo", partitions=1)
@@ -116,7 +116,7 @@ def default_consumer_config(bootstrap_servers: str, group_id: str, start: str, o
 
 
 class Backoff:
-    """Exponential backoff: 0.1 s, 0.2 s, ... up to `cap`; :meth:`reset` after a success."""
+    """Exponential backoff: 0.1 s, 0.2 s, ... up to `cap`; `reset` after a success."""
 
     def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
         self.first, self.cap = first, cap

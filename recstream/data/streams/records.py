@@ -1,12 +1,12 @@
 """Raw records and what decoding them gives: the shared vocabulary of the stream sources.
 
 A *record* is one event as bytes: one line of a CSV/TSV/JSON-lines file, or one Kafka
-message value. Decoders turn a list of records into a :class:`Decoded`: a Batch of the
+message value. Decoders turn a list of records into a `Decoded`: a Batch of the
 good ones (in order), where each good row came from, its event id / event time if the
-source carries them, and a :class:`BadRecord` for every record that was rejected.
+source carries them, and a `BadRecord` for every record that was rejected.
 
 Reasons a record is rejected (the keys of ``stream.bad_records``): the reasons of
-:mod:`recstream.data.badrows` (``column_count``, ``unparsable``, ``non_finite``,
+`recstream.data.badrows` (``column_count``, ``unparsable``, ``non_finite``,
 ``missing_value``, ``id_out_of_range``, ``bad_label``) and two of streams:
 
 * ``oversize``: longer than the stream's ``max_record_bytes``;

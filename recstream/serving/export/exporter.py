@@ -1,6 +1,6 @@
 """Export a trained or published network for other servers: ONNX, TorchScript, ``torch.export``.
 
-:func:`export_model` writes one file that runs without recstream:
+[`export_model`][recstream.serving.export.exporter.export_model] writes one file that runs without recstream:
 
 =====================  ============================  ==========================================
 ``format``             load it with                  serve it with (for example)
@@ -12,31 +12,31 @@
 
 The exported model takes three plain tensors -- ``dense`` float32 ``[B, n_dense]``,
 ``values`` int64 ``[N]``, ``offsets`` int64 ``[F*B + 1]`` (the flat feature-major layout of
-:class:`~recstream.features.Features`) -- and returns float32 ``[B]``, logits or
-probabilities as the network does (see :mod:`recstream.serving.export.signature`). Any batch
+`Features`) -- and returns float32 ``[B]``, logits or
+probabilities as the network does (see `recstream.serving.export.signature`). Any batch
 size >= 1 works, not only the one traced. Every file carries this signature as JSON (read it
-with :func:`read_signature`): ONNX metadata ``recstream.signature``, or the archive entry
+with `read_signature`): ONNX metadata ``recstream.signature``, or the archive entry
 ``recstream_signature.json`` of the other two.
 
 The file is self-contained: its signature records the schema (hash buckets, vocabularies) and
 the ``preprocessing`` of dense values (``fill_missing_dense``, ``log1p_dense``: a published
-version's, or `preprocessing`), and :func:`~recstream.serving.export.inputs.instances_to_inputs`
+version's, or `preprocessing`), and `instances_to_inputs`
 turns raw ``/predict``-style instances into the three tensors exactly as ``recstream serve`` does.
 
 The export reads ids without checking them against the vocabulary sizes (that check needs
 data-dependent control flow, which the formats do not carry): an id past its table reads a
 row of the next table. Check ids before calling (the signature's ``schema`` has every size).
 
-Dynamic-id features (``dynamic=True``, a :class:`~recstream.nn.HashEmbedding` each) export
+Dynamic-id features (``dynamic=True``, a [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] each) export
 too: the copy that is exported has each table frozen into its admitted keys and rows
-(:class:`~recstream.serving.export.frozen_hash_lookup.FrozenHashLookup`: a binary search of fixed
+(`FrozenHashLookup`: a binary search of fixed
 depth, which every format carries). Any int64 id is valid for such a feature: an admitted key
 reads its row, any other -- never seen, pending, evicted -- the table's default vector, as
 the eval-mode network does (``max_norm`` applied to the rows). The file is a snapshot: keys
 admitted after the export are not in it. A key-sharded table (each rank holds some keys)
 is refused; export the published snapshot instead, loaded whole in one process.
 
-:func:`export_published` exports the newest usable version of a publish directory (or of
+`export_published` exports the newest usable version of a publish directory (or of
 the one publish directory inside a run directory), rebuilt as ``recstream serve`` does; on
 the command line: ``recstream export DIR --format onnx --output model.onnx``.
 
@@ -134,7 +134,7 @@ def _check_not_sharded(owner: str, network: nn.Module) -> None:
 
 def _prepared(network: nn.Module) -> nn.Module:
     """A CPU inference copy of `network` whose embedding lookups do not check ids (see module doc)
-    and whose hash tables are frozen snapshots (:class:`FrozenDynamicTables`, :class:`FrozenHashLookup`)."""
+    and whose hash tables are frozen snapshots (`FrozenDynamicTables`, `FrozenHashLookup`)."""
     net = copy.deepcopy(network).to("cpu").eval().requires_grad_(False)
     for module in net.modules():
         if isinstance(module, EmbeddingBagCollection):
@@ -237,10 +237,10 @@ def _verify(wrapper: nn.Module, schema: Schema, fmt: str, path: str) -> None:
 def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathLike, format: str = "exported-program",
                  *, output: str = "logits", verify: bool = True, metadata: dict | None = None,
                  preprocessing: dict | None = None) -> dict:
-    """Write `network` to `path` in `format` (one of :data:`FORMATS`); returns its signature.
+    """Write `network` to `path` in `format` (one of `FORMATS`); returns its signature.
 
     Args:
-        network: takes a :class:`~recstream.features.Features` (all recstream models do).
+        network: takes a `Features` (all recstream models do).
         schema: its features; None takes ``network.schema``.
         path: the file to write; its directory must exist. Written under a temporary name and
             renamed into place once verified, so a server polling `path` never reads half a file.
@@ -249,8 +249,8 @@ def export_model(network: nn.Module, schema: Schema | None, path: str | os.PathL
         verify: load the written file and compare it with the network (see module doc).
         metadata: JSON-able entries added to the recorded signature (e.g. the published version).
         preprocessing: what the training reader did to raw dense values, ``fill_missing_dense``
-            and/or ``log1p_dense`` (:class:`~recstream.data.convert.ColumnConverter`'s options),
-            recorded in the signature for :func:`~recstream.serving.export.inputs.instances_to_inputs`.
+            and/or ``log1p_dense`` (`ColumnConverter`'s options),
+            recorded in the signature for `instances_to_inputs`.
 
     Raises ExportError when the network cannot be exported or the file does not match it.
     """
@@ -314,7 +314,7 @@ def export_published(directory: str | os.PathLike, path: str | os.PathLike, form
                      model_factory: Any = None, verify: bool = True) -> dict:
     """Export the newest usable version of a publish (or run) directory; returns the signature.
 
-    The network is rebuilt as ``recstream serve`` does (:func:`~recstream.serving.load_latest`:
+    The network is rebuilt as ``recstream serve`` does (`load_latest`:
     the manifest's class and config, or `model_factory`); the signature records the version
     (``source``), the manifest's ``output`` and its ``preprocessing``.
     """

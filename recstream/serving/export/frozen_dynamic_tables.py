@@ -1,16 +1,16 @@
-"""The exportable stand-in of a model's :class:`~recstream.models.dynamic.DynamicTables`.
+"""The exportable stand-in of a model's `DynamicTables`.
 
 ``DynamicTables.forward`` slices each dynamic feature's ids out of the batch (``Features.bag``:
 the slice bounds are read from ``offsets``, a data-dependent size) before its table's lookup.
 An export cannot carry a size known only at run time through every format, so this module
-looks up EVERY id of the batch in each dynamic feature's :class:`FrozenHashLookup` and pools
+looks up EVERY id of the batch in each dynamic feature's `FrozenHashLookup` and pools
 only that feature's bags: ``F.embedding_bag`` over all ``F * B`` bags of the batch (whose
 offsets start at 0 and end at ``N``: no slicing), then the feature's ``B`` rows are taken.
 Each dynamic feature costs one lookup of the ``N`` ids (a few gathers each) instead of its own.
 
-The keys go through :func:`~recstream.models.dynamic.table_key` first (ids -1 and -2 are
+The keys go through `table_key` first (ids -1 and -2 are
 stored under other keys), and a feature of a shared table XORs them with its salt before that
-(:func:`~recstream.models.dynamic.feature_salt`), as in training. The result is
+(`feature_salt`), as in training. The result is
 ``{name: pooled [B, dim]}``, equal to the eval forward of the tables: sum or mean pooling, zeros
 for an empty bag.
 
@@ -40,8 +40,8 @@ class FrozenDynamicTables(nn.Module):
     """``forward(features)`` -> ``{name: pooled [B, dim]}`` from frozen tables (`features` carry ``keys``).
 
     Args:
-        features: the dynamic :class:`~recstream.data.CategoricalFeature` s, in schema order.
-        tables: the :class:`FrozenHashLookup` s.
+        features: the dynamic [`CategoricalFeature`][recstream.data.schema.CategoricalFeature] s, in schema order.
+        tables: the `FrozenHashLookup` s.
         table_index: for each feature, the position of its table in `tables` (features of a shared
             table have the same one); default: one table per feature, in order.
     """
@@ -59,7 +59,7 @@ class FrozenDynamicTables(nn.Module):
 
     @classmethod
     def from_dynamic_tables(cls, dynamic: DynamicTables) -> FrozenDynamicTables:
-        """A snapshot of `dynamic`'s tables now (see :meth:`FrozenHashLookup.from_hash_embedding`)."""
+        """A snapshot of `dynamic`'s tables now (see `FrozenHashLookup.from_hash_embedding`)."""
         check_type(cls.__name__, "dynamic", dynamic, DynamicTables)
         position = {id(t): i for i, t in enumerate(dynamic.tables.values())}
         tables = [FrozenHashLookup.from_hash_embedding(t) for t in dynamic.tables.values()]

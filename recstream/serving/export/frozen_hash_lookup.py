@@ -1,9 +1,9 @@
-"""A frozen, exportable copy of a :class:`~recstream.nn.HashEmbedding`'s eval-mode lookup.
+"""A frozen, exportable copy of a [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding]'s eval-mode lookup.
 
 ``HashEmbedding.forward`` probes a hash table in data-dependent rounds (``torch.unique``,
 ``nonzero``, a check of the keys that may raise): no export format carries that. An export
-instead replaces each table by :class:`FrozenHashLookup`, built from the table's admitted
-keys and rows at export time (:meth:`HashEmbedding.export`): the keys sorted ascending with
+instead replaces each table by `FrozenHashLookup`, built from the table's admitted
+keys and rows at export time (`HashEmbedding.export`): the keys sorted ascending with
 their rows in the same order, and a lookup that is a binary search UNROLLED to the fixed
 depth ``ceil(log2(n + 1))`` -- a known number of gather / compare / where steps, which
 ``torch.export``, TorchScript and ONNX (no ``searchsorted`` translation there) all carry.

@@ -1,11 +1,11 @@
 """Raw ``/predict``-style instances -> the inputs of an exported file, exactly as the server builds them.
 
 An export takes three tensors (``dense``, ``values``, ``offsets``: see
-:mod:`recstream.serving.export.signature`), not raw fields: string ids must be hashed, missing
+`recstream.serving.export.signature`), not raw fields: string ids must be hashed, missing
 counts filled, ``log1p`` applied. The file's signature records all of it -- ``schema`` and
-``preprocessing`` (``fill_missing_dense``, ``log1p_dense``) -- and :func:`instances_to_inputs`
+``preprocessing`` (``fill_missing_dense``, ``log1p_dense``) -- and `instances_to_inputs`
 applies it with the server's own request parser
-(:class:`~recstream.serving.server.request.InstanceParser`), so an exported file fed by it
+(`InstanceParser`), so an exported file fed by it
 scores what ``recstream serve`` answers for the same instances (after a sigmoid when the
 signature's ``output`` is ``"logits"``: the server returns probabilities).
 
@@ -43,8 +43,8 @@ def instances_to_inputs(signature: dict, instances: list) -> tuple[torch.Tensor,
     """``(dense, values, offsets)`` CPU tensors for `instances`, as ``recstream serve`` builds them.
 
     Args:
-        signature: an export's signature (:func:`~recstream.serving.export.read_signature`, or
-            what :func:`~recstream.serving.export.export_model` returned).
+        signature: an export's signature (`read_signature`, or
+            what `export_model` returned).
         instances: a non-empty list of dicts of raw field values, one per example: the
             ``instances`` of a ``/predict`` body (every feature of the schema, no label).
 

@@ -1,8 +1,8 @@
 """The plain-tensor signature of an exported model, and the module that takes it.
 
 Exporters (``torch.export``, ONNX, TorchScript) take tensors, not a
-:class:`~recstream.features.Features` dataclass, so an export flattens the batch at the
-boundary: :class:`FlatInputs` wraps the network and rebuilds the Features inside the graph.
+`Features` dataclass, so an export flattens the batch at the
+boundary: `FlatInputs` wraps the network and rebuilds the Features inside the graph.
 
 Inputs (all on CPU; ``B`` = batch size, dynamic; ``F`` = the schema's categorical features):
 
@@ -10,7 +10,7 @@ Inputs (all on CPU; ``B`` = batch size, dynamic; ``F`` = the schema's categorica
 * ``values``  int64 ``[N]``: every id of the batch, flat, FEATURE-MAJOR (``N`` dynamic);
 * ``offsets`` int64 ``[F * B + 1]``: the ids of feature ``f`` for example ``b`` are
   ``values[offsets[f * B + b] : offsets[f * B + b + 1]]`` (``offsets[0] == 0``,
-  ``offsets[-1] == N``), i.e. :attr:`Features.offsets <recstream.features.Features>`.
+  ``offsets[-1] == N``), i.e. `Features.offsets`.
 
 A ``dynamic=True`` feature (the signature's ``schema`` says ``"dynamic": true``) takes any
 int64 id in ``values``; an id its frozen table does not hold reads the table's default vector.
@@ -21,7 +21,7 @@ Output: float32 ``[B]``, named ``logits`` or ``probabilities`` after what the ne
 The signature also records what turns raw fields into these inputs: the ``schema`` (hash buckets,
 vocabularies, dynamic features) and the ``preprocessing`` of dense values (``fill_missing_dense``,
 ``log1p_dense``; ``{}`` for none), which
-:func:`~recstream.serving.export.inputs.instances_to_inputs` applies as the server does.
+`instances_to_inputs` applies as the server does.
 
 >>> from recstream.data import CategoricalFeature, Schema
 >>> sig = signature(Schema(["x"], [CategoricalFeature("a", vocab_size=5), CategoricalFeature("b", vocab_size=7)]))

@@ -1,4 +1,4 @@
-"""Publishing versions from training: :mod:`.publish` (:class:`SnapshotWriter`: full versions and
-HashEmbedding deltas), :mod:`.model_publisher` (the training callback), :mod:`.writer` (one version
-directory written atomically) and :mod:`.retention` (which versions are kept).
+"""Publishing versions from training: `.publish` (`SnapshotWriter`: full versions and
+HashEmbedding deltas), `.model_publisher` (the training callback), `.writer` (one version
+directory written atomically) and `.retention` (which versions are kept).
 """

@@ -2,13 +2,13 @@
 
 Every ``every_steps`` steps and/or ``every_seconds`` seconds (checked after each step), and
 once at the end of training, the network is written as a new version ``v{N:08d}/`` of
-`directory` by a :class:`~recstream.serving.publishing.publish.SnapshotWriter`: a full snapshot, or -- for
-networks with :class:`~recstream.nn.HashEmbedding` tables -- a delta holding only the rows
+`directory` by a `SnapshotWriter`: a full snapshot, or -- for
+networks with [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] tables -- a delta holding only the rows
 changed since the previous version (plus evicted keys), with a full one at least every
 ``full_every`` versions. Each version has a checksummed ``manifest.json`` (written last; the
 directory appears by one atomic rename), ``LATEST`` points at the newest, and only the newest
 ``keep`` versions (and the chains they need) are kept. Serve them with
-``recstream serve DIR --port P`` or :func:`recstream.serving.load_latest`.
+``recstream serve DIR --port P`` or `recstream.serving.load_latest`.
 
 When: a `~recstream.callbacks.Publisher`, it runs after the step's durable checkpoint and its
 commit, whatever its place in the callback list (`recstream.train.committer`, step 5): a version
@@ -19,7 +19,7 @@ cadence to publish only what a restart resumes from).
 
 Event time: if the trainer sets ``cb_params.max_event_time`` (unix seconds of the newest
 event trained on; a number, 0-d tensor or ``datetime``), its running maximum goes into each
-manifest, for freshness measurement (:func:`recstream.serving.event_freshness`).
+manifest, for freshness measurement (`recstream.serving.event_freshness`).
 
 Off the training thread (``background=True``, the default): at a due step the training thread
 only takes the version (copies of the dense weights, the table rows, the manifest: a memory
@@ -34,7 +34,7 @@ the first step after its write finished); all manifests of the run are in ``publ
 A failed publish (disk full, ...) is logged and training goes on (``on_error="raise"`` stops it
 instead, at the step that learns of it); the next version is then full. A diverged model (a
 non-finite loss or weight) is never published, whatever ``on_error`` says: publishing raises
-:class:`~recstream.callbacks.DivergenceError` and training stops.
+`DivergenceError` and training stops.
 
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature

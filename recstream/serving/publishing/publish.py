@@ -1,6 +1,6 @@
 """Publishing versions of a live network: full snapshots and HashEmbedding deltas.
 
-:class:`SnapshotWriter` holds what must persist between versions of one training run: the
+`SnapshotWriter` holds what must persist between versions of one training run: the
 version it wrote last and how many deltas follow the last full version. A version is
 
 * ``full`` -- always for networks without HashEmbedding; else the first one of a writer,
@@ -11,17 +11,17 @@ version it wrote last and how many deltas follow the last full version. A versio
   nothing and would pin its whole chain on disk);
 * ``delta`` otherwise: dense weights in full (small) plus, per HashEmbedding, the rows
   changed since the previous version and the keys evicted since then
-  (:meth:`~recstream.nn.HashEmbedding.export_delta`).
+  ([`export_delta`][recstream.nn.hash_embedding.HashEmbedding.export_delta]).
 
 The writer must be the only caller of ``export()`` / ``export_delta()`` on the network's
 tables: those calls move the delta baseline.
 
-Manifest fields (``manifest.json``; see :mod:`recstream.serving.snapshot.layout` for the files):
+Manifest fields (``manifest.json``; see `recstream.serving.snapshot.layout` for the files):
 ``format``, ``format_version``, ``version``, ``kind`` (``full``/``delta``), ``base`` (the full
 version the chain starts at; itself for a full one), ``parent`` (previous version; null for
 full), ``created`` (unix seconds when it became visible), ``step``, ``epoch``,
 ``max_event_time`` (newest event trained on, unix seconds, or null), ``schema``
-(``Schema.to_dict()`` or null), ``model`` (see :mod:`recstream.serving.snapshot.model_spec`),
+(``Schema.to_dict()`` or null), ``model`` (see `recstream.serving.snapshot.model_spec`),
 ``preprocessing`` (``ColumnConverter`` options a server applies to requests),
 ``hash_embeddings`` (``{path: {"file", "rows", "evicted"}}``), ``files``
 (``{path: {"sha256", "bytes"}}``) and ``manifest_sha256``.
@@ -74,9 +74,11 @@ class SnapshotWriter:
         schema: the feature schema (default: ``network.schema`` when the network has one).
         keep: versions kept by retention after each publish (plus the chains they need).
         full_every: a full version at least every this many versions.
-        model_factory / model_config / output: how a server rebuilds and reads the network
-            (:mod:`recstream.serving.snapshot.model_spec`); ``output`` is what ``network(features)``
-            returns, ``"logits"`` (servers apply sigmoid) or ``"probabilities"``.
+        model_factory: a callable or ``"package.module:function"`` a server calls to rebuild the
+            network (`recstream.serving.snapshot.model_spec`); None: the network's own class.
+        model_config: the keyword arguments of that rebuild.
+        output: what ``network(features)`` returns, ``"logits"`` (servers apply sigmoid) or
+            ``"probabilities"``.
         preprocessing: ``fill_missing_dense`` / ``log1p_dense`` as given to the training
             reader's ``ColumnConverter``, so requests are transformed the same way.
         verify_rebuild: check once (on the ``meta`` device) that the manifest rebuilds this network.
@@ -200,9 +202,9 @@ def _full_bytes(emb, rows: dict) -> int:
 
 
 def publish_version(directory: str | os.PathLike, network: nn.Module, **kwargs) -> dict:
-    """Publish `network` once as a full version (a one-shot :class:`SnapshotWriter`).
+    """Publish `network` once as a full version (a one-shot `SnapshotWriter`).
 
-    Keyword arguments are those of :class:`SnapshotWriter` and of its ``publish``
+    Keyword arguments are those of `SnapshotWriter` and of its ``publish``
     (``step``, ``epoch``, ``max_event_time``).
     """
     publish_keys = ("step", "epoch", "max_event_time")

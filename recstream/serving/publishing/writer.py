@@ -9,7 +9,7 @@ A version directory is written in this order (files, then manifest, then one ren
    (atomic; fails instead of overwriting if that name exists), fsync ``DIR``.
 
 A crash before step 4 leaves only a hidden temporary directory (removed by the next
-publisher via :func:`remove_stale_temps`); after it, a complete version.
+publisher via `remove_stale_temps`); after it, a complete version.
 
 >>> import tempfile, torch
 >>> from recstream.serving.snapshot.layout import list_versions, read_latest

@@ -2,7 +2,7 @@
 
 Routes: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /schema`` (the fields an
 instance holds, their types and a valid example instance), ``GET /metrics`` (see
-:mod:`recstream.serving.server.http` for the contract and :mod:`recstream.serving.server.prometheus`), and
+`recstream.serving.server.http` for the contract and `recstream.serving.server.prometheus`), and
 KServe's v1 protocol for clients written against it: ``POST /v1/models/<name>:predict``
 (the same request, answered ``{"predictions": [...], "model_version": "N"}``) and
 ``GET /v1/models/<name>`` (``{"name", "ready"}``), ``<name>`` being the server's ``model_name``.

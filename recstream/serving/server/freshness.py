@@ -11,7 +11,7 @@ written:
 * without: ``t <= manifest["max_event_time"]`` (the trainer writes ``cb_params.max_event_time``,
   which the publisher records) -- exact for in-order streams.
 
-:func:`staleness` is the per-version view: ``now - max_event_time`` of what is served.
+`staleness` is the per-version view: ``now - max_event_time`` of what is served.
 
 >>> m = [{"version": 1, "step": 10, "max_event_time": 100.0, "created": 105.0},
 ...      {"version": 2, "step": 20, "max_event_time": 200.0, "created": 203.0}]
@@ -68,7 +68,7 @@ def event_freshness(manifests: Iterable[Mapping], event_times, steps=None,
 
     Args:
         manifests: manifests of the published versions (any order; e.g. kept from
-            ``ModelPublisher.manifests`` or read with :func:`read_manifest`).
+            ``ModelPublisher.manifests`` or read with `read_manifest`).
         event_times: event times, unix seconds, any 1-D array-like (flatten batches first).
         steps: optional training step of each event (same length), for exact attribution.
         served_at: optional ``{version: unix time it started serving}``; default ``created``.

@@ -1,6 +1,6 @@
 """The prediction HTTP server: ``POST /predict``, ``GET /health``, ``GET /version``, ``GET /schema``, ``GET /metrics``.
 
-An ASGI application (:mod:`recstream.serving.server.app`, Starlette) on uvicorn (httptools and uvloop
+An ASGI application (`recstream.serving.server.app`, Starlette) on uvicorn (httptools and uvloop
 when installed): ``pip install "recstream[serve]"``. What that stack brings, and why it is
 used instead of the standard library's ``http.server``:
 
@@ -10,7 +10,7 @@ used instead of the standard library's ``http.server``:
 * ``TCP_NODELAY`` on every connection (no Nagle / delayed-ACK stall of ~40 ms per answer),
   a real listen backlog (``backlog``, default 2048) and a bound on open connections
   (``max_connections``: beyond, 503);
-* one event loop for all connections, and :class:`~recstream.serving.server.batcher.MicroBatcher`
+* one event loop for all connections, and `MicroBatcher`
   coalescing concurrent requests into one forward pass on a worker thread (dynamic
   micro-batching: at most ``max_batch_rows`` rows, at most ``max_batch_wait`` seconds of
   waiting, and only for requests already being received);
@@ -160,7 +160,7 @@ def _listen(host: str, port: int, backlog: int) -> socket.socket:
 
 
 class PredictionServer:
-    """A bound prediction server (see module docstring); made by :func:`make_server`.
+    """A bound prediction server (see module docstring); made by `make_server`.
 
     ``serve_forever()`` runs it in the calling thread until ``shutdown()`` (from another
     thread or a signal handler's thread); ``server_close()`` releases the socket and the
@@ -183,7 +183,7 @@ class PredictionServer:
         return self.app.max_body_bytes
 
     def serve_forever(self) -> None:
-        """Serve until :meth:`shutdown` is called (in-flight requests finish first)."""
+        """Serve until `shutdown` is called (in-flight requests finish first)."""
         with self._lock:
             if self._stop:
                 return
@@ -224,8 +224,8 @@ def make_server(holder: ModelHolder, host: str = "127.0.0.1", port: int = 8080,
     Args:
         holder: the versions to serve (start its watcher for hot swap).
         max_body_bytes: largest ``/predict`` body (413 beyond).
-        max_batch_rows / max_batch_wait: micro-batching bounds (rows per forward; seconds a
-            batch may wait for requests still arriving).
+        max_batch_rows: micro-batching bound: instances per forward pass.
+        max_batch_wait: micro-batching bound: seconds a batch may wait for requests still arriving.
         request_timeout: total seconds per request, body to answer (408 / 503 beyond).
         max_connections: open connections (and in-flight requests) served at once; beyond, 503.
         backlog: listen queue of connections not yet accepted.

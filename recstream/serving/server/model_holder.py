@@ -5,7 +5,7 @@ Why this is safe without locks around inference:
 * a new version is loaded completely (files verified, network rebuilt, deltas applied, eval
   mode) into a NEW network object on the watcher thread, while requests keep using the old one;
 * then ``self._served = Served(...)`` rebinds a single attribute: under CPython that is one
-  atomic store, so a request sees either the old or the new :class:`Served`, never a mix;
+  atomic store, so a request sees either the old or the new `Served`, never a mix;
 * each request reads ``holder.current`` ONCE and uses that object's network, manifest and
   parser (schema) to the end, so in-flight requests finish on the version they started with
   and the old network is freed when the last of them drops its reference;
@@ -78,7 +78,7 @@ class ModelHolder:
 
     Args:
         directory: the publish directory.
-        model_factory: passed to :func:`~recstream.serving.load_version`.
+        model_factory: passed to `load_version`.
         poll_seconds: watcher period.
         max_instances: per-request limit of the request parsers.
     """
@@ -217,7 +217,7 @@ class ModelHolder:
 
         "Newer" is a higher version number, or -- after the publish directory was wiped and
         versions restarted at 1 -- a version created after the served one, once the served one
-        is gone or replaced on disk (see :meth:`_candidates`). Unusable versions (torn, corrupt,
+        is gone or replaced on disk (see `_candidates`). Unusable versions (torn, corrupt,
         unloadable: bad manifests, non-finite weights, a FIFO, a symlink out of the directory)
         are skipped with a logged reason and older candidates tried; a failed version is retried
         as soon as its files (or those of the versions before it) change on disk.

@@ -10,17 +10,17 @@ instance must have exactly the schema's features (no label):
 * ``hash_buckets`` / ``vocabulary`` features: the RAW value, a string or an integer, hashed or
   looked up exactly as the training reader does (``null``: missing, id 0);
 * ``dynamic`` features: an integer key (int64) or a non-empty string, keyed exactly as the
-  training reader does (:func:`~recstream.data.convert.to_keys`); a key training never saw is
+  training reader does (`to_keys`); a key training never saw is
   no error: the model reads its table's default vector;
 * ``multi_hot`` features take a list of such values (cut to ``max_len`` like the reader);
   single-valued ones a scalar.
 
 Cross features (``schema.crosses``) are no fields: they are computed from the instance's
-categorical ids by the readers' own :func:`~recstream.data.convert.cross_bags`.
+categorical ids by the readers' own `cross_bags`.
 
-Values go through the training readers' own :class:`~recstream.data.convert.ColumnConverter`
+Values go through the training readers' own `ColumnConverter`
 (with the manifest's ``preprocessing``), so serving sees the exact ids and dense transform
-training saw. Problems raise :class:`RequestError` (HTTP status + JSON-able reason).
+training saw. Problems raise `RequestError` (HTTP status + JSON-able reason).
 
 >>> from recstream.data import Schema, CategoricalFeature
 >>> p = InstanceParser(Schema(["x"], [CategoricalFeature("c", vocab_size=5)]))
@@ -344,7 +344,7 @@ class InstanceParser:
         return Features.from_lengths(self._direct_dense(parts, n), values, lens, keys=keys)
 
     def convert(self, parts: list[dict[str, list]]) -> tuple[Features, list[RequestError | None]]:
-        """One ``Features`` for several requests' `parts` (from :meth:`columns`), in order.
+        """One ``Features`` for several requests' `parts` (from `columns`), in order.
 
         Returns the features of the good rows and, per part, None or the 400 for its first
         row the training reader's converter drops as bad: the caller rejects that part and

@@ -1,7 +1,7 @@
 """The published version format, shared by publishing, the server and export.
 
-:mod:`.layout` (directory layout, verified reading of manifests and files, delta chains),
-:mod:`.state_split` (a network's dense state vs. its HashEmbedding rows), :mod:`.model_spec`
-(how a network is rebuilt from a manifest) and :mod:`.loader` (a version loaded into a network).
+`.layout` (directory layout, verified reading of manifests and files, delta chains),
+`.state_split` (a network's dense state vs. its HashEmbedding rows), `.model_spec`
+(how a network is rebuilt from a manifest) and `.loader` (a version loaded into a network).
 Nothing here writes a version or serves one.
 """

@@ -1,6 +1,6 @@
 """On-disk layout of published model versions, and verified reading of their files.
 
-(Writing them is :mod:`recstream.serving.publishing.writer`'s job.)
+(Writing them is `recstream.serving.publishing.writer`'s job.)
 
 A publish directory holds one sub-directory per version plus a pointer file::
 
@@ -63,7 +63,7 @@ def version_path(directory: str | os.PathLike, version: int) -> str:
 
 
 def list_versions(directory: str | os.PathLike) -> list[int]:
-    """Version numbers present in `directory`, ascending (complete or not: see :func:`read_manifest`)."""
+    """Version numbers present in `directory`, ascending (complete or not: see `read_manifest`)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -150,7 +150,7 @@ def _check_fields(version: int, manifest: dict) -> None:
 
 
 def _read(directory, version: int, path: str) -> bytes:
-    """:func:`read_file` with the version named in its errors (FileNotFoundError passes through)."""
+    """`read_file` with the version named in its errors (FileNotFoundError passes through)."""
     try:
         return read_file(directory, path)
     except SnapshotError as e:

@@ -1,6 +1,6 @@
 """Load a published version for serving: newest complete one, chain of deltas applied, verified.
 
-:func:`load_latest` tries versions newest first. A version is usable when its manifest is
+`load_latest` tries versions newest first. A version is usable when its manifest is
 intact and every file it needs -- its own ``model.safetensors`` and the row files of its
 whole chain ``base (full) -> ... -> itself`` -- matches the manifest's size and sha256. An
 unusable version is skipped with a logged warning and reported in the returned manifest's
@@ -8,7 +8,7 @@ unusable version is skipped with a logged warning and reported in the returned m
 
 Rebuild steps of version V (chain ``[B, ..., V]``):
 
-1. ``net = build_model(manifest_V, model_factory)`` (see :mod:`recstream.serving.snapshot.model_spec`);
+1. ``net = build_model(manifest_V, model_factory)`` (see `recstream.serving.snapshot.model_spec`);
 2. load V's ``model.safetensors`` (dense weights and HashEmbedding default values, all
    complete in every version); any other missing or unexpected name is an error;
 3. for each HashEmbedding: start from B's full rows, apply each delta of the chain (deletes,
@@ -16,8 +16,8 @@ Rebuild steps of version V (chain ``[B, ..., V]``):
 4. ``net.eval()``, gradients off.
 
 Errors from your own ``model_factory`` propagate (a bug there must not look like a corrupt
-snapshot), and so does :class:`~recstream.serving.snapshot.model_spec.RebuildError` (no way to rebuild
-the network without a factory); data problems are :class:`~recstream.serving.snapshot.layout.SnapshotError`.
+snapshot), and so does `RebuildError` (no way to rebuild
+the network without a factory); data problems are `SnapshotError`.
 
 >>> import tempfile, torch
 >>> from recstream.data import Schema, CategoricalFeature

@@ -4,10 +4,10 @@ Supported, in this order:
 
 1. ``model_factory(manifest) -> nn.Module`` passed to the loader (a callable, or a
    ``"package.module:function"`` string, e.g. from ``recstream serve --model-factory``).
-   Needed for any network that is not a :mod:`recstream.models` class, e.g. one holding a
-   :class:`~recstream.nn.HashEmbedding`. The factory gets the manifest (with ``schema`` and
+   Needed for any network that is not a `recstream.models` class, e.g. one holding a
+   [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding]. The factory gets the manifest (with ``schema`` and
    ``model.config``) and must build the same architecture as the trained network.
-2. Without a factory: a class exported by :mod:`recstream.models` (``WideDeep``, ``DeepFM``,
+2. Without a factory: a class exported by `recstream.models` (``WideDeep``, ``DeepFM``,
    ``DCNv2``, ``DLRM``, ...) is rebuilt as ``cls(Schema.from_dict(manifest["schema"]),
    **manifest["model"]["config"])``. ``config`` is the JSON-able keyword arguments the
    publisher was given (``ModelPublisher(model_config=...)``); they must match the ones the
@@ -49,7 +49,7 @@ OUTPUTS = ("logits", "probabilities")
 class RebuildError(ValueError):
     """The manifest alone cannot rebuild the network: a ``model_factory`` is needed.
 
-    Not a :class:`SnapshotError`: the snapshot is fine, the caller lacks code, so loaders
+    Not a `SnapshotError`: the snapshot is fine, the caller lacks code, so loaders
     raise it at once instead of skipping version after version.
     """
 

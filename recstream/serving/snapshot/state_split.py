@@ -1,13 +1,13 @@
 """Split a network's state into the "dense" part and the rows of its HashEmbedding tables.
 
-A :class:`~recstream.nn.HashEmbedding` keeps, besides its rows, training bookkeeping sized by
+A [`HashEmbedding`][recstream.nn.hash_embedding.HashEmbedding] keeps, besides its rows, training bookkeeping sized by
 ``capacity``: free lists, dirty and reset flags, the hash table's slot arrays, the eviction
 log. None of that means anything to a server, and it is what makes a raw ``state_dict``
 impossible to patch incrementally. So a snapshot stores
 
 * ``model.safetensors``: every state_dict entry EXCEPT those owned by a HashEmbedding, whose
   ``default_value`` (what unknown keys read) is kept;
-* per HashEmbedding, its rows in :meth:`~recstream.nn.HashEmbedding.export` form
+* per HashEmbedding, its rows in [`export`][recstream.nn.hash_embedding.HashEmbedding.export] form
   (``keys, values, counts, last_seen``), full or as a delta.
 
 The loader rebuilds each table by ``import_`` of the merged rows sorted by key, so a model
@@ -72,7 +72,7 @@ def dense_state(network: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def hash_owned_keys(network: nn.Module) -> set[str]:
-    """state_dict keys that :func:`dense_state` leaves out (restored from the row files instead)."""
+    """state_dict keys that `dense_state` leaves out (restored from the row files instead)."""
     prefixes = [p + "." if p else "" for p in hash_embeddings(network)]
     return {k for k in network.state_dict() if _owned(k, prefixes)}
 
