@@ -1,6 +1,7 @@
 """recstream.checkpoint: the checkpoint file and durable file writes, below callbacks and serving.
 
-- `save_checkpoint` / `load_checkpoint` / `CheckpointError`: one safetensors file holding a
+- `save_checkpoint` / `load_checkpoint` / `CheckpointError` (`CheckpointMismatch`: a sound file of
+  another model): one safetensors file holding a
   network, its optimizer, RNG states and extra metadata, enough to resume training exactly
   (format: `recstream.checkpoint.file_format`; nested state is encoded by
   `recstream.checkpoint.state_codec`, never pickled).
@@ -21,9 +22,9 @@ When to save (every N steps, keep M files) is `recstream.callbacks.ModelCheckpoi
 ['format_version', 'time']
 """
 from ..atomic import atomic_write, fsync_dir, fsync_file
-from .file_format import CheckpointError, load_checkpoint, save_checkpoint
+from .file_format import CheckpointError, CheckpointMismatch, load_checkpoint, save_checkpoint
 from .keyed_digest import KEY_ENV
 from .sharded import is_complete, load_sharded, save_sharded
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "KEY_ENV", "atomic_write", "fsync_dir",
-           "fsync_file", "save_sharded", "load_sharded", "is_complete"]
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "CheckpointMismatch", "KEY_ENV", "atomic_write",
+           "fsync_dir", "fsync_file", "save_sharded", "load_sharded", "is_complete"]

@@ -32,7 +32,7 @@ import logging
 import os
 
 from ..distributed import rank, world_size
-from .file_format import CheckpointError, load_checkpoint
+from .file_format import CheckpointError, CheckpointMismatch, load_checkpoint
 from .sharded import is_complete, load_sharded
 
 __all__ = ["load_newest"]
@@ -61,16 +61,29 @@ def load_newest(checkpoint, network, optimizer) -> tuple[str, dict] | None:
 
 
 def _first_that_loads(directory: str, paths: list[str], load) -> tuple[str, dict] | None:
-    failures = []
+    failures: list[tuple[str, Exception]] = []
     for path in sorted(paths, key=lambda p: (_mtime(p), p), reverse=True):
         try:
             return path, load(path)
         except (CheckpointError, FileNotFoundError) as e:
-            log.warning("skipping checkpoint %s: %s", path, e)
-            failures.append(f"{os.path.basename(path)}: {e}")
+            if not isinstance(e, CheckpointMismatch):  # damage is worth a line per file; another model is not
+                log.warning("skipping checkpoint %s: %s", path, e)
+            failures.append((os.path.basename(path), e))
+    if failures and all(isinstance(e, CheckpointMismatch) for _, e in failures):
+        name, e = failures[0]
+        raise CheckpointMismatch(f"no checkpoint in {directory!r} fits this model: its {len(failures)} checkpoint(s) "
+                                 f"were written by another model (the newest, {name}: {_reason(e)}); "
+                                 "give another directory, or this model's checkpoint file")
     if failures:
-        raise CheckpointError(f"no checkpoint in {directory!r} loads: " + "; ".join(failures[:5]))
+        raise CheckpointError(f"no checkpoint in {directory!r} loads: " +
+                              "; ".join(f"{name}: {e}" for name, e in failures[:5]))
     return None
+
+
+def _reason(e: Exception) -> str:
+    """The error's message without load_checkpoint's prefix naming the file (named already)."""
+    text = str(e).splitlines()[0]
+    return text.split("': ", 1)[1] if text.startswith("load_checkpoint: '") and "': " in text else text
 
 
 def _load_sharded(path: str, network, optimizer) -> dict:

@@ -66,6 +66,10 @@ class CheckpointError(ValueError):
     """A checkpoint file is unreadable, corrupt, or does not match the network/optimizer."""
 
 
+class CheckpointMismatch(CheckpointError):
+    """A sound checkpoint written by another model: its tensors or optimizer groups do not fit."""
+
+
 def _check_optimizer(owner: str, optimizer) -> None:
     # Duck-typed: wrappers that combine several torch optimizers are not Optimizer subclasses.
     if optimizer is None:
@@ -238,7 +242,7 @@ def _check_optimizer_shape(path: str, optimizer, state: dict) -> None:
     # torch validates groups only inside load_state_dict; checking first keeps loading all-or-nothing.
     have, saved = _group_sizes(optimizer.state_dict()), _group_sizes(state)
     if have != saved:
-        raise CheckpointError(f"load_checkpoint: '{path}': optimizer has parameter groups of sizes {have}, "
+        raise CheckpointMismatch(f"load_checkpoint: '{path}': optimizer has parameter groups of sizes {have}, "
                               f"the checkpoint has {saved}")
 
 
@@ -285,7 +289,7 @@ def load_checkpoint(path: str | os.PathLike, network: torch.nn.Module | None = N
         try:
             network.load_state_dict(net_state, strict=strict)
         except (RuntimeError, ValueError, TypeError, KeyError) as e:
-            raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: {e}") from e
+            raise CheckpointMismatch(f"load_checkpoint: '{path}' does not fit the network: {e}") from e
         if missing or unexpected:
             warnings.warn(f"load_checkpoint: '{path}': missing keys {missing}, unexpected keys {unexpected}",
                           RuntimeWarning, stacklevel=2)
@@ -293,7 +297,7 @@ def load_checkpoint(path: str | os.PathLike, network: torch.nn.Module | None = N
         try:
             optimizer.load_state_dict(opt_state)
         except (ValueError, KeyError, RuntimeError, TypeError, IndexError) as e:
-            raise CheckpointError(f"load_checkpoint: '{path}': optimizer state does not fit: {e}") from e
+            raise CheckpointMismatch(f"load_checkpoint: '{path}': optimizer state does not fit: {e}") from e
     if rng_state is not None:
         _set_rng_state(rng_state)
     return meta
@@ -342,8 +346,8 @@ def _check_fit(path: str, network, optimizer, strict: bool, net_state, opt_state
             raise
         raise CheckpointError(f"load_checkpoint: '{path}' has a corrupt network or optimizer state: {e!r}") from e
     if (missing or unexpected) and strict:
-        raise CheckpointError(f"load_checkpoint: '{path}' does not match the network: missing keys "
+        raise CheckpointMismatch(f"load_checkpoint: '{path}' does not match the network: missing keys "
                               f"{missing[:10]}, unexpected keys {unexpected[:10]} (strict=True)")
     if bad:
-        raise CheckpointError(f"load_checkpoint: '{path}' does not fit the network: shape mismatch {bad[:10]}")
+        raise CheckpointMismatch(f"load_checkpoint: '{path}' does not fit the network: shape mismatch {bad[:10]}")
     return missing, unexpected
