@@ -39,7 +39,7 @@ stream has ended:
 >>> summary.on_train_begin(RunContext(p))
 >>> p.cur_step_num = 100; summary.on_train_step_end(RunContext(p))
 >>> summary.on_train_end(RunContext(p))
->>> print(out.getvalue().replace("; ", ";\n"), end="")
+>>> print(out.getvalue().replace("; ", ";\\n"), end="")
 online step 100: net_output=0.5000, 100 steps in 40.0 s, 2.5 steps/s
 online training ended at step 100: 100 steps in 40.0 s, 2.5 steps/s, net_output=0.5000;
 then 10.0 s waiting for new events

@@ -81,15 +81,26 @@ class ColdStartCTR:
             ``"hashed"`` (``hash_buckets=table_size``) user and item features.
         table_size: rows of the user and item tables.
         embedding_dim: width of every feature's table.
-        initial_users / users_per_batch: population growth.
-        session_users / session_share: the newest users, and the share of events they make.
+        initial_users: users before the first batch.
+        users_per_batch: new users each batch adds (population growth).
+        session_users: the newest users, who make `session_share` of the events.
+        session_share: in [0, 1]: the share of events the newest `session_users` make.
         user_exponent: in (0, 1]; activity bias to the newest among the other events.
-        initial_items / items_per_batch / item_exponent: the item catalogue and its popularity.
-        num_genres / max_genres: genres, and at most how many an item has.
-        num_ages / num_occupations: attribute vocabularies (gender has 2 values).
+        initial_items: items before the first batch.
+        items_per_batch: new items each batch adds.
+        item_exponent: the items' popularity bias to the newest.
+        num_genres: genres in all.
+        max_genres: at most how many genres an item has.
+        num_ages: the age attribute's vocabulary.
+        num_occupations: the occupation attribute's vocabulary (gender has 2 values).
         attribute_share: ``r`` in [0, 1]: how much of a user's (item's) bias its occupation (genres) predicts.
-        base_logit, user_scale, item_scale, attribute_scale, taste_scale: the truth's scales.
-        permit_filter_value / evict_filter_value: of the dynamic tables.
+        base_logit: the truth's intercept.
+        user_scale: the scale of the users' biases in the truth.
+        item_scale: the scale of the items' biases in the truth.
+        attribute_scale: the scale of the attribute x genre terms in the truth.
+        taste_scale: the scale of the user x genre terms in the truth.
+        permit_filter_value: of the dynamic tables: sightings before a key gets a row.
+        evict_filter_value: of the dynamic tables: steps unseen before a key is evicted (None: capacity only).
     """
 
     def __init__(self, num_batches: int = 400, batch_size: int = 256, seed: int = 0, *, table: str = "dynamic",
