@@ -101,7 +101,7 @@ class CUDAGraphStep(nn.Module):
         self.step = step
         self._optimizers = optimizers
         self._calls, self._warned, self._failed = 0, False, False
-        self._graph = self._inputs = self._spec = self._output = self._signature = self._hypers = None
+        self._graph = self._inputs = self._output = self._signature = self._hypers = None
         self._lrs: list[tuple[dict, torch.Tensor]] = []
         # A weak reference: a closure over `self` would make a reference cycle (optimizer -> hook ->
         # self -> optimizer), freed only by the cyclic GC, which may then destroy this graph while
@@ -119,7 +119,7 @@ class CUDAGraphStep(nn.Module):
         """Forget the graph: the next step runs eagerly, the one after captures again. (The eager
         step lets state that was just loaded settle on the device: a restored step count is moved
         there, which a capture could not record.)"""
-        self._graph = self._inputs = self._spec = self._output = self._signature = self._hypers = None
+        self._graph = self._inputs = self._output = self._signature = self._hypers = None
         self._calls = min(self._calls, WARMUP_STEPS - 1)
 
     def forward(self, *inputs, **kwargs):
@@ -177,7 +177,7 @@ class CUDAGraphStep(nn.Module):
         finally:
             if gc_was_on:
                 gc.enable()
-        self._graph, self._inputs, self._spec, self._output = graph, statics, spec, output
+        self._graph, self._inputs, self._output = graph, statics, output
         self._signature, self._hypers = signature, _hypers(self._optimizers)
         log.info("cuda_graphs: captured the training step for inputs %s", signature)
         return True

@@ -250,7 +250,9 @@ def _run_idle_then_sigterm(model, stream, sink, idle_s=1.5):
 @pytest.mark.parametrize("sink", [True, False])
 def test_an_idle_directory_stream_sleeps_and_stops_within_half_a_second(tmp_path, sink):
     _write_csv(tmp_path, "a.csv", 20)
-    stream = DirectoryStream(tmp_path, SCHEMA, batch_size=20)  # no idle_timeout: waits forever
+    # The idle timeout is only a backstop, far past the SIGTERM at 1.5 s: a signal that never stops
+    # the run fails the test at 60 s instead of hanging the suite (seen once on a loaded machine).
+    stream = DirectoryStream(tmp_path, SCHEMA, batch_size=20, idle_timeout=60)
     cpu, stop_s = _run_idle_then_sigterm(_model(), stream, sink)
     assert cpu < 0.5, f"{cpu:.2f} s of CPU in 1.5 s idle: a busy loop"
     assert stop_s < 0.5, f"the stop took {stop_s:.2f} s"
