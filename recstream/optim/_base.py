@@ -218,8 +218,10 @@ class SparseRowOptimizer(Optimizer):
         """`_update`, undone on the device where `found_inf` is set: the touched rows of the
         parameter and of its per-row state are saved before and chosen after by the flag (no host
         read; an overflowing step leaves weights, state and count as they were)."""
-        per_row = [t for k, t in state.items() if k != "step" and isinstance(t, Tensor) and t.dim() > 0
-                   and t.shape[0] == p.shape[0]]
+        # A 0-d parameter (`p` is its one-row view, see `step`) has 0-d state: viewed as one row too.
+        tensors = [t for k, t in state.items() if k != "step" and isinstance(t, Tensor)]
+        per_row = [t if t.dim() > 0 else t.unsqueeze(0) for t in tensors
+                   if (t.dim() > 0 and t.shape[0] == p.shape[0]) or (t.dim() == 0 and tuple(p.shape) == (1,))]
         tensors = [p, *per_row]
         before = [take_rows(t, rows).clone() for t in tensors]
         self._update(p, rows, grad, state, group)

@@ -156,3 +156,31 @@ def test_fused_tables_share_one_counter_again_after_a_load_once_an_eager_step_re
     _train_tables(tables, adam, 1, start=2)  # the eager step after a load (CUDAGraphStep.reset) reads them once
     steps = [adam.state[p]["step"] for p in tables.parameters()]
     assert all(s is steps[0] for s in steps) and float(steps[0]) == 3.0
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("shape", [(), (5, 3)], ids=["0-d", "table"])
+def test_a_found_inf_flag_undoes_the_step_and_a_clear_one_does_not(name, shape):
+    """A loss-scaled step hands the optimizer `found_inf` (torch's GradScaler protocol): set, the
+    weights, every state tensor (a 0-d parameter's too) and the count stay; clear, the step is the
+    plain one."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(shape))
+    plain_w = torch.nn.Parameter(w.detach().clone())
+    opt, plain = OPTIMIZERS[name]([w]), OPTIMIZERS[name]([plain_w])
+    _capturable(opt)
+    for step in range(3):
+        for param in (w, plain_w):
+            param.grad = torch.full(shape, 0.5 + step)
+        opt.found_inf = torch.tensor(float(step == 1))  # the middle step overflowed
+        opt.step()
+        del opt.found_inf
+        if step != 1:
+            plain.step()
+        if step == 1:
+            torch.testing.assert_close(w.detach(), plain_w.detach())
+            for key, value in opt.state[w].items():
+                ref = plain.state[plain_w][key]
+                assert float(value) == ref if key == "step" else torch.equal(value, ref), key
+    torch.testing.assert_close(w.detach(), plain_w.detach(), rtol=1e-5, atol=1e-5)
+    assert int(opt.state[w]["step"]) == 2 == plain.state[plain_w]["step"]
