@@ -43,6 +43,8 @@ def run(args) -> int:
     if not os.path.isdir(parent):
         raise CliError(f"directory {parent} does not exist (create it first)", EXIT_USAGE)
     text = ONLINE if args.online else OFFLINE
+    # The commands in its comments name the file the user asked for, not the example's own name.
+    text = text.replace("criteo_online.yaml" if args.online else "criteo_offline.yaml", os.path.basename(args.path))
     with open(args.path, "w", encoding="utf-8") as f:
         f.write(text)
     make = next(line.strip(" #") for line in text.splitlines() if "recstream produce" in line)

@@ -47,7 +47,7 @@ train:
   boost_level: O0                # O0 | O1 | O2
   sink_mode: false               # true: sinks of sink_size batches (CSV/Criteo files need sink_size >= 1)
   seed: 0
-  threads: 1                     # torch CPU threads (unset: torch's choice)
+  threads: 1                     # torch CPU threads (unset: the cores the machine's load leaves free)
 
 callbacks:
   checkpoint:                    # the last checkpoint is always written

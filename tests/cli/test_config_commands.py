@@ -46,11 +46,15 @@ def test_init_writes_the_examples_and_refuses_to_overwrite(tmp_path):
     assert templates.ONLINE == (EXAMPLES / "criteo_online.yaml").read_text()
     result = cli(tmp_path, "init")
     assert result.returncode == 0 and "recstream train recstream.yaml" in result.stdout
-    assert (tmp_path / "recstream.yaml").read_text() == templates.OFFLINE
+    # the example, its comments' commands naming the file written
+    assert (tmp_path / "recstream.yaml").read_text() == templates.OFFLINE.replace("criteo_offline.yaml",
+                                                                                 "recstream.yaml")
+    assert "recstream train recstream.yaml" in (tmp_path / "recstream.yaml").read_text()
     again = cli(tmp_path, "init")
     assert again.returncode == EXIT_USAGE and "exists; use --force" in again.stderr
     assert cli(tmp_path, "init", "online.yaml", "--online").returncode == 0
-    assert (tmp_path / "online.yaml").read_text() == templates.ONLINE
+    assert (tmp_path / "online.yaml").read_text() == templates.ONLINE.replace("criteo_online.yaml", "online.yaml")
+    assert "recstream online online.yaml" in (tmp_path / "online.yaml").read_text()
 
 
 def test_offline_example_train_then_eval(tmp_path):
