@@ -176,23 +176,26 @@ def test_micro_batch_size_is_validated(value, error):
     assert stream.position() == {"batches": 0}  # refused before reading anything
 
 
+class _FailsOnCall(torch.nn.Module):
+    """A linear model whose training forward raises on its `fail_at`-th call (a micro-step each)."""
+
+    def __init__(self, fail_at: int):
+        super().__init__()
+        self.lin, self.calls, self.fail_at = torch.nn.Linear(2, 1), 0, fail_at
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("boom")
+        return self.lin(x)
+
+
 def test_a_failure_inside_a_batchs_micro_steps_writes_no_exception_checkpoint(tmp_path):
     """An exception checkpoint records the position before the failing batch; after a micro-step of
     it the weights hold some of its rows, so such a file would train them twice after a restore."""
 
-    class FailsOnThirdSlice(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin, self.calls = torch.nn.Linear(2, 1), 0
-
-        def forward(self, x):
-            if self.training:
-                self.calls += 1
-                if self.calls == 4 + 3:  # the first batch's 4 slices, then the second's third
-                    raise RuntimeError("boom")
-            return self.lin(x)
-
-    net = FailsOnThirdSlice()
+    net = _FailsOnCall(4 + 3)  # the first batch's 4 slices, then the second's third
     model = RecModel(net, torch.nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.1), progress_bar=False)
     data = [(torch.randn(8, 2), torch.randn(8, 1)) for _ in range(3)]
     ckpt = ModelCheckpoint("online", str(tmp_path), CheckpointConfig(save_checkpoint_steps=1, exception_save=True))
@@ -206,19 +209,7 @@ def test_a_failure_inside_a_batchs_micro_steps_writes_no_exception_checkpoint(tm
 
 
 def test_a_failure_on_a_batchs_first_micro_step_still_writes_the_exception_checkpoint(tmp_path):
-    class FailsOnSecondBatch(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin, self.calls = torch.nn.Linear(2, 1), 0
-
-        def forward(self, x):
-            if self.training:
-                self.calls += 1
-                if self.calls == 5:  # the second batch's first slice: nothing of it trained yet
-                    raise RuntimeError("boom")
-            return self.lin(x)
-
-    net = FailsOnSecondBatch()
+    net = _FailsOnCall(5)  # the second batch's first slice: nothing of it trained yet
     model = RecModel(net, torch.nn.MSELoss(), torch.optim.SGD(net.parameters(), lr=0.1), progress_bar=False)
     data = [(torch.randn(8, 2), torch.randn(8, 1)) for _ in range(3)]
     ckpt = ModelCheckpoint("online", str(tmp_path), CheckpointConfig(save_checkpoint_steps=10, exception_save=True))
