@@ -47,18 +47,16 @@ vocabularies) and ``genres`` (multi-hot, ``pooling="mean"``); no dense features.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from ..features import Features
 from ..validation import check_choice, check_int, check_number
 from .batch import Batch
-from .hashing import hash_strings, splitmix64, to_buckets
+from .generated_stream import GeneratedStream
+from .hashing import splitmix64
 from .schema import CategoricalFeature, Schema
-from .synthetic import roc_auc
 
 TABLES = ("dynamic", "hashed")
 ATTRIBUTES = ("age", "gender", "occupation")
@@ -70,7 +68,7 @@ _SALT_NAMES = ("user_bias", "item_bias", "occupation_bias", "genre_bias", "taste
 _SALTS = {name: np.uint64((i * 0x9E3779B97F4A7C15 + 0x51ED27) % 2 ** 64) for i, name in enumerate(_SALT_NAMES)}
 
 
-class ColdStartCTR:
+class ColdStartCTR(GeneratedStream):
     """A rating stream full of new users, with attribute and user x genre interactions (see the module doc).
 
     Args:
@@ -225,12 +223,6 @@ class ColdStartCTR:
         labels = (rng.random(n) < p).astype(np.float32)
         return users, items, p, labels
 
-    def _keys(self, kind: str, index: np.ndarray) -> np.ndarray:
-        raw = self.raw_ids(kind, index)
-        if self.table != "hashed":
-            return raw
-        return to_buckets(hash_strings(pa.array(raw).cast(pa.string())), self.table_size)  # as the readers do
-
     def batch(self, t: int) -> Batch:
         """Batch `t` of the stream."""
         t = check_int("ColdStartCTR.batch", "t", t, minimum=0, maximum=self.num_batches - 1)
@@ -247,31 +239,6 @@ class ColdStartCTR:
                                          keys=self.schema.categorical_names)
         return Batch(features, torch.from_numpy(labels))
 
-    def probabilities(self, t: int) -> np.ndarray:
-        """True click probabilities of batch `t`'s events, in order."""
-        t = check_int("ColdStartCTR.probabilities", "t", t, minimum=0, maximum=self.num_batches - 1)
-        return self._events(t)[2]
-
-    def bayes_auc(self, start: int = 0, stop: int | None = None) -> float:
-        """AUC of the true probabilities on the events of batches ``start .. stop - 1``."""
-        owner = "ColdStartCTR.bayes_auc"
-        stop = self.num_batches if stop is None else check_int(owner, "stop", stop, minimum=1,
-                                                               maximum=self.num_batches)
-        start = check_int(owner, "start", start, minimum=0, maximum=stop - 1)
-        parts = [self._events(t) for t in range(start, stop)]
-        return roc_auc(np.concatenate([e[2] for e in parts]), np.concatenate([e[3] for e in parts]))
-
-    # --- a dataset ---------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def get_dataset_size(self) -> int:
-        return self.num_batches
-
-    def __iter__(self) -> Iterator[Batch]:
-        for t in range(self.num_batches):
-            yield self.batch(t)
-
-    def __repr__(self) -> str:
-        return (f"ColdStartCTR(num_batches={self.num_batches}, batch_size={self.batch_size}, seed={self.seed}, "
-                f"table={self.table!r}, table_size={self.table_size})")
+    def _truth(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        e = self._events(t)
+        return e[2], e[3]

@@ -41,18 +41,16 @@ share rows). ``category`` is a fixed ``vocab_size`` feature in both.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from ..features import Features
 from ..validation import check_choice, check_int, check_number
 from .batch import Batch
-from .hashing import hash_strings, splitmix64, to_buckets
+from .generated_stream import GeneratedStream
+from .hashing import splitmix64
 from .schema import CategoricalFeature, DenseFeature, Schema
-from .synthetic import roc_auc
 
 TABLES = ("dynamic", "shared", "hashed")
 _KEY_SPACE = np.uint64(1 << 62)
@@ -62,7 +60,7 @@ _SALTS = {name: np.uint64((i * 0x632BE59BD9B4E019 + 1) % 2 ** 64) for i, name in
     ("user_bias", "item_bias", "cat_bias", "user_a", "user_b", "user_phase", "item_q", "item_cat"))}
 
 
-class DriftingCTR:
+class DriftingCTR(GeneratedStream):
     """A drifting CTR stream with known click probabilities (see the module doc).
 
     Args:
@@ -190,12 +188,6 @@ class DriftingCTR:
         labels = (rng.random(n) < p).astype(np.float32)
         return users, items, dense, p, labels
 
-    def _keys(self, kind: str, index: np.ndarray) -> np.ndarray:
-        raw = self.raw_ids(kind, index)
-        if self.table != "hashed":
-            return raw
-        return to_buckets(hash_strings(pa.array(raw).cast(pa.string())), self.table_size)  # as the readers do
-
     def batch(self, t: int) -> Batch:
         """Batch `t` of the stream."""
         t = check_int("DriftingCTR.batch", "t", t, minimum=0, maximum=self.num_batches - 1)
@@ -207,36 +199,11 @@ class DriftingCTR:
                             keys=self.schema.categorical_names)
         return Batch(features, torch.from_numpy(labels))
 
-    def probabilities(self, t: int) -> np.ndarray:
-        """True click probabilities of batch `t`'s events, in order."""
-        t = check_int("DriftingCTR.probabilities", "t", t, minimum=0, maximum=self.num_batches - 1)
-        return self._events(t)[3]
-
-    def bayes_auc(self, start: int = 0, stop: int | None = None) -> float:
-        """AUC of the true probabilities on the events of batches ``start .. stop - 1``."""
-        owner = "DriftingCTR.bayes_auc"
-        stop = self.num_batches if stop is None else check_int(owner, "stop", stop, minimum=1,
-                                                               maximum=self.num_batches)
-        start = check_int(owner, "start", start, minimum=0, maximum=stop - 1)
-        parts = [self._events(t) for t in range(start, stop)]
-        return roc_auc(np.concatenate([e[3] for e in parts]), np.concatenate([e[4] for e in parts]))
+    def _truth(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        e = self._events(t)
+        return e[3], e[4]
 
     def bayes_curve(self, window: int) -> list[tuple[int, float]]:
         """``(first batch, bayes_auc)`` of each run of `window` batches (the last may be shorter)."""
         window = check_int("DriftingCTR.bayes_curve", "window", window, minimum=1)
         return [(s, self.bayes_auc(s, min(s + window, self.num_batches))) for s in range(0, self.num_batches, window)]
-
-    # --- a dataset ---------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def get_dataset_size(self) -> int:
-        return self.num_batches
-
-    def __iter__(self) -> Iterator[Batch]:
-        for t in range(self.num_batches):
-            yield self.batch(t)
-
-    def __repr__(self) -> str:
-        return (f"DriftingCTR(num_batches={self.num_batches}, batch_size={self.batch_size}, seed={self.seed}, "
-                f"table={self.table!r}, table_size={self.table_size})")
