@@ -25,8 +25,9 @@ Level "O1" (same maths, up to floating-point rounding and the lazy moments noted
   the memory instead of one per operation).
 - ``cuda_graphs``: on a GPU, the whole training step (forward, backward, optimizer) captured once
   and replayed (`recstream.train.cuda_graph`): a CTR step is dozens of tiny kernels whose launches
-  cost more than their work. Skipped on CPU, with loss scaling, several processes, dynamic (hash)
-  tables, optimizers other than SGD/Adam/AdamW and recstream's row-sparse ones, or sparse
+  cost more than their work. Skipped on CPU, with several processes, dynamic (hash) tables,
+  optimizers other than SGD/Adam/AdamW and recstream's row-sparse ones, loss scaling with an
+  optimizer that skips an overflowing step only after a host read (unfused torch ones), or sparse
   gradients for an optimizer that coalesces them. recstream's own models (`recstream.models`) on a
   GPU get it at every level, O0 included (``{"cuda_graphs": False}`` turns it off).
 
@@ -105,7 +106,8 @@ def apply_boost(network: nn.Module, optimizer, level: str, config: dict | None, 
 
     `amp_level` is the level the user asked for (``bf16_autocast`` applies only to "O0");
     `loss_scaled` whether the step scales its loss (a loss-scale manager, or amp "O2"), which rules
-    out CUDA graphs. The precision itself is resolved by `recstream.train.plan`, once.
+    out CUDA graphs unless every optimizer skips an overflowing step on the device. The precision
+    itself is resolved by `recstream.train.plan`, once.
     """
     config = check_boost_config(config)
     wanted = {name: config.get(name, name in LEVELS[level]) for name in ACCELERATIONS}

@@ -21,8 +21,10 @@ Inputs may be tensors or containers of them (tuples, lists, dicts, dataclasses s
 `recstream.Features`); what is not a tensor (a batch size, feature keys, a loss weight) is part of
 the shapes a graph was captured for.
 
-Conditions (checked by `capture_refusal`): CUDA, one process, no loss scaling (its skip decision
-is a host read), optimizers that are `torch.optim.SGD`, `Adam`, `AdamW` or recstream's row-sparse
+Conditions (checked by `capture_refusal`): CUDA, one process, loss scaling only where every
+optimizer skips an overflowing step from the device flag (fused Adam/AdamW/SGD and recstream's
+row-sparse optimizers; any other needs a host read to decide), optimizers that are
+`torch.optim.SGD`, `Adam`, `AdamW` or recstream's row-sparse
 ones (`recstream.optim.SparseRowOptimizer`: their capturable mode keeps step counts and rates on
 the device and sums a sparse gradient's rows into fixed-size outputs), sparse gradients only for
 parameters those hold or that boost's lazy row updates of Adam take (`recstream.optim.sparse_rows`,
@@ -56,7 +58,12 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
     if distributed:
         return "several processes (collectives are not captured here)"
     if loss_scaled:
-        return "loss scaling decides on the host whether to skip a step"
+        # The loss-scale cell then hands the overflow flag to the optimizer instead of branching on
+        # it (`recstream.train.loss_scale`), so the skip is part of the graph.
+        host = [type(o).__name__ for o in optimizers if not _skips_overflow_on_device(o)]
+        if host:
+            return (f"loss scaling: {host[0]} decides on the host whether to skip an overflowing step "
+                    "(fused Adam/AdamW/SGD and recstream's row-sparse optimizers decide on the device)")
     dynamic = [n for n, p in network.named_parameters() if hasattr(p, "pop_reset_rows")]
     if dynamic:
         return f"parameters {dynamic[:3]} belong to dynamic (hash) tables, whose rows are assigned as keys arrive"
@@ -75,6 +82,11 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
         return (f"modules {sparse[:3]} emit sparse gradients for an optimizer that coalesces them "
                 "(data-dependent sizes)")
     return None
+
+
+def _skips_overflow_on_device(optimizer) -> bool:
+    """torch's fused optimizers and recstream's row-sparse ones (capturable) take ``found_inf``."""
+    return isinstance(optimizer, SparseRowOptimizer) or getattr(optimizer, "_step_supports_amp_scaling", False)
 
 
 def make_capturable(optimizers: list, device: torch.device) -> None:

@@ -36,6 +36,13 @@ def test_the_built_in_models_with_their_optimizers_may_be_captured(name, embeddi
     assert capture_refusal(net, opts, CUDA, distributed=False, loss_scaled=False) is None
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_loss_scaled_steps_may_be_captured_where_every_optimizer_skips_on_the_device(name):
+    """default_optimizer's fused Adam and row-sparse tables take the overflow flag on the device."""
+    net = BUILDERS[name](mixed_schema())
+    assert capture_refusal(net, _leaves(default_optimizer(net)), CUDA, distributed=False, loss_scaled=True) is None
+
+
 def test_what_cannot_be_captured_is_refused_with_the_reason():
     net = BUILDERS["deepfm"](dynamic_schema())
     why = capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, False)
@@ -46,7 +53,9 @@ def test_what_cannot_be_captured_is_refused_with_the_reason():
     why = capture_refusal(emb, [torch.optim.Adagrad(emb.parameters())], CUDA, False, False)
     assert "Adagrad is not torch.optim.SGD/Adam/AdamW" in why
     net = BUILDERS["dlrm"](mixed_schema())
-    assert "loss scaling" in capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, True)
+    mlp = nn.Linear(3, 1)
+    why = capture_refusal(mlp, [torch.optim.Adam(mlp.parameters(), fused=False)], CUDA, False, True)
+    assert "loss scaling: Adam decides on the host" in why
     assert "not CUDA" in capture_refusal(net, _leaves(default_optimizer(net)), torch.device("cpu"), False, False)
 
 
@@ -119,3 +128,49 @@ def test_built_in_models_replay_their_steps_like_eager_ones(name, tmp_path):
     reloaded, model, _ = run(True, reload_at=11)
     assert model.train_network.captured  # recaptured after one eager step (a failed capture would run eagerly)
     torch.testing.assert_close(reloaded, eager, rtol=1e-4, atol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["widedeep", "dlrm"])
+def test_loss_scaled_steps_replay_like_eager_ones_and_skip_an_overflow(name):
+    """Under a dynamic loss scale the skip of an overflowing step is part of the graph: a batch with
+    a NaN label (every gradient non-finite) leaves weights and optimizer state as they were, in the
+    replayed step as in the eager one, and the scale shrinks in both."""
+    from recstream.data import CategoricalFeature, Schema, SyntheticCTR
+    from recstream.train.loss_scale import DynamicLossScaleManager
+
+    gen = SyntheticCTR(num_dense=3, num_categorical=6, vocab_sizes=[40] * 6, batch_size=128, seed=0)
+    schema = Schema(gen.schema.dense, [CategoricalFeature(f.name, vocab_size=40, embedding_dim=4)
+                                       for f in gen.schema.categorical])
+    batches = [b.to("cuda") for b in gen.train_batches(10)]
+    poisoned = batches[7].labels.clone()
+    poisoned[0] = float("nan")
+
+    def run(graphs: bool):
+        torch.manual_seed(0)
+        net = BUILDERS[name](schema).cuda()
+        manager = DynamicLossScaleManager(init_loss_scale=2.0 ** 16, scale_factor=2, scale_window=1000)
+        model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), loss_scale_manager=manager,
+                      boost_config_dict={"cuda_graphs": graphs})
+        out, before_poison = [], None
+        for i, batch in enumerate(batches):
+            if i == 7:
+                before_poison = {k: v.clone() for k, v in net.state_dict().items()}
+            labels = poisoned if i == 7 else batch.labels
+            loss, overflow, scale = model.train_network(batch.features, labels)
+            out.append((float(loss), bool(overflow), float(scale)))
+            if i == 7:
+                for key, value in net.state_dict().items():
+                    torch.testing.assert_close(value, before_poison[key], rtol=0, atol=0, msg=key)
+        return out, model, net, manager
+
+    eager, _, eager_net, eager_manager = run(False)
+    graphed, model, graphed_net, manager = run(True)
+    assert "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+    assert model.train_network.captured
+    assert [o for _, o, _ in graphed] == [o for _, o, _ in eager] == [i == 7 for i in range(10)]
+    assert manager.get_loss_scale() == eager_manager.get_loss_scale() == 2.0 ** 15
+    torch.testing.assert_close([x for x, _, _ in graphed if x == x], [x for x, _, _ in eager if x == x],
+                               rtol=1e-4, atol=1e-5)
+    for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
