@@ -20,18 +20,19 @@ so a consumer can pick the features it needs by name instead of by position.
 >>> f.select(["tags"]).values.tolist(), f.select(["tags"]).keys
 ([7, 8, 9], ('tags',))
 
-This module depends on torch, numpy and `recstream.validation` only, so every layer
+This module depends on torch, numpy, `recstream.validation` and `recstream.hostpath` only, so every layer
 (data readers, embedding modules, models, serving) can share it.
 """
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .hostpath import host_reads_free
 from .validation import check_int, check_str, check_type
 
 __all__ = ["Features"]
@@ -130,6 +131,8 @@ class Features:
 
     ``offsets`` has ``num_features * batch_size + 1`` entries (feature-major, see module doc).
     ``keys`` optionally names the features, in storage order; every operation below keeps it.
+    ``feature_sizes`` (ids per feature, on the host) is filled by `to` when a host batch moves to
+    an accelerator: a subset of the features then knows its size without reading the device.
     Tensor contents are checked by `validate`, not here (this runs once per batch).
     """
 
@@ -139,6 +142,7 @@ class Features:
     batch_size: int
     num_features: int
     keys: tuple[str, ...] | None = None
+    feature_sizes: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.keys is not None:
@@ -208,15 +212,22 @@ class Features:
     def permute(self, indices: Sequence[int]) -> Features:
         """The features at positions `indices`, in that order (a reordering or a subset).
 
-        On CUDA a reordering of all features runs without a host sync; a strict subset needs
-        one (the number of ids it keeps sizes the result).
+        On CUDA a reordering of all features runs without a host sync; so does a strict subset of
+        features moved there by `to` (their ``feature_sizes`` give its size); other strict subsets
+        read the number of ids they keep from the device (one sync).
+
+        >>> f = Features.from_lengths(torch.zeros(2, 0), torch.arange(6), torch.tensor([[1, 1], [2, 0], [1, 1]]))
+        >>> g = f.to("cpu")
+        >>> g.feature_sizes, g.permute([2, 0]).feature_sizes, g.permute([2, 0]).values.tolist()
+        ((2, 2, 2), (2, 2), [4, 5, 0, 1])
         """
         nf, b = self.num_features, self.batch_size
         indices = [self.position(i) for i in indices]
         if indices == list(range(nf)):
             return self
         keys = None if self.keys is None else tuple(self.keys[i] for i in indices)
-        on_cpu = self.values.device.type == "cpu" and not torch.compiler.is_exporting()  # numpy: not traceable
+        sizes = None if self.feature_sizes is None else tuple(self.feature_sizes[i] for i in indices)
+        on_cpu = host_reads_free(self.values) and not torch.compiler.is_exporting()  # numpy: not traceable
         consecutive = bool(indices) and indices == list(range(indices[0], indices[0] + len(indices)))
         if on_cpu and consecutive:
             # Consecutive features (e.g. a model's fixed-vocabulary ones, next to its dynamic ones) are
@@ -227,10 +238,11 @@ class Features:
             values, offsets = _take_bags(_host(self.values), _host(self.offsets), nf, b, indices, slice(None))
             values, offsets = _like(values, self.values), _like(offsets, self.offsets)
         else:
-            values, offsets = self._permute_on_device(indices, sorted(indices) == list(range(nf)))
-        return Features(self.dense, values, offsets, b, len(indices), keys)
+            values, offsets = self._permute_on_device(indices, sorted(indices) == list(range(nf)), sizes)
+        return Features(self.dense, values, offsets, b, len(indices), keys, sizes)
 
-    def _permute_on_device(self, indices: list[int], complete: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _permute_on_device(self, indices: list[int], complete: bool,
+                           sizes: tuple[int, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
         nf, b, device = self.num_features, self.batch_size, self.values.device
         index = torch.tensor(indices, dtype=torch.int64, device=device)
         starts = self.offsets[:-1].view(nf, b).index_select(0, index).reshape(-1)
@@ -240,6 +252,8 @@ class Features:
         # A reordering keeps every id, so the size is known without asking the device.
         if complete:
             total = self.values.numel()
+        elif sizes is not None:  # counted on the host before the batch was copied
+            total = sum(sizes)
         else:  # .item(), not int(): under torch.export a symbolic size, bounded by these checks
             total = offsets[-1].item()
             torch._check(total >= 0)
@@ -281,8 +295,8 @@ class Features:
         >>> parts = f.split(2)
         >>> [p.batch_size for p in parts], [p.values.tolist() for p in parts]
         ([2, 2, 1], [[1, 2, 6, 7], [3, 4], [5, 8]])
-        >>> parts[2].bag("b")[0].tolist(), parts[2].dense.tolist(), parts[0].keys
-        ([8], [[4.0]], ('a', 'b'))
+        >>> parts[2].bag("b")[0].tolist(), parts[2].dense.tolist(), parts[0].keys, parts[0].feature_sizes
+        ([8], [[4.0]], ('a', 'b'), (2, 2))
         """
         size = check_int("Features.split", "size", size, minimum=1)
         b, nf = self.batch_size, self.num_features
@@ -299,8 +313,9 @@ class Features:
                 values = _like(_host(self.values)[idx], self.values)
             else:  # the index goes to the device; the ids never leave it
                 values = self.values.index_select(0, torch.from_numpy(idx).to(self.values.device))
+            sizes = tuple(int(n) for n in np.diff(new_offsets[::stop - start]))  # read here anyway: see `to`
             parts.append(Features(self.dense[start:stop], values, _like(new_offsets, self.offsets), stop - start,
-                                  nf, self.keys))
+                                  nf, self.keys, sizes))
         return parts
 
     @staticmethod
@@ -323,15 +338,22 @@ class Features:
 
     # --- devices -------------------------------------------------------------------------
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Features:
+        """On `device`. From the host, ``feature_sizes`` is counted first (one read of
+        ``num_features + 1`` offsets that are there anyway), so that the device never has to be
+        asked how many ids a subset of the features holds."""
+        sizes = self.feature_sizes
+        if sizes is None and self.offsets.device.type == "cpu" and not torch.compiler.is_exporting():
+            bounds = _host(self.offsets)[::self.batch_size] if self.batch_size else np.zeros(self.num_features + 1)
+            sizes = tuple(int(n) for n in np.diff(bounds))
         return Features(self.dense.to(device, non_blocking=non_blocking),
                         self.values.to(device, non_blocking=non_blocking),
                         self.offsets.to(device, non_blocking=non_blocking), self.batch_size, self.num_features,
-                        self.keys)
+                        self.keys, sizes)
 
     def pin_memory(self) -> Features:
         """Page-locked copies, so a later ``.to(cuda, non_blocking=True)`` is truly async."""
         return Features(self.dense.pin_memory(), self.values.pin_memory(), self.offsets.pin_memory(),
-                        self.batch_size, self.num_features, self.keys)
+                        self.batch_size, self.num_features, self.keys, self.feature_sizes)
 
     # --- checks --------------------------------------------------------------------------
     def validate(self, schema) -> Features:

@@ -81,7 +81,7 @@ def with_keys(features: Features, names: tuple[str, ...]) -> Features:
     if features.keys is not None:
         return features
     return Features(features.dense, features.values, features.offsets, features.batch_size,
-                    features.num_features, names)
+                    features.num_features, names, features.feature_sizes)
 
 
 def tier_lookup(owner: str, plan, schema: Schema, part: str = "embedding"):

@@ -138,7 +138,10 @@ def test_select_and_permute_by_name_and_position():
         assert bags_of(g) == [bags[KEYS.index(n)] for n in names]
         # The on-device path (torch, no host sync for a full reordering) gives the same result.
         idx = [KEYS.index(n) for n in names]
-        values, offsets = named._permute_on_device(idx, complete=len(idx) == 3)
+        values, offsets = named._permute_on_device(idx, complete=len(idx) == 3, sizes=None)
+        assert torch.equal(values, g.values) and torch.equal(offsets, g.offsets)
+        sizes = named.to("cpu").feature_sizes  # counted on the host: a subset's size without a device read
+        values, offsets = named._permute_on_device(idx, complete=False, sizes=tuple(sizes[i] for i in idx))
         assert torch.equal(values, g.values) and torch.equal(offsets, g.offsets)
     assert bags_of(f.permute([2, 0])) == [bags[2], bags[0]] and f.permute([2, 0]).keys is None
     assert named.bag("c1")[0].tolist() == named.bag(1)[0].tolist() and named.position("c2") == 2
