@@ -60,9 +60,6 @@ from .schema import CategoricalFeature, Schema
 
 TABLES = ("dynamic", "hashed")
 ATTRIBUTES = ("age", "gender", "occupation")
-_KEY_SPACE = np.uint64(1 << 62)
-# Odd multipliers / offsets of the id scattering (bijective mod 2**62): fixed, part of the data's meaning.
-_SCATTER = {"user": (0xD6E8FEB86659FD93, 0x2545F491), "item": (0x94D049BB133111EB, 0x4F1BBCDC)}
 _SALT_NAMES = ("user_bias", "item_bias", "occupation_bias", "genre_bias", "taste", "age", "gender", "occupation",
                "genre_count", "genre_pick", "age_genre", "gender_genre", "occupation_genre")
 _SALTS = {name: np.uint64((i * 0x9E3779B97F4A7C15 + 0x51ED27) % 2 ** 64) for i, name in enumerate(_SALT_NAMES)}
@@ -100,6 +97,9 @@ class ColdStartCTR(GeneratedStream):
         permit_filter_value: of the dynamic tables: sightings before a key gets a row.
         evict_filter_value: of the dynamic tables: steps unseen before a key is evicted (None: capacity only).
     """
+
+    # Odd multipliers / offsets of the id scattering (bijective mod 2**62): fixed, part of the data's meaning.
+    _SCATTER = {"user": (0xD6E8FEB86659FD93, 0x2545F491), "item": (0x94D049BB133111EB, 0x4F1BBCDC)}
 
     def __init__(self, num_batches: int = 400, batch_size: int = 256, seed: int = 0, *, table: str = "dynamic",
                  table_size: int = 1 << 15, embedding_dim: int = 8, initial_users: int = 500,
@@ -147,21 +147,6 @@ class ColdStartCTR(GeneratedStream):
         genres = CategoricalFeature("genres", vocab_size=self.num_genres, embedding_dim=dim, multi_hot=True,
                                     max_len=self.max_genres, pooling="mean")
         return Schema([], [*ids, *attributes, genres])
-
-    # --- population ------------------------------------------------------------------------
-    def num_users(self, t: int) -> int:
-        """Users that exist at batch `t`."""
-        return self.initial_users + self.users_per_batch * t
-
-    def num_items(self, t: int) -> int:
-        """Items that exist at batch `t`."""
-        return self.initial_items + self.items_per_batch * t
-
-    def raw_ids(self, kind: str, index: np.ndarray) -> np.ndarray:
-        """The raw int64 ids of users or items number `index` (`kind` "user" or "item")."""
-        mult, add = _SCATTER[check_choice("ColdStartCTR.raw_ids", "kind", kind, tuple(_SCATTER))]
-        idx = np.asarray(index, dtype=np.uint64)
-        return ((idx * np.uint64(mult) + np.uint64(add)) % _KEY_SPACE).astype(np.int64)
 
     def _hash(self, salt: str, index: np.ndarray) -> np.ndarray:
         return splitmix64(np.asarray(index, dtype=np.uint64) ^ _SALTS[salt] ^ self._seed_salt)

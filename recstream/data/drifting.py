@@ -53,9 +53,6 @@ from .hashing import splitmix64
 from .schema import CategoricalFeature, DenseFeature, Schema
 
 TABLES = ("dynamic", "shared", "hashed")
-_KEY_SPACE = np.uint64(1 << 62)
-# Odd multipliers / offsets of the id scattering (bijective mod 2**62): fixed, part of the data's meaning.
-_SCATTER = {"user": (0x9E3779B97F4A7C15, 0x1234567), "item": (0xBF58476D1CE4E5B9, 0x7654321)}
 _SALTS = {name: np.uint64((i * 0x632BE59BD9B4E019 + 1) % 2 ** 64) for i, name in enumerate(
     ("user_bias", "item_bias", "cat_bias", "user_a", "user_b", "user_phase", "item_q", "item_cat"))}
 
@@ -89,6 +86,9 @@ class DriftingCTR(GeneratedStream):
         permit_filter_value: sightings before a key gets a row in the dynamic tables.
         evict_filter_value: steps unseen after which the dynamic tables evict a key.
     """
+
+    # Odd multipliers / offsets of the id scattering (bijective mod 2**62): fixed, part of the data's meaning.
+    _SCATTER = {"user": (0x9E3779B97F4A7C15, 0x1234567), "item": (0xBF58476D1CE4E5B9, 0x7654321)}
 
     def __init__(self, num_batches: int = 400, batch_size: int = 512, seed: int = 0, *, table: str = "dynamic",
                  table_size: int = 1 << 14, embedding_dim: int = 8, num_dense: int = 2, initial_users: int = 300,
@@ -133,21 +133,6 @@ class DriftingCTR(GeneratedStream):
             ids = [CategoricalFeature(n, hash_buckets=self.table_size, embedding_dim=dim) for n in ("user", "item")]
         category = CategoricalFeature("category", vocab_size=self.num_categories, embedding_dim=dim)
         return Schema([DenseFeature(f"x{j}") for j in range(self.num_dense)], [*ids, category])
-
-    # --- population ------------------------------------------------------------------------
-    def num_users(self, t: int) -> int:
-        """Users that exist at batch `t`."""
-        return self.initial_users + self.users_per_batch * t
-
-    def num_items(self, t: int) -> int:
-        """Items that exist at batch `t`."""
-        return self.initial_items + self.items_per_batch * t
-
-    def raw_ids(self, kind: str, index: np.ndarray) -> np.ndarray:
-        """The raw int64 ids of users or items number `index` (`kind` "user" or "item")."""
-        mult, add = _SCATTER[check_choice("DriftingCTR.raw_ids", "kind", kind, tuple(_SCATTER))]
-        idx = np.asarray(index, dtype=np.uint64)
-        return ((idx * np.uint64(mult) + np.uint64(add)) % _KEY_SPACE).astype(np.int64)
 
     def _uniform(self, salt: str, index: np.ndarray, width: int = 1) -> np.ndarray:
         """Hash-derived values of ids `index`, uniform with zero mean and unit variance, ``[n, width]``."""

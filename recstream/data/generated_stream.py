@@ -2,22 +2,26 @@
 `ColdStartCTR`): ids as the readers would key them, the true click probabilities and the Bayes
 AUC they give, and the dataset protocol (a batch per time step, in order).
 
-A subclass sets ``num_batches``, ``batch_size``, ``seed``, ``table`` and ``table_size`` and defines
-``raw_ids(kind, index)``, ``batch(t)`` and ``_truth(t)`` (batch `t`'s true probabilities and
-labels, in event order).
+A subclass sets ``num_batches``, ``batch_size``, ``seed``, ``table``, ``table_size``, its
+population (``initial_users``, ``users_per_batch``, ``initial_items``, ``items_per_batch``) and
+``_SCATTER`` (how user and item numbers scatter into raw ids: a multiplier and an addend each, so
+two streams never share ids), and defines ``batch(t)`` and ``_truth(t)`` (batch `t`'s true
+probabilities and labels, in event order).
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from ..validation import check_int
+from ..validation import check_choice, check_int
 from .batch import Batch
 from .hashing import hash_strings, to_buckets
 from .synthetic import roc_auc
 
+_KEY_SPACE = np.uint64(1 << 62)  # raw ids stay positive int64s
 
 class GeneratedStream:
     """Base of the generated streams (see the module docstring)."""
@@ -27,9 +31,27 @@ class GeneratedStream:
     seed: int
     table: str
     table_size: int
+    initial_users: int
+    users_per_batch: int
+    initial_items: int
+    items_per_batch: int
+    _SCATTER: ClassVar[dict[str, tuple[int, int]]]
+
+    # --- population ------------------------------------------------------------------------
+    def num_users(self, t: int) -> int:
+        """Users that exist at batch `t`."""
+        return self.initial_users + self.users_per_batch * t
+
+    def num_items(self, t: int) -> int:
+        """Items that exist at batch `t`."""
+        return self.initial_items + self.items_per_batch * t
 
     def raw_ids(self, kind: str, index: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The raw int64 ids of users or items number `index` (`kind` "user" or "item")."""
+        owner = f"{type(self).__name__}.raw_ids"
+        mult, add = self._SCATTER[check_choice(owner, "kind", kind, tuple(self._SCATTER))]
+        idx = np.asarray(index, dtype=np.uint64)
+        return ((idx * np.uint64(mult) + np.uint64(add)) % _KEY_SPACE).astype(np.int64)
 
     def batch(self, t: int) -> Batch:
         raise NotImplementedError
