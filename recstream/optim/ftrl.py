@@ -45,8 +45,8 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
-from . import native
-from ._base import SparseRowOptimizer, put_rows, take_rows
+from . import native, triton_rows
+from ._base import SparseRowOptimizer, kernel_step_done, put_rows, take_rows
 
 __all__ = ["FTRL"]
 
@@ -124,3 +124,14 @@ class FTRL(SparseRowOptimizer):
         new_w = (torch.sign(z) * l1 - z).div_(quadratic)
         new_w = torch.where(z.abs() > l1, new_w, torch.zeros_like(new_w))
         put_rows(p, rows, new_w)
+
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        entries = triton_rows.sparse_entries(grad)
+        acc, lin = state["accumulator"], state["linear"]
+        if entries is None or not triton_rows.applies([p, acc, lin, entries[1]]):
+            return False
+        state["step"] += 1
+        triton_rows.ftrl(p, acc, lin, *entries, group["lr"], group["lr_power"], group["l1"], group["l2"], found_inf)
+        kernel_step_done(state, found_inf)
+        return True

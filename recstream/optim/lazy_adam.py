@@ -44,8 +44,8 @@ from torch import Tensor
 
 from recstream.validation import check_number, check_type
 
-from . import native
-from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, take_rows
+from . import native, triton_rows
+from ._base import SparseRowOptimizer, addcdiv_rows, kernel_step_done, put_rows, take_rows
 
 __all__ = ["LazyAdam"]
 
@@ -93,6 +93,19 @@ class LazyAdam(SparseRowOptimizer):
         beta1, beta2 = group["betas"]
         lazy_adam_rows(p, rows, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
                        group["lr"], beta1, beta2, group["eps"])
+
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        entries = triton_rows.sparse_entries(grad)
+        if entries is None or (isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor)) \
+                or not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"], entries[1]]):
+            return False
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        triton_rows.lazy_adam(p, state["exp_avg"], state["exp_avg_sq"], *entries, state["step"], group["lr"],
+                              beta1, beta2, group["eps"], found_inf)
+        kernel_step_done(state, found_inf)
+        return True
 
 
 def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,

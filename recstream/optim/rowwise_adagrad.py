@@ -38,8 +38,8 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
-from . import native
-from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, row_broadcast, take_rows
+from . import native, triton_rows
+from ._base import SparseRowOptimizer, addcdiv_rows, kernel_step_done, put_rows, row_broadcast, take_rows
 
 __all__ = ["RowWiseAdagrad"]
 
@@ -98,3 +98,14 @@ class RowWiseAdagrad(SparseRowOptimizer):
         put_rows(state["sum"], rows, acc)
         std = row_broadcast(acc.sqrt().add_(eps), grad)
         addcdiv_rows(p, rows, grad, std, -lr)
+
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        entries = triton_rows.sparse_entries(grad)
+        if entries is None or not triton_rows.applies([p, state["sum"], entries[1]]):
+            return False
+        state["step"] += 1
+        triton_rows.rowwise_adagrad(p, state["sum"], *entries, group["lr"], group["eps"], group["weight_decay"],
+                                    found_inf)
+        kernel_step_done(state, found_inf)
+        return True
