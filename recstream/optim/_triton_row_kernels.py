@@ -1,7 +1,8 @@
 """The Triton kernels of `recstream.optim.triton_rows` (see there); empty where Triton is not installed.
 
 Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose rows were sorted
-(``rows`` sorted, ``order`` the entries' positions in the unsorted ``values``). Program ``i`` takes
+(``rows`` sorted, ``order`` the entries' positions in the unsorted ``values``), or of a dense
+gradient (``DENSE``: program ``i`` updates row ``i``, nothing to sum). Program ``i`` takes
 entry ``i``: only the first entry of a run of equal rows works -- it sums its run's gradient rows
 (in entry order, as the host's coalesce does), then reads, updates and writes that row of the
 table and of its state; the other programs write nothing. So duplicate rows are summed inside the
@@ -29,25 +30,31 @@ __all__ = ["lazy_adam", "rowwise_adagrad", "ftrl"]
 if triton is not None:
 
     @triton.jit
-    def _run_sum(rows, order, values, found, i, n, dim, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr):
+    def _run_sum(rows, order, values, found, i, n, dim, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr,
+                 DENSE: tl.constexpr):
         """(row, its summed gradient [BLOCK_D], column offsets, column mask, columns to write: `dim`
-        or 0) for entry `i` of the sorted rows."""
-        row = tl.load(rows + i)
-        prev = tl.load(rows + i - 1, mask=i > 0, other=-1)
-        first = row != prev
+        or 0) for entry `i` of the sorted rows; `DENSE`: a dense gradient, entry `i` is row `i`."""
         cols = tl.arange(0, BLOCK_D)
         col_ok = cols < dim
-        grad = tl.zeros([BLOCK_D], dtype=tl.float32)
-        j = i
-        more = first
-        while more:
-            src = tl.load(order + j)
-            grad += tl.load(values + src * dim + cols, mask=col_ok, other=0.0)
-            j += 1
-            more = tl.load(rows + j, mask=j < n, other=-1) == row
-        # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar` an
-        # int block, which a mask refuses): all of them for a run's first entry, none elsewhere.
-        bound = tl.where(first, dim, 0)
+        if DENSE:
+            row = i.to(tl.int64)
+            grad = tl.load(values + row * dim + cols, mask=col_ok, other=0.0)
+            bound = tl.where(i < n, dim, 0)
+        else:
+            row = tl.load(rows + i)
+            prev = tl.load(rows + i - 1, mask=i > 0, other=-1)
+            first = row != prev
+            grad = tl.zeros([BLOCK_D], dtype=tl.float32)
+            j = i
+            more = first
+            while more:
+                src = tl.load(order + j)
+                grad += tl.load(values + src * dim + cols, mask=col_ok, other=0.0)
+                j += 1
+                more = tl.load(rows + j, mask=j < n, other=-1) == row
+            # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar`
+            # an int block, which a mask refuses): all of them for a run's first entry, none elsewhere.
+            bound = tl.where(first, dim, 0)
         if HAS_FOUND:
             bound = tl.where(tl.load(found) == 0, bound, 0)
         return row, grad, cols, col_ok, bound
@@ -63,10 +70,10 @@ if triton is not None:
     @triton.jit
     def lazy_adam(weight, exp_avg, exp_avg_sq, rows, order, values, found, step_ptr, lr_ptr, n, dim,
                   step_size, bias2_sqrt, lr, one_minus_beta1, beta2, one_minus_beta2, eps, ln_beta1, ln_beta2,
-                  BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, CAPTURABLE: tl.constexpr,
-                  LR_ON_DEVICE: tl.constexpr):
+                  BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+                  CAPTURABLE: tl.constexpr, LR_ON_DEVICE: tl.constexpr):
         row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
-                                                  BLOCK_D, HAS_FOUND)
+                                                  BLOCK_D, HAS_FOUND, DENSE)
         if CAPTURABLE:
             t = tl.load(step_ptr).to(tl.float64)
             size = _lr(lr, lr_ptr, LR_ON_DEVICE) / (1.0 - tl.exp(t * ln_beta1)).to(tl.float32)
@@ -88,9 +95,10 @@ if triton is not None:
 
     @triton.jit
     def rowwise_adagrad(weight, acc, rows, order, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
-                        BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, LR_ON_DEVICE: tl.constexpr):
+                        BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+                        LR_ON_DEVICE: tl.constexpr):
         row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
-                                                  BLOCK_D, HAS_FOUND)
+                                                  BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row * dim + cols
         mask = cols < bound
@@ -112,10 +120,10 @@ if triton is not None:
 
     @triton.jit
     def ftrl(weight, accumulator, linear, rows, order, values, found, lr_ptr, n, dim, lr, power, zero_power,
-             l1, l2, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, LR_ON_DEVICE: tl.constexpr,
-             HALF: tl.constexpr):
+             l1, l2, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+             LR_ON_DEVICE: tl.constexpr, HALF: tl.constexpr):
         row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
-                                                  BLOCK_D, HAS_FOUND)
+                                                  BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row * dim + cols
         mask = cols < bound

@@ -127,8 +127,8 @@ class FTRL(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        entries = triton_rows.sparse_entries(grad)
-        acc, lin = state["accumulator"], state["linear"]
+        entries = triton_rows.gradient_entries(grad)
+        acc, lin = (t if t.dim() else t.unsqueeze(0) for t in (state["accumulator"], state["linear"]))  # 0-d: as `p`
         if entries is None or not triton_rows.applies([p, acc, lin, entries[1]]):
             return False
         state["step"] += 1

@@ -96,13 +96,14 @@ class LazyAdam(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        entries = triton_rows.sparse_entries(grad)
+        entries = triton_rows.gradient_entries(grad)
+        m, v = (t if t.dim() else t.unsqueeze(0) for t in (state["exp_avg"], state["exp_avg_sq"]))  # 0-d: as `p`
         if entries is None or (isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor)) \
-                or not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"], entries[1]]):
+                or not triton_rows.applies([p, m, v, entries[1]]):
             return False
         state["step"] += 1
         beta1, beta2 = group["betas"]
-        triton_rows.lazy_adam(p, state["exp_avg"], state["exp_avg_sq"], *entries, state["step"], group["lr"],
+        triton_rows.lazy_adam(p, m, v, *entries, state["step"], group["lr"],
                               beta1, beta2, group["eps"], found_inf)
         kernel_step_done(state, found_inf)
         return True

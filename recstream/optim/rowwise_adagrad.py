@@ -101,7 +101,7 @@ class RowWiseAdagrad(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        entries = triton_rows.sparse_entries(grad)
+        entries = triton_rows.gradient_entries(grad)
         if entries is None or not triton_rows.applies([p, state["sum"], entries[1]]):
             return False
         state["step"] += 1

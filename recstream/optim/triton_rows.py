@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ENABLED", "applies", "interpreted", "lazy_adam", "rowwise_adagrad", "ftrl", "sparse_entries"]
+__all__ = ["ENABLED", "applies", "interpreted", "lazy_adam", "rowwise_adagrad", "ftrl", "gradient_entries"]
 
 ENABLED = True
 """Whether CUDA steps use the kernels where Triton imports (read at each step: set False to run the torch ops)."""
@@ -86,20 +86,26 @@ def applies(tensors: list[Tensor]) -> bool:
     return _triton_kernels() is not None
 
 
-def sparse_entries(grad: Tensor) -> tuple[Tensor, Tensor] | None:
-    """``(row ids, values [n, ...])`` of a row-sparse COO gradient, duplicates kept, or None when
-    `grad` is not one (dense: the whole-table path stays on torch ops)."""
-    if grad.layout != torch.sparse_coo or grad.sparse_dim() != 1 or grad.dim() < 1:
+def gradient_entries(grad: Tensor) -> tuple[Tensor | None, Tensor] | None:
+    """``(row ids, values [n, ...])`` of a row-sparse COO gradient (duplicates kept), ``(None, grad)``
+    for a dense one (every row; a 0-d one viewed as one row), or None for any other (the torch
+    path checks and refuses it)."""
+    if grad.layout == torch.strided:
+        return None, grad if grad.dim() > 0 else grad.reshape(1)
+    if grad.layout != torch.sparse_coo or grad.sparse_dim() != 1:
         return None
     return grad._indices()[0], grad._values()
 
 
-def _sorted(rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-    """(sorted rows, each sorted entry's position in `values`, `values` contiguous, values per row)."""
-    rows, order = torch.sort(rows, stable=True)
+def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
+    """(sorted rows, each sorted entry's position in `values`, `values` contiguous, values per row,
+    programs to launch); dense (`rows` None): `weight` stands for the unused pointers, a program a row."""
     values = values if values.is_contiguous() else values.contiguous()
-    dim = math.prod(values.shape[1:])
-    return rows, order, values, dim
+    dim = math.prod(weight.shape[1:])
+    if rows is None:
+        return weight, weight, values, dim, weight.shape[0]
+    rows, order = torch.sort(rows, stable=True)
+    return rows, order, values, dim, rows.numel()
 
 
 def _launch(kernel: Any, n: int, *args: Any, **meta: Any) -> None:
@@ -119,16 +125,16 @@ def _lr_args(lr: float | Tensor, like: Tensor) -> tuple[Tensor, float, bool]:
     return like, float(lr), False
 
 
-def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor, values: Tensor,
+def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor | None, values: Tensor,
               t: int | float | Tensor, lr: float | Tensor, beta1: float, beta2: float, eps: float,
               found_inf: Tensor | None = None) -> None:
     """Lazy Adam (`recstream.optim.lazy_adam`) of the rows `rows` (duplicates allowed: their
-    `values` are summed) of `weight` and its moments, at step `t` (the count after this step; a
-    device tensor in capturable mode, then `lr` may be one too). `found_inf` non-zero: nothing is
-    written. The caller advances the step count."""
-    if rows.numel() == 0:
+    `values` are summed; None: every row, `values` the dense gradient) of `weight` and its moments,
+    at step `t` (the count after this step; a device tensor in capturable mode, then `lr` may be one
+    too). `found_inf` non-zero: nothing is written. The caller advances the step count."""
+    rows, order, values, dim, n = _sorted(rows, values, weight)
+    if n == 0:
         return
-    rows, order, values, dim = _sorted(rows, values)
     capturable = isinstance(t, Tensor)
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
     if capturable:
@@ -137,35 +143,36 @@ def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor,
         step_size = float(lr) / (1.0 - beta1 ** t)
         bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
     ln = [math.log(b) if b > 0 else -math.inf for b in (beta1, beta2)]
-    _launch(_triton_kernels().lazy_adam, rows.numel(), weight, exp_avg, exp_avg_sq, rows, order, values,
-            weight if found_inf is None else found_inf, t if capturable else weight, lr_ptr, rows.numel(), dim,
+    _launch(_triton_kernels().lazy_adam, n, weight, exp_avg, exp_avg_sq, rows, order, values,
+            weight if found_inf is None else found_inf, t if capturable else weight, lr_ptr, n, dim,
             step_size, bias2_sqrt, lr_value, 1.0 - beta1, beta2, 1.0 - beta2, eps, ln[0], ln[1],
-            HAS_FOUND=found_inf is not None, CAPTURABLE=capturable, LR_ON_DEVICE=lr_on_device, **_block(dim))
+            HAS_FOUND=found_inf is not None, DENSE=rows is weight, CAPTURABLE=capturable, LR_ON_DEVICE=lr_on_device,
+            **_block(dim))
 
 
-def rowwise_adagrad(weight: Tensor, acc: Tensor, rows: Tensor, values: Tensor, lr: float | Tensor, eps: float,
+def rowwise_adagrad(weight: Tensor, acc: Tensor, rows: Tensor | None, values: Tensor, lr: float | Tensor, eps: float,
                     weight_decay: float, found_inf: Tensor | None = None) -> None:
-    """Row-wise Adagrad (`recstream.optim.rowwise_adagrad`) of the rows `rows` (duplicates summed)
+    """Row-wise Adagrad (`recstream.optim.rowwise_adagrad`) of the rows `rows` (duplicates summed; None: all)
     of `weight` and its per-row accumulator `acc`; `found_inf` non-zero: nothing is written."""
-    if rows.numel() == 0:
+    rows, order, values, dim, n = _sorted(rows, values, weight)
+    if n == 0:
         return
-    rows, order, values, dim = _sorted(rows, values)
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
-    _launch(_triton_kernels().rowwise_adagrad, rows.numel(), weight, acc, rows, order, values,
-            weight if found_inf is None else found_inf, lr_ptr, rows.numel(), dim, lr_value, eps, weight_decay,
-            HAS_FOUND=found_inf is not None, LR_ON_DEVICE=lr_on_device, **_block(dim))
+    _launch(_triton_kernels().rowwise_adagrad, n, weight, acc, rows, order, values,
+            weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, eps, weight_decay,
+            HAS_FOUND=found_inf is not None, DENSE=rows is weight, LR_ON_DEVICE=lr_on_device, **_block(dim))
 
 
-def ftrl(weight: Tensor, accumulator: Tensor, linear: Tensor, rows: Tensor, values: Tensor, lr: float | Tensor,
+def ftrl(weight: Tensor, accumulator: Tensor, linear: Tensor, rows: Tensor | None, values: Tensor, lr: float | Tensor,
          lr_power: float, l1: float, l2: float, found_inf: Tensor | None = None) -> None:
-    """FTRL-Proximal (`recstream.optim.ftrl`) of the rows `rows` (duplicates summed) of `weight` and
+    """FTRL-Proximal (`recstream.optim.ftrl`) of the rows `rows` (duplicates summed; None: all) of `weight` and
     its ``n`` / ``z`` state; `found_inf` non-zero: nothing is written."""
-    if rows.numel() == 0:
+    rows, order, values, dim, n = _sorted(rows, values, weight)
+    if n == 0:
         return
-    rows, order, values, dim = _sorted(rows, values)
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
     power = -float(lr_power)
-    _launch(_triton_kernels().ftrl, rows.numel(), weight, accumulator, linear, rows, order, values,
-            weight if found_inf is None else found_inf, lr_ptr, rows.numel(), dim, lr_value, power,
-            1.0 if power == 0 else 0.0, l1, l2, HAS_FOUND=found_inf is not None, LR_ON_DEVICE=lr_on_device,
-            HALF=power == 0.5, **_block(dim))
+    _launch(_triton_kernels().ftrl, n, weight, accumulator, linear, rows, order, values,
+            weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, power,
+            1.0 if power == 0 else 0.0, l1, l2, HAS_FOUND=found_inf is not None, DENSE=rows is weight,
+            LR_ON_DEVICE=lr_on_device, HALF=power == 0.5, **_block(dim))

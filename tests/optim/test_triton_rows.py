@@ -110,6 +110,42 @@ def test_the_fused_kernel_matches_the_torch_ops_and_the_c_kernels(name):
     assert {i for i, m in enumerate(moved.tolist()) if m} == touched  # untouched rows stay
 
 
+@pytest.mark.parametrize("name", ["ftrl", "rowwise_adagrad", "lazy_adam"])
+@pytest.mark.parametrize("capturable", [False, True])
+def test_dense_gradients_take_one_launch_each_and_match_the_other_paths(name, capturable):
+    """Dense gradients (a 0-d, a 1-D and a 2-D parameter: a wide model's bias and linear terms) are
+    every row at once: one launch per parameter, no sort; capturable with found_inf on step 2."""
+    def run(path):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(())), torch.nn.Parameter(torch.randn(5)),
+                  torch.nn.Parameter(torch.randn(3, 4))]
+        opt = OPTIMIZERS[name](params)
+        if capturable:
+            _capturable(opt)
+        g = torch.Generator().manual_seed(2)
+        for i in range(3):
+            if capturable:
+                opt.found_inf = torch.tensor(1.0 if i == 1 else 0.0)
+            opt.zero_grad()
+            sum((p * torch.randn(p.shape, generator=g)).sum() for p in params).backward()
+            with _path(path):
+                opt.step()
+        return params, opt
+
+    def same(a, b):
+        for pa, pb in zip(a[0], b[0], strict=True):
+            torch.testing.assert_close(pb.detach(), pa.detach(), rtol=1e-5, atol=1e-6)
+            for key, value in a[1].state[pa].items():
+                if isinstance(value, torch.Tensor):
+                    torch.testing.assert_close(b[1].state[pb][key].to(value.dtype), value, rtol=1e-5, atol=1e-6)
+                else:
+                    assert b[1].state[pb][key] == value
+    triton_run = run("triton")
+    same(run("torch"), triton_run)
+    if not capturable:
+        same(run("host"), triton_run)
+
+
 def test_a_step_is_one_launch_per_table_and_no_host_read():
     tables = _tables()
     opt = LazyAdam([t.weight for t in tables], lr=0.05)
@@ -245,3 +281,59 @@ def test_interpreted_refuses_kernels_compiled_for_a_gpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"), triton_rows.interpreted():
         pass
+
+
+WARM, STEPS = 3, 3
+
+
+def _widedeep_ops(fused: bool) -> tuple[int, float, dict]:
+    """(sync-forcing ops per steady step, dispatched ops per steady step, launches in the last) of
+    `Model.train` on WideDeep with `default_optimizer` (FTRL + RowWiseAdagrad + Adam) on the device
+    path; `fused`: the row updates as Triton launches (each counted as one op)."""
+    from torch import nn
+
+    from recstream import Model
+    from recstream.callbacks.base import Callback
+    from recstream.models import default_optimizer
+    from tests.models.helpers import BUILDERS, LogisticData, mixed_schema
+
+    counter = SyncCounter()
+
+    class Steps(Callback):
+        def on_train_step_begin(self, ctx):
+            counter.mark()
+            counter.launches.clear()
+
+    original = triton_rows._launch
+
+    def launch(kernel, *args, **meta):
+        with counter.one_op("triton"):
+            original(kernel, *args, **meta)
+    schema = mixed_schema()
+    torch.manual_seed(0)
+    net = BUILDERS["widedeep"](schema)
+    model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2), metrics={"auc", "loss"},
+                  progress_bar=False)
+    triton_rows._launch = launch
+    try:
+        with device_path(), triton_rows.interpreted() if fused else torch.enable_grad(), counter:
+            model.train(1, LogisticData(schema, WARM + STEPS + 1, 16), callbacks=[Steps()])
+    finally:
+        triton_rows._launch = original
+    steady = counter.per_step[1 + WARM:]
+    assert len(steady) == STEPS
+    return max(s.syncs for s in steady), sum(s.ops for s in steady) / STEPS, dict(counter.launches)
+
+
+@pytest.mark.e2e  # fourteen interpreted training steps
+def test_a_widedeep_step_dispatches_fewer_ops_with_the_fused_kernels():
+    """Counted on a CPU (the ops a GPU step dispatches, not a GPU measurement): the steady WideDeep step
+    with the row updates as one launch per table, against the torch-op device path; no host read on either."""
+    syncs_before, before, _ = _widedeep_ops(fused=False)
+    syncs_after, after, launches = _widedeep_ops(fused=True)
+    print(f"\nWideDeep steady step, device path: {before:.0f} dispatched ops (torch ops) -> {after:.0f} "
+          f"(fused row updates, {launches} launches)")
+    assert syncs_before == syncs_after == 0
+    # FTRL: the wide table, its bias and its dense-feature weights; RowWiseAdagrad: the embedding table
+    assert launches == {"triton": 4}
+    assert after < before - 30, (before, after)
