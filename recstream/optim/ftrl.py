@@ -21,7 +21,8 @@ TF's ``l1`` is the same. Untouched rows keep ``w``, ``n`` and ``z``.
 
 On a CPU, a float32 table's touched rows are updated in one compiled pass
 (`recstream.optim.native`), equal to the torch ops to float32 rounding;
-other devices and dtypes, and ``lr_power`` other than -0.5, run the torch ops.
+on CUDA with Triton, in one fused launch (`recstream.optim.triton_rows`, any ``lr_power``);
+other devices and dtypes, and on a CPU ``lr_power`` other than -0.5, run the torch ops.
 
 Example:
     >>> import torch

@@ -12,7 +12,7 @@ of TF's ``LazyAdamOptimizer`` and ``torch.optim.SparseAdam``; unlike
 ``SparseAdam`` it also accepts dense gradients (then every row is touched and
 the update is exactly ``torch.optim.Adam`` without weight decay). On a CPU, a float32 table's
 touched rows are updated in one compiled pass (`recstream.optim.native`), equal to the
-torch ops to float32 rounding.
+torch ops to float32 rounding; on CUDA with Triton, in one fused launch (`recstream.optim.triton_rows`).
 
 Bias correction uses a *global* step count ``t`` per parameter, incremented
 on every ``step()`` in which the parameter has a gradient - not a per-row

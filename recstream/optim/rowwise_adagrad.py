@@ -15,6 +15,7 @@ row, so the update is exactly ``torch.optim.Adagrad``.
 
 On a CPU, a float32 table's touched rows are updated in one compiled pass
 (`recstream.optim.native`), equal to the torch ops to float32 rounding;
+on CUDA with Triton, in one fused launch (`recstream.optim.triton_rows`);
 other devices and dtypes run the torch ops.
 
 Example:
