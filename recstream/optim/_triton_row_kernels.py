@@ -127,7 +127,7 @@ if triton is not None:
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row * dim + cols
         mask = cols < bound
-        acc = tl.load(accumulator + at, mask=mask, other=0.0)
+        acc = tl.load(accumulator + at, mask=mask, other=1.0)  # 1: no 0 / 0 in the unwritten lanes
         z = tl.load(linear + at, mask=mask, other=0.0)
         w = tl.load(weight + at, mask=mask, other=0.0)
         acc_new = acc + grad * grad

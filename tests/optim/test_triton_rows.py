@@ -64,12 +64,29 @@ def _tables(dims=(4, 1)):
     return [torch.nn.Embedding(12, d, sparse=True) for d in dims]
 
 
+LAUNCHES = [0]
+
+
+@pytest.fixture(autouse=True)
+def _counted_launches(monkeypatch):
+    """Count the kernels' launches, so a test of the fused path sees that it ran (not a fallback)."""
+    original = triton_rows._launch
+
+    def launch(*args, **meta):
+        LAUNCHES[0] += 1
+        original(*args, **meta)
+    monkeypatch.setattr(triton_rows, "_launch", launch)
+
+
 def _step(tables, opt, ids, weights, path: str):
     loss = sum((t(ids) * weights[:, :t.embedding_dim]).sum() for t in tables)
     opt.zero_grad()
     loss.backward()
+    before = LAUNCHES[0]
     with _path(path):
         opt.step()
+    if path == "triton" and ids.numel():
+        assert LAUNCHES[0] > before, "the fused kernels did not run"
 
 
 def _train(make, path: str, batches, dims=(4, 1)):
@@ -128,8 +145,10 @@ def test_dense_gradients_take_one_launch_each_and_match_the_other_paths(name, ca
                 opt.found_inf = torch.tensor(1.0 if i == 1 else 0.0)
             opt.zero_grad()
             sum((p * torch.randn(p.shape, generator=g)).sum() for p in params).backward()
+            before = LAUNCHES[0]
             with _path(path):
                 opt.step()
+            assert (LAUNCHES[0] - before) == (3 if path == "triton" else 0)
         return params, opt
 
     def same(a, b):
@@ -249,6 +268,27 @@ def test_boost_adam_on_a_fused_set_and_on_single_tables_matches_the_other_paths(
                 for key in ("exp_avg", "exp_avg_sq", "step"):
                     torch.testing.assert_close(triton_run[1].state[b.weight][key], other[1].state[a.weight][key],
                                                rtol=1e-5, atol=1e-6)
+
+
+def test_boost_adam_on_a_capturable_fused_set_matches_the_torch_ops():
+    """A captured step's form: one device step counter shared by the set, the rate a device tensor."""
+    def run(path):
+        tables = _tables((4, 4))
+        params = [t.weight for t in tables]
+        opt = torch.optim.Adam(params, lr=0.05)
+        handle = accept_sparse_rows(opt, params, fuse=True)
+        opt.param_groups[0].update(capturable=True, lr=torch.tensor(0.05))
+        for ids, weights in _batches(2):
+            _step(tables, opt, ids, weights, path)
+        assert len(handle.fused) == 1
+        return tables, opt
+    torch_run, triton_run = run("torch"), run("triton")
+    for a, b in zip(torch_run[0], triton_run[0], strict=True):
+        torch.testing.assert_close(b.weight.detach(), a.weight.detach(), rtol=1e-5, atol=1e-6)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(triton_run[1].state[b.weight][key], torch_run[1].state[a.weight][key],
+                                       rtol=1e-5, atol=1e-6)
+    assert triton_run[1].state[triton_run[0][0].weight]["step"] is triton_run[1].state[triton_run[0][1].weight]["step"]
 
 
 @pytest.mark.parametrize("name", ["ftrl", "rowwise_adagrad", "lazy_adam"])
