@@ -5,10 +5,14 @@ interpreter: duplicate ids, empty batches, several tables in a fused set, captur
 import copy
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first imported (they are decorated then)
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# Before the kernels are first imported (they are decorated then); only where there is no GPU: on a
+# GPU machine the whole suite runs in one process, and the compiled kernels are what its CUDA tests
+# (test_triton_rows_cuda.py) check.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from recstream.hostpath import device_path  # noqa: E402
 from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad, triton_rows  # noqa: E402
@@ -16,6 +20,8 @@ from recstream.optim.sparse_rows import accept_sparse_rows  # noqa: E402
 from recstream.testing import SyncCounter  # noqa: E402
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the compiled kernels instead "
+                                "(tests/optim/test_triton_rows_cuda.py); Triton's interpreter is the check without one")
 
 OPTIMIZERS = {
     "ftrl": lambda p: FTRL(p, lr=0.1, l1=0.05, l2=0.01),
