@@ -128,10 +128,12 @@ class FTRL(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        entries = triton_rows.gradient_entries(grad)
-        acc, lin = (t if t.dim() else t.unsqueeze(0) for t in (state["accumulator"], state["linear"]))  # 0-d: as `p`
-        if entries is None or not triton_rows.applies([p, acc, lin, entries[1]]):
+        if not triton_rows.applies([p, state["accumulator"], state["linear"]]):
             return False
+        entries = triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
+            return False
+        acc, lin = (t if t.dim() else t.unsqueeze(0) for t in (state["accumulator"], state["linear"]))  # 0-d: as `p`
         state["step"] += 1
         triton_rows.ftrl(p, acc, lin, *entries, group["lr"], group["lr_power"], group["l1"], group["l2"], found_inf)
         kernel_step_done(state, found_inf)

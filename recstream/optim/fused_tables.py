@@ -131,8 +131,10 @@ class FusedTables:
         if group.get("weight_decay", 0) or not all(g.layout == torch.sparse_coo and g.sparse_dim() == 1
                                                    for g in grads):
             return False
+        if not triton_rows.applies([self.weight, self.exp_avg, self.exp_avg_sq]):
+            return False
         values = [g._values() for g in grads]
-        if not triton_rows.applies([self.weight, self.exp_avg, self.exp_avg_sq, *values]):
+        if not triton_rows.applies([self.weight, *values]):
             return False
         rows = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts[:-1], strict=True)])
         beta1, beta2 = group["betas"]

@@ -96,11 +96,13 @@ class LazyAdam(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        entries = triton_rows.gradient_entries(grad)
-        m, v = (t if t.dim() else t.unsqueeze(0) for t in (state["exp_avg"], state["exp_avg_sq"]))  # 0-d: as `p`
-        if entries is None or (isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor)) \
-                or not triton_rows.applies([p, m, v, entries[1]]):
+        if not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"]]) \
+                or (isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor)):
             return False
+        entries = triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
+            return False
+        m, v = (t if t.dim() else t.unsqueeze(0) for t in (state["exp_avg"], state["exp_avg_sq"]))  # 0-d: as `p`
         state["step"] += 1
         beta1, beta2 = group["betas"]
         triton_rows.lazy_adam(p, m, v, *entries, state["step"], group["lr"],

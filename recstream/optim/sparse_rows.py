@@ -245,8 +245,9 @@ def _kernel_steps(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor
     decay, float32 contiguous on CUDA); return the entries left for the torch ops."""
     left = []
     for group, p, grad in aside:
-        entries = triton_rows.gradient_entries(grad)
-        if group.get("weight_decay", 0) or entries is None or not triton_rows.applies([p, entries[1]]):
+        entries = None if group.get("weight_decay", 0) or not triton_rows.applies([p]) \
+            else triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
             left.append((group, p, grad))
             continue
         state, device = _adam_state(optimizer, group, p)
