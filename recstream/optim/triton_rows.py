@@ -5,9 +5,10 @@ On CUDA, a step of [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam],
 on a table's row-sparse gradient, and boost's lazy Adam on a
 [`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is one sort of the gradient's row ids
 and one kernel (`recstream.optim._triton_row_kernels`): duplicate ids are summed inside the kernel,
-each touched row of the table and its state is read, updated and written once. The torch-op path
-it replaces runs about 30 small kernels per table (sort, boundary masks, a segment sum, gathers,
-the arithmetic, scatters). The state (names, shapes, step counts) is the torch-op path's, so
+each touched row of the table and its state is read, updated and written once; a dense gradient
+(a bias) is one launch too, a program per row. The torch-op path it replaces dispatches about 27
+ops per table (sort, boundary masks, a segment sum, gathers, the arithmetic, scatters; counted on
+a CPU, docs/benchmarks.md). The state (names, shapes, step counts) is the torch-op path's, so
 checkpoints load on either path; capturable mode (a step count and a learning rate on the device,
 a ``found_inf`` flag skipping an overflowing step) runs in the kernel too, with no host read.
 
@@ -17,7 +18,6 @@ with Triton's interpreter (``TRITON_INTERPRET=1`` set before the first launch): 
 them without a GPU.
 
 >>> import torch
->>> from recstream.optim import LazyAdam
 >>> from recstream.optim import triton_rows
 >>> triton_rows.applies([torch.zeros(3, 2)])   # a CPU table: the C kernels
 False
