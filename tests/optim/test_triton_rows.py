@@ -383,3 +383,19 @@ def test_a_widedeep_step_dispatches_fewer_ops_with_the_fused_kernels():
     # FTRL: the wide table, its bias and its dense-feature weights; RowWiseAdagrad: the embedding table
     assert launches == {"triton": 4}
     assert after < before - 30, (before, after)
+
+
+def test_without_triton_the_kernels_are_off_and_a_step_runs_the_other_paths(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    monkeypatch.delitem(sys.modules, "recstream.optim._triton_row_kernels")
+    monkeypatch.delattr(sys.modules["recstream.optim"], "_triton_row_kernels")  # re-imported, not reused
+    monkeypatch.setattr(triton_rows, "_kernels", None)
+    assert triton_rows._triton_kernels() is None
+    with pytest.raises(RuntimeError, match="Triton is not installed"), triton_rows.interpreted():
+        pass
+    tables = _tables()
+    opt = LazyAdam([t.weight for t in tables], lr=0.05)
+    _step(tables, opt, *_batches(1)[0], "torch")
+    assert opt.state[tables[0].weight]["step"] == 1
