@@ -157,6 +157,13 @@ class SparseRowOptimizer(Optimizer):
                 state: dict[str, Any], group: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        """One step of `p` from its raw gradient `grad` as one fused GPU kernel (duplicate rows
+        summed inside, `found_inf` honoured there), the step count advanced; False (nothing done)
+        where no kernel applies (`recstream.optim.triton_rows`): the torch ops or C kernels run."""
+        return False
+
     # ------------------------------------------------------------ API
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group, validating its hyper-parameters before it is stored."""
@@ -203,10 +210,12 @@ class SparseRowOptimizer(Optimizer):
                 elif reset is not None:
                     self._reset_rows(state, reset, group)
                 _align_step(p, state, group)
-                rows, grad = _rows_and_values(p, p.grad)
                 # 0-d parameters are treated as a single row; unsqueeze is a
                 # view, so in-place updates still land in ``p``.
                 target = p if p.dim() > 0 else p.unsqueeze(0)
+                if self._kernel_step(target, p.grad, state, group, found_inf):
+                    continue
+                rows, grad = _rows_and_values(p, p.grad)
                 if found_inf is None:
                     self._update(target, rows, grad, state, group)
                 else:
@@ -244,6 +253,14 @@ class SparseRowOptimizer(Optimizer):
             raise TypeError("param.pop_reset_rows() must return an integer tensor of row "
                             f"indices, got {rows!r}")
         return rows.reshape(-1).to(device=p.device, dtype=torch.long)
+
+
+def kernel_step_done(state: dict[str, Any], found_inf: Tensor | None) -> None:
+    """After a fused kernel's step (`SparseRowOptimizer._kernel_step`), which wrote nothing where
+    `found_inf` is set: take the step count back there too (a device tensor; an int count is
+    advanced regardless, as `_update_unless` does)."""
+    if found_inf is not None and isinstance(state.get("step"), Tensor):
+        state["step"] -= found_inf.reshape(()).to(state["step"].dtype)
 
 
 def _align_step(p: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:

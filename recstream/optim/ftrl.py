@@ -21,7 +21,8 @@ TF's ``l1`` is the same. Untouched rows keep ``w``, ``n`` and ``z``.
 
 On a CPU, a float32 table's touched rows are updated in one compiled pass
 (`recstream.optim.native`), equal to the torch ops to float32 rounding;
-other devices and dtypes, and ``lr_power`` other than -0.5, run the torch ops.
+on CUDA with Triton, in one fused launch (`recstream.optim.triton_rows`, any ``lr_power``);
+other devices and dtypes, and on a CPU ``lr_power`` other than -0.5, run the torch ops.
 
 Example:
     >>> import torch
@@ -45,8 +46,8 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
-from . import native
-from ._base import SparseRowOptimizer, put_rows, take_rows
+from . import native, triton_rows
+from ._base import SparseRowOptimizer, kernel_step_done, put_rows, take_rows
 
 __all__ = ["FTRL"]
 
@@ -124,3 +125,16 @@ class FTRL(SparseRowOptimizer):
         new_w = (torch.sign(z) * l1 - z).div_(quadratic)
         new_w = torch.where(z.abs() > l1, new_w, torch.zeros_like(new_w))
         put_rows(p, rows, new_w)
+
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        if not triton_rows.applies([p, state["accumulator"], state["linear"]]):
+            return False
+        entries = triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
+            return False
+        acc, lin = (t if t.dim() else t.unsqueeze(0) for t in (state["accumulator"], state["linear"]))  # 0-d: as `p`
+        state["step"] += 1
+        triton_rows.ftrl(p, acc, lin, *entries, group["lr"], group["lr_power"], group["l1"], group["l2"], found_inf)
+        kernel_step_done(state, found_inf)
+        return True

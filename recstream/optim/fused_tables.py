@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import triton_rows
 from ._base import coalesce_joined
 from .lazy_adam import lazy_adam_rows
 
@@ -116,10 +117,30 @@ class FusedTables:
             else:
                 for state in states:
                     t = advance_step(state)  # the same count for every table: see ready()
+            lr, (beta1, beta2), eps = learning_rate(group), group["betas"], group["eps"]
+            if self._kernel_step(group, grads, t, lr):
+                return
             rows, values = coalesce_joined(grads, self.starts)
             values = decay_rows(optimizer, group, self.weight, rows, values)
-            lr, (beta1, beta2), eps = learning_rate(group), group["betas"], group["eps"]
             lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, t, lr, beta1, beta2, eps)
+
+    def _kernel_step(self, group: dict[str, Any], grads: list[Tensor], t: float | Tensor, lr: float | Tensor) -> bool:
+        """The step as one fused GPU kernel over every table's rows (`recstream.optim.triton_rows`:
+        ids shifted into the fused tensor, duplicates summed inside); False where none applies, or
+        with weight decay (applied by the torch ops, `decay_rows`)."""
+        if group.get("weight_decay", 0) or not all(g.layout == torch.sparse_coo and g.sparse_dim() == 1
+                                                   for g in grads):
+            return False
+        if not triton_rows.applies([self.weight, self.exp_avg, self.exp_avg_sq]):
+            return False
+        values = [g._values() for g in grads]
+        if not triton_rows.applies([self.weight, *values]):
+            return False
+        rows = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts[:-1], strict=True)])
+        beta1, beta2 = group["betas"]
+        triton_rows.lazy_adam(self.weight, self.exp_avg, self.exp_avg_sq, rows, torch.cat(values), t, lr,
+                              beta1, beta2, group["eps"])
+        return True
 
     def _fuse_state(self, states: list[dict[str, Any]], device: torch.device | None = None) -> None:
         """Adam's entries of every table as slices of the fused moments (created at zero, as Adam

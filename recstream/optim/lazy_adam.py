@@ -12,7 +12,7 @@ of TF's ``LazyAdamOptimizer`` and ``torch.optim.SparseAdam``; unlike
 ``SparseAdam`` it also accepts dense gradients (then every row is touched and
 the update is exactly ``torch.optim.Adam`` without weight decay). On a CPU, a float32 table's
 touched rows are updated in one compiled pass (`recstream.optim.native`), equal to the
-torch ops to float32 rounding.
+torch ops to float32 rounding; on CUDA with Triton, in one fused launch (`recstream.optim.triton_rows`).
 
 Bias correction uses a *global* step count ``t`` per parameter, incremented
 on every ``step()`` in which the parameter has a gradient - not a per-row
@@ -44,8 +44,8 @@ from torch import Tensor
 
 from recstream.validation import check_number, check_type
 
-from . import native
-from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, take_rows
+from . import native, triton_rows
+from ._base import SparseRowOptimizer, addcdiv_rows, kernel_step_done, put_rows, take_rows
 
 __all__ = ["LazyAdam"]
 
@@ -93,6 +93,22 @@ class LazyAdam(SparseRowOptimizer):
         beta1, beta2 = group["betas"]
         lazy_adam_rows(p, rows, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
                        group["lr"], beta1, beta2, group["eps"])
+
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        if not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"]]) \
+                or (isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor)):
+            return False
+        entries = triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
+            return False
+        m, v = (t if t.dim() else t.unsqueeze(0) for t in (state["exp_avg"], state["exp_avg_sq"]))  # 0-d: as `p`
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        triton_rows.lazy_adam(p, m, v, *entries, state["step"], group["lr"],
+                              beta1, beta2, group["eps"], found_inf)
+        kernel_step_done(state, found_inf)
+        return True
 
 
 def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,

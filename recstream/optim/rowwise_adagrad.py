@@ -15,6 +15,7 @@ row, so the update is exactly ``torch.optim.Adagrad``.
 
 On a CPU, a float32 table's touched rows are updated in one compiled pass
 (`recstream.optim.native`), equal to the torch ops to float32 rounding;
+on CUDA with Triton, in one fused launch (`recstream.optim.triton_rows`);
 other devices and dtypes run the torch ops.
 
 Example:
@@ -38,8 +39,8 @@ from torch import Tensor
 
 from recstream.validation import check_number
 
-from . import native
-from ._base import SparseRowOptimizer, addcdiv_rows, put_rows, row_broadcast, take_rows
+from . import native, triton_rows
+from ._base import SparseRowOptimizer, addcdiv_rows, kernel_step_done, put_rows, row_broadcast, take_rows
 
 __all__ = ["RowWiseAdagrad"]
 
@@ -98,3 +99,16 @@ class RowWiseAdagrad(SparseRowOptimizer):
         put_rows(state["sum"], rows, acc)
         std = row_broadcast(acc.sqrt().add_(eps), grad)
         addcdiv_rows(p, rows, grad, std, -lr)
+
+    def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
+                     found_inf: Tensor | None) -> bool:
+        if not triton_rows.applies([p, state["sum"]]):
+            return False
+        entries = triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
+            return False
+        state["step"] += 1
+        triton_rows.rowwise_adagrad(p, state["sum"], *entries, group["lr"], group["eps"], group["weight_decay"],
+                                    found_inf)
+        kernel_step_done(state, found_inf)
+        return True

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from . import triton_rows
 from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
 from .fused_tables import FusedTables, advance_step, decay_rows, learning_rate, new_step
@@ -195,6 +196,7 @@ class _LazyAdamHooks:
         with torch.no_grad():
             aside_now = aside
             aside = self._step_fused(optimizer, aside)  # the tables left to step one by one
+            aside = _kernel_steps(optimizer, aside)  # on a GPU: one fused kernel each
             updates = _coalesced(optimizer, aside)
             # Tables that share hyper-parameters, step count, dtype, device and row shape take one
             # update together (lazy_adam_tables): the arithmetic runs once, not once per table.
@@ -226,6 +228,39 @@ class _LazyAdamHooks:
         return [entry for entry in aside if id(entry[1]) not in stepped]
 
 
+def _adam_state(optimizer: Optimizer, group: dict[str, Any], p: Tensor) -> tuple[dict[str, Any], torch.device | None]:
+    """Adam's state of `p` (its own initial entries created where missing: step a float32 CPU scalar,
+    as non-fused Adam keeps it) and the device its step is counted on (capturable mode), or None."""
+    state = optimizer.state[p]
+    device = p.device if group.get("capturable") else None
+    if not state:
+        state["step"] = new_step(device)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state, device
+
+
+def _kernel_steps(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list:
+    """Step each set-aside table that a fused GPU kernel can (`recstream.optim.triton_rows`: no weight
+    decay, float32 contiguous on CUDA); return the entries left for the torch ops."""
+    left = []
+    for group, p, grad in aside:
+        entries = None if group.get("weight_decay", 0) or not triton_rows.applies([p]) \
+            else triton_rows.gradient_entries(grad)
+        if entries is None or not triton_rows.applies([p, entries[1]]):
+            left.append((group, p, grad))
+            continue
+        state, device = _adam_state(optimizer, group, p)
+        if not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"]]):
+            left.append((group, p, grad))
+            continue
+        t = advance_step(state, device)
+        (beta1, beta2), eps = group["betas"], group["eps"]
+        triton_rows.lazy_adam(p, state["exp_avg"], state["exp_avg_sq"], *entries, t, learning_rate(group),
+                              beta1, beta2, eps)
+    return left
+
+
 def _coalesced(optimizer: Optimizer,
                aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list[tuple[float, Tensor, Tensor]]:
     """Each set-aside table's ``(step t, rows, values)``: Adam's state entries created or advanced,
@@ -233,12 +268,7 @@ def _coalesced(optimizer: Optimizer,
     out = []
     rows_values = coalesce_rows([p for _, p, _ in aside], [grad for _, _, grad in aside])
     for (group, p, _), (rows, values) in zip(aside, rows_values, strict=True):
-        state = optimizer.state[p]
-        device = p.device if group.get("capturable") else None  # capturable: counted on the device
-        if not state:  # Adam's own initial entries (step: a float32 CPU scalar, as non-fused Adam keeps it)
-            state["step"] = new_step(device)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state, device = _adam_state(optimizer, group, p)
         t = advance_step(state, device)
         # Weight decay is only reached with lazy_weight_decay: the touched rows alone.
         out.append((t, rows, decay_rows(optimizer, group, p, rows, values)))

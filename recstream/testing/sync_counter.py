@@ -23,6 +23,8 @@ a GPU.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +93,8 @@ class SyncCounter(TorchDispatchMode):
         self.per_step: list[StepCount] = []
         self.trace = trace
         self.where: list[tuple[str, str]] = []
+        self.launches: Counter = Counter()  # `one_op` blocks, by name
+        self._paused = False
 
     @property
     def syncs(self) -> int:
@@ -110,6 +114,19 @@ class SyncCounter(TorchDispatchMode):
         self.per_step.append(done)
         return done
 
+    @contextmanager
+    def one_op(self, name: str) -> Iterator[None]:
+        """Count what runs inside the block as one dispatched op, ``name`` (not a sync): a GPU kernel's
+        launch that Triton's interpreter runs on a CPU as many torch ops and host reads."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            for count in (self.total, self.current):
+                count.ops += 1
+            self.launches[name] += 1
+
     def __enter__(self):
         # Reads that bypass the dispatcher: a device tensor's values copied to the host whole.
         self._patched = {name: getattr(torch.Tensor, name) for name in _HOST_COPIES}
@@ -124,7 +141,8 @@ class SyncCounter(TorchDispatchMode):
 
     def _counting(self, name, original):
         def read(tensor, *args, **kwargs):
-            self._record(f"Tensor.{name}")
+            if not self._paused:
+                self._record(f"Tensor.{name}")
             return original(tensor, *args, **kwargs)
         return read
 
@@ -138,6 +156,8 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         for count in (self.total, self.current):
             count.ops += 1
         if _forces_sync(func, args, kwargs):

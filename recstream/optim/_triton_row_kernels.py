@@ -1,0 +1,142 @@
+"""The Triton kernels of `recstream.optim.triton_rows` (see there); empty where Triton is not installed.
+
+Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose rows were sorted
+(``rows`` sorted, ``order`` the entries' positions in the unsorted ``values``), or of a dense
+gradient (``DENSE``: program ``i`` updates row ``i``, nothing to sum). Program ``i`` takes
+entry ``i``: only the first entry of a run of equal rows works -- it sums its run's gradient rows
+(in entry order, as the host's coalesce does), then reads, updates and writes that row of the
+table and of its state; the other programs write nothing. So duplicate rows are summed inside the
+launch, every row is written once, and no size is data (no host read, capturable in a CUDA graph).
+
+``found`` (a loss-scaled step's ``found_inf``, when ``HAS_FOUND``) masks every write off where it is
+non-zero: an overflowing step changes nothing, read on the device. ``CAPTURABLE``: the step count
+(and the learning rate, when ``LR_ON_DEVICE``) are read from device tensors and the bias corrections
+computed here, in float64 (``1 - beta2 ** t`` is ~1e-3 early on: float32's ``exp`` would cost it
+four digits).
+
+Only long-stable ``tl`` operations are used (load/store/arange/where/sum/sqrt/exp/log, constexpr
+blocks, a ``while`` loop): the GPU machine's Triton may be older than the one here.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the library works without Triton (torch ops run instead)
+    triton = tl = None
+
+__all__ = ["lazy_adam", "rowwise_adagrad", "ftrl"]
+
+if triton is not None:
+
+    @triton.jit
+    def _run_sum(rows, order, values, found, i, n, dim, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr,
+                 DENSE: tl.constexpr):
+        """(row, its summed gradient [BLOCK_D], column offsets, column mask, columns to write: `dim`
+        or 0) for entry `i` of the sorted rows; `DENSE`: a dense gradient, entry `i` is row `i`."""
+        cols = tl.arange(0, BLOCK_D)
+        col_ok = cols < dim
+        if DENSE:
+            row = i.to(tl.int64)
+            grad = tl.load(values + row * dim + cols, mask=col_ok, other=0.0)
+            bound = tl.where(i < n, dim, 0)
+        else:
+            row = tl.load(rows + i)
+            prev = tl.load(rows + i - 1, mask=i > 0, other=-1)
+            first = row != prev
+            grad = tl.zeros([BLOCK_D], dtype=tl.float32)
+            j = i
+            more = first
+            while more:
+                src = tl.load(order + j)
+                grad += tl.load(values + src * dim + cols, mask=col_ok, other=0.0)
+                j += 1
+                more = tl.load(rows + j, mask=j < n, other=-1) == row
+            # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar`
+            # an int block, which a mask refuses): all of them for a run's first entry, none elsewhere.
+            bound = tl.where(first, dim, 0)
+        if HAS_FOUND:
+            bound = tl.where(tl.load(found) == 0, bound, 0)
+        return row, grad, cols, col_ok, bound
+
+    @triton.jit
+    def _lr(lr, lr_ptr, LR_ON_DEVICE: tl.constexpr):
+        if LR_ON_DEVICE:
+            rate = tl.load(lr_ptr)
+        else:
+            rate = lr
+        return rate
+
+    @triton.jit
+    def lazy_adam(weight, exp_avg, exp_avg_sq, rows, order, values, found, step_ptr, lr_ptr, n, dim,
+                  step_size, bias2_sqrt, lr, one_minus_beta1, beta2, one_minus_beta2, eps, ln_beta1, ln_beta2,
+                  BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+                  CAPTURABLE: tl.constexpr, LR_ON_DEVICE: tl.constexpr):
+        row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
+                                                  BLOCK_D, HAS_FOUND, DENSE)
+        if CAPTURABLE:
+            t = tl.load(step_ptr).to(tl.float64)
+            size = _lr(lr, lr_ptr, LR_ON_DEVICE) / (1.0 - tl.exp(t * ln_beta1)).to(tl.float32)
+            bias2 = tl.sqrt(1.0 - tl.exp(t * ln_beta2)).to(tl.float32)
+        else:
+            size = step_size
+            bias2 = bias2_sqrt
+        at = row * dim + cols
+        mask = cols < bound
+        m = tl.load(exp_avg + at, mask=mask, other=0.0)
+        v = tl.load(exp_avg_sq + at, mask=mask, other=0.0)
+        w = tl.load(weight + at, mask=mask, other=0.0)
+        m = m + one_minus_beta1 * (grad - m)  # torch's lerp for a weight < 0.5
+        v = v * beta2 + one_minus_beta2 * grad * grad
+        w = w - size * (m / (tl.sqrt(v) / bias2 + eps))
+        tl.store(exp_avg + at, m, mask=mask)
+        tl.store(exp_avg_sq + at, v, mask=mask)
+        tl.store(weight + at, w, mask=mask)
+
+    @triton.jit
+    def rowwise_adagrad(weight, acc, rows, order, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
+                        BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+                        LR_ON_DEVICE: tl.constexpr):
+        row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
+                                                  BLOCK_D, HAS_FOUND, DENSE)
+        rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
+        at = row * dim + cols
+        mask = cols < bound
+        w = tl.load(weight + at, mask=mask, other=0.0)
+        grad = grad + weight_decay * w
+        total = tl.load(acc + row, mask=bound > 0, other=0.0) + tl.sum(tl.where(col_ok, grad * grad, 0.0), axis=0) / dim
+        w = w - rate * (grad / (tl.sqrt(total) + eps))
+        tl.store(acc + row, total, mask=bound > 0)
+        tl.store(weight + at, w, mask=mask)
+
+    @triton.jit
+    def _power(x, power, zero_power, HALF: tl.constexpr):
+        """``x ** power`` for ``x >= 0`` (``0 ** 0`` = 1, as torch's pow)."""
+        if HALF:
+            out = tl.sqrt(x)
+        else:
+            out = tl.where(x > 0, tl.exp(power * tl.log(tl.where(x > 0, x, 1.0))), zero_power)
+        return out
+
+    @triton.jit
+    def ftrl(weight, accumulator, linear, rows, order, values, found, lr_ptr, n, dim, lr, power, zero_power,
+             l1, l2, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+             LR_ON_DEVICE: tl.constexpr, HALF: tl.constexpr):
+        row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
+                                                  BLOCK_D, HAS_FOUND, DENSE)
+        rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
+        at = row * dim + cols
+        mask = cols < bound
+        acc = tl.load(accumulator + at, mask=mask, other=1.0)  # 1: no 0 / 0 in the unwritten lanes
+        z = tl.load(linear + at, mask=mask, other=0.0)
+        w = tl.load(weight + at, mask=mask, other=0.0)
+        acc_new = acc + grad * grad
+        acc_new_pow = _power(acc_new, power, zero_power, HALF)
+        sigma = (acc_new_pow - _power(acc, power, zero_power, HALF)) / rate
+        z = z + grad - sigma * w
+        quadratic = acc_new_pow / rate + l2
+        sign = tl.where(z > 0, 1.0, tl.where(z < 0, -1.0, 0.0))
+        w = tl.where(tl.abs(z) > l1, (sign * l1 - z) / quadratic, 0.0)
+        tl.store(linear + at, z, mask=mask)
+        tl.store(accumulator + at, acc_new, mask=mask)
+        tl.store(weight + at, w, mask=mask)

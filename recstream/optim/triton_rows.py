@@ -1,0 +1,178 @@
+"""Row-sparse optimizer updates on a GPU as one Triton launch per table (issue 24, item 4).
+
+On CUDA, a step of [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam],
+[`RowWiseAdagrad`][recstream.optim.rowwise_adagrad.RowWiseAdagrad] or [`FTRL`][recstream.optim.ftrl.FTRL]
+on a table's row-sparse gradient, and boost's lazy Adam on a
+[`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is one sort of the gradient's row ids
+and one kernel (`recstream.optim._triton_row_kernels`): duplicate ids are summed inside the kernel,
+each touched row of the table and its state is read, updated and written once; a dense gradient
+(a bias) is one launch too, a program per row. The torch-op path it replaces dispatches about 27
+ops per table (sort, boundary masks, a segment sum, gathers, the arithmetic, scatters; counted on
+a CPU, docs/benchmarks.md). The state (names, shapes, step counts) is the torch-op path's, so
+checkpoints load on either path; capturable mode (a step count and a learning rate on the device,
+a ``found_inf`` flag skipping an overflowing step) runs in the kernel too, with no host read.
+
+Used on CUDA wherever Triton imports (``ENABLED``; a CPU keeps its compiled C kernels). Triton is
+optional: without it every step runs the torch ops. `interpreted` runs the kernels on CPU tensors
+with Triton's interpreter (``TRITON_INTERPRET=1`` set before the first launch): how the tests check
+them without a GPU.
+
+>>> import torch
+>>> from recstream.optim import triton_rows
+>>> triton_rows.applies([torch.zeros(3, 2)])   # a CPU table: the C kernels
+False
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["ENABLED", "applies", "interpreted", "lazy_adam", "rowwise_adagrad", "ftrl", "gradient_entries"]
+
+ENABLED = True
+"""Whether CUDA steps use the kernels where Triton imports (read at each step: set False to run the torch ops)."""
+
+_cpu = threading.local()
+_kernels: Any = None
+
+
+def _triton_kernels() -> Any:
+    """The kernels module when Triton imports, else None (imported on first use: Triton is optional)."""
+    global _kernels
+    if _kernels is None:
+        from . import _triton_row_kernels
+        _kernels = _triton_row_kernels if _triton_row_kernels.triton is not None else False
+    return _kernels or None
+
+
+@contextmanager
+def interpreted() -> Iterator[None]:
+    """Within the block (this thread), CPU tables take the kernels, run by Triton's interpreter.
+
+    Raises RuntimeError where Triton is missing or ``TRITON_INTERPRET`` was not ``1`` when the kernels
+    were first imported (they would be compiled for a GPU)."""
+    kernels = _triton_kernels()
+    if kernels is None:
+        raise RuntimeError("triton_rows.interpreted: Triton is not installed (pip install triton)")
+    if os.environ.get("TRITON_INTERPRET") != "1" or type(kernels.lazy_adam).__name__ != "InterpretedFunction":
+        raise RuntimeError("triton_rows.interpreted: set TRITON_INTERPRET=1 before recstream.optim's "
+                           "Triton kernels are first imported")
+    before = getattr(_cpu, "on", False)
+    _cpu.on = True
+    try:
+        yield
+    finally:
+        _cpu.on = before
+
+
+def applies(tensors: list[Tensor]) -> bool:
+    """Whether an update of `tensors` (the table, its state, the gradient's values) runs on the
+    kernels: enabled, Triton importable, all float32, contiguous, on one CUDA device (or on the CPU
+    within `interpreted`)."""
+    if not ENABLED or not tensors:
+        return False
+    device = tensors[0].device
+    if device.type != "cuda" and not (device.type == "cpu" and getattr(_cpu, "on", False)):
+        return False
+    if not all(t.device == device and t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
+        return False
+    return _triton_kernels() is not None
+
+
+def gradient_entries(grad: Tensor) -> tuple[Tensor | None, Tensor] | None:
+    """``(row ids, values [n, ...])`` of a row-sparse COO gradient (duplicates kept), ``(None, grad)``
+    for a dense one (every row; a 0-d one viewed as one row), or None for any other (the torch
+    path checks and refuses it)."""
+    if grad.layout == torch.strided:
+        return None, grad if grad.dim() > 0 else grad.reshape(1)
+    if grad.layout != torch.sparse_coo or grad.sparse_dim() != 1:
+        return None
+    return grad._indices()[0], grad._values()
+
+
+def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
+    """(sorted rows, each sorted entry's position in `values`, `values` contiguous, values per row,
+    programs to launch); dense (`rows` None): `weight` stands for the unused pointers, a program a row."""
+    values = values if values.is_contiguous() else values.contiguous()
+    dim = math.prod(weight.shape[1:])
+    if rows is None:
+        return weight, weight, values, dim, weight.shape[0]
+    rows, order = torch.sort(rows, stable=True)
+    return rows, order, values, dim, rows.numel()
+
+
+def _launch(kernel: Any, n: int, *args: Any, **meta: Any) -> None:
+    """One launch of `kernel` over `n` entries (a separate function: the op-counting tests count it as one op)."""
+    kernel[(n,)](*args, **meta)
+
+
+def _block(dim: int) -> dict[str, int]:
+    block = 1 << max(0, (dim - 1).bit_length())
+    return {"BLOCK_D": block, "num_warps": max(1, min(4, block // 32))}
+
+
+def _lr_args(lr: float | Tensor, like: Tensor) -> tuple[Tensor, float, bool]:
+    """(the lr pointer argument, the lr scalar argument, whether the kernel reads the pointer)."""
+    if isinstance(lr, Tensor):
+        return lr.reshape(()) if lr.dim() else lr, 0.0, True
+    return like, float(lr), False
+
+
+def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor | None, values: Tensor,
+              t: int | float | Tensor, lr: float | Tensor, beta1: float, beta2: float, eps: float,
+              found_inf: Tensor | None = None) -> None:
+    """Lazy Adam (`recstream.optim.lazy_adam`) of the rows `rows` (duplicates allowed: their
+    `values` are summed; None: every row, `values` the dense gradient) of `weight` and its moments,
+    at step `t` (the count after this step; a device tensor in capturable mode, then `lr` may be one
+    too). `found_inf` non-zero: nothing is written. The caller advances the step count."""
+    rows, order, values, dim, n = _sorted(rows, values, weight)
+    if n == 0:
+        return
+    capturable = isinstance(t, Tensor)
+    lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
+    if capturable:
+        step_size = bias2_sqrt = 0.0
+    else:
+        step_size = float(lr) / (1.0 - beta1 ** t)
+        bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
+    ln = [math.log(b) if b > 0 else -math.inf for b in (beta1, beta2)]
+    _launch(_triton_kernels().lazy_adam, n, weight, exp_avg, exp_avg_sq, rows, order, values,
+            weight if found_inf is None else found_inf, t if capturable else weight, lr_ptr, n, dim,
+            step_size, bias2_sqrt, lr_value, 1.0 - beta1, beta2, 1.0 - beta2, eps, ln[0], ln[1],
+            HAS_FOUND=found_inf is not None, DENSE=rows is weight, CAPTURABLE=capturable, LR_ON_DEVICE=lr_on_device,
+            **_block(dim))
+
+
+def rowwise_adagrad(weight: Tensor, acc: Tensor, rows: Tensor | None, values: Tensor, lr: float | Tensor, eps: float,
+                    weight_decay: float, found_inf: Tensor | None = None) -> None:
+    """Row-wise Adagrad (`recstream.optim.rowwise_adagrad`) of the rows `rows` (duplicates summed; None: all)
+    of `weight` and its per-row accumulator `acc`; `found_inf` non-zero: nothing is written."""
+    rows, order, values, dim, n = _sorted(rows, values, weight)
+    if n == 0:
+        return
+    lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
+    _launch(_triton_kernels().rowwise_adagrad, n, weight, acc, rows, order, values,
+            weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, eps, weight_decay,
+            HAS_FOUND=found_inf is not None, DENSE=rows is weight, LR_ON_DEVICE=lr_on_device, **_block(dim))
+
+
+def ftrl(weight: Tensor, accumulator: Tensor, linear: Tensor, rows: Tensor | None, values: Tensor, lr: float | Tensor,
+         lr_power: float, l1: float, l2: float, found_inf: Tensor | None = None) -> None:
+    """FTRL-Proximal (`recstream.optim.ftrl`) of the rows `rows` (duplicates summed; None: all) of `weight` and
+    its ``n`` / ``z`` state; `found_inf` non-zero: nothing is written."""
+    rows, order, values, dim, n = _sorted(rows, values, weight)
+    if n == 0:
+        return
+    lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
+    power = -float(lr_power)
+    _launch(_triton_kernels().ftrl, n, weight, accumulator, linear, rows, order, values,
+            weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, power,
+            1.0 if power == 0 else 0.0, l1, l2, HAS_FOUND=found_inf is not None, DENSE=rows is weight,
+            LR_ON_DEVICE=lr_on_device, HALF=power == 0.5, **_block(dim))
