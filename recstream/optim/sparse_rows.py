@@ -138,6 +138,18 @@ def lazy_rows_of(optimizer: Optimizer) -> set[int]:
     return set(_LAZY_ROWS.get(optimizer, ()))
 
 
+def skips_overflow_on_device(optimizer: Optimizer) -> bool:
+    """Whether `optimizer` (a CombinedOptimizer: each of its children) can skip an overflowing step
+    from a device flag (``found_inf``, as torch's GradScaler drives it) with no host read:
+    recstream's row-sparse optimizers (in capturable mode) and torch's fused ones, except an
+    optimizer with rows updated lazily here, whose hooks step those rows whatever the flag says."""
+    if isinstance(optimizer, CombinedOptimizer):
+        return all(skips_overflow_on_device(child) for child in optimizer.optimizers.values())
+    if isinstance(optimizer, SparseRowOptimizer):
+        return True
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and not lazy_rows_of(optimizer)
+
+
 def _fuse_tables(optimizer: Optimizer, params: list[Tensor]) -> list[FusedTables]:
     """A `FusedTables` for each set of two or more `params` that share a param group of
     `optimizer`, a dtype, a device and a row shape."""

@@ -23,7 +23,8 @@ the shapes a graph was captured for.
 
 Conditions (checked by `capture_refusal`): CUDA, one process, loss scaling only where every
 optimizer skips an overflowing step from the device flag (fused Adam/AdamW/SGD and recstream's
-row-sparse optimizers; any other needs a host read to decide), optimizers that are
+row-sparse optimizers, `recstream.optim.sparse_rows.skips_overflow_on_device`; any other needs a
+host read to decide), optimizers that are
 `torch.optim.SGD`, `Adam`, `AdamW` or recstream's row-sparse
 ones (`recstream.optim.SparseRowOptimizer`: their capturable mode keeps step counts and rates on
 the device and sums a sparse gradient's rows into fixed-size outputs), sparse gradients only for
@@ -42,7 +43,7 @@ import torch
 from torch import nn
 
 from ..optim import SparseRowOptimizer
-from ..optim.sparse_rows import lazy_rows_of
+from ..optim.sparse_rows import lazy_rows_of, skips_overflow_on_device
 
 log = logging.getLogger(__name__)
 WARMUP_STEPS = 3  # eager steps before capture: lazily created state (moments, cuDNN plans) exists by then
@@ -60,7 +61,7 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
     if loss_scaled:
         # The loss-scale cell then hands the overflow flag to the optimizer instead of branching on
         # it (`recstream.train.loss_scale`), so the skip is part of the graph.
-        host = [type(o).__name__ for o in optimizers if not _skips_overflow_on_device(o)]
+        host = [type(o).__name__ for o in optimizers if not skips_overflow_on_device(o)]
         if host:
             return (f"loss scaling: {host[0]} decides on the host whether to skip an overflowing step "
                     "(fused Adam/AdamW/SGD and recstream's row-sparse optimizers decide on the device)")
@@ -82,11 +83,6 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
         return (f"modules {sparse[:3]} emit sparse gradients for an optimizer that coalesces them "
                 "(data-dependent sizes)")
     return None
-
-
-def _skips_overflow_on_device(optimizer) -> bool:
-    """torch's fused optimizers and recstream's row-sparse ones (capturable) take ``found_inf``."""
-    return isinstance(optimizer, SparseRowOptimizer) or getattr(optimizer, "_step_supports_amp_scaling", False)
 
 
 def make_capturable(optimizers: list, device: torch.device) -> None:

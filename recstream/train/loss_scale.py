@@ -30,6 +30,7 @@ from torch import nn
 
 from ..hostpath import host_reads_free
 from ..optim import CombinedOptimizer, SparseRowOptimizer
+from ..optim.sparse_rows import skips_overflow_on_device
 from ..validation import check_bool, check_int, check_number, check_type
 
 
@@ -194,10 +195,12 @@ def unscale_grads_(grads: list[torch.Tensor], inv_scale: torch.Tensor, found_inf
 
 
 def _skips_on_device(optimizer) -> bool:
-    """Whether `optimizer` can skip an overflowing step from a device flag (torch's
-    ``_step_supports_amp_scaling``). recstream's row-sparse optimizers can once in capturable mode
-    (step counts on the device), which is switched on here; their state dicts stay plain, so a
-    load switches it off and the next step on again."""
+    """Whether `optimizer` skips an overflowing step from a device flag
+    (`recstream.optim.sparse_rows.skips_overflow_on_device`). recstream's row-sparse optimizers can
+    once in capturable mode (step counts on the device), which is switched on here; their state
+    dicts stay plain, so a load switches it off and the next step on again."""
+    if not skips_overflow_on_device(optimizer):
+        return False
     leaves = [optimizer]
     while any(isinstance(o, CombinedOptimizer) for o in leaves):
         leaves = [c for o in leaves for c in (o.optimizers.values() if isinstance(o, CombinedOptimizer) else [o])]
@@ -205,7 +208,7 @@ def _skips_on_device(optimizer) -> bool:
         if isinstance(leaf, SparseRowOptimizer):
             for group in leaf.param_groups:
                 group["capturable"] = True
-    return getattr(optimizer, "_step_supports_amp_scaling", False)
+    return True
 
 
 class TrainOneStepWithLossScaleCell(nn.Module):

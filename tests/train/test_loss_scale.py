@@ -232,3 +232,28 @@ def test_cuda_float16_o2_backs_off_from_overflow():
     assert results[0][1].item() is True  # 2**24 overflows float16 gradients
     assert manager.get_loss_scale() < 2 ** 24 and not results[-1][1].item()
     assert results[-1][0].item() < results[0][0].item() and results[-1][2].device.type == "cuda"
+
+
+def test_an_overflow_on_the_device_path_leaves_boosts_lazy_adam_rows_untouched():
+    """A fused Adam skips an overflowing step from the device flag, but the rows it updates lazily
+    (boost's row-sparse embeddings, `recstream.optim.sparse_rows`) are stepped by its hooks: the
+    skip must reach them too (or the step must branch on the host)."""
+    from recstream.hostpath import device_path
+    from recstream.optim.sparse_rows import accept_sparse_rows, lazy_rows_of
+
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 3, sparse=True)
+    lin = nn.Linear(3, 1)
+    opt = torch.optim.Adam([*emb.parameters(), *lin.parameters()], lr=0.1, fused=True)
+    accept_sparse_rows(opt, [emb.weight])
+    assert id(emb.weight) in lazy_rows_of(opt)
+    step = TrainOneStepWithLossScaleCell(lambda ids, t: (lin(emb(ids)) * t).sum(), opt,
+                                         DynamicLossScaleManager(2 ** 8, scale_window=100).get_update_cell())
+    ids = torch.tensor([1, 1, 2])
+    with device_path():
+        for _ in range(2):
+            step(ids, torch.ones(3, 1))
+        before = snapshot(emb, opt)
+        _, overflow, _ = step(ids, torch.full((3, 1), INF))
+    assert bool(overflow)
+    assert_same(before, snapshot(emb, opt))
