@@ -40,16 +40,18 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import TierFile, TierFileError
+from .tier_file import BLOCK_BYTES, TierFile, TierFileError
 
 __all__ = ["TierStore"]
 
 _LOG_MAGIC = b"RSUNDO01"
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
-# An undo entry: kind, file index, block (kind _CRC) or row count (kind _ROWS), the block's committed
-# checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their committed bytes).
+# An undo entry: kind, file index, block (kind _CRC) or row or block count (kinds _ROWS, _CRCS), the
+# block's committed checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their
+# committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32). This
+# version writes _ROWS and _CRCS (one entry per file and write, not one per block); _CRC is still read.
 _ENTRY = struct.Struct("<BIQII")
-_CRC, _ROWS = 0, 1
+_CRC, _ROWS, _CRCS = 0, 1, 2
 FORMAT = "recstream-tier"
 RELEASE_BYTES = 256 << 20
 
@@ -80,7 +82,6 @@ class TierStore:
         self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
-        self._touched = 0  # page bytes mapped in since the last release_pages (an upper bound)
 
     # ----- create / open -----
     @classmethod
@@ -135,17 +136,16 @@ class TierStore:
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         out = self.files[name].read_rows(rows)
         self.bytes_read += out.nbytes
-        self._touch(len(out))
+        self._touch()
         return out
 
-    def _touch(self, rows: int) -> None:
-        """Count the pages `rows` rows may have mapped in; past RELEASE_BYTES, drop them from the
-        process's resident set (`TierFile.release`), so its peak RSS does not grow with the table."""
-        self._touched += rows * 4096
-        if self._touched > RELEASE_BYTES:
+    def _touch(self) -> None:
+        """Past RELEASE_BYTES of pages mapped in (counted per block by the files, so a hot page
+        read every step counts once), drop them from the process's resident set
+        (`TierFile.release`), so its peak RSS does not grow with the table."""
+        if sum(f.mapped_pages for f in self.files.values()) * BLOCK_BYTES > RELEASE_BYTES:
             for f in self.files.values():
                 f.release()
-            self._touched = 0
 
     def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
@@ -160,7 +160,7 @@ class TierStore:
         for name, rows, values in writes:
             self.files[name].write_rows(rows, values)
             self.bytes_written += values.nbytes
-            self._touch(len(values))
+        self._touch()
 
     # ----- commit / rollback -----
     @property
@@ -225,6 +225,9 @@ class TierStore:
             f = self.files[names[index]]
             if kind == _CRC:
                 f.restore_crc(what, crc)
+            elif kind == _CRCS:
+                f.restore_crcs(np.frombuffer(data[:8 * what], dtype=np.int64),
+                               np.frombuffer(data[8 * what:], dtype=np.uint32))
             else:
                 rows = np.frombuffer(data[:8 * what], dtype=np.int64)
                 f.restore_rows(rows, data[8 * what:])
@@ -279,9 +282,13 @@ class TierStore:
         for name, rows, _ in writes:
             f, index = self.files[name], names.index(name)
             blocks = f.blocks_of(rows)
-            for b in blocks[~self._preimaged[name][blocks]]:
-                entries.append(_ENTRY.pack(_CRC, index, int(b), f.block_crc(int(b)), 0))
-                self._preimaged[name][b] = True
+            blocks = blocks[~self._preimaged[name][blocks]]
+            if blocks.size:  # one entry for all the blocks first written since the commit
+                blocks = np.unique(blocks)
+                f.check_blocks(blocks)
+                data = blocks.tobytes() + f.crcs(blocks).tobytes()
+                entries.append(_ENTRY.pack(_CRCS, index, blocks.size, 0, len(data)) + data)
+                self._preimaged[name][blocks] = True
             bits = self._logged_rows[name]
             mask = (1 << (rows & 7)).astype(np.uint8)
             new = rows[(bits[rows >> 3] & mask) == 0]
