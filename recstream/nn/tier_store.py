@@ -58,6 +58,17 @@ RELEASE_BYTES = 256 << 20
 Fill = Callable[[int, int], np.ndarray]
 
 
+def _entry(kind: int, index: int, count: int, *arrays: np.ndarray) -> list:
+    """An undo entry as the parts to write: its head, `arrays` (contiguous) as they are, the checksum
+    of them all (as `TierStore._read_log` checks it: over the head and the bytes that follow)."""
+    arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+    head = _ENTRY.pack(kind, index, count, 0, sum(a.nbytes for a in arrays))
+    crc = zlib.crc32(head)
+    for a in arrays:
+        crc = zlib.crc32(memoryview(a).cast("B"), crc)
+    return [head, *(memoryview(a).cast("B") for a in arrays), struct.pack("<I", crc)]
+
+
 def _lock(directory: str):
     """An exclusive lock on the store, so two tables (in this process or another) never write one store."""
     lock = open(os.path.join(directory, "lock"), "a+b")  # noqa: SIM115 -- held for the store's life
@@ -276,9 +287,12 @@ class TierStore:
 
     def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
         """Append the committed checksums of blocks and bytes of rows about to be written for the first
-        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes."""
+        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes.
+        An entry's parts go to the file as they are (its checksum computed over them in turn): a step
+        logs about a MiB of pre-images, which joining would copy several times."""
         names = list(self.files)
-        entries = []
+        parts: list = []
+        logged = []  # (name, blocks, rows) to mark as logged once the log is durable
         for name, rows, _ in writes:
             f, index = self.files[name], names.index(name)
             blocks = f.blocks_of(rows)
@@ -286,22 +300,22 @@ class TierStore:
             if blocks.size:  # one entry for all the blocks first written since the commit
                 blocks = np.unique(blocks)
                 f.check_blocks(blocks)
-                data = blocks.tobytes() + f.crcs(blocks).tobytes()
-                entries.append(_ENTRY.pack(_CRCS, index, blocks.size, 0, len(data)) + data)
-                self._preimaged[name][blocks] = True
+                parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
             bits = self._logged_rows[name]
-            mask = (1 << (rows & 7)).astype(np.uint8)
-            new = rows[(bits[rows >> 3] & mask) == 0]
+            new = rows[(bits[rows >> 3] & (1 << (rows & 7)).astype(np.uint8)) == 0]
             if new.size:
-                data = new.tobytes() + f.data[new].tobytes()
-                entries.append(_ENTRY.pack(_ROWS, index, new.size, 0, len(data)) + data)
-                np.bitwise_or.at(bits, new >> 3, (1 << (new & 7)).astype(np.uint8))
-        if not entries:
+                parts += _entry(_ROWS, index, new.size, new, f.data[new])
+            logged.append((name, blocks, new))
+        if not parts:
             return
         with open(self._log_path, "ab") as log:
-            log.write(b"".join(e + struct.pack("<I", zlib.crc32(e)) for e in entries))
+            for part in parts:
+                log.write(part)
             log.flush()
             os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+        for name, blocks, new in logged:
+            self._preimaged[name][blocks] = True
+            np.bitwise_or.at(self._logged_rows[name], new >> 3, (1 << (new & 7)).astype(np.uint8))
 
     def _read_log(self, path: str):
         """The intact entries ``(kind, file index, block or row count, crc, data)`` of the log at `path`
