@@ -26,6 +26,11 @@ import numpy as np
 __all__ = ["SlotRecency"]
 
 _RESERVED = np.iinfo(np.int64).max
+_CHUNK = 4096  # slots per queue entry at most: taking a few victims reads one entry, not the cache
+
+
+def _entries(tick: int, slots: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    return [(tick, slots[i:i + _CHUNK]) for i in range(0, slots.size, _CHUNK)]
 
 
 class SlotRecency:
@@ -44,7 +49,7 @@ class SlotRecency:
     def clear(self) -> None:
         """Every slot free (the tick goes on)."""
         self.last_use[:] = -1
-        self._queue = deque([(-1, np.arange(self.slots, dtype=np.int64))])
+        self._queue = deque(_entries(-1, np.arange(self.slots, dtype=np.int64)))
         self._entries = self.slots
         self._current = self._reserved = 0
 
@@ -103,6 +108,6 @@ class SlotRecency:
         order = order[self.last_use[order] != _RESERVED]  # out of the order until touched
         ticks = self.last_use[order]
         cuts = np.flatnonzero(np.diff(ticks)) + 1
-        self._queue = deque((int(part_ticks[0]), part) for part, part_ticks in
-                            zip(np.split(order, cuts), np.split(ticks, cuts), strict=True) if part.size)
+        self._queue = deque(entry for part, part_ticks in zip(np.split(order, cuts), np.split(ticks, cuts), strict=True)
+                            if part.size for entry in _entries(int(part_ticks[0]), part))
         self._entries = order.size

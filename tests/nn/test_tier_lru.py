@@ -2,11 +2,15 @@
 victims are the least recently used slots (to the tick), never one of the current tick or a reserved
 one, across many ticks (so the queue is rebuilt from stale entries several times)."""
 import numpy as np
+import pytest
 
+from recstream.nn import tier_lru
 from recstream.nn.tier_lru import SlotRecency
 
 
-def test_victims_are_the_least_recently_used_slots_across_rebuilds():
+@pytest.mark.parametrize("chunk", [4096, 7])  # 7: the queue's entries split, a victim search spans several
+def test_victims_are_the_least_recently_used_slots_across_rebuilds(monkeypatch, chunk):
+    monkeypatch.setattr(tier_lru, "_CHUNK", chunk)
     g = np.random.default_rng(0)
     n = 50
     r = SlotRecency(n)
