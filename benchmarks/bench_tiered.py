@@ -105,7 +105,8 @@ def run(args, variant: str, directory: str) -> dict:
     for x, y in batches[:args.warmup]:
         _step(net, opt, x, y)
     stats0 = net.ebc.tier_stats().get("t")
-    counts0 = (stats0.hits, stats0.misses, stats0.bytes_read, stats0.bytes_written) if stats0 else None
+    counts0 = (stats0.hits, stats0.misses, stats0.bytes_read, stats0.bytes_written, stats0.prefetched) \
+        if stats0 else None
     io0 = _io()
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
@@ -127,7 +128,10 @@ def run(args, variant: str, directory: str) -> dict:
     if tier is not None:
         s = net.ebc.tier_stats()["t"]
         hits, misses = s.hits - counts0[0], s.misses - counts0[1]
+        # rows read per step: at the step (misses) and ahead of it (prefetched) -- the hit rate counts
+        # the step's lookups only, so it does not say how many rows a step moves
         result.update(cache_rows=args.cache_rows, hit_rate=hits / max(1, hits + misses),
+                      rows_read_per_step=(misses + s.prefetched - counts0[4]) / args.steps,
                       tier_read_bytes_per_step=(s.bytes_read - counts0[2]) / args.steps,
                       tier_written_bytes_per_step=(s.bytes_written - counts0[3]) / args.steps)
         result.update(_checkpoint_and_restore(net, opt, batches[-1]))

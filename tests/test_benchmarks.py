@@ -178,6 +178,7 @@ def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restor
     assert tiered["cache_rows"] == 2_000 and tiered["rows"] == memory["rows"] == 20_000
     assert 0 < tiered["hit_rate"] < 1  # a tiny cache on Zipf ids: hits and misses
     assert tiered["tier_read_bytes_per_step"] > 0 and tiered["tier_written_bytes_per_step"] > 0
+    assert tiered["rows_read_per_step"] > 0
     assert tiered["checkpoint_s"] > 0 and tiered["restore_s"] > 0  # the restore is checked against the commit
     assert results["tiered_vs_memory"] == tiered["samples_per_s"] / memory["samples_per_s"]
     assert set(_load("bench_tiered").parse(["--rows", "100", "--cache-rows", "7"]).__dict__) >= {"rows", "cache_rows"}

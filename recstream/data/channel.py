@@ -25,7 +25,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -191,6 +191,11 @@ class ChannelOptions:
             inherits training's thread count starts a second pool as wide as the first on cores
             that are already busy.
         name: the producer thread's name.
+        ahead: called with each batch (as the dataset gave it, before pinning and the copy) by the
+            producer before the batch is queued: on the producer's thread, while the steps of the
+            batches before it train -- where a step's needs can be readied ahead (a disk-tiered
+            table's rows: ``recstream.train.sink.batch_prefetch``). Inline (``background=False``)
+            it runs inside `get()`, nothing ahead. Its error reaches the consumer as the dataset's.
     """
 
     background: bool = True
@@ -199,6 +204,7 @@ class ChannelOptions:
     side_stream: bool = True
     producer_threads: int | None = None
     name: str = "recstream-data-channel"
+    ahead: Callable | None = None
 
     def __post_init__(self):
         check_bool("ChannelOptions", "background", self.background)
@@ -206,6 +212,8 @@ class ChannelOptions:
         check_bool("ChannelOptions", "pin_memory", self.pin_memory, allow_none=True)
         check_bool("ChannelOptions", "side_stream", self.side_stream)
         check_int("DataChannel", "producer_threads", self.producer_threads, minimum=1, allow_none=True)
+        if self.ahead is not None and not callable(self.ahead):
+            raise TypeError(f"ChannelOptions: 'ahead' must be callable or None, got {type(self.ahead).__name__}")
 
 
 class DataChannel:
@@ -242,6 +250,7 @@ class DataChannel:
         self._dataset = dataset
         self.done = False  # DONE was handed out: the producer has nothing more to give
         self._marks = Marks(dataset)
+        self._ahead = options.ahead
         source = traverse(dataset, passes, end, self._stop.is_set, options.reset_after_pass)
         self._items = self._produce_items(source, total)
         self._thread = None
@@ -260,6 +269,8 @@ class DataChannel:
     # ------------------------------------------------------------------ producer
     def _prepare(self, batch) -> Item:
         item = self._marks.item(batch)  # read right after the batch, in the producing thread
+        if self._ahead is not None:
+            self._ahead(batch)
         if self.pin_memory:
             batch = pin(batch)
         if self.device is None:

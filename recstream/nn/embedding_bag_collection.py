@@ -477,6 +477,24 @@ class EmbeddingBagCollection(nn.Module):
             if tier is not None:
                 tier.prefetch(values if not self._pad else values[layout.group[fid] == g])
 
+    def batch_prefetcher(self):
+        """For a pipeline that has batches ready ahead of their steps (`recstream.train.sink.batch_prefetch`):
+        None without disk-tiered tables; otherwise a function that `prefetch` es the rows of a
+        `Features` carrying this collection's features (by name, or all of them by position), and
+        passes over one that does not (a network may feed the collection features it derives)."""
+        if all(t is None for t in self._tiers):
+            return None
+        names = set(self.feature_names)
+
+        def prefetch_if_read(features: Features) -> None:
+            if features.keys is None and features.num_features != self.num_features:
+                return
+            if features.keys is not None and not names <= set(features.keys):
+                return
+            self.prefetch(features)
+
+        return prefetch_if_read
+
     def _one_id_per_bag(self, values: torch.Tensor, offsets: torch.Tensor, num_bags: int) -> bool:
         """Whether every bag holds exactly one id (single-hot fields, the usual CTR input), on a CPU
         with one dim group and no sharding: then `_pool` gathers rows. One pass over the

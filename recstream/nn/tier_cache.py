@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from .tier_lru import SlotRecency
 from .tier_store import TierStore
 
 __all__ = ["ROW_STATE", "TierCache", "TierStats", "register_row_state"]
@@ -64,6 +65,18 @@ def register_row_state(optimizer_class_name: str, row_state: RowState) -> None:
         raise TypeError("register_row_state: expected (str, callable), got "
                         f"({type(optimizer_class_name).__name__}, {type(row_state).__name__})")
     ROW_STATE[optimizer_class_name] = row_state
+
+
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """The distinct values of int64 `ids`, sorted: a sort and a mask, ~10x faster than ``np.unique``
+    (a hash table in numpy >= 2.3) on a batch's ids."""
+    ordered = np.sort(ids.ravel())
+    if ordered.size < 2:
+        return ordered
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first]
 
 
 def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str, float] | None:
@@ -104,21 +117,40 @@ def _bind_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
                     cache.bind(optimizer, row_state)
 
 
+_MOVING = -2  # row2slot of a row a prefetch is loading or writing back
+
+
+@dataclass
+class _Transfer:
+    """A prefetch in flight: `rows` going into `slots`, which held `old` (-1: free); the
+    `was_dirty` ones among them are written back by `writes`."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    old: np.ndarray
+    was_dirty: np.ndarray
+    writes: list[tuple[str, np.ndarray, np.ndarray]]
+    state_keys: list[str]
+
+
 class TierCache:
     """Slots of the Parameter `weight` (``[cache_rows (+ padding), dim]``) over the rows of `store`.
 
     ``map_ids`` and ``prefetch`` share one lock, so a prefetch on another thread never races a step's
-    mapping; a prefetch never evicts the rows of the step in flight (the last ``map_ids``)."""
+    mapping; a prefetch never evicts the rows of the step in flight (the last ``map_ids``). The store
+    is used by one thread at a time: a prefetch between its `_plan` and `_install` (without the lock),
+    or a holder of the lock once no prefetch is in flight (`_quiesce`)."""
 
     def __init__(self, name: str, weight: nn.Parameter, store: TierStore, cache_rows: int) -> None:
         self.name, self.weight, self.store, self.cache_rows = name, weight, store, cache_rows
         self.rows = store.files["weight"].rows
         self.row2slot = np.full(self.rows, -1, dtype=np.int32)  # 4 bytes a row: the host map
         self.slot2row = np.full(cache_rows, -1, dtype=np.int64)
-        self.last_use = np.full(cache_rows, -1, dtype=np.int64)  # -1: free
+        self.recency = SlotRecency(cache_rows)  # LRU order of the slots, to the step
         self.dirty = np.zeros(cache_rows, dtype=bool)
-        self.tick = 0
         self.lock = threading.Lock()
+        self._moved = threading.Condition(self.lock)  # notified when a prefetch is done
+        self._in_flight = 0  # prefetches between _plan and _install (0 or 1): they hold the store
         self.stats = TierStats()
         self._opt: weakref.ref | None = None
         self._row_state: dict[str, float] = {}
@@ -135,7 +167,10 @@ class TierCache:
         The first time an optimizer is seen: a fresh one (no state yet) starts every row's state at
         its initial value, so stored state of an earlier optimizer is reset; one holding state (a
         restored one) gets the cached rows' stored state. After its ``load_state_dict`` too."""
+        if self._opt is not None and self._opt() is optimizer and not self._reload:
+            return  # every step but the first: without the lock, which a prefetch may hold
         with self.lock:
+            self._quiesce()
             if self._opt is not None and self._opt() is optimizer and not self._reload:
                 return
             if self._opt is None or self._opt() is not optimizer:
@@ -186,9 +221,9 @@ class TierCache:
                             f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
                             "recstream.nn.register_row_state")
         with self.lock:
-            self.tick += 1
-            unique = np.unique(ids)
-            if not self._ensure(unique, pin=True):
+            self.recency.advance()
+            unique = _distinct(ids)
+            if not self._ensure(unique):
                 raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "
                                  f"{self.cache_rows} rows, a batch reads {unique.size} distinct ones; raise "
                                  "DiskTier.cache_rows above the distinct rows of a batch")
@@ -198,40 +233,119 @@ class TierCache:
         return torch.from_numpy(slots.astype(np.int64)).to(rows.device)
 
     def prefetch(self, rows: torch.Tensor | np.ndarray) -> int:
-        """Bring rows into the cache ahead of the step that reads them (safe from another thread);
-        the rows of the step in flight stay. Returns how many rows were loaded."""
-        ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
-        with self.lock:
-            unique = np.unique(ids.astype(np.int64))
-            unique = unique[(unique >= 0) & (unique < self.rows)]
-            before = self.stats.misses
-            self._ensure(unique, pin=False)
-            loaded = self.stats.misses - before
-            self.stats.misses -= loaded
-            self.stats.prefetched += loaded
-            return loaded
+        """Bring rows into the cache ahead of the step that reads them (from another thread: the step
+        goes on meanwhile); the rows of the step in flight stay. Returns how many rows were loaded.
 
-    def _ensure(self, unique: np.ndarray, pin: bool) -> bool:
-        """Load the rows of `unique` not cached; False (nothing done) if they do not fit."""
+        The disk work runs outside the lock, so a step's ``map_ids`` waits only for rows it needs that
+        this prefetch is moving (loading, or writing back), and for the store if it must load rows
+        itself: slots are chosen and the evicted rows copied under the lock (`_plan`), the evicted rows
+        written back and the new ones read without it (`_transfer`), the slots filled under it again
+        (`_install`). One prefetch is in flight at a time."""
+        ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        ids = ids.astype(np.int64, copy=False).ravel()
+        unique = _distinct(ids[(ids >= 0) & (ids < self.rows)])
+        with self.lock:
+            self._quiesce()
+            plan = self._plan(unique)
+        if plan is None:
+            return 0
+        try:
+            loaded = self._transfer(plan)
+        except BaseException:
+            with self.lock:
+                self._cancel(plan)
+            raise
+        with self.lock:
+            self._install(plan, loaded)
+        return plan.rows.size
+
+    def _quiesce(self) -> None:
+        """Wait (the lock released meanwhile) until no prefetch is in flight: the store is free."""
+        while self._in_flight:
+            self._moved.wait()
+
+    def _plan(self, unique: np.ndarray) -> _Transfer | None:
+        """Under the lock: slots for the rows of `unique` not cached (as many as fit beside the step in
+        flight), reserved; the rows they held unmapped, the trained ones copied for writing back.
+        The rows moving are marked `_MOVING` in ``row2slot`` until `_install`."""
         slots = self.row2slot[unique]
+        self.recency.touch(slots[slots >= 0].astype(np.int64))
+        missing = unique[slots == -1][:self.recency.evictable()]
+        if missing.size == 0:
+            return None
+        victims = self.recency.victims(missing.size)  # none of the step in flight
+        self.recency.reserve(victims)
+        old = self.slot2row[victims].copy()
+        was_dirty = self.dirty[victims].copy()
+        back = victims[was_dirty]
+        index = torch.from_numpy(back)
+        writes = [("weight", old[was_dirty], self.weight.data[index].cpu().numpy())]
+        writes += [(key, old[was_dirty], t[index.to(t.device)].cpu().numpy()) for key, t in self._state().items()]
+        held = old >= 0
+        self.row2slot[old[held]] = -1
+        self.row2slot[old[was_dirty]] = _MOVING  # stored only once written back
+        self.row2slot[missing] = _MOVING
+        self.slot2row[victims] = missing
+        self.dirty[victims] = False
+        self._in_flight += 1
+        return _Transfer(missing, victims, old, was_dirty, writes if back.size else [], list(self._state()))
+
+    def _transfer(self, plan: _Transfer) -> dict[str, np.ndarray]:
+        """Outside the lock (the store is this prefetch's alone): write the evicted rows back, read the
+        new ones (weights and the optimizer state entries the cache had at `_plan`)."""
+        if plan.writes:
+            self.store.write_many(plan.writes)
+        return {key: self.store.read(key, plan.rows) for key in ("weight", *plan.state_keys)}
+
+    def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
+        """Under the lock: the read rows into their slots, the moved rows mapped, waiters woken."""
+        index = torch.from_numpy(plan.slots)
+        self.weight.data[index.to(self.weight.device)] = torch.from_numpy(loaded["weight"]).to(self.weight.device)
+        for key, t in self._state().items():
+            if key in loaded:  # (a state made since _plan is at its initial value, as the store's rows)
+                t[index.to(t.device)] = torch.from_numpy(loaded[key]).to(t.device, t.dtype)
+        self.row2slot[plan.rows] = plan.slots
+        self.row2slot[plan.old[plan.was_dirty]] = -1
+        self.recency.touch(plan.slots)
+        self.stats.prefetched += plan.rows.size
+        self._done(plan)
+
+    def _cancel(self, plan: _Transfer) -> None:
+        """A failed transfer: the slots hold their old rows again (trained ones still to write back)."""
+        self.row2slot[plan.rows] = -1
+        held = plan.old >= 0
+        self.row2slot[plan.old[held]] = plan.slots[held]
+        self.slot2row[plan.slots] = plan.old
+        self.dirty[plan.slots] = plan.was_dirty
+        self.recency.touch(plan.slots)
+        self._done(plan)
+
+    def _done(self, plan: _Transfer) -> None:
+        self._in_flight -= 1
+        self._sync_io_stats()
+        self._moved.notify_all()
+
+    def _ensure(self, unique: np.ndarray) -> bool:
+        """Pin the rows of `unique` to the current step, loading those not cached (after waiting for
+        the ones a prefetch is moving); False (nothing loaded) if they do not fit."""
+        while True:
+            slots = self.row2slot[unique]
+            missing = unique[slots < 0]
+            if not (missing.size and (self._in_flight or (slots == _MOVING).any())):
+                break
+            self._moved.wait()  # a prefetch holds the store, or moves rows of this step
         hit = slots >= 0
-        missing = unique[~hit]
-        if pin:
-            self.stats.hits += int(hit.sum())
-        self.last_use[slots[hit]] = self.tick
+        self.stats.hits += int(hit.sum())
+        self.recency.touch(slots[hit].astype(np.int64))
         if missing.size == 0:
             return True
-        if not pin:  # a prefetch loads what fits beside the step in flight
-            missing = missing[:int((self.last_use < self.tick).sum())]
-            if missing.size == 0:
-                return True
-        victims = self._victims(missing.size)
+        victims = self.recency.victims(missing.size)  # none of the step in flight
         if victims is None:
             return False
         self._evict(victims)
         self.row2slot[missing] = victims
         self.slot2row[victims] = missing
-        self.last_use[victims] = self.tick
+        self.recency.touch(victims)
         self.dirty[victims] = False
         self.stats.misses += missing.size
         self.weight.data[torch.from_numpy(victims)] = torch.from_numpy(
@@ -239,15 +353,6 @@ class TierCache:
         self._load_state(victims, missing)
         self._sync_io_stats()
         return True
-
-    def _victims(self, n: int) -> np.ndarray | None:
-        """`n` free or least recently used slots, none used by the current step."""
-        if n > self.cache_rows:
-            return None
-        victims = np.argpartition(self.last_use, n - 1)[:n] if n < self.cache_rows else np.arange(self.cache_rows)
-        if (self.last_use[victims] >= self.tick).any():
-            return None
-        return victims
 
     def _evict(self, slots: np.ndarray) -> None:
         """Write the trained rows among `slots` back (weights and per-row state) and unmap them all."""
@@ -280,6 +385,7 @@ class TierCache:
     def commit(self) -> int:
         """Write back every trained cached row and commit the store; returns the generation."""
         with self.lock:
+            self._quiesce()
             self._write_back(np.flatnonzero(self.dirty))
             generation = self.store.commit()
             self._sync_io_stats()
@@ -289,6 +395,7 @@ class TierCache:
         """Return to committed `generation` (the store's last or the one before): later writes undone,
         the cache emptied."""
         with self.lock:
+            self._quiesce()
             try:
                 self.store.rollback_to(generation)
             except ValueError as e:
@@ -304,6 +411,7 @@ class TierCache:
     def import_rows(self, weight: torch.Tensor) -> None:
         """Replace every row's weights by `weight` ``[rows, dim]`` (an in-memory table's), cache emptied."""
         with self.lock:
+            self._quiesce()
             self._clear()
             src = weight.detach().cpu().to(torch.float32).numpy()
             for start in range(0, self.rows, 1 << 16):
@@ -313,6 +421,7 @@ class TierCache:
     def full_weight(self) -> torch.Tensor:
         """Every row (stored rows overlaid by the cached trained ones): materialises the table in memory."""
         with self.lock:
+            self._quiesce()
             out = torch.from_numpy(self.store.read("weight", np.arange(self.rows)))
             held = np.flatnonzero(self.slot2row >= 0)
             out[torch.from_numpy(self.slot2row[held])] = self.weight.data[torch.from_numpy(held)].cpu()
@@ -321,5 +430,5 @@ class TierCache:
     def _clear(self) -> None:
         self.row2slot[:] = -1
         self.slot2row[:] = -1
-        self.last_use[:] = -1
+        self.recency.clear()
         self.dirty[:] = False

@@ -84,6 +84,8 @@ class TierFile:
         self.data = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
         self.verified = np.zeros(self.blocks, dtype=bool)  # checked against its checksum since open
         self.dirty = np.zeros(self.blocks, dtype=bool)  # written since the last flush
+        self.mapped = np.zeros(self.blocks, dtype=bool)  # read or written since the last release
+        self.mapped_pages = 0  # blocks newly mapped in since the last release (see _map_in)
 
     # ----- create / open / close -----
     @classmethod
@@ -146,18 +148,29 @@ class TierFile:
         on disk): the table's disk tier then costs the cache, not the pages it went through."""
         if hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
+        self.mapped[:] = False
+        self.mapped_pages = 0
+
+    def _map_in(self, blocks: np.ndarray) -> None:
+        """Count the blocks (about a page each) that reading or writing `blocks` maps in since the
+        last `release` (an upper bound: repeats among the new ones count each time)."""
+        new = blocks[~self.mapped[blocks]]
+        self.mapped[new] = True
+        self.mapped_pages += new.size
 
     # ----- rows -----
     def block_range(self, b: int) -> tuple[int, int]:
         return b * self.block_rows, min(self.rows, (b + 1) * self.block_rows)
 
     def blocks_of(self, rows: np.ndarray) -> np.ndarray:
-        """The blocks holding `rows` (unique, sorted)."""
-        return np.unique(np.asarray(rows, dtype=np.int64) // self.block_rows)
+        """The block of each of `rows` (repeats kept: deduplicating thousands of rows a step cost
+        more than every use of the blocks, which are bitmaps indexed with them)."""
+        return np.asarray(rows, dtype=np.int64) // self.block_rows
 
     def check_blocks(self, blocks: np.ndarray) -> None:
         """Verify the not-yet-verified `blocks` against their stored checksums."""
-        for b in blocks[~self.verified[blocks]]:
+        todo = blocks[~self.verified[blocks]]
+        for b in np.unique(todo) if todo.size else todo:
             a, e = self.block_range(int(b))
             stored, actual = int(self._crc[b]), _crc(self.data[a:e])
             if stored != actual:
@@ -170,20 +183,28 @@ class TierFile:
     def read_rows(self, rows: np.ndarray) -> np.ndarray:
         """Rows `rows` (a copy, ``[len(rows), cols]``), their blocks verified first."""
         rows = np.asarray(rows, dtype=np.int64)
-        self.check_blocks(self.blocks_of(rows))
+        blocks = self.blocks_of(rows)
+        self.check_blocks(blocks)
+        self._map_in(blocks)
         return self.data[rows]
 
     def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         blocks = self.blocks_of(rows)
         self.check_blocks(blocks)
+        self._map_in(blocks)
         self.data[rows] = values
         self.dirty[blocks] = True
 
-    def block_crc(self, b: int) -> int:
-        """Block `b`'s stored checksum, the block verified first (an undo log keeps it)."""
-        self.check_blocks(np.array([b]))
-        return int(self._crc[b])
+    def crcs(self, blocks: np.ndarray) -> np.ndarray:
+        """The stored checksums of verified `blocks` (uint32, a copy)."""
+        return self._crc[blocks].copy()
+
+    def restore_crcs(self, blocks: np.ndarray, crcs: np.ndarray) -> None:
+        """`restore_crc` of many blocks at once."""
+        self._crc[blocks] = crcs
+        self.verified[blocks] = False
+        self.dirty[blocks] = False
 
     def restore_crc(self, b: int, crc: int) -> None:
         """Put back a block's committed checksum (undo-log rollback; its rows are put back too)."""

@@ -40,20 +40,33 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import TierFile, TierFileError
+from .tier_file import BLOCK_BYTES, TierFile, TierFileError
 
 __all__ = ["TierStore"]
 
 _LOG_MAGIC = b"RSUNDO01"
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
-# An undo entry: kind, file index, block (kind _CRC) or row count (kind _ROWS), the block's committed
-# checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their committed bytes).
+# An undo entry: kind, file index, block (kind _CRC) or row or block count (kinds _ROWS, _CRCS), the
+# block's committed checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their
+# committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32). This
+# version writes _ROWS and _CRCS (one entry per file and write, not one per block); _CRC is still read.
 _ENTRY = struct.Struct("<BIQII")
-_CRC, _ROWS = 0, 1
+_CRC, _ROWS, _CRCS = 0, 1, 2
 FORMAT = "recstream-tier"
 RELEASE_BYTES = 256 << 20
 
 Fill = Callable[[int, int], np.ndarray]
+
+
+def _entry(kind: int, index: int, count: int, *arrays: np.ndarray) -> list:
+    """An undo entry as the parts to write: its head, `arrays` (contiguous) as they are, the checksum
+    of them all (as `TierStore._read_log` checks it: over the head and the bytes that follow)."""
+    arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+    head = _ENTRY.pack(kind, index, count, 0, sum(a.nbytes for a in arrays))
+    crc = zlib.crc32(head)
+    for a in arrays:
+        crc = zlib.crc32(memoryview(a).cast("B"), crc)
+    return [head, *(memoryview(a).cast("B") for a in arrays), struct.pack("<I", crc)]
 
 
 def _lock(directory: str):
@@ -80,7 +93,6 @@ class TierStore:
         self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
-        self._touched = 0  # page bytes mapped in since the last release_pages (an upper bound)
 
     # ----- create / open -----
     @classmethod
@@ -135,17 +147,16 @@ class TierStore:
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         out = self.files[name].read_rows(rows)
         self.bytes_read += out.nbytes
-        self._touch(len(out))
+        self._touch()
         return out
 
-    def _touch(self, rows: int) -> None:
-        """Count the pages `rows` rows may have mapped in; past RELEASE_BYTES, drop them from the
-        process's resident set (`TierFile.release`), so its peak RSS does not grow with the table."""
-        self._touched += rows * 4096
-        if self._touched > RELEASE_BYTES:
+    def _touch(self) -> None:
+        """Past RELEASE_BYTES of pages mapped in (counted per block by the files, so a hot page
+        read every step counts once), drop them from the process's resident set
+        (`TierFile.release`), so its peak RSS does not grow with the table."""
+        if sum(f.mapped_pages for f in self.files.values()) * BLOCK_BYTES > RELEASE_BYTES:
             for f in self.files.values():
                 f.release()
-            self._touched = 0
 
     def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
@@ -160,7 +171,7 @@ class TierStore:
         for name, rows, values in writes:
             self.files[name].write_rows(rows, values)
             self.bytes_written += values.nbytes
-            self._touch(len(values))
+        self._touch()
 
     # ----- commit / rollback -----
     @property
@@ -225,6 +236,9 @@ class TierStore:
             f = self.files[names[index]]
             if kind == _CRC:
                 f.restore_crc(what, crc)
+            elif kind == _CRCS:
+                f.restore_crcs(np.frombuffer(data[:8 * what], dtype=np.int64),
+                               np.frombuffer(data[8 * what:], dtype=np.uint32))
             else:
                 rows = np.frombuffer(data[:8 * what], dtype=np.int64)
                 f.restore_rows(rows, data[8 * what:])
@@ -273,28 +287,35 @@ class TierStore:
 
     def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
         """Append the committed checksums of blocks and bytes of rows about to be written for the first
-        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes."""
+        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes.
+        An entry's parts go to the file as they are (its checksum computed over them in turn): a step
+        logs about a MiB of pre-images, which joining would copy several times."""
         names = list(self.files)
-        entries = []
+        parts: list = []
+        logged = []  # (name, blocks, rows) to mark as logged once the log is durable
         for name, rows, _ in writes:
             f, index = self.files[name], names.index(name)
             blocks = f.blocks_of(rows)
-            for b in blocks[~self._preimaged[name][blocks]]:
-                entries.append(_ENTRY.pack(_CRC, index, int(b), f.block_crc(int(b)), 0))
-                self._preimaged[name][b] = True
+            blocks = blocks[~self._preimaged[name][blocks]]
+            if blocks.size:  # one entry for all the blocks first written since the commit
+                blocks = np.unique(blocks)
+                f.check_blocks(blocks)
+                parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
             bits = self._logged_rows[name]
-            mask = (1 << (rows & 7)).astype(np.uint8)
-            new = rows[(bits[rows >> 3] & mask) == 0]
+            new = rows[(bits[rows >> 3] & (1 << (rows & 7)).astype(np.uint8)) == 0]
             if new.size:
-                data = new.tobytes() + f.data[new].tobytes()
-                entries.append(_ENTRY.pack(_ROWS, index, new.size, 0, len(data)) + data)
-                np.bitwise_or.at(bits, new >> 3, (1 << (new & 7)).astype(np.uint8))
-        if not entries:
+                parts += _entry(_ROWS, index, new.size, new, f.data[new])
+            logged.append((name, blocks, new))
+        if not parts:
             return
         with open(self._log_path, "ab") as log:
-            log.write(b"".join(e + struct.pack("<I", zlib.crc32(e)) for e in entries))
+            for part in parts:
+                log.write(part)
             log.flush()
             os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+        for name, blocks, new in logged:
+            self._preimaged[name][blocks] = True
+            np.bitwise_or.at(self._logged_rows[name], new >> 3, (1 << (new & 7)).astype(np.uint8))
 
     def _read_log(self, path: str):
         """The intact entries ``(kind, file index, block or row count, crc, data)`` of the log at `path`

@@ -54,7 +54,7 @@ from ..validation import check_bool, check_callable, check_choice, check_int, ch
 from .cells import OptimizerLike, WithEvalCell
 from .committer import OnlineCommitter
 from .plan import BOOST_LEVELS, StepOptions, network_device, plan_step  # noqa: F401 (BOOST_LEVELS: its old home)
-from .sink import DatasetHelper, check_sink_size
+from .sink import DatasetHelper, batch_prefetch, check_sink_size
 from .summary import summarize
 
 _KWARGS = ("loss_scale_manager", "keep_batchnorm_fp32", "boost_config_dict", "acc_level", "progress_bar")
@@ -233,7 +233,8 @@ class Model:
         check_dataset(train_dataset, "train_dataset")
         user_callbacks = as_callback_list(callbacks, owner)
         helper = DatasetHelper(train_dataset, sink_mode, sink_size if sink_mode else -1,
-                               epoch_num=epoch - initial_epoch, device=self._device)
+                               epoch_num=epoch - initial_epoch, device=self._device,
+                               ahead=batch_prefetch(self._network))  # a tiered table's rows, read ahead
         params = self._train_params(epoch - initial_epoch, train_dataset, sink_mode, sink_size, user_callbacks)
         callbacks = user_callbacks + self._default_callbacks(user_callbacks)
         if rank() != 0:  # printing, files and publishing happen once, on rank 0

@@ -57,7 +57,7 @@ from .committer import OnlineCommitter
 from .micro_steps import MicroSteps
 from .model import Model
 from .signals import StopOnSignal
-from .sink import DatasetHelper
+from .sink import DatasetHelper, batch_prefetch
 
 log = logging.getLogger("recstream.train")
 
@@ -151,7 +151,7 @@ class RecModel(Model):
         if lockstep is not None:
             train_dataset = lockstep
         helper = DatasetHelper(train_dataset, dataset_sink_mode, sink_size if dataset_sink_mode else -1,
-                               epoch_num=None, device=self._device, end=end)
+                               epoch_num=None, device=self._device, end=end, ahead=batch_prefetch(self._network))
         params = self._train_params(None, train_dataset, dataset_sink_mode, sink_size, user_callbacks)
         params.online = True  # ModelCheckpoint: a restart continues the same series of files
         if not dataset_sink_mode:

@@ -32,7 +32,8 @@ The pieces, each in one place:
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -40,6 +41,7 @@ from torch import nn
 from ..data.batch import loss_weight
 from ..data.channel import ChannelOptions, DataChannel, EndOfStream, Item, available_cores
 from ..data.protocol import InterruptibleDataset, dataset_size, unpack
+from ..features import Features
 from ..validation import check_bool, check_int, check_type
 
 
@@ -144,12 +146,15 @@ class DatasetHelper:
     stopped; ``sink_size=-1`` makes each sink one full pass. `epoch_num` bounds the total
     prefetched (None: unbounded, for online training). `end` (`EndOfStream`) says what a pass
     without batches means: a mistake (offline), or the source's end (online; `ended`).
-    `prefetch`: batches the sink's producer keeps ready.
+    `prefetch`: batches the sink's producer keeps ready. `ahead` (`batch_prefetch`): called with
+    each batch before its step, on a producer thread (in both modes, then) while earlier steps train.
     """
 
     def __init__(self, dataset, dataset_sink_mode: bool = True, sink_size: int = -1,
-                 epoch_num: int | None = 1, device=None, end: EndOfStream = EndOfStream.NEVER, prefetch: int = 2):
+                 epoch_num: int | None = 1, device=None, end: EndOfStream = EndOfStream.NEVER, prefetch: int = 2,
+                 ahead: Callable | None = None):
         self._channel: DataChannel | None = None
+        self._ahead = ahead
         check_bool("DatasetHelper", "dataset_sink_mode", dataset_sink_mode)
         check_sink_size("DatasetHelper", sink_size)
         self.dataset = dataset
@@ -179,14 +184,14 @@ class DatasetHelper:
         copy to an accelerator, a stream that must stay interruptible while idle, or a CPU core that
         training leaves free. On a CPU whose cores all compute, the thread's torch ops and Python only
         contend with the step (figures: benchmarks/bench_overhead.py)."""
-        if self.device.type != "cpu" or isinstance(self.dataset, InterruptibleDataset):
-            return True
+        if self.device.type != "cpu" or isinstance(self.dataset, InterruptibleDataset) or self._ahead is not None:
+            return True  # (`ahead`: readying a batch's rows overlaps disk waits, not only compute)
         return torch.get_num_threads() < available_cores()
 
     def _open(self) -> DataChannel:
         """The sink's producer, for the whole run."""
         if self._channel is None:
-            options = ChannelOptions(background=self._background())
+            options = ChannelOptions(background=self._background(), ahead=self._ahead)
             if self._sink_size > 0:
                 total = None if self.epoch_num is None else self.epoch_num * self._sink_size
                 self._channel = DataChannel(self.dataset, self.device, self.prefetch, total=total, end=self.end,
@@ -198,7 +203,12 @@ class DatasetHelper:
 
     def _pass(self, device) -> DataChannel:
         """Normal mode's producer: one pass, inline, in this thread (the position is read right after
-        each batch, here), on the current CUDA stream as a plain loop copies; the loop resets."""
+        each batch, here), on the current CUDA stream as a plain loop copies; the loop resets. With
+        `ahead`, on a thread instead (the position read there, right after each batch, as in sink
+        mode), so that each batch is readied while the steps before it train."""
+        if self._ahead is not None:
+            return DataChannel(self.dataset, device, self.prefetch, passes=1,
+                               options=replace(_ONE_PASS, background=True, ahead=self._ahead))
         return DataChannel(self.dataset, device, passes=1, options=_ONE_PASS)
 
     @property
@@ -282,6 +292,34 @@ class SinkNetwork(nn.Module):
         outputs = sink.run(self.network)
         self._helper.steps_done += sink.count
         return outputs
+
+
+def batch_prefetch(network: nn.Module) -> Callable | None:
+    """The `DatasetHelper` ``ahead`` hook of `network`: each module's ``batch_prefetcher()`` (an
+    `EmbeddingBagCollection` with disk-tiered tables returns one; others None or no such method)
+    applied to every `Features` of a batch (the batch's parts, as the network is called with them).
+    None when no module has one: nothing to ready, no thread for it.
+
+    >>> batch_prefetch(torch.nn.Linear(2, 1)) is None
+    True
+    """
+    prefetchers = []
+    for module in network.modules():
+        make = getattr(module, "batch_prefetcher", None)
+        prefetcher = make() if callable(make) else None
+        if prefetcher is not None:
+            prefetchers.append(prefetcher)
+    if not prefetchers:
+        return None
+
+    def ahead(batch) -> None:
+        args, kwargs = unpack(batch)
+        for part in (*args, *kwargs.values()):
+            if isinstance(part, Features):
+                for prefetch in prefetchers:
+                    prefetch(part)
+
+    return ahead
 
 
 def connect_network_with_dataset(network: nn.Module, dataset_helper: DatasetHelper) -> nn.Module:

@@ -4,6 +4,7 @@ an epoch reads (rows evicted and read back with their optimizer state). Checkpoi
 restore to that commit; a store from another table or a later commit is refused."""
 import copy
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -222,3 +223,109 @@ def test_an_optimizer_without_a_row_state_adapter_is_named(tmp_path):
         net(torch.tensor([1]), torch.tensor([0, 1]), 1)
     with pytest.raises(TypeError, match="cannot be deep-copied"):
         copy.deepcopy(net)
+
+
+def test_a_step_on_cached_rows_goes_on_while_a_prefetch_waits_on_the_disk(tmp_path):
+    """A slow store (its reads held until released): a prefetch of batch B on a thread must not hold
+    the step of a batch whose rows are cached behind its disk reads; then B's step finds every row
+    prefetched (no miss), and training equals the in-memory table's (the row B's prefetch evicted was
+    written back with its state)."""
+    torch.manual_seed(0)
+    memory = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4)])
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4, tier=DiskTier(tmp_path, 8))])
+    ebc.load_state_dict(memory.state_dict())
+    opts = [LazyAdam(memory.parameters(), lr=0.1), LazyAdam(ebc.parameters(), lr=0.1)]
+    batches = [torch.tensor([4, 5, 6]), torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]), torch.tensor([7, 8, 9])]
+
+    def step(net, opt, ids):
+        opt.zero_grad()
+        net(ids, torch.arange(4), 3).square().sum().backward()
+        opt.step()
+
+    tier = ebc._tiers[0]
+    step(ebc, opts[1], batches[0])
+    step(ebc, opts[1], batches[1])  # 6 of 8 slots held, all trained: B's prefetch evicts one of A's
+    release, reading = threading.Event(), threading.Event()
+    store_read = tier.store.read
+
+    def slow_read(name, rows):
+        reading.set()
+        assert release.wait(10)
+        return store_read(name, rows)
+
+    tier.store.read = slow_read
+    ahead = threading.Thread(target=ebc.prefetch, args=(Features.from_lengths(torch.zeros(3, 0), batches[3],
+                                                                              torch.ones(1, 3, dtype=torch.int64)),))
+    ahead.start()
+    assert reading.wait(10)  # the prefetch holds its slots and waits on the disk
+    done = threading.Thread(target=step, args=(ebc, opts[1], batches[2]))
+    done.start()
+    done.join(5)
+    finished_while_reading = not done.is_alive()
+    release.set()
+    ahead.join(10)
+    done.join(10)
+    tier.store.read = store_read
+    assert finished_while_reading  # before: the prefetch held the cache's lock through its reads
+    misses = tier.stats.misses
+    step(ebc, opts[1], batches[3])
+    assert tier.stats.misses == misses and tier.stats.prefetched == 3
+    for ids in batches:
+        step(memory, opts[0], ids)
+    torch.testing.assert_close(ebc.gather_tables()["t"], memory.gather_tables()["t"], rtol=1e-6, atol=1e-7)
+
+
+def test_a_prefetch_whose_read_fails_leaves_the_cache_as_it_was(tmp_path):
+    """The read fails (a disk error) after the prefetch evicted a trained row: the error reaches the
+    prefetch's caller, the evicted row is mapped again with its trained values, and training goes on
+    equal to the in-memory table."""
+    torch.manual_seed(0)
+    memory = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4)])
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4, tier=DiskTier(tmp_path, 4))])
+    ebc.load_state_dict(memory.state_dict())
+    opts = [LazyAdam(memory.parameters(), lr=0.1), LazyAdam(ebc.parameters(), lr=0.1)]
+    batches = [torch.tensor([1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6]), torch.tensor([1, 2])]
+
+    def step(net, opt, ids):
+        opt.zero_grad()
+        net(ids, torch.arange(3), 2).square().sum().backward()
+        opt.step()
+
+    tier = ebc._tiers[0]
+    step(ebc, opts[1], batches[0])
+    step(ebc, opts[1], batches[1])
+    store_read = tier.store.read
+    tier.store.read = lambda name, rows: (_ for _ in ()).throw(OSError("disk gone"))
+    with pytest.raises(OSError, match="disk gone"):
+        ebc.prefetch(Features.from_lengths(torch.zeros(2, 0), batches[2], torch.ones(1, 2, dtype=torch.int64)))
+    tier.store.read = store_read
+    assert tier.stats.prefetched == 0 and sorted(tier.slot2row.tolist()) == [1, 2, 3, 4]
+    for ids in batches[2:]:
+        step(ebc, opts[1], ids)
+    for ids in batches:
+        step(memory, opts[0], ids)
+    torch.testing.assert_close(ebc.gather_tables()["t"], memory.gather_tables()["t"], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_model_train_prefetches_each_batch_before_its_step(tmp_path, sink):
+    """Model.train (normal and sink mode) readies every batch's rows on the data channel's thread
+    before its step, from a slow store (each read 3 ms): no step misses a row, though the caches hold
+    a fraction of the rows read (rows evicted and read back), and training equals the in-memory run."""
+    from recstream import Model
+    from recstream.optim import sparse_and_dense
+    from recstream.train.sink import batch_prefetch
+    memory, tiered = _pair(tmp_path, cache_rows=512, wide_cache=128)
+    assert batch_prefetch(memory) is None and batch_prefetch(tiered) is not None  # no tier: no hook, no thread
+    for tier in tiered.ebc._tiers:
+        if tier is not None:
+            read = tier.store.read
+            tier.store.read = lambda name, rows, read=read: (time.sleep(0.003), read(name, rows))[1]
+    data = _batches(50, seed=4)
+    for net in (memory, tiered):
+        model = Model(net, nn.BCEWithLogitsLoss(), sparse_and_dense(net), progress_bar=False)
+        model.train(1, data, dataset_sink_mode=sink)
+    _assert_same_tables(memory, tiered)
+    stats = tiered.ebc.tier_stats()
+    assert stats["wide"].prefetched > 2 * 128 and stats["item"].prefetched > 0
+    assert stats["wide"].misses == 0 and stats["item"].misses == 0
