@@ -14,13 +14,43 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..hostpath import host_reads_free
 from ..validation import check_int_tensor, check_type
+from .hash_backend import HOST, TableBackend
 from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique, window
 from .lru_select import oldest_static
 from .tensor_hash_table import DELETED, NEVER_SEEN
 
-__all__ = ["DevicePath", "lookup_masked_many"]
+__all__ = ["DevicePath", "StaticBackend", "STATIC", "lookup_masked_many"]
+
+
+class StaticBackend(TableBackend):
+    """The table backend of the device path's torch ops (``"torch"``): `probe`, `claim` and the
+    scatters of `hash_static`, a few dozen ops per step whatever the data. `plan`, `carry_out`,
+    `read` and `evict_stale` are the steps another device backend (``hash_triton``) replaces; the
+    decision between them (host bounds, the one read, the LRU pass) is `DevicePath`'s."""
+
+    name = "torch"
+
+    def lookup(self, emb, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
+        return emb._device_lookup(flat, mutate, self)
+
+    def evict_stale(self, emb, stale: torch.Tensor) -> None:
+        emb._evict_stale(stale)
+
+    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
+        """Probe the unique keys (no write): `DevicePath._probe_plan`."""
+        return emb._probe_plan(uniq, counts, valid)
+
+    def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+        """Insert, count, admit and look up as `plan` says: `DevicePath._carry_out`."""
+        return emb._carry_out(plan, inverse)
+
+    def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """An eval-mode lookup: `DevicePath._device_read`."""
+        return emb._device_read(flat, mask)
+
+
+STATIC = StaticBackend()
 
 
 class DevicePath:
@@ -53,34 +83,36 @@ class DevicePath:
     def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | DeviceCall:
         """`lookup_masked` up to the host read (see `lookup_masked_many`): its result, or on a
         device the call to finish."""
-        if self._sharding is not None or host_reads_free(keys):
+        backend = self._backend_for(keys)
+        if backend is HOST:
             out = self.default_value.expand(keys.numel(), -1).clone()
             return out.index_put((mask,), self(keys[mask]))
         keys = self._check_keys("HashEmbedding", torch.where(mask, keys, 0))
         mutate = self.training and not torch.is_inference_mode_enabled()
         if mutate and self.auto_step:
             self.step()
-        return self._begin_device(keys, mutate, mask)
+        return self._begin_device(keys, mutate, mask, backend)
 
-    def _device_lookup(self, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
+    def _device_lookup(self, flat: torch.Tensor, mutate: bool, backend: StaticBackend) -> torch.Tensor:
         """`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
         ``recstream.nn.hash_static``, every shape that of the batch. No host sync while the table
         has room for the batch's keys (the host keeps bounds of its free rows, pending keys and used
         slots); one read of the counters when the bounds do not show it (`_has_room`); the host
         path's ops (with their syncs) for a step that must rebuild the table (`_decide`)."""
-        call = self._begin_device(flat, mutate, None)
+        call = self._begin_device(flat, mutate, None, backend)
         if isinstance(call, torch.Tensor):
             return call
         return self._finish(call, torch.stack(self._read_terms(call.plan)).tolist() if call.read else None)
 
-    def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None) -> torch.Tensor | DeviceCall:
+    def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None,
+                      backend: StaticBackend) -> torch.Tensor | DeviceCall:
         """The device path up to the decision that may need a host read: an eval lookup's result, or
-        the probed batch (`DeviceCall`)."""
+        the probed batch (`DeviceCall`), by `backend`'s ops."""
         if not mutate:
-            return self._device_read(flat, mask)
+            return backend.read(self, flat, mask)
         uniq, inverse, counts, valid = static_unique(flat, mask)
-        plan = self._probe_plan(uniq, counts, valid)
-        return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan))
+        plan = backend.plan(self, uniq, counts, valid)
+        return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan), backend=backend)
 
     def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
         """Decide (given the counters `read` for a call that needed them), then carry out."""
@@ -92,7 +124,7 @@ class DevicePath:
             out = self._lookup_unique(uniq, counts, True, inverse)
             return out if mask is None else self.default_value.expand(flat.numel(), -1).to(out.dtype).index_put(
                 (mask,), out)
-        out = self._carry_out(plan, inverse)
+        out = call.backend.carry_out(self, plan, inverse)
         return out if mask is None else torch.where(mask.unsqueeze(1), out, self.default_value.to(out.dtype))
 
     def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
