@@ -127,11 +127,14 @@ class DevicePath:
         out = call.backend.carry_out(self, plan, inverse)
         return out if mask is None else torch.where(mask.unsqueeze(1), out, self.default_value.to(out.dtype))
 
-    def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """An eval-mode lookup on a device: unknown and pending keys read ``default_value``."""
+    def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+        """An eval-mode lookup on a device: unknown and pending keys read ``default_value``. `rows`:
+        each key's row (-1: none), when a backend looked them up already."""
         t = self.table
-        slots, _ = probe(t, flat, torch.ones_like(flat, dtype=torch.bool) if mask is None else mask)
-        rows = torch.where(slots >= 0, t.rows.index_select(0, slots.clamp(min=0)), -1)
+        if rows is None:
+            slots, _ = probe(t, flat, torch.ones_like(flat, dtype=torch.bool) if mask is None else mask)
+            rows = torch.where(slots >= 0, t.rows.index_select(0, slots.clamp(min=0)), -1)
         has = rows >= 0
         emb = F.embedding(self._padded(rows, has, rows.clamp(min=0)[:1]), self.values, sparse=self.sparse)
         if self.max_norm is not None:  # the same rows, renormalised out of place

@@ -1,0 +1,268 @@
+"""The Triton backend of `HashEmbedding`'s device path (``table_backend="triton"``; by default on
+CUDA when ``triton`` imports): the steps of a training lookup as a handful of kernel launches.
+
+The device path's decision stays `DevicePath`'s (host bounds of free rows, pending keys and used
+slots; one read of the counters when they do not show room; the LRU pass; the host path's step for
+a rebuild or logged evictions). What runs on the device per step:
+
+* `static_unique` (a sort, torch ops): every key of the batch once, so each key is found or
+  inserted by exactly one kernel lane -- no two lanes ever insert the same key;
+* ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
+  hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
+  and reads its row and count -- the plan `DevicePath._decide` needs;
+* ``carry_out`` (one launch): a new key claims the first EMPTY-or-tombstone slot of its sequence
+  with ``atomic_cas`` on the key array (a lane that loses a slot to another key moves on to the
+  next, as HierarchicalKV's bucket probing); counts and last-seen steps are written; a key
+  admitted now takes a row from the top of the device free stack by ``atomic_add`` on its counter,
+  gets its initial values, and its row is marked seen, dirty and to reset;
+* ``evict_stale`` (one launch): the age eviction of ``step()`` -- every stale slot becomes a
+  tombstone and its row goes back onto the free stack (``atomic_add``).
+
+Semantics are the device path's (tests/nn/test_hash_triton.py runs the host path, the torch ops
+and these kernels -- on CPU tensors, in Triton's interpreter -- on the same key streams): the same
+keys admitted, counted, aged and evicted, the same values per key; which free row a key gets
+(and so the order of ``free_rows``) follows the atomics' order, not the host path's.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .hash_device_path import StaticBackend
+from .hash_static import DevicePlan
+from .tensor_hash_table import _M32, NEVER_SEEN
+
+__all__ = ["TritonBackend", "TRITON", "launches"]
+
+BLOCK = 128  # keys (slots) per program
+launches = 0
+"""Kernels launched by this backend so far (what a step costs in launches; tests read it)."""
+
+
+# The kernels are plain functions here, made Triton kernels by `_kernels` on first use (``triton`` is
+# optional: this module imports without it). Inside them ``tl``, ``_start`` and ``_claim`` are this
+# module's globals, set by `_kernels`; constants are literals (-1 EMPTY, -2 DELETED; the multipliers
+# of `tensor_hash_table.hash_keys`), as a kernel reads no other global.
+tl = _start = _claim = None
+
+
+def _start_fn(key, m32, slot_mask):
+    """`hash_keys` of int64 `key` & `slot_mask`: the first slot of its probe sequence."""
+    lo = key & m32
+    hi = (key >> 32) & m32
+    h = lo ^ ((hi * 1540483477) & m32)
+    h = ((h ^ (h >> 16)) * 668265263) & m32
+    h = ((h ^ (h >> 13)) * 374761393) & m32
+    return (h ^ (h >> 16)) & slot_mask
+
+def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_stuck,
+          n, slot_mask, max_rounds, m32, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    key = tl.load(uniq + i, mask=inb, other=0)
+    act = inb & (tl.load(valid + i, mask=inb, other=0) != 0)
+    h = _start(key, m32, slot_mask)
+    slot = tl.full([BLOCK], -1, tl.int64)
+    free = tl.full([BLOCK], -1, tl.int64)
+    r = 0
+    while (tl.max(act.to(tl.int32), 0) > 0) & (r < max_rounds):
+        pos = (h + r * (r + 1) // 2) & slot_mask
+        cur = tl.load(tkeys + pos, mask=act, other=-1).to(tl.int64)
+        hit = act & (cur == key)
+        slot = tl.where(hit, pos, slot)
+        free = tl.where(act & ~hit & (free < 0) & ((cur == -1) | (cur == -2)), pos, free)
+        act = act & ~hit & (cur != -1)
+        r += 1
+    found = slot >= 0
+    safe = tl.where(found, slot, 0)
+    c = tl.load(cnt + i, mask=inb, other=0)
+    tl.store(out_slot + i, slot, mask=inb)
+    tl.store(out_free + i, tl.where(found, -1, free), mask=inb)
+    tl.store(out_row + i, tl.where(found, tl.load(trows + safe, mask=inb & found, other=-1), -1), mask=inb)
+    tl.store(out_total + i, tl.where(found, tl.load(tcounts + safe, mask=inb & found, other=0) + c, c), mask=inb)
+    tl.store(out_stuck + i, act.to(tl.int8), mask=inb)
+
+def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
+    """Each `act` lane's key into the first free slot of its sequence it wins by compare-and-swap:
+    ``(slot or -1, whether it was a tombstone)``."""
+    slot = tl.full([BLOCK], -1, tl.int64)
+    was_deleted = act & (slot > 0)
+    r = 0
+    while (tl.max(act.to(tl.int32), 0) > 0) & (r < max_rounds):
+        pos = (h + r * (r + 1) // 2) & slot_mask
+        cur = tl.load(tkeys + pos, mask=act, other=-1)
+        free = act & ((cur == -1) | (cur == -2))
+        # Lanes with nothing to claim swap a value for itself: a no-op whatever the slot holds.
+        cmp = cur
+        prev = tl.atomic_cas(tkeys + pos, cmp, tl.where(free, key.to(cur.dtype), cur))
+        won = free & (prev == cmp)
+        slot = tl.where(won, pos, slot)
+        was_deleted = was_deleted | (won & (cur == -2))
+        act = act & ~won
+        r += 1
+    return slot, was_deleted
+
+def _carry_out_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
+              num_free, num_pending, num_used, num_live, uniq, slots_in, new_in, total_in, row_in, ripe_in,
+              admit_in, pending_in, out_rows, out_adm, n, dim, step, slot_mask, max_rounds, m32,
+              BLOCK: tl.constexpr, DIM: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    key = tl.load(uniq + i, mask=inb, other=0)
+    new = inb & (tl.load(new_in + i, mask=inb, other=0) != 0)
+    placed, was_deleted = _claim(tkeys, key, new, _start(key, m32, slot_mask), slot_mask, max_rounds, BLOCK)
+    placed_new = placed >= 0
+    found_slot = tl.load(slots_in + i, mask=inb, other=-1)
+    slot = tl.where(found_slot >= 0, found_slot, placed)
+    seen = inb & (slot >= 0)
+    tl.store(tcounts + slot, tl.load(total_in + i, mask=inb, other=0), mask=seen)
+    tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + step, mask=seen)
+    ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
+    adm = ripe | (placed_new & (tl.load(admit_in + i, mask=inb, other=0) != 0))
+    top = tl.atomic_add(num_free + i * 0, tl.full([BLOCK], -1, tl.int64), mask=adm)  # the free stack's top
+    row = tl.load(free_rows + tl.where(adm, top - 1, 0), mask=adm, other=-1)
+    tl.store(trows + slot, row, mask=adm | placed_new)  # -1: a new pending key
+    tl.store(row_slots + row, slot, mask=adm)
+    tl.store(reset + row, tl.full([BLOCK], 1, tl.int8), mask=adm)
+    cols = tl.arange(0, DIM)
+    for d in range(0, dim, DIM):
+        c = d + cols
+        m2 = adm[:, None] & (c < dim)[None, :]
+        v = tl.load(init + i[:, None] * dim + c[None, :], mask=m2, other=0.0)
+        tl.store(values + row[:, None] * dim + c[None, :], v, mask=m2)
+    rows = tl.where(adm, row, tl.load(row_in + i, mask=inb, other=-1))
+    has = inb & (rows >= 0)
+    tl.store(dirty + rows, tl.full([BLOCK], 1, tl.int8), mask=has)
+    tl.store(row_last + rows, tl.full([BLOCK], 0, tl.int64) + step, mask=has)
+    tl.store(out_rows + i, tl.where(has, rows, -1), mask=inb)
+    tl.store(out_adm + i, adm.to(tl.int8), mask=inb)
+    pend = placed_new & (tl.load(pending_in + i, mask=inb, other=0) != 0)
+    tl.atomic_add(num_used, tl.sum((placed_new & ~was_deleted).to(tl.int64), 0))
+    tl.atomic_add(num_live, tl.sum(placed_new.to(tl.int64), 0))
+    tl.atomic_add(num_pending, tl.sum(pend.to(tl.int64), 0) - tl.sum(ripe.to(tl.int64), 0))
+
+def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in,
+                num_free, num_pending, num_live, n, never, BLOCK: tl.constexpr):
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    stale = (s < n) & (tl.load(stale_in + s, mask=s < n, other=0) != 0)
+    row = tl.load(trows + s, mask=stale, other=-1)
+    adm = stale & (row >= 0)
+    top = tl.atomic_add(num_free + s * 0, tl.full([BLOCK], 1, tl.int64), mask=adm)
+    tl.store(free_rows + top, row, mask=adm)
+    tl.store(row_slots + row, tl.full([BLOCK], -1, tl.int64), mask=adm)
+    tl.store(row_last + row, tl.full([BLOCK], 0, tl.int64) + never, mask=adm)
+    tl.store(dirty + row, tl.full([BLOCK], 0, tl.int8), mask=adm)
+    tl.store(tkeys + s, tl.full([BLOCK], -2, tl.int64).to(tkeys.dtype.element_ty), mask=stale)
+    tl.store(trows + s, tl.full([BLOCK], -1, tl.int64), mask=stale)
+    tl.store(tcounts + s, tl.full([BLOCK], 0, tl.int64), mask=stale)
+    tl.store(tlast + s, tl.full([BLOCK], 0, tl.int64) + never, mask=stale)
+    n_stale, n_adm = tl.sum(stale.to(tl.int64), 0), tl.sum(adm.to(tl.int64), 0)
+    tl.atomic_add(num_pending, n_adm - n_stale)
+    tl.atomic_add(num_live, -n_stale)
+
+
+@functools.cache
+def _kernels():
+    """``(probe, carry_out, evict_stale)`` as Triton kernels, built on first use."""
+    global tl, _start, _claim
+    import triton
+    import triton.language
+
+    tl = triton.language
+    _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
+    return triton.jit(_probe_fn), triton.jit(_carry_out_fn), triton.jit(_evict_stale_fn)
+
+
+def _launch(kernel, n: int, *args, **meta) -> None:
+    """Launch `kernel` over `n` keys (slots). On CPU tensors it runs in Triton's interpreter, which
+    reads the tensors itself: not ops of the step, so outside any dispatch mode (a sync counter
+    counts what a device would run, and a launch is no sync)."""
+    global launches
+    launches += 1
+    grid = (max(1, -(-n // BLOCK)),)
+    if args[0].device.type == "cpu":
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        _check_interpreter(kernel)
+        with _disable_current_modes():
+            kernel[grid](*args, BLOCK=BLOCK, **meta)
+    else:
+        kernel[grid](*args, BLOCK=BLOCK, **meta)
+
+
+def _check_interpreter(kernel) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(kernel, InterpretedFunction):
+        raise RuntimeError("HashEmbedding: table_backend='triton' on CPU tensors runs Triton's interpreter: set "
+                           "TRITON_INTERPRET=1 before triton is imported (or use 'torch' on a CPU)")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as the bytes a kernel reads and writes."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+class TritonBackend(StaticBackend):
+    """The device path with its per-step table work in Triton kernels (see the module doc)."""
+
+    name = "triton"
+
+    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor):
+        """``(slot, free, row, total)`` of each key (one launch; see ``probe``)."""
+        t, n = emb.table, uniq.numel()
+        slot, free, row, total = (torch.empty(n, dtype=torch.int64, device=uniq.device) for _ in range(4))
+        stuck = torch.empty(n, dtype=torch.int8, device=uniq.device)
+        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, stuck,
+                n, t.num_slots - 1, t.max_rounds, _M32)
+        from ..hostpath import device_assert
+
+        device_assert(~stuck.bool().any(), f"HashEmbedding: a key's probe sequence passed max_rounds="
+                                           f"{t.max_rounds} slots without an empty one (hash table too full)")
+        return slot, free, row, total
+
+    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
+        permit = emb.permit_filter_value
+        slots, free, row, total = self._probe(emb, uniq, counts, valid)
+        found, new = slots >= 0, free >= 0
+        return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
+                          ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
+                          new_pending=new & (counts < permit), valid=valid, pos=None, pad_ok=True)
+
+    def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+        t, p, n = emb.table, plan, plan.uniq.numel()
+        rows = torch.empty(n, dtype=torch.int64, device=p.uniq.device)
+        adm = torch.empty(n, dtype=torch.int8, device=p.uniq.device)
+        init = emb._init_rows(n)  # as the torch ops draw: key i's initial row is init[i] on both
+        dim = emb.embedding_size
+        _launch(_kernels()[1], n, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
+                _u8(emb.dirty), _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_free_t,
+                emb.num_pending_t, t.num_used_t, t.num_live_t, p.uniq, p.slots, _u8(p.new), p.total, p.row,
+                _u8(p.ripe), _u8(p.new_admit), _u8(p.new_pending), rows, adm, n, dim, emb._step,
+                t.num_slots - 1, t.max_rounds, _M32, DIM=min(64, 1 << (dim - 1).bit_length()))
+        adm = adm.bool()
+        top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
+        if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
+            emb._reset_parts.append(emb._padded(rows, adm, top))
+        has = rows >= 0
+        if emb.max_norm is not None:
+            emb._renorm_masked(rows, has)
+        out = F.embedding(emb._padded(rows, has, top).index_select(0, inverse), emb.values, sparse=emb.sparse)
+        return torch.where(has.index_select(0, inverse).unsqueeze(1), out, emb.default_value.to(out.dtype))
+
+    def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask
+        _, _, rows, _ = self._probe(emb, flat, torch.zeros_like(flat), valid)
+        return emb._device_read(flat, mask, rows)
+
+    def evict_stale(self, emb, stale: torch.Tensor) -> None:
+        t = emb.table
+        _launch(_kernels()[2], t.num_slots, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
+                _u8(emb.dirty), emb.free_rows, _u8(stale), emb.num_free_t, emb.num_pending_t, t.num_live_t,
+                t.num_slots, NEVER_SEEN)
+        emb._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
+
+
+TRITON = TritonBackend()
