@@ -10,18 +10,20 @@ a rebuild or logged evictions). What runs on the device per step:
 * ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
-* ``carry_out`` (one launch): a new key claims the first EMPTY-or-tombstone slot of its sequence
+* ``insert`` (one launch): a new key claims the first EMPTY-or-tombstone slot of its sequence
   with ``atomic_cas`` on the key array (a lane that loses a slot to another key moves on to the
-  next, as HierarchicalKV's bucket probing); counts and last-seen steps are written; a key
-  admitted now takes a row from the top of the device free stack by ``atomic_add`` on its counter,
-  gets its initial values, and its row is marked seen, dirty and to reset;
+  next, as HierarchicalKV's bucket probing);
+* ``carry_out`` (one launch): counts and last-seen steps are written; a key admitted now takes the
+  row at its place from the top of the device free stack (its rank among the admitted keys, ripe
+  pending ones first, then new ones in key order: a cumsum, so every backend gives a key the same
+  row and the stack's counter moves once), gets its initial values, and its row is marked seen,
+  dirty and to reset; slot and pending counters move by one ``atomic_add`` per program;
 * ``evict_stale`` (one launch): the age eviction of ``step()`` -- every stale slot becomes a
-  tombstone and its row goes back onto the free stack (``atomic_add``).
+  tombstone and its row goes back onto the free stack (in slot order, as on the host path).
 
 Semantics are the device path's (tests/nn/test_hash_triton.py runs the host path, the torch ops
 and these kernels -- on CPU tensors, in Triton's interpreter -- on the same key streams): the same
-keys admitted, counted, aged and evicted, the same values per key; which free row a key gets
-(and so the order of ``free_rows``) follows the atomics' order, not the host path's.
+keys admitted to the same rows, counted, aged and evicted, the same values.
 """
 from __future__ import annotations
 
@@ -104,16 +106,24 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _carry_out_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
-              num_free, num_pending, num_used, num_live, uniq, slots_in, new_in, total_in, row_in, ripe_in,
-              admit_in, pending_in, out_rows, out_adm, n, dim, step, slot_mask, max_rounds, m32,
-              BLOCK: tl.constexpr, DIM: tl.constexpr):
+def _insert_fn(tkeys, uniq, new_in, out_slot, out_deleted, n, slot_mask, max_rounds, m32, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     key = tl.load(uniq + i, mask=inb, other=0)
     new = inb & (tl.load(new_in + i, mask=inb, other=0) != 0)
     placed, was_deleted = _claim(tkeys, key, new, _start(key, m32, slot_mask), slot_mask, max_rounds, BLOCK)
-    placed_new = placed >= 0
+    tl.store(out_slot + i, placed, mask=inb)
+    tl.store(out_deleted + i, was_deleted.to(tl.int8), mask=inb)
+
+
+def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
+                  num_pending, num_used, num_live, placed_in, deleted_in, stack_in, slots_in, total_in, row_in,
+                  ripe_in, admit_in, pending_in, out_rows, n, dim, step, BLOCK: tl.constexpr, DIM: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    placed = tl.load(placed_in + i, mask=inb, other=-1)
+    placed_new = inb & (placed >= 0)
+    was_deleted = tl.load(deleted_in + i, mask=inb, other=0) != 0
     found_slot = tl.load(slots_in + i, mask=inb, other=-1)
     slot = tl.where(found_slot >= 0, found_slot, placed)
     seen = inb & (slot >= 0)
@@ -121,8 +131,7 @@ def _carry_out_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, rese
     tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + step, mask=seen)
     ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
     adm = ripe | (placed_new & (tl.load(admit_in + i, mask=inb, other=0) != 0))
-    top = tl.atomic_add(num_free + i * 0, tl.full([BLOCK], -1, tl.int64), mask=adm)  # the free stack's top
-    row = tl.load(free_rows + tl.where(adm, top - 1, 0), mask=adm, other=-1)
+    row = tl.load(free_rows + tl.load(stack_in + i, mask=adm, other=0), mask=adm, other=-1)
     tl.store(trows + slot, row, mask=adm | placed_new)  # -1: a new pending key
     tl.store(row_slots + row, slot, mask=adm)
     tl.store(reset + row, tl.full([BLOCK], 1, tl.int8), mask=adm)
@@ -137,20 +146,18 @@ def _carry_out_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, rese
     tl.store(dirty + rows, tl.full([BLOCK], 1, tl.int8), mask=has)
     tl.store(row_last + rows, tl.full([BLOCK], 0, tl.int64) + step, mask=has)
     tl.store(out_rows + i, tl.where(has, rows, -1), mask=inb)
-    tl.store(out_adm + i, adm.to(tl.int8), mask=inb)
     pend = placed_new & (tl.load(pending_in + i, mask=inb, other=0) != 0)
     tl.atomic_add(num_used, tl.sum((placed_new & ~was_deleted).to(tl.int64), 0))
     tl.atomic_add(num_live, tl.sum(placed_new.to(tl.int64), 0))
     tl.atomic_add(num_pending, tl.sum(pend.to(tl.int64), 0) - tl.sum(ripe.to(tl.int64), 0))
 
-def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in,
-                num_free, num_pending, num_live, n, never, BLOCK: tl.constexpr):
+def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in, stack_in,
+                    num_pending, num_live, n, never, BLOCK: tl.constexpr):
     s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     stale = (s < n) & (tl.load(stale_in + s, mask=s < n, other=0) != 0)
     row = tl.load(trows + s, mask=stale, other=-1)
     adm = stale & (row >= 0)
-    top = tl.atomic_add(num_free + s * 0, tl.full([BLOCK], 1, tl.int64), mask=adm)
-    tl.store(free_rows + top, row, mask=adm)
+    tl.store(free_rows + tl.load(stack_in + s, mask=adm, other=0), row, mask=adm)
     tl.store(row_slots + row, tl.full([BLOCK], -1, tl.int64), mask=adm)
     tl.store(row_last + row, tl.full([BLOCK], 0, tl.int64) + never, mask=adm)
     tl.store(dirty + row, tl.full([BLOCK], 0, tl.int8), mask=adm)
@@ -165,14 +172,14 @@ def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, fr
 
 @functools.cache
 def _kernels():
-    """``(probe, carry_out, evict_stale)`` as Triton kernels, built on first use."""
+    """``(probe, insert, carry_out, evict_stale)`` as Triton kernels, built on first use."""
     global tl, _start, _claim
     import triton
     import triton.language
 
     tl = triton.language
     _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
-    return triton.jit(_probe_fn), triton.jit(_carry_out_fn), triton.jit(_evict_stale_fn)
+    return tuple(triton.jit(fn) for fn in (_probe_fn, _insert_fn, _carry_out_fn, _evict_stale_fn))
 
 
 def _launch(kernel, n: int, *args, **meta) -> None:
@@ -232,17 +239,25 @@ class TritonBackend(StaticBackend):
                           new_pending=new & (counts < permit), valid=valid, pos=None, pad_ok=True)
 
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
-        t, p, n = emb.table, plan, plan.uniq.numel()
-        rows = torch.empty(n, dtype=torch.int64, device=p.uniq.device)
-        adm = torch.empty(n, dtype=torch.int8, device=p.uniq.device)
+        t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
+        placed = torch.empty(n, dtype=torch.int64, device=dev)
+        deleted = torch.empty(n, dtype=torch.int8, device=dev)
+        _launch(_kernels()[1], n, t.keys, p.uniq, _u8(p.new), placed, deleted, n, t.num_slots - 1, t.max_rounds, _M32)
+        # Rows from the top of the free stack: ripe pending keys first, then new ones, in key order (the
+        # host path's order, so both give every key the same row); a key insert left out gets none.
+        admit_new = p.new_admit & (placed >= 0)
+        adm = p.ripe | admit_new
+        n_ripe = p.ripe.sum()
+        rank = torch.where(p.ripe, p.ripe.cumsum(0) - 1, n_ripe + admit_new.cumsum(0) - 1)
+        stack = (emb.num_free_t - 1 - rank).clamp(0, emb.capacity - 1)
+        emb.num_free_t.sub_(adm.sum())
+        rows = torch.empty(n, dtype=torch.int64, device=dev)
         init = emb._init_rows(n)  # as the torch ops draw: key i's initial row is init[i] on both
         dim = emb.embedding_size
-        _launch(_kernels()[1], n, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
-                _u8(emb.dirty), _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_free_t,
-                emb.num_pending_t, t.num_used_t, t.num_live_t, p.uniq, p.slots, _u8(p.new), p.total, p.row,
-                _u8(p.ripe), _u8(p.new_admit), _u8(p.new_pending), rows, adm, n, dim, emb._step,
-                t.num_slots - 1, t.max_rounds, _M32, DIM=min(64, 1 << (dim - 1).bit_length()))
-        adm = adm.bool()
+        _launch(_kernels()[2], n, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen, _u8(emb.dirty),
+                _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
+                t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
+                _u8(p.new_pending), rows, n, dim, emb._step, DIM=min(64, 1 << (dim - 1).bit_length()))
         top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             emb._reset_parts.append(emb._padded(rows, adm, top))
@@ -259,9 +274,12 @@ class TritonBackend(StaticBackend):
 
     def evict_stale(self, emb, stale: torch.Tensor) -> None:
         t = emb.table
-        _launch(_kernels()[2], t.num_slots, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
-                _u8(emb.dirty), emb.free_rows, _u8(stale), emb.num_free_t, emb.num_pending_t, t.num_live_t,
-                t.num_slots, NEVER_SEEN)
+        freed = stale & (t.rows >= 0)  # their rows go onto the free stack in slot order (the host path's)
+        stack = (emb.num_free_t + freed.cumsum(0) - 1).clamp(0, emb.capacity - 1)
+        emb.num_free_t.add_(freed.sum())
+        _launch(_kernels()[3], t.num_slots, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
+                _u8(emb.dirty), emb.free_rows, _u8(stale), stack, emb.num_pending_t, t.num_live_t, t.num_slots,
+                NEVER_SEEN)
         emb._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
 
 

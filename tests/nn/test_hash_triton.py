@@ -4,7 +4,7 @@ and evicted, the same values per key, the same outputs; states and exports move 
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``, set here
 before triton is imported). Rows start at ``param_init="ones"``; the backends hand out free rows in
-different orders (atomics), so states are compared per key, not per row. Streams are small: the
+the same order (the host path's order), so states are compared per key and per row. Streams are small: the
 interpreter runs each kernel lane by lane in Python."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _by_key(emb: HashEmbedding) -> dict[str, torch.Tensor]:
     """Every admitted key with its values, count and last-seen step, ordered by key."""
     out = emb.export(reset_delta=False)
     order = out["keys"].argsort()
-    return {k: v[order] for k, v in out.items()}
+    return {**{k: v[order] for k, v in out.items()}, "keys_by_row": out["keys"]}
 
 
 def _train(emb: HashEmbedding, stream, backend: str, device=None):
@@ -58,7 +58,7 @@ def _assert_same(a, b) -> None:
     for step, (x, y) in enumerate(zip(a[0], b[0], strict=True)):
         assert torch.allclose(x, y, rtol=1e-5, atol=1e-6), f"step {step}: outputs differ"
     assert torch.equal(a[1]["keys"].cpu(), b[1]["keys"].cpu())
-    for name in ("counts", "last_seen"):
+    for name in ("counts", "last_seen", "keys_by_row"):  # every key has the same row on each backend
         assert torch.equal(a[1][name].cpu(), b[1][name].cpu()), name
     assert torch.allclose(a[1]["values"].cpu(), b[1]["values"].cpu(), rtol=1e-5, atol=1e-6)
 
@@ -67,6 +67,7 @@ def _assert_same(a, b) -> None:
     (1, 512, None),  # room for every key (6 steps x 48 ids): no eviction
     (3, 512, 2),  # admission after 3 sightings, age eviction
     (1, 48, None),  # more keys than rows: LRU passes
+    (2, 40, 2),  # LRU passes with pending keys, age eviction
 ])
 def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(permit, capacity, evict_after):
     stream = _stream(6, 16, 40)
@@ -82,8 +83,9 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
     syncs = [s.syncs for s in triton[2].per_step]
     if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
         assert syncs == [0] * len(stream), syncs
-        # two launches a step (probe, carry out), one more with age eviction; far fewer ops than the torch path
-        assert hash_triton.launches - before == len(stream) * (2 if evict_after is None else 3)
+        # three launches a step (probe, insert, carry out), one more with age eviction; far fewer ops than
+        # the torch path
+        assert hash_triton.launches - before == len(stream) * (3 if evict_after is None else 4)
         assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
     else:  # full: the step reads the counters once, then the LRU pass
         assert max(syncs) == 1, syncs
