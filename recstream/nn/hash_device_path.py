@@ -49,6 +49,18 @@ class StaticBackend(TableBackend):
         """An eval-mode lookup: `DevicePath._device_read`."""
         return emb._device_read(flat, mask)
 
+    def evict_lru(self, emb, k: int, batch_rows: torch.Tensor) -> None:
+        """The LRU pass: evict exactly `k` admitted keys not in the batch (`DevicePath._evict_unseen`)."""
+        emb._evict_unseen(k, batch_rows)
+
+    def drop_pending(self, emb, k: int, plan: DevicePlan) -> None:
+        """Drop exactly `k` pending keys not in the batch (`DevicePath._drop_unseen_pending`)."""
+        emb._drop_unseen_pending(k, plan)
+
+    def reprobe(self, emb, plan: DevicePlan) -> None:
+        """Probe the plan's keys again after an eviction: their slots and first free slots."""
+        plan.slots, plan.free = probe(emb.table, plan.uniq, plan.valid, plan.pos)
+
 
 STATIC = StaticBackend()
 
@@ -117,7 +129,7 @@ class DevicePath:
     def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
         """Decide (given the counters `read` for a call that needed them), then carry out."""
         flat, mask, inverse = call.flat, call.mask, call.inverse
-        plan = call.plan if read is None else self._decide(call.plan, read)
+        plan = call.plan if read is None else self._decide(call.plan, read, call.backend)
         if plan is None:  # a rebuild (or another rare step) must run: the host path's step
             keys = flat if mask is None else flat[mask]
             uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
@@ -184,12 +196,12 @@ class DevicePath:
         return [self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t, ripe + plan.new_admit.sum(), ripe,
                 plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum(), (plan.found & (plan.row < 0)).sum()]
 
-    def _decide(self, plan: DevicePlan, read: list[int]) -> DevicePlan | None:
+    def _decide(self, plan: DevicePlan, read: list[int], backend: StaticBackend) -> DevicePlan | None:
         """Given `_read_terms` read: run the LRU pass if the rows run short and drop the oldest
         pending keys if they go over budget (the host path's order and rules), or return None for a
         step the host path must run (a rebuild, logged evictions, more new keys than there are keys
         to evict); then nothing changed."""
-        t, uniq, valid = self.table, plan.uniq, plan.valid
+        t = self.table
         self._set_read(read[:4])
         n_admit, n_ripe, n_pending, n_new, n_seen, n_pending_seen = read[4:]
         short = n_admit - self._free  # rows an LRU pass must free
@@ -202,17 +214,17 @@ class DevicePath:
             return None  # rare: the host path's step (its ops, its syncs)
         if short > 0:
             evicted = min(short + self._headroom(self.capacity), unseen)
-            self._evict_unseen(evicted, plan.row)
+            backend.evict_lru(self, evicted, plan.row)
             self._free += evicted
         if dropped > 0:
-            self._drop_unseen_pending(dropped, plan)
+            backend.drop_pending(self, dropped, plan)
             self._pending -= dropped
         if surplus:  # the last new pending keys (key order) are not inserted
             rank = plan.new_pending.cumsum(0)
             plan.new_pending = plan.new_pending & (rank <= n_pending - surplus)
             plan.new = plan.new_admit | plan.new_pending
         if short > 0 or dropped > 0:
-            plan.slots, plan.free = probe(t, uniq, valid, plan.pos)  # tombstones may come first in a probe now
+            backend.reprobe(self, plan)  # tombstones may come first in a probe now
         self._free_bound = self._free - n_admit
         self._pending_bound = self._pending - n_ripe + n_pending - surplus
         t.mark_stale(n_new - surplus)

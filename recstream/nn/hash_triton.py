@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from .hash_device_path import StaticBackend
 from .hash_static import DevicePlan
+from .lru_select import oldest_static
 from .tensor_hash_table import _M32, NEVER_SEEN
 
 __all__ = ["TritonBackend", "TRITON", "launches"]
@@ -170,16 +171,45 @@ def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, fr
     tl.atomic_add(num_live, -n_stale)
 
 
+def _mark_fn(buf, idx, n, step, BLOCK: tl.constexpr):
+    """``buf[idx[i]] = step`` where ``idx[i] >= 0``: the batch's rows (slots) seen before an LRU pass."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    j = tl.load(idx + i, mask=i < n, other=-1)
+    tl.store(buf + j, tl.full([BLOCK], 0, tl.int64) + step, mask=(i < n) & (j >= 0))
+
+
+def _evict_chosen_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, order, chosen_in,
+                     num_free, n, cap, never, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Evict the `chosen` entries of `order` (`oldest_static`'s: chosen ones first): rows (`ROWS`)
+    go onto the free stack in that order and their slots become tombstones; or pending slots."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ch = (i < n) & (tl.load(chosen_in + i, mask=i < n, other=0) != 0)
+    idx = tl.load(order + i, mask=ch, other=0)
+    if ROWS:
+        slot = tl.load(row_slots + idx, mask=ch, other=0)
+        tl.store(row_slots + idx, tl.full([BLOCK], -1, tl.int64), mask=ch)
+        tl.store(row_last + idx, tl.full([BLOCK], 0, tl.int64) + never, mask=ch)
+        tl.store(dirty + idx, tl.full([BLOCK], 0, tl.int8), mask=ch)
+        tl.store(free_rows + tl.minimum(tl.load(num_free) + i, cap - 1), idx, mask=ch)
+    else:
+        slot = idx
+    tl.store(tkeys + slot, tl.full([BLOCK], -2, tl.int64).to(tkeys.dtype.element_ty), mask=ch)
+    tl.store(trows + slot, tl.full([BLOCK], -1, tl.int64), mask=ch)
+    tl.store(tcounts + slot, tl.full([BLOCK], 0, tl.int64), mask=ch)
+    tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + never, mask=ch)
+
+
 @functools.cache
 def _kernels():
-    """``(probe, insert, carry_out, evict_stale)`` as Triton kernels, built on first use."""
+    """``(probe, insert, carry_out, evict_stale, mark, evict_chosen)`` as Triton kernels, built on first use."""
     global tl, _start, _claim
     import triton
     import triton.language
 
     tl = triton.language
     _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
-    return tuple(triton.jit(fn) for fn in (_probe_fn, _insert_fn, _carry_out_fn, _evict_stale_fn))
+    return tuple(triton.jit(fn) for fn in (_probe_fn, _insert_fn, _carry_out_fn, _evict_stale_fn, _mark_fn,
+                                            _evict_chosen_fn))
 
 
 def _launch(kernel, n: int, *args, **meta) -> None:
@@ -281,6 +311,29 @@ class TritonBackend(StaticBackend):
                 _u8(emb.dirty), emb.free_rows, _u8(stale), stack, emb.num_pending_t, t.num_live_t, t.num_slots,
                 NEVER_SEEN)
         emb._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
+
+    def evict_lru(self, emb, k: int, batch_rows: torch.Tensor) -> None:
+        t = emb.table
+        _launch(_kernels()[4], batch_rows.numel(), emb.row_last_seen, batch_rows, batch_rows.numel(), emb._step)
+        rows, chosen = oldest_static(emb.row_last_seen, emb._step, k)  # the batch's keys stay
+        _launch(_kernels()[5], rows.numel(), t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
+                _u8(emb.dirty), emb.free_rows, rows, _u8(chosen), emb.num_free_t, rows.numel(), emb.capacity,
+                NEVER_SEEN, ROWS=True)
+        emb.num_free_t.add_(k)
+        t.num_live_t.sub_(k)
+
+    def drop_pending(self, emb, k: int, plan: DevicePlan) -> None:
+        t = emb.table
+        _launch(_kernels()[4], plan.slots.numel(), t.last_seen, plan.slots, plan.slots.numel(), emb._step)
+        slots, chosen = oldest_static(torch.where(t.rows < 0, t.last_seen, NEVER_SEEN), emb._step, k)
+        _launch(_kernels()[5], slots.numel(), t.keys, t.rows, t.counts, t.last_seen, emb.row_slots,
+                emb.row_last_seen, _u8(emb.dirty), emb.free_rows, slots, _u8(chosen), emb.num_free_t, slots.numel(),
+                emb.capacity, NEVER_SEEN, ROWS=False)
+        emb.num_pending_t.sub_(k)
+        t.num_live_t.sub_(k)
+
+    def reprobe(self, emb, plan: DevicePlan) -> None:
+        plan.slots, plan.free, _, _ = self._probe(emb, plan.uniq, torch.zeros_like(plan.uniq), plan.valid)
 
 
 TRITON = TritonBackend()
