@@ -30,6 +30,7 @@ class StaticBackend(TableBackend):
     decision between them (host bounds, the one read, the LRU pass) is `DevicePath`'s."""
 
     name = "torch"
+    rebuilds = False  # a step that must rebuild the table runs the host path's ops (with their syncs)
 
     def lookup(self, emb, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
         return emb._device_lookup(flat, mutate, self)
@@ -57,8 +58,12 @@ class StaticBackend(TableBackend):
         """Drop exactly `k` pending keys not in the batch (`DevicePath._drop_unseen_pending`)."""
         emb._drop_unseen_pending(k, plan)
 
+    def rebuild(self, emb, live: int) -> None:
+        """Rebuild the table without tombstones on the device (`live` keys), where `rebuilds`."""
+        raise NotImplementedError(f"the {self.name!r} backend does not rebuild on the device")
+
     def reprobe(self, emb, plan: DevicePlan) -> None:
-        """Probe the plan's keys again after an eviction: their slots and first free slots."""
+        """Probe the plan's keys again after an eviction or a rebuild: their slots and first free slots."""
         plan.slots, plan.free = probe(emb.table, plan.uniq, plan.valid, plan.pos)
 
 
@@ -209,9 +214,10 @@ class DevicePath:
         over = self._pending - n_ripe + n_pending - self.pending_capacity  # pending keys over budget
         dropped = min(over + self._headroom(self.pending_capacity), self._pending - n_pending_seen) if over > 0 else 0
         surplus = max(over - dropped, 0)  # new pending keys turned away (they restart counting)
-        if t.needs_rehash(n_new - surplus, self._used_limit()) \
-                or (short > 0 and (self._track_evictions or short > unseen)):
+        rebuild = t.needs_rehash(n_new - surplus, self._used_limit())
+        if (rebuild and not backend.rebuilds) or (short > 0 and (self._track_evictions or short > unseen)):
             return None  # rare: the host path's step (its ops, its syncs)
+        evicted = 0
         if short > 0:
             evicted = min(short + self._headroom(self.capacity), unseen)
             backend.evict_lru(self, evicted, plan.row)
@@ -223,7 +229,9 @@ class DevicePath:
             rank = plan.new_pending.cumsum(0)
             plan.new_pending = plan.new_pending & (rank <= n_pending - surplus)
             plan.new = plan.new_admit | plan.new_pending
-        if short > 0 or dropped > 0:
+        if rebuild:  # after the evictions, as the host path: their tombstones go too
+            backend.rebuild(self, read[3] - evicted - dropped)
+        if short > 0 or dropped > 0 or rebuild:
             backend.reprobe(self, plan)  # tombstones may come first in a probe now
         self._free_bound = self._free - n_admit
         self._pending_bound = self._pending - n_ripe + n_pending - surplus

@@ -59,10 +59,10 @@ kernels. On a device (``recstream.hostpath``) they run ops of static shapes inst
 pending keys and used slots show room for the batch's keys; one read of the counters when
 they do not (it also decides whether the LRU pass and the drop of pending keys over budget
 run, on the device too); the host path's ops, with their syncs, for the rare step that
-rebuilds the table, logs evictions for ``export_delta`` or brings more new keys than there are
-keys to evict (see `hash_device_path`). Both paths admit the same keys to
-the same rows and evict the same ones (their random initial rows differ: they draw different
-amounts). Eval mode and ``torch.inference_mode`` only read: nothing
+rebuilds the table (the Triton backend rebuilds on the device), logs evictions for ``export_delta``
+or brings more new keys than there are keys to evict (see `hash_device_path`, `hash_backend`).
+Both paths admit the same keys to the same rows and evict the same ones (their random initial rows
+differ: they draw different amounts). Eval mode and ``torch.inference_mode`` only read: nothing
 in the module changes (``max_norm`` then scales the returned vectors, not the rows).
 
 Sharding (``hybrid_parallel``)

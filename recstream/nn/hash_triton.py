@@ -2,8 +2,10 @@
 CUDA when ``triton`` imports): the steps of a training lookup as a handful of kernel launches.
 
 The device path's decision stays `DevicePath`'s (host bounds of free rows, pending keys and used
-slots; one read of the counters when they do not show room; the LRU pass; the host path's step for
-a rebuild or logged evictions). What runs on the device per step:
+slots; one read of the counters when they do not show room; then the LRU pass and the drop of
+pending keys over budget, and a rebuild when tombstones pass the used-slot bound; the host path's
+step only while evictions are logged or a batch brings more new keys than there are keys to
+evict). What runs on the device per step:
 
 * `static_unique` (a sort, torch ops): every key of the batch once, so each key is found or
   inserted by exactly one kernel lane -- no two lanes ever insert the same key;
@@ -19,11 +21,21 @@ a rebuild or logged evictions). What runs on the device per step:
   row and the stack's counter moves once), gets its initial values, and its row is marked seen,
   dirty and to reset; slot and pending counters move by one ``atomic_add`` per program;
 * ``evict_stale`` (one launch): the age eviction of ``step()`` -- every stale slot becomes a
-  tombstone and its row goes back onto the free stack (in slot order, as on the host path).
+  tombstone and its row goes back onto the free stack (in slot order, as on the host path);
+* after the one read of a full step: ``mark`` + `oldest_static` (torch ops) + ``evict_chosen`` for
+  the LRU pass and the pending drop, ``reinsert`` for a rebuild (every live key CAS-inserted
+  into the emptied table: no host loop, no sync), ``probe`` again.
 
 Semantics are the device path's (tests/nn/test_hash_triton.py runs the host path, the torch ops
 and these kernels -- on CPU tensors, in Triton's interpreter -- on the same key streams): the same
-keys admitted to the same rows, counted, aged and evicted, the same values.
+keys admitted, counted, aged and evicted, with the same values, and -- rows being handed out by rank
+-- the same rows. One thing differs: where a key sits in the slots. A CAS insert takes the first
+free slot of its sequence it wins, where the host path resolves keys wanting one slot in rounds;
+on a GPU the winner of a race is the atomics' order. A slot is no part of the semantics, but two
+choices follow the slot order on the host path: the age eviction pushes rows onto the free stack
+in slot order, and the pending drop breaks ties of equal age by slot. So with age eviction or
+pending keys over budget, which free row a key gets next and which of equally old pending keys
+goes may differ from the host path's; the table stays sound (tests check its invariants).
 """
 from __future__ import annotations
 
@@ -32,10 +44,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ..hostpath import device_assert
 from .hash_device_path import StaticBackend
 from .hash_static import DevicePlan
 from .lru_select import oldest_static
-from .tensor_hash_table import _M32, NEVER_SEEN
+from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
 
 __all__ = ["TritonBackend", "TRITON", "launches"]
 
@@ -199,9 +212,28 @@ def _evict_chosen_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, f
     tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + never, mask=ch)
 
 
+def _reinsert_fn(tkeys, trows, tcounts, tlast, row_slots, old_keys, old_rows, old_counts, old_last, n, slot_mask,
+                 max_rounds, m32, BLOCK: tl.constexpr):
+    """A rebuild: every live key of the old arrays into the emptied table (a CAS claim each, as an
+    insert), with its payload; an admitted key's row learns its new slot."""
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cur = tl.load(old_keys + s, mask=s < n, other=-1)
+    live = (s < n) & (cur != -1) & (cur != -2)
+    key = cur.to(tl.int64)
+    slot, _ = _claim(tkeys, key, live, _start(key, m32, slot_mask), slot_mask, max_rounds, BLOCK)
+    ok = live & (slot >= 0)
+    row = tl.load(old_rows + s, mask=ok, other=-1)
+    tl.store(trows + slot, row, mask=ok)
+    tl.store(tcounts + slot, tl.load(old_counts + s, mask=ok, other=0), mask=ok)
+    tl.store(tlast + slot, tl.load(old_last + s, mask=ok, other=0), mask=ok)
+    tl.store(row_slots + row, slot, mask=ok & (row >= 0))
+    tl.store(old_keys + s, tl.full([BLOCK], -1, tl.int64).to(old_keys.dtype.element_ty), mask=ok)
+
+
 @functools.cache
 def _kernels():
-    """``(probe, insert, carry_out, evict_stale, mark, evict_chosen)`` as Triton kernels, built on first use."""
+    """``(probe, insert, carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels, built on
+    first use."""
     global tl, _start, _claim
     import triton
     import triton.language
@@ -209,7 +241,7 @@ def _kernels():
     tl = triton.language
     _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
     return tuple(triton.jit(fn) for fn in (_probe_fn, _insert_fn, _carry_out_fn, _evict_stale_fn, _mark_fn,
-                                            _evict_chosen_fn))
+                                            _evict_chosen_fn, _reinsert_fn))
 
 
 def _launch(kernel, n: int, *args, **meta) -> None:
@@ -218,15 +250,16 @@ def _launch(kernel, n: int, *args, **meta) -> None:
     counts what a device would run, and a launch is no sync)."""
     global launches
     launches += 1
-    grid = (max(1, -(-n // BLOCK)),)
+    meta.setdefault("BLOCK", BLOCK)
+    grid = (max(1, -(-n // meta["BLOCK"])),)
     if args[0].device.type == "cpu":
         from torch.utils._python_dispatch import _disable_current_modes
 
         _check_interpreter(kernel)
         with _disable_current_modes():
-            kernel[grid](*args, BLOCK=BLOCK, **meta)
+            kernel[grid](*args, **meta)
     else:
-        kernel[grid](*args, BLOCK=BLOCK, **meta)
+        kernel[grid](*args, **meta)
 
 
 def _check_interpreter(kernel) -> None:
@@ -246,6 +279,7 @@ class TritonBackend(StaticBackend):
     """The device path with its per-step table work in Triton kernels (see the module doc)."""
 
     name = "triton"
+    rebuilds = True
 
     def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor):
         """``(slot, free, row, total)`` of each key (one launch; see ``probe``)."""
@@ -254,8 +288,6 @@ class TritonBackend(StaticBackend):
         stuck = torch.empty(n, dtype=torch.int8, device=uniq.device)
         _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, stuck,
                 n, t.num_slots - 1, t.max_rounds, _M32)
-        from ..hostpath import device_assert
-
         device_assert(~stuck.bool().any(), f"HashEmbedding: a key's probe sequence passed max_rounds="
                                            f"{t.max_rounds} slots without an empty one (hash table too full)")
         return slot, free, row, total
@@ -331,6 +363,25 @@ class TritonBackend(StaticBackend):
                 emb.capacity, NEVER_SEEN, ROWS=False)
         emb.num_pending_t.sub_(k)
         t.num_live_t.sub_(k)
+
+    def rebuild(self, emb, live: int) -> None:
+        """The table without tombstones, on the device: its arrays copied, emptied, every live key
+        inserted again by CAS (one launch; the layout may differ from the host path's rehash, as an
+        insert's may: a key's slot is no part of the semantics); `live`, known from the step's read,
+        sets the host's counters. A key that found no slot stays in the copy: a device-side assert."""
+        t = emb.table
+        old = [b.clone() for b in (t.keys, t.rows, t.counts, t.last_seen)]
+        t.keys.fill_(EMPTY)
+        t.rows.fill_(-1)
+        t.counts.zero_()
+        t.last_seen.fill_(NEVER_SEEN)
+        _launch(_kernels()[6], t.num_slots, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, *old, t.num_slots,
+                t.num_slots - 1, t.max_rounds, _M32)
+        left = old[0]  # the kernel marks every key it placed EMPTY in the copy
+        device_assert(((left == EMPTY) | (left == DELETED)).all(), f"HashEmbedding: a rebuild passed "
+                                                                  f"max_rounds={t.max_rounds} probes")
+        t.num_used_t.copy_(t.num_live_t)  # no tombstone left
+        t.set_mirrors(live, live)
 
     def reprobe(self, emb, plan: DevicePlan) -> None:
         plan.slots, plan.free, _, _ = self._probe(emb, plan.uniq, torch.zeros_like(plan.uniq), plan.valid)
