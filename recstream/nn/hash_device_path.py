@@ -309,6 +309,12 @@ class DevicePath:
         looked_up = Scatter(rows, has)  # looked up in training: seen, and dirty (see _mark_seen)
         looked_up.put(self.dirty, True)
         looked_up.put(self.row_last_seen, step)
+        return self._train_vectors(rows, has, inverse)
+
+    def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        """The vectors of a training step's unique keys' `rows` (`has`: the key has one; renormalised
+        in place with ``max_norm``) for ``uniq[inverse]``; ``default_value`` for keys without a row.
+        Every device backend ends its step here."""
         if self.max_norm is not None:
             self._renorm_masked(rows, has)
         top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))

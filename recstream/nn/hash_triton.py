@@ -42,7 +42,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from ..hostpath import device_assert
 from .hash_device_path import StaticBackend
@@ -320,14 +319,10 @@ class TritonBackend(StaticBackend):
                 _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
                 t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
                 _u8(p.new_pending), rows, n, dim, emb._step, DIM=min(64, 1 << (dim - 1).bit_length()))
-        top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
+            top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
             emb._reset_parts.append(emb._padded(rows, adm, top))
-        has = rows >= 0
-        if emb.max_norm is not None:
-            emb._renorm_masked(rows, has)
-        out = F.embedding(emb._padded(rows, has, top).index_select(0, inverse), emb.values, sparse=emb.sparse)
-        return torch.where(has.index_select(0, inverse).unsqueeze(1), out, emb.default_value.to(out.dtype))
+        return emb._train_vectors(rows, rows >= 0, inverse)
 
     def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask
