@@ -12,9 +12,12 @@ evict). What runs on the device per step:
 * ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
-* ``insert`` (one launch): a new key claims the first EMPTY-or-tombstone slot of its sequence
-  with ``atomic_cas`` on the key array (a lane that loses a slot to another key moves on to the
-  next, as HierarchicalKV's bucket probing);
+* ``want`` / ``take`` (two launches a round, ``CLAIM_ROUNDS`` rounds): new keys claim free slots --
+  each bids for its first free slot with ``atomic_max`` on a per-slot claim word (the lowest key
+  index wins: the host path's rule, the same on every GPU), the winner writes its key by
+  compare-and-swap of the free marker, the losers bid for their next free slot in the next round
+  (as HierarchicalKV's probing, made deterministic); a key without a slot after the last round is
+  left out of the step, as on the torch path;
 * ``carry_out`` (one launch): counts and last-seen steps are written; a key admitted now takes the
   row at its place from the top of the device free stack (its rank among the admitted keys, ripe
   pending ones first, then new ones in key order: a cumsum, so every backend gives a key the same
@@ -28,12 +31,11 @@ evict). What runs on the device per step:
 
 Semantics are the device path's (tests/nn/test_hash_triton.py runs the host path, the torch ops
 and these kernels -- on CPU tensors, in Triton's interpreter -- on the same key streams): the same
-keys admitted, counted, aged and evicted, with the same values, and -- rows being handed out by rank
--- the same rows. One thing differs: where a key sits in the slots. A CAS insert takes the first
-free slot of its sequence it wins, where the host path resolves keys wanting one slot in rounds;
-on a GPU the winner of a race is the atomics' order. A slot is no part of the semantics, but two
-choices follow the slot order on the host path: the age eviction pushes rows onto the free stack
-in slot order, and the pending drop breaks ties of equal age by slot. So with age eviction or
+keys admitted to the same slots and rows, counted, aged and evicted, with the same values. One
+step differs: a rebuild CAS-inserts every live key at once, so on a GPU its slot layout follows the
+atomics' order, not the host path's rehash. A slot is no part of the semantics, but two choices
+follow the slot order: the age eviction pushes rows onto the free stack in slot order, and the
+pending drop breaks ties of equal age by slot. So after a device rebuild, with age eviction or
 pending keys over budget, which free row a key gets next and which of equally old pending keys
 goes may differ from the host path's; the table stays sound (tests check its invariants).
 """
@@ -45,7 +47,7 @@ import torch
 
 from ..hostpath import device_assert
 from .hash_device_path import StaticBackend
-from .hash_static import DevicePlan
+from .hash_static import CLAIM_ROUNDS, DevicePlan
 from .lru_select import oldest_static
 from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
 
@@ -119,14 +121,52 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _insert_fn(tkeys, uniq, new_in, out_slot, out_deleted, n, slot_mask, max_rounds, m32, BLOCK: tl.constexpr):
+def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, base,
+             FIRST: tl.constexpr, BLOCK: tl.constexpr):
+    """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
+    slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
+    it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
+    host path's rule: the first in call order), on every GPU alike."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
-    key = tl.load(uniq + i, mask=inb, other=0)
-    new = inb & (tl.load(new_in + i, mask=inb, other=0) != 0)
-    placed, was_deleted = _claim(tkeys, key, new, _start(key, m32, slot_mask), slot_mask, max_rounds, BLOCK)
-    tl.store(out_slot + i, placed, mask=inb)
-    tl.store(out_deleted + i, was_deleted.to(tl.int8), mask=inb)
+    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
+    if FIRST:
+        want = tl.load(free_in + i, mask=act, other=-1)
+    else:
+        key = tl.load(uniq + i, mask=act, other=0)
+        h = _start(key, m32, slot_mask)
+        want = tl.full([BLOCK], -1, tl.int64)
+        look = act
+        r = 0
+        while (tl.max(look.to(tl.int32), 0) > 0) & (r < max_rounds):
+            pos = (h + r * (r + 1) // 2) & slot_mask
+            cur = tl.load(tkeys + pos, mask=look, other=0)
+            free = look & ((cur == -1) | (cur == -2))
+            want = tl.where(free, pos, want)
+            look = look & ~free
+            r += 1
+    ok = act & (want >= 0)
+    safe = tl.where(ok, want, 0)
+    tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=ok, other=0) == -2).to(tl.int8), mask=ok)
+    tl.store(want_buf + i, tl.where(ok, want, -1), mask=inb)
+    tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
+
+
+def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, base, BLOCK: tl.constexpr):
+    """One claim round, its second half: the winner of each wanted slot writes its key there (a
+    compare-and-swap of the free marker); the others stay active for the next round."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
+    want = tl.load(want_buf + i, mask=act, other=-1)
+    ok = act & (want >= 0)
+    safe = tl.where(ok, want, 0)
+    won = ok & (tl.load(owner + safe, mask=ok, other=0) == base - i.to(tl.int64))
+    cur = tl.load(tkeys + safe, mask=inb, other=-1)
+    key = tl.load(uniq + i, mask=won, other=0).to(cur.dtype)
+    tl.atomic_cas(tkeys + safe, cur, tl.where(won, key, cur))  # a lane that did not win swaps a value for itself
+    tl.store(placed + i, want, mask=won)
+    tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
 
 
 def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
@@ -231,16 +271,17 @@ def _reinsert_fn(tkeys, trows, tcounts, tlast, row_slots, old_keys, old_rows, ol
 
 @functools.cache
 def _kernels():
-    """``(probe, insert, carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels, built on
-    first use."""
+    """``(probe, (want, take), carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
+    built on first use."""
     global tl, _start, _claim
     import triton
     import triton.language
 
     tl = triton.language
     _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
-    return tuple(triton.jit(fn) for fn in (_probe_fn, _insert_fn, _carry_out_fn, _evict_stale_fn, _mark_fn,
-                                            _evict_chosen_fn, _reinsert_fn))
+    jit = triton.jit
+    return (jit(_probe_fn), (jit(_want_fn), jit(_take_fn)), jit(_carry_out_fn), jit(_evict_stale_fn),
+            jit(_mark_fn), jit(_evict_chosen_fn), jit(_reinsert_fn))
 
 
 def _launch(kernel, n: int, *args, **meta) -> None:
@@ -299,11 +340,32 @@ class TritonBackend(StaticBackend):
                           ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
                           new_pending=new & (counts < permit), valid=valid, pos=None, pad_ok=True)
 
+    def _insert(self, emb, p: DevicePlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
+        then the winners' writes; `hash_static.claim`'s rule: of the keys wanting one slot the first
+        takes it, the others their next free one): ``(slot or -1, whether it was a tombstone)``. A
+        key still without a slot after the last round is left out of the step, as on the torch path."""
+        t, n, dev = emb.table, p.uniq.numel(), p.uniq.device
+        owner = emb.__dict__.get("_claim_owner")
+        if owner is None or owner.shape != t.keys.shape or owner.device != dev:
+            owner = emb.__dict__["_claim_owner"] = torch.zeros_like(t.keys, dtype=torch.int64)
+        placed = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        deleted = torch.zeros(n, dtype=torch.int8, device=dev)
+        want = torch.empty(n, dtype=torch.int64, device=dev)
+        active = p.new.to(torch.int8)
+        want_k, take_k = _kernels()[1]
+        for r in range(CLAIM_ROUNDS):
+            # Each round's bids outrank every earlier one: no claim word is ever cleared.
+            tag = emb.__dict__["_claim_tag"] = emb.__dict__.get("_claim_tag", 0) + 1
+            base = (tag << 32) + (1 << 32) - 1
+            _launch(want_k, n, t.keys, owner, p.uniq, active, want, deleted, p.free, n, t.num_slots - 1,
+                    t.max_rounds, _M32, base, FIRST=r == 0)
+            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, base)
+        return placed, deleted
+
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
-        placed = torch.empty(n, dtype=torch.int64, device=dev)
-        deleted = torch.empty(n, dtype=torch.int8, device=dev)
-        _launch(_kernels()[1], n, t.keys, p.uniq, _u8(p.new), placed, deleted, n, t.num_slots - 1, t.max_rounds, _M32)
+        placed, deleted = self._insert(emb, p)
         # Rows from the top of the free stack: ripe pending keys first, then new ones, in key order (the
         # host path's order, so both give every key the same row); a key insert left out gets none.
         admit_new = p.new_admit & (placed >= 0)
