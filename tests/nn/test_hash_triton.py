@@ -71,13 +71,13 @@ def _assert_same(a, b) -> None:
 
 @interpreted
 @pytest.mark.parametrize("permit,capacity,evict_after", [
-    (1, 512, None),  # room for every key (6 steps x 48 ids): no eviction
+    (1, 512, None),  # room for every key (4 steps x 48 ids): no eviction
     (3, 512, 2),  # admission after 3 sightings, age eviction
     (1, 48, None),  # more keys than rows: LRU passes
     (2, 40, 2),  # LRU passes with pending keys, age eviction
 ])
 def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(permit, capacity, evict_after):
-    stream = _stream(6, 16, 40)
+    stream = _stream(4, 16, 40)
     emb = HashEmbedding(4, capacity=capacity, permit_filter_value=permit, param_init="ones",
                         evict_filter_value=evict_after)
     host = _train(copy.deepcopy(emb), stream, "host")
@@ -133,7 +133,7 @@ def _count_rebuilds(monkeypatch) -> list[int]:
 @interpreted
 def test_a_rebuild_runs_on_the_device_with_one_read_and_keeps_the_semantics(monkeypatch):
     rebuilds = _count_rebuilds(monkeypatch)
-    stream = _churn(7)  # rebuilds at steps 3 and 6
+    stream = _churn(4)  # a rebuild at step 3
     emb = HashEmbedding(4, capacity=40, param_init="ones")
     host = _train(copy.deepcopy(emb), stream, "host")
     torch_ops = _train(copy.deepcopy(emb), stream, "torch")
@@ -141,7 +141,7 @@ def test_a_rebuild_runs_on_the_device_with_one_read_and_keeps_the_semantics(monk
     _assert_same(host, triton)  # no age eviction: nothing depends on the slot layout
     assert max(s.syncs for s in torch_ops[2].per_step) > 10  # the torch ops rebuild on the host path
     assert max(s.syncs for s in triton[2].per_step) == 1  # the kernels rebuild after the step's one read
-    assert len(rebuilds) >= 2
+    assert rebuilds
     _assert_sound(emb)
 
 
@@ -154,7 +154,7 @@ def test_with_age_eviction_the_triton_table_stays_sound_through_rebuilds(monkeyp
     emb = HashEmbedding(4, capacity=40, param_init="ones", evict_filter_value=1)
     emb.table_backend = "triton"
     counter = SyncCounter()
-    for keys in _churn(7):  # rebuilds at steps 3 and 6
+    for keys in _churn(5):  # a rebuild at step 3
         with device_path(), counter:
             emb(keys)
         counter.mark()
@@ -164,20 +164,20 @@ def test_with_age_eviction_the_triton_table_stays_sound_through_rebuilds(monkeyp
 
 @interpreted
 def test_a_state_saved_on_one_backend_loads_and_trains_on_the_others():
-    stream = _stream(6, 8, 30)
+    stream = _stream(4, 8, 30)
     emb = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
-    _train(emb, stream[:3], "triton")
+    _train(emb, stream[:2], "triton")
     for target in ("host", "torch"):  # the Triton table's tensors as the host path's and back
         other = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
         other.load_state(emb.state())
         again = copy.deepcopy(emb)
-        a, b = _train(other, stream[3:], target), _train(again, stream[3:], "triton")
+        a, b = _train(other, stream[2:], target), _train(again, stream[2:], "triton")
         _assert_same(a, b)
     host = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
-    _train(host, stream[:3], "host")
+    _train(host, stream[:2], "host")
     back = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
     back.load_state_dict(host.state_dict())
-    _assert_same(_train(host, stream[3:], "host"), _train(back, stream[3:], "triton"))
+    _assert_same(_train(host, stream[2:], "host"), _train(back, stream[2:], "triton"))
 
 
 @interpreted
