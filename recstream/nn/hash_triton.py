@@ -121,12 +121,14 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, base,
+def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, tag,
              FIRST: tl.constexpr, BLOCK: tl.constexpr):
     """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
     slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
     it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
-    host path's rule: the first in call order), on every GPU alike."""
+    host path's rule: the first in call order), on every GPU alike. ``base`` grows with the round
+    counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared."""
+    base = ((tl.load(tag) + 1) << 32) - 1
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
@@ -152,9 +154,10 @@ def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot
     tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
 
 
-def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, base, BLOCK: tl.constexpr):
+def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, BLOCK: tl.constexpr):
     """One claim round, its second half: the winner of each wanted slot writes its key there (a
     compare-and-swap of the free marker); the others stay active for the next round."""
+    base = ((tl.load(tag) + 1) << 32) - 1
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
@@ -346,21 +349,20 @@ class TritonBackend(StaticBackend):
         takes it, the others their next free one): ``(slot or -1, whether it was a tombstone)``. A
         key still without a slot after the last round is left out of the step, as on the torch path."""
         t, n, dev = emb.table, p.uniq.numel(), p.uniq.device
-        owner = emb.__dict__.get("_claim_owner")
-        if owner is None or owner.shape != t.keys.shape or owner.device != dev:
-            owner = emb.__dict__["_claim_owner"] = torch.zeros_like(t.keys, dtype=torch.int64)
+        owner, tag = emb.__dict__.get("_claim_words", (None, None))
+        if owner is None or owner.shape != t.keys.shape or owner.device != dev:  # new, rebuilt or moved
+            owner, tag = torch.zeros_like(t.keys, dtype=torch.int64), torch.zeros((), dtype=torch.int64, device=dev)
+            emb.__dict__["_claim_words"] = (owner, tag)  # scratch, not state: a new one works as well
         placed = torch.full((n,), -1, dtype=torch.int64, device=dev)
         deleted = torch.zeros(n, dtype=torch.int8, device=dev)
         want = torch.empty(n, dtype=torch.int64, device=dev)
         active = p.new.to(torch.int8)
         want_k, take_k = _kernels()[1]
         for r in range(CLAIM_ROUNDS):
-            # Each round's bids outrank every earlier one: no claim word is ever cleared.
-            tag = emb.__dict__["_claim_tag"] = emb.__dict__.get("_claim_tag", 0) + 1
-            base = (tag << 32) + (1 << 32) - 1
+            tag.add_(1)  # each round's bids outrank every earlier one's
             _launch(want_k, n, t.keys, owner, p.uniq, active, want, deleted, p.free, n, t.num_slots - 1,
-                    t.max_rounds, _M32, base, FIRST=r == 0)
-            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, base)
+                    t.max_rounds, _M32, tag, FIRST=r == 0)
+            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag)
         return placed, deleted
 
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
