@@ -382,7 +382,7 @@ class TritonBackend(StaticBackend):
         _launch(_kernels()[2], n, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen, _u8(emb.dirty),
                 _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
                 t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
-                _u8(p.new_pending), rows, n, dim, emb._step, DIM=min(64, 1 << (dim - 1).bit_length()))
+                _u8(p.new_pending), rows, n, dim, emb._step, DIM=max(16, min(64, 1 << (dim - 1).bit_length())))
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
             emb._reset_parts.append(emb._padded(rows, adm, top))
@@ -425,8 +425,8 @@ class TritonBackend(StaticBackend):
 
     def rebuild(self, emb, live: int) -> None:
         """The table without tombstones, on the device: its arrays copied, emptied, every live key
-        inserted again by CAS (one launch; the layout may differ from the host path's rehash, as an
-        insert's may: a key's slot is no part of the semantics); `live`, known from the step's read,
+        inserted again by CAS (one launch, no host loop; on a GPU the layout follows the atomics'
+        order, not the host path's rehash -- see the module doc); `live`, known from the step's read,
         sets the host's counters. A key that found no slot stays in the copy: a device-side assert."""
         t = emb.table
         old = [b.clone() for b in (t.keys, t.rows, t.counts, t.last_seen)]
