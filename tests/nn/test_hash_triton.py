@@ -248,11 +248,16 @@ def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_with_the_fix(m
         emb(torch.tensor([1, 2]))
 
 
-def test_table_backend_names_the_allowed_values():
+def test_table_backend_names_the_allowed_values(monkeypatch):
     emb = HashEmbedding(2, capacity=4)
     with pytest.raises(ValueError, match="table_backend"):
         emb.table_backend = "cuda"
     assert HashEmbedding(2, capacity=4).table_backend == "auto"
+    monkeypatch.setattr("recstream.nn.hash_embedding.triton_available", lambda: False)  # as without triton
+    with pytest.raises(ValueError, match="needs the optional package triton"):
+        emb.table_backend = "triton"
+    with device_path():  # CPU tensors on the device path: the torch ops, unless Triton is asked for
+        assert emb._backend_for(torch.zeros(1, dtype=torch.int64)).name == "torch"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
