@@ -14,13 +14,60 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..hostpath import host_reads_free
 from ..validation import check_int_tensor, check_type
+from .hash_backend import HOST, TableBackend
 from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique, window
 from .lru_select import oldest_static
 from .tensor_hash_table import DELETED, NEVER_SEEN
 
-__all__ = ["DevicePath", "lookup_masked_many"]
+__all__ = ["DevicePath", "StaticBackend", "STATIC", "lookup_masked_many"]
+
+
+class StaticBackend(TableBackend):
+    """The table backend of the device path's torch ops (``"torch"``): `probe`, `claim` and the
+    scatters of `hash_static`, a few dozen ops per step whatever the data. `plan`, `carry_out`,
+    `read` and `evict_stale` are the steps another device backend (``hash_triton``) replaces; the
+    decision between them (host bounds, the one read, the LRU pass) is `DevicePath`'s."""
+
+    name = "torch"
+    rebuilds = False  # a step that must rebuild the table runs the host path's ops (with their syncs)
+
+    def lookup(self, emb, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
+        return emb._device_lookup(flat, mutate, self)
+
+    def evict_stale(self, emb, stale: torch.Tensor) -> None:
+        emb._evict_stale(stale)
+
+    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
+        """Probe the unique keys (no write): `DevicePath._probe_plan`."""
+        return emb._probe_plan(uniq, counts, valid)
+
+    def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+        """Insert, count, admit and look up as `plan` says: `DevicePath._carry_out`."""
+        return emb._carry_out(plan, inverse)
+
+    def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """An eval-mode lookup: `DevicePath._device_read`."""
+        return emb._device_read(flat, mask)
+
+    def evict_lru(self, emb, k: int, batch_rows: torch.Tensor) -> None:
+        """The LRU pass: evict exactly `k` admitted keys not in the batch (`DevicePath._evict_unseen`)."""
+        emb._evict_unseen(k, batch_rows)
+
+    def drop_pending(self, emb, k: int, plan: DevicePlan) -> None:
+        """Drop exactly `k` pending keys not in the batch (`DevicePath._drop_unseen_pending`)."""
+        emb._drop_unseen_pending(k, plan)
+
+    def rebuild(self, emb, live: int) -> None:
+        """Rebuild the table without tombstones on the device (`live` keys), where `rebuilds`."""
+        raise NotImplementedError(f"the {self.name!r} backend does not rebuild on the device")
+
+    def reprobe(self, emb, plan: DevicePlan) -> None:
+        """Probe the plan's keys again after an eviction or a rebuild: their slots and first free slots."""
+        plan.slots, plan.free = probe(emb.table, plan.uniq, plan.valid, plan.pos)
+
+
+STATIC = StaticBackend()
 
 
 class DevicePath:
@@ -53,53 +100,58 @@ class DevicePath:
     def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | DeviceCall:
         """`lookup_masked` up to the host read (see `lookup_masked_many`): its result, or on a
         device the call to finish."""
-        if self._sharding is not None or host_reads_free(keys):
+        backend = self._backend_for(keys)
+        if backend is HOST:
             out = self.default_value.expand(keys.numel(), -1).clone()
             return out.index_put((mask,), self(keys[mask]))
         keys = self._check_keys("HashEmbedding", torch.where(mask, keys, 0))
         mutate = self.training and not torch.is_inference_mode_enabled()
         if mutate and self.auto_step:
             self.step()
-        return self._begin_device(keys, mutate, mask)
+        return self._begin_device(keys, mutate, mask, backend)
 
-    def _device_lookup(self, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
+    def _device_lookup(self, flat: torch.Tensor, mutate: bool, backend: StaticBackend) -> torch.Tensor:
         """`forward` of an unsharded table on a device (``recstream.hostpath``): the ops of
         ``recstream.nn.hash_static``, every shape that of the batch. No host sync while the table
         has room for the batch's keys (the host keeps bounds of its free rows, pending keys and used
         slots); one read of the counters when the bounds do not show it (`_has_room`); the host
         path's ops (with their syncs) for a step that must rebuild the table (`_decide`)."""
-        call = self._begin_device(flat, mutate, None)
+        call = self._begin_device(flat, mutate, None, backend)
         if isinstance(call, torch.Tensor):
             return call
         return self._finish(call, torch.stack(self._read_terms(call.plan)).tolist() if call.read else None)
 
-    def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None) -> torch.Tensor | DeviceCall:
+    def _begin_device(self, flat: torch.Tensor, mutate: bool, mask: torch.Tensor | None,
+                      backend: StaticBackend) -> torch.Tensor | DeviceCall:
         """The device path up to the decision that may need a host read: an eval lookup's result, or
-        the probed batch (`DeviceCall`)."""
+        the probed batch (`DeviceCall`), by `backend`'s ops."""
         if not mutate:
-            return self._device_read(flat, mask)
+            return backend.read(self, flat, mask)
         uniq, inverse, counts, valid = static_unique(flat, mask)
-        plan = self._probe_plan(uniq, counts, valid)
-        return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan))
+        plan = backend.plan(self, uniq, counts, valid)
+        return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan), backend=backend)
 
     def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
         """Decide (given the counters `read` for a call that needed them), then carry out."""
         flat, mask, inverse = call.flat, call.mask, call.inverse
-        plan = call.plan if read is None else self._decide(call.plan, read)
+        plan = call.plan if read is None else self._decide(call.plan, read, call.backend)
         if plan is None:  # a rebuild (or another rare step) must run: the host path's step
             keys = flat if mask is None else flat[mask]
             uniq, inverse, counts = torch.unique(keys, sorted=True, return_inverse=True, return_counts=True)
             out = self._lookup_unique(uniq, counts, True, inverse)
             return out if mask is None else self.default_value.expand(flat.numel(), -1).to(out.dtype).index_put(
                 (mask,), out)
-        out = self._carry_out(plan, inverse)
+        out = call.backend.carry_out(self, plan, inverse)
         return out if mask is None else torch.where(mask.unsqueeze(1), out, self.default_value.to(out.dtype))
 
-    def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """An eval-mode lookup on a device: unknown and pending keys read ``default_value``."""
+    def _device_read(self, flat: torch.Tensor, mask: torch.Tensor | None,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+        """An eval-mode lookup on a device: unknown and pending keys read ``default_value``. `rows`:
+        each key's row (-1: none), when a backend looked them up already."""
         t = self.table
-        slots, _ = probe(t, flat, torch.ones_like(flat, dtype=torch.bool) if mask is None else mask)
-        rows = torch.where(slots >= 0, t.rows.index_select(0, slots.clamp(min=0)), -1)
+        if rows is None:
+            slots, _ = probe(t, flat, torch.ones_like(flat, dtype=torch.bool) if mask is None else mask)
+            rows = torch.where(slots >= 0, t.rows.index_select(0, slots.clamp(min=0)), -1)
         has = rows >= 0
         emb = F.embedding(self._padded(rows, has, rows.clamp(min=0)[:1]), self.values, sparse=self.sparse)
         if self.max_norm is not None:  # the same rows, renormalised out of place
@@ -149,12 +201,12 @@ class DevicePath:
         return [self.num_free_t, self.num_pending_t, t.num_used_t, t.num_live_t, ripe + plan.new_admit.sum(), ripe,
                 plan.new_pending.sum(), plan.new.sum(), (plan.row >= 0).sum(), (plan.found & (plan.row < 0)).sum()]
 
-    def _decide(self, plan: DevicePlan, read: list[int]) -> DevicePlan | None:
+    def _decide(self, plan: DevicePlan, read: list[int], backend: StaticBackend) -> DevicePlan | None:
         """Given `_read_terms` read: run the LRU pass if the rows run short and drop the oldest
         pending keys if they go over budget (the host path's order and rules), or return None for a
         step the host path must run (a rebuild, logged evictions, more new keys than there are keys
         to evict); then nothing changed."""
-        t, uniq, valid = self.table, plan.uniq, plan.valid
+        t = self.table
         self._set_read(read[:4])
         n_admit, n_ripe, n_pending, n_new, n_seen, n_pending_seen = read[4:]
         short = n_admit - self._free  # rows an LRU pass must free
@@ -162,22 +214,25 @@ class DevicePath:
         over = self._pending - n_ripe + n_pending - self.pending_capacity  # pending keys over budget
         dropped = min(over + self._headroom(self.pending_capacity), self._pending - n_pending_seen) if over > 0 else 0
         surplus = max(over - dropped, 0)  # new pending keys turned away (they restart counting)
-        if t.needs_rehash(n_new - surplus, self._used_limit()) \
-                or (short > 0 and (self._track_evictions or short > unseen)):
+        rebuild = t.needs_rehash(n_new - surplus, self._used_limit())
+        if (rebuild and not backend.rebuilds) or (short > 0 and (self._track_evictions or short > unseen)):
             return None  # rare: the host path's step (its ops, its syncs)
+        evicted = 0
         if short > 0:
             evicted = min(short + self._headroom(self.capacity), unseen)
-            self._evict_unseen(evicted, plan.row)
+            backend.evict_lru(self, evicted, plan.row)
             self._free += evicted
         if dropped > 0:
-            self._drop_unseen_pending(dropped, plan)
+            backend.drop_pending(self, dropped, plan)
             self._pending -= dropped
         if surplus:  # the last new pending keys (key order) are not inserted
             rank = plan.new_pending.cumsum(0)
             plan.new_pending = plan.new_pending & (rank <= n_pending - surplus)
             plan.new = plan.new_admit | plan.new_pending
-        if short > 0 or dropped > 0:
-            plan.slots, plan.free = probe(t, uniq, valid, plan.pos)  # tombstones may come first in a probe now
+        if rebuild:  # after the evictions, as the host path: their tombstones go too
+            backend.rebuild(self, read[3] - evicted - dropped)
+        if short > 0 or dropped > 0 or rebuild:
+            backend.reprobe(self, plan)  # tombstones may come first in a probe now
         self._free_bound = self._free - n_admit
         self._pending_bound = self._pending - n_ripe + n_pending - surplus
         t.mark_stale(n_new - surplus)
@@ -254,6 +309,12 @@ class DevicePath:
         looked_up = Scatter(rows, has)  # looked up in training: seen, and dirty (see _mark_seen)
         looked_up.put(self.dirty, True)
         looked_up.put(self.row_last_seen, step)
+        return self._train_vectors(rows, has, inverse)
+
+    def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        """The vectors of a training step's unique keys' `rows` (`has`: the key has one; renormalised
+        in place with ``max_norm``) for ``uniq[inverse]``; ``default_value`` for keys without a row.
+        Every device backend ends its step here."""
         if self.max_norm is not None:
             self._renorm_masked(rows, has)
         top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))

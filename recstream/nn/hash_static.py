@@ -197,10 +197,12 @@ class DevicePlan:
 @dataclass
 class DeviceCall:
     """A training lookup on the device path probed and planned, waiting for the decision that may
-    need a host read (`read`): its ids (`flat`, `mask`), ``inverse`` of `static_unique`, its plan."""
+    need a host read (`read`): its ids (`flat`, `mask`), ``inverse`` of `static_unique`, its plan
+    and the backend running it."""
 
     flat: torch.Tensor
     mask: torch.Tensor | None
     inverse: torch.Tensor
     plan: DevicePlan
     read: bool
+    backend: object = None  # the device backend (``hash_backend``) that planned it and carries it out

@@ -1,0 +1,449 @@
+"""The Triton backend of `HashEmbedding`'s device path (``table_backend="triton"``; by default on
+CUDA when ``triton`` imports): the steps of a training lookup as a handful of kernel launches.
+
+The device path's decision stays `DevicePath`'s (host bounds of free rows, pending keys and used
+slots; one read of the counters when they do not show room; then the LRU pass and the drop of
+pending keys over budget, and a rebuild when tombstones pass the used-slot bound; the host path's
+step only while evictions are logged or a batch brings more new keys than there are keys to
+evict). What runs on the device per step:
+
+* `static_unique` (a sort, torch ops): every key of the batch once, so each key is found or
+  inserted by exactly one kernel lane -- no two lanes ever insert the same key;
+* ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
+  hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
+  and reads its row and count -- the plan `DevicePath._decide` needs;
+* ``want`` / ``take`` (two launches a round, ``CLAIM_ROUNDS`` rounds): new keys claim free slots --
+  each bids for its first free slot with ``atomic_max`` on a per-slot claim word (the lowest key
+  index wins: the host path's rule, the same on every GPU), the winner writes its key by
+  compare-and-swap of the free marker, the losers bid for their next free slot in the next round
+  (as HierarchicalKV's probing, made deterministic); a key without a slot after the last round is
+  left out of the step, as on the torch path;
+* ``carry_out`` (one launch): counts and last-seen steps are written; a key admitted now takes the
+  row at its place from the top of the device free stack (its rank among the admitted keys, ripe
+  pending ones first, then new ones in key order: a cumsum, so every backend gives a key the same
+  row and the stack's counter moves once), gets its initial values, and its row is marked seen,
+  dirty and to reset; slot and pending counters move by one ``atomic_add`` per program;
+* ``evict_stale`` (one launch): the age eviction of ``step()`` -- every stale slot becomes a
+  tombstone and its row goes back onto the free stack (in slot order, as on the host path);
+* after the one read of a full step: ``mark`` + `oldest_static` (torch ops) + ``evict_chosen`` for
+  the LRU pass and the pending drop, ``reinsert`` for a rebuild (every live key CAS-inserted
+  into the emptied table: no host loop, no sync), ``probe`` again.
+
+Semantics are the device path's (tests/nn/test_hash_triton.py runs the host path, the torch ops
+and these kernels -- on CPU tensors, in Triton's interpreter -- on the same key streams): the same
+keys admitted to the same slots and rows, counted, aged and evicted, with the same values. One
+step differs: a rebuild CAS-inserts every live key at once, so on a GPU its slot layout follows the
+atomics' order, not the host path's rehash. A slot is no part of the semantics, but two choices
+follow the slot order: the age eviction pushes rows onto the free stack in slot order, and the
+pending drop breaks ties of equal age by slot. So after a device rebuild, with age eviction or
+pending keys over budget, which free row a key gets next and which of equally old pending keys
+goes may differ from the host path's; the table stays sound (tests check its invariants).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..hostpath import device_assert
+from .hash_device_path import StaticBackend
+from .hash_static import CLAIM_ROUNDS, DevicePlan
+from .lru_select import oldest_static
+from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
+
+__all__ = ["TritonBackend", "TRITON", "launches"]
+
+BLOCK = 128  # keys (slots) per program
+launches = 0
+"""Kernels launched by this backend so far (what a step costs in launches; tests read it)."""
+
+
+# The kernels are plain functions here, made Triton kernels by `_kernels` on first use (``triton`` is
+# optional: this module imports without it). Inside them ``tl``, ``_start`` and ``_claim`` are this
+# module's globals, set by `_kernels`; constants are literals (-1 EMPTY, -2 DELETED; the multipliers
+# of `tensor_hash_table.hash_keys`), as a kernel reads no other global.
+tl = _start = _claim = None
+
+
+def _start_fn(key, m32, slot_mask):
+    """`hash_keys` of int64 `key` & `slot_mask`: the first slot of its probe sequence."""
+    lo = key & m32
+    hi = (key >> 32) & m32
+    h = lo ^ ((hi * 1540483477) & m32)
+    h = ((h ^ (h >> 16)) * 668265263) & m32
+    h = ((h ^ (h >> 13)) * 374761393) & m32
+    return (h ^ (h >> 16)) & slot_mask
+
+def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_stuck,
+          n, slot_mask, max_rounds, m32, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    key = tl.load(uniq + i, mask=inb, other=0)
+    act = inb & (tl.load(valid + i, mask=inb, other=0) != 0)
+    h = _start(key, m32, slot_mask)
+    slot = tl.full([BLOCK], -1, tl.int64)
+    free = tl.full([BLOCK], -1, tl.int64)
+    r = 0
+    while (tl.max(act.to(tl.int32), 0) > 0) & (r < max_rounds):
+        pos = (h + r * (r + 1) // 2) & slot_mask
+        cur = tl.load(tkeys + pos, mask=act, other=-1).to(tl.int64)
+        hit = act & (cur == key)
+        slot = tl.where(hit, pos, slot)
+        free = tl.where(act & ~hit & (free < 0) & ((cur == -1) | (cur == -2)), pos, free)
+        act = act & ~hit & (cur != -1)
+        r += 1
+    found = slot >= 0
+    safe = tl.where(found, slot, 0)
+    c = tl.load(cnt + i, mask=inb, other=0)
+    tl.store(out_slot + i, slot, mask=inb)
+    tl.store(out_free + i, tl.where(found, -1, free), mask=inb)
+    tl.store(out_row + i, tl.where(found, tl.load(trows + safe, mask=inb & found, other=-1), -1), mask=inb)
+    tl.store(out_total + i, tl.where(found, tl.load(tcounts + safe, mask=inb & found, other=0) + c, c), mask=inb)
+    tl.store(out_stuck + i, act.to(tl.int8), mask=inb)
+
+def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
+    """Each `act` lane's key into the first free slot of its sequence it wins by compare-and-swap:
+    ``(slot or -1, whether it was a tombstone)``."""
+    slot = tl.full([BLOCK], -1, tl.int64)
+    was_deleted = act & (slot > 0)
+    r = 0
+    while (tl.max(act.to(tl.int32), 0) > 0) & (r < max_rounds):
+        pos = (h + r * (r + 1) // 2) & slot_mask
+        cur = tl.load(tkeys + pos, mask=act, other=-1)
+        free = act & ((cur == -1) | (cur == -2))
+        # Lanes with nothing to claim swap a value for itself: a no-op whatever the slot holds.
+        cmp = cur
+        prev = tl.atomic_cas(tkeys + pos, cmp, tl.where(free, key.to(cur.dtype), cur))
+        won = free & (prev == cmp)
+        slot = tl.where(won, pos, slot)
+        was_deleted = was_deleted | (won & (cur == -2))
+        act = act & ~won
+        r += 1
+    return slot, was_deleted
+
+def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, tag,
+             FIRST: tl.constexpr, BLOCK: tl.constexpr):
+    """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
+    slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
+    it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
+    host path's rule: the first in call order), on every GPU alike. ``base`` grows with the round
+    counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared."""
+    base = ((tl.load(tag) + 1) << 32) - 1
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
+    if FIRST:
+        want = tl.load(free_in + i, mask=act, other=-1)
+    else:
+        key = tl.load(uniq + i, mask=act, other=0)
+        h = _start(key, m32, slot_mask)
+        want = tl.full([BLOCK], -1, tl.int64)
+        look = act
+        r = 0
+        while (tl.max(look.to(tl.int32), 0) > 0) & (r < max_rounds):
+            pos = (h + r * (r + 1) // 2) & slot_mask
+            cur = tl.load(tkeys + pos, mask=look, other=0)
+            free = look & ((cur == -1) | (cur == -2))
+            want = tl.where(free, pos, want)
+            look = look & ~free
+            r += 1
+    ok = act & (want >= 0)
+    safe = tl.where(ok, want, 0)
+    tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=ok, other=0) == -2).to(tl.int8), mask=ok)
+    tl.store(want_buf + i, tl.where(ok, want, -1), mask=inb)
+    tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
+
+
+def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, BLOCK: tl.constexpr):
+    """One claim round, its second half: the winner of each wanted slot writes its key there (a
+    compare-and-swap of the free marker); the others stay active for the next round."""
+    base = ((tl.load(tag) + 1) << 32) - 1
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
+    want = tl.load(want_buf + i, mask=act, other=-1)
+    ok = act & (want >= 0)
+    safe = tl.where(ok, want, 0)
+    won = ok & (tl.load(owner + safe, mask=ok, other=0) == base - i.to(tl.int64))
+    cur = tl.load(tkeys + safe, mask=inb, other=-1)
+    key = tl.load(uniq + i, mask=won, other=0).to(cur.dtype)
+    tl.atomic_cas(tkeys + safe, cur, tl.where(won, key, cur))  # a lane that did not win swaps a value for itself
+    tl.store(placed + i, want, mask=won)
+    tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
+
+
+def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
+                  num_pending, num_used, num_live, placed_in, deleted_in, stack_in, slots_in, total_in, row_in,
+                  ripe_in, admit_in, pending_in, out_rows, n, dim, step, BLOCK: tl.constexpr, DIM: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = i < n
+    placed = tl.load(placed_in + i, mask=inb, other=-1)
+    placed_new = inb & (placed >= 0)
+    was_deleted = tl.load(deleted_in + i, mask=inb, other=0) != 0
+    found_slot = tl.load(slots_in + i, mask=inb, other=-1)
+    slot = tl.where(found_slot >= 0, found_slot, placed)
+    seen = inb & (slot >= 0)
+    tl.store(tcounts + slot, tl.load(total_in + i, mask=inb, other=0), mask=seen)
+    tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + step, mask=seen)
+    ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
+    adm = ripe | (placed_new & (tl.load(admit_in + i, mask=inb, other=0) != 0))
+    row = tl.load(free_rows + tl.load(stack_in + i, mask=adm, other=0), mask=adm, other=-1)
+    tl.store(trows + slot, row, mask=adm | placed_new)  # -1: a new pending key
+    tl.store(row_slots + row, slot, mask=adm)
+    tl.store(reset + row, tl.full([BLOCK], 1, tl.int8), mask=adm)
+    cols = tl.arange(0, DIM)
+    for d in range(0, dim, DIM):
+        c = d + cols
+        m2 = adm[:, None] & (c < dim)[None, :]
+        v = tl.load(init + i[:, None] * dim + c[None, :], mask=m2, other=0.0)
+        tl.store(values + row[:, None] * dim + c[None, :], v, mask=m2)
+    rows = tl.where(adm, row, tl.load(row_in + i, mask=inb, other=-1))
+    has = inb & (rows >= 0)
+    tl.store(dirty + rows, tl.full([BLOCK], 1, tl.int8), mask=has)
+    tl.store(row_last + rows, tl.full([BLOCK], 0, tl.int64) + step, mask=has)
+    tl.store(out_rows + i, tl.where(has, rows, -1), mask=inb)
+    pend = placed_new & (tl.load(pending_in + i, mask=inb, other=0) != 0)
+    tl.atomic_add(num_used, tl.sum((placed_new & ~was_deleted).to(tl.int64), 0))
+    tl.atomic_add(num_live, tl.sum(placed_new.to(tl.int64), 0))
+    tl.atomic_add(num_pending, tl.sum(pend.to(tl.int64), 0) - tl.sum(ripe.to(tl.int64), 0))
+
+def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in, stack_in,
+                    num_pending, num_live, n, never, BLOCK: tl.constexpr):
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    stale = (s < n) & (tl.load(stale_in + s, mask=s < n, other=0) != 0)
+    row = tl.load(trows + s, mask=stale, other=-1)
+    adm = stale & (row >= 0)
+    tl.store(free_rows + tl.load(stack_in + s, mask=adm, other=0), row, mask=adm)
+    tl.store(row_slots + row, tl.full([BLOCK], -1, tl.int64), mask=adm)
+    tl.store(row_last + row, tl.full([BLOCK], 0, tl.int64) + never, mask=adm)
+    tl.store(dirty + row, tl.full([BLOCK], 0, tl.int8), mask=adm)
+    tl.store(tkeys + s, tl.full([BLOCK], -2, tl.int64).to(tkeys.dtype.element_ty), mask=stale)
+    tl.store(trows + s, tl.full([BLOCK], -1, tl.int64), mask=stale)
+    tl.store(tcounts + s, tl.full([BLOCK], 0, tl.int64), mask=stale)
+    tl.store(tlast + s, tl.full([BLOCK], 0, tl.int64) + never, mask=stale)
+    n_stale, n_adm = tl.sum(stale.to(tl.int64), 0), tl.sum(adm.to(tl.int64), 0)
+    tl.atomic_add(num_pending, n_adm - n_stale)
+    tl.atomic_add(num_live, -n_stale)
+
+
+def _mark_fn(buf, idx, n, step, BLOCK: tl.constexpr):
+    """``buf[idx[i]] = step`` where ``idx[i] >= 0``: the batch's rows (slots) seen before an LRU pass."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    j = tl.load(idx + i, mask=i < n, other=-1)
+    tl.store(buf + j, tl.full([BLOCK], 0, tl.int64) + step, mask=(i < n) & (j >= 0))
+
+
+def _evict_chosen_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, order, chosen_in,
+                     num_free, n, cap, never, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Evict the `chosen` entries of `order` (`oldest_static`'s: chosen ones first): rows (`ROWS`)
+    go onto the free stack in that order and their slots become tombstones; or pending slots."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ch = (i < n) & (tl.load(chosen_in + i, mask=i < n, other=0) != 0)
+    idx = tl.load(order + i, mask=ch, other=0)
+    if ROWS:
+        slot = tl.load(row_slots + idx, mask=ch, other=0)
+        tl.store(row_slots + idx, tl.full([BLOCK], -1, tl.int64), mask=ch)
+        tl.store(row_last + idx, tl.full([BLOCK], 0, tl.int64) + never, mask=ch)
+        tl.store(dirty + idx, tl.full([BLOCK], 0, tl.int8), mask=ch)
+        tl.store(free_rows + tl.minimum(tl.load(num_free) + i, cap - 1), idx, mask=ch)
+    else:
+        slot = idx
+    tl.store(tkeys + slot, tl.full([BLOCK], -2, tl.int64).to(tkeys.dtype.element_ty), mask=ch)
+    tl.store(trows + slot, tl.full([BLOCK], -1, tl.int64), mask=ch)
+    tl.store(tcounts + slot, tl.full([BLOCK], 0, tl.int64), mask=ch)
+    tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + never, mask=ch)
+
+
+def _reinsert_fn(tkeys, trows, tcounts, tlast, row_slots, old_keys, old_rows, old_counts, old_last, n, slot_mask,
+                 max_rounds, m32, BLOCK: tl.constexpr):
+    """A rebuild: every live key of the old arrays into the emptied table (a CAS claim each, as an
+    insert), with its payload; an admitted key's row learns its new slot."""
+    s = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cur = tl.load(old_keys + s, mask=s < n, other=-1)
+    live = (s < n) & (cur != -1) & (cur != -2)
+    key = cur.to(tl.int64)
+    slot, _ = _claim(tkeys, key, live, _start(key, m32, slot_mask), slot_mask, max_rounds, BLOCK)
+    ok = live & (slot >= 0)
+    row = tl.load(old_rows + s, mask=ok, other=-1)
+    tl.store(trows + slot, row, mask=ok)
+    tl.store(tcounts + slot, tl.load(old_counts + s, mask=ok, other=0), mask=ok)
+    tl.store(tlast + slot, tl.load(old_last + s, mask=ok, other=0), mask=ok)
+    tl.store(row_slots + row, slot, mask=ok & (row >= 0))
+    tl.store(old_keys + s, tl.full([BLOCK], -1, tl.int64).to(old_keys.dtype.element_ty), mask=ok)
+
+
+@functools.cache
+def _kernels():
+    """``(probe, (want, take), carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
+    built on first use."""
+    global tl, _start, _claim
+    import triton
+    import triton.language
+
+    tl = triton.language
+    _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
+    jit = triton.jit
+    return (jit(_probe_fn), (jit(_want_fn), jit(_take_fn)), jit(_carry_out_fn), jit(_evict_stale_fn),
+            jit(_mark_fn), jit(_evict_chosen_fn), jit(_reinsert_fn))
+
+
+def _launch(kernel, n: int, *args, **meta) -> None:
+    """Launch `kernel` over `n` keys (slots). On CPU tensors it runs in Triton's interpreter, which
+    reads the tensors itself: not ops of the step, so outside any dispatch mode (a sync counter
+    counts what a device would run, and a launch is no sync)."""
+    global launches
+    launches += 1
+    meta.setdefault("BLOCK", BLOCK)
+    grid = (max(1, -(-n // meta["BLOCK"])),)
+    if args[0].device.type == "cpu":
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        _check_interpreter(kernel)
+        with _disable_current_modes():
+            kernel[grid](*args, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def _check_interpreter(kernel) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(kernel, InterpretedFunction):
+        raise RuntimeError("HashEmbedding: table_backend='triton' on CPU tensors runs Triton's interpreter: set "
+                           "TRITON_INTERPRET=1 before triton is imported (or use 'torch' on a CPU)")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as the bytes a kernel reads and writes."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+class TritonBackend(StaticBackend):
+    """The device path with its per-step table work in Triton kernels (see the module doc)."""
+
+    name = "triton"
+    rebuilds = True
+
+    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor):
+        """``(slot, free, row, total)`` of each key (one launch; see ``probe``)."""
+        t, n = emb.table, uniq.numel()
+        slot, free, row, total = (torch.empty(n, dtype=torch.int64, device=uniq.device) for _ in range(4))
+        stuck = torch.empty(n, dtype=torch.int8, device=uniq.device)
+        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, stuck,
+                n, t.num_slots - 1, t.max_rounds, _M32)
+        device_assert(~stuck.bool().any(), f"HashEmbedding: a key's probe sequence passed max_rounds="
+                                           f"{t.max_rounds} slots without an empty one (hash table too full)")
+        return slot, free, row, total
+
+    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
+        permit = emb.permit_filter_value
+        slots, free, row, total = self._probe(emb, uniq, counts, valid)
+        found, new = slots >= 0, free >= 0
+        return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
+                          ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
+                          new_pending=new & (counts < permit), valid=valid, pos=None, pad_ok=True)
+
+    def _insert(self, emb, p: DevicePlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
+        then the winners' writes; `hash_static.claim`'s rule: of the keys wanting one slot the first
+        takes it, the others their next free one): ``(slot or -1, whether it was a tombstone)``. A
+        key still without a slot after the last round is left out of the step, as on the torch path."""
+        t, n, dev = emb.table, p.uniq.numel(), p.uniq.device
+        owner, tag = emb.__dict__.get("_claim_words", (None, None))
+        if owner is None or owner.shape != t.keys.shape or owner.device != dev:  # new, rebuilt or moved
+            owner, tag = torch.zeros_like(t.keys, dtype=torch.int64), torch.zeros((), dtype=torch.int64, device=dev)
+            emb.__dict__["_claim_words"] = (owner, tag)  # scratch, not state: a new one works as well
+        placed = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        deleted = torch.zeros(n, dtype=torch.int8, device=dev)
+        want = torch.empty(n, dtype=torch.int64, device=dev)
+        active = p.new.to(torch.int8)
+        want_k, take_k = _kernels()[1]
+        for r in range(CLAIM_ROUNDS):
+            tag.add_(1)  # each round's bids outrank every earlier one's
+            _launch(want_k, n, t.keys, owner, p.uniq, active, want, deleted, p.free, n, t.num_slots - 1,
+                    t.max_rounds, _M32, tag, FIRST=r == 0)
+            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag)
+        return placed, deleted
+
+    def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
+        t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
+        placed, deleted = self._insert(emb, p)
+        # Rows from the top of the free stack: ripe pending keys first, then new ones, in key order (the
+        # host path's order, so both give every key the same row); a key insert left out gets none.
+        admit_new = p.new_admit & (placed >= 0)
+        adm = p.ripe | admit_new
+        n_ripe = p.ripe.sum()
+        rank = torch.where(p.ripe, p.ripe.cumsum(0) - 1, n_ripe + admit_new.cumsum(0) - 1)
+        stack = (emb.num_free_t - 1 - rank).clamp(0, emb.capacity - 1)
+        emb.num_free_t.sub_(adm.sum())
+        rows = torch.empty(n, dtype=torch.int64, device=dev)
+        init = emb._init_rows(n)  # as the torch ops draw: key i's initial row is init[i] on both
+        dim = emb.embedding_size
+        _launch(_kernels()[2], n, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen, _u8(emb.dirty),
+                _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
+                t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
+                _u8(p.new_pending), rows, n, dim, emb._step, DIM=max(16, min(64, 1 << (dim - 1).bit_length())))
+        if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
+            top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
+            emb._reset_parts.append(emb._padded(rows, adm, top))
+        return emb._train_vectors(rows, rows >= 0, inverse)
+
+    def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask
+        _, _, rows, _ = self._probe(emb, flat, torch.zeros_like(flat), valid)
+        return emb._device_read(flat, mask, rows)
+
+    def evict_stale(self, emb, stale: torch.Tensor) -> None:
+        t = emb.table
+        freed = stale & (t.rows >= 0)  # their rows go onto the free stack in slot order (the host path's)
+        stack = (emb.num_free_t + freed.cumsum(0) - 1).clamp(0, emb.capacity - 1)
+        emb.num_free_t.add_(freed.sum())
+        _launch(_kernels()[3], t.num_slots, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
+                _u8(emb.dirty), emb.free_rows, _u8(stale), stack, emb.num_pending_t, t.num_live_t, t.num_slots,
+                NEVER_SEEN)
+        emb._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
+
+    def evict_lru(self, emb, k: int, batch_rows: torch.Tensor) -> None:
+        t = emb.table
+        _launch(_kernels()[4], batch_rows.numel(), emb.row_last_seen, batch_rows, batch_rows.numel(), emb._step)
+        rows, chosen = oldest_static(emb.row_last_seen, emb._step, k)  # the batch's keys stay
+        _launch(_kernels()[5], rows.numel(), t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen,
+                _u8(emb.dirty), emb.free_rows, rows, _u8(chosen), emb.num_free_t, rows.numel(), emb.capacity,
+                NEVER_SEEN, ROWS=True)
+        emb.num_free_t.add_(k)
+        t.num_live_t.sub_(k)
+
+    def drop_pending(self, emb, k: int, plan: DevicePlan) -> None:
+        t = emb.table
+        _launch(_kernels()[4], plan.slots.numel(), t.last_seen, plan.slots, plan.slots.numel(), emb._step)
+        slots, chosen = oldest_static(torch.where(t.rows < 0, t.last_seen, NEVER_SEEN), emb._step, k)
+        _launch(_kernels()[5], slots.numel(), t.keys, t.rows, t.counts, t.last_seen, emb.row_slots,
+                emb.row_last_seen, _u8(emb.dirty), emb.free_rows, slots, _u8(chosen), emb.num_free_t, slots.numel(),
+                emb.capacity, NEVER_SEEN, ROWS=False)
+        emb.num_pending_t.sub_(k)
+        t.num_live_t.sub_(k)
+
+    def rebuild(self, emb, live: int) -> None:
+        """The table without tombstones, on the device: its arrays copied, emptied, every live key
+        inserted again by CAS (one launch, no host loop; on a GPU the layout follows the atomics'
+        order, not the host path's rehash -- see the module doc); `live`, known from the step's read,
+        sets the host's counters. A key that found no slot stays in the copy: a device-side assert."""
+        t = emb.table
+        old = [b.clone() for b in (t.keys, t.rows, t.counts, t.last_seen)]
+        t.keys.fill_(EMPTY)
+        t.rows.fill_(-1)
+        t.counts.zero_()
+        t.last_seen.fill_(NEVER_SEEN)
+        _launch(_kernels()[6], t.num_slots, t.keys, t.rows, t.counts, t.last_seen, emb.row_slots, *old, t.num_slots,
+                t.num_slots - 1, t.max_rounds, _M32)
+        left = old[0]  # the kernel marks every key it placed EMPTY in the copy
+        device_assert(((left == EMPTY) | (left == DELETED)).all(), f"HashEmbedding: a rebuild passed "
+                                                                  f"max_rounds={t.max_rounds} probes")
+        t.num_used_t.copy_(t.num_live_t)  # no tombstone left
+        t.set_mirrors(live, live)
+
+    def reprobe(self, emb, plan: DevicePlan) -> None:
+        plan.slots, plan.free, _, _ = self._probe(emb, plan.uniq, torch.zeros_like(plan.uniq), plan.valid)
+
+
+TRITON = TritonBackend()

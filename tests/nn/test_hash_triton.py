@@ -1,0 +1,269 @@
+"""HashEmbedding's Triton backend (``recstream.nn.hash_triton``) against the host path (compiled CPU
+kernels) and the torch-op device path, on the same key streams: the same keys admitted, counted, aged
+and evicted, the same values per key, the same outputs; states and exports move between backends.
+
+Without a GPU the kernels run on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``, set here
+before triton is imported). Rows start at ``param_init="ones"``; the backends hand out free rows in
+the same order (the host path's order), so states are compared per key and per row. Streams are small: the
+interpreter runs each kernel lane by lane in Python."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # the interpreter must be on before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="the Triton backend's tests need the optional package triton")
+
+from recstream.hostpath import device_path  # noqa: E402
+from recstream.nn import HashEmbedding, hash_triton  # noqa: E402
+from recstream.nn.hash_embedding import lookup_masked_many, table_entries  # noqa: E402
+from recstream.optim import LazyAdam  # noqa: E402
+from recstream.testing import SyncCounter  # noqa: E402
+
+# Triton runs on CPU tensors only in its interpreter: where a GPU made this process import it compiled
+# (the variable unset above), the checks on CPU tensors give way to the GPU test at the end.
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason=(
+    "triton was imported for a GPU here (TRITON_INTERPRET unset): the checks on CPU tensors need its interpreter"))
+
+
+def _stream(steps: int, batch: int, span: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(-span, span, (batch, 3), generator=g) * 7919 + 2 ** 40 for _ in range(steps)]
+
+
+def _by_key(emb: HashEmbedding) -> dict[str, torch.Tensor]:
+    """Every admitted key with its values, count and last-seen step, ordered by key."""
+    out = emb.export(reset_delta=False)
+    order = out["keys"].argsort()
+    return {**{k: v[order] for k, v in out.items()}, "keys_by_row": out["keys"]}
+
+
+def _train(emb: HashEmbedding, stream, backend: str, device=None):
+    """Train on `stream` with `backend` ("host", "torch", "triton"); outputs, final table, sync counter."""
+    if backend != "host":
+        emb.table_backend = backend
+    opt = LazyAdam([emb.values], lr=0.05)
+    outs, counter = [], SyncCounter()
+    for keys in stream:
+        keys = keys if device is None else keys.to(device)
+        with (device_path() if backend != "host" else torch.enable_grad()), counter:
+            out = emb(keys)
+            (out * torch.arange(out.shape[-1], dtype=out.dtype, device=out.device)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        counter.mark()
+        outs.append(out.detach().cpu())
+    return outs, _by_key(emb), counter
+
+
+def _assert_same(a, b) -> None:
+    for step, (x, y) in enumerate(zip(a[0], b[0], strict=True)):
+        assert torch.allclose(x, y, rtol=1e-5, atol=1e-6), f"step {step}: outputs differ"
+    assert torch.equal(a[1]["keys"].cpu(), b[1]["keys"].cpu())
+    for name in ("counts", "last_seen", "keys_by_row"):  # every key has the same row on each backend
+        assert torch.equal(a[1][name].cpu(), b[1][name].cpu()), name
+    assert torch.allclose(a[1]["values"].cpu(), b[1]["values"].cpu(), rtol=1e-5, atol=1e-6)
+
+
+@interpreted
+@pytest.mark.parametrize("permit,capacity,evict_after", [
+    (1, 512, None),  # room for every key (4 steps x 48 ids): no eviction
+    (3, 512, 2),  # admission after 3 sightings, age eviction
+    (1, 48, None),  # more keys than rows: LRU passes
+    (2, 40, 2),  # LRU passes with pending keys, age eviction
+])
+def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(permit, capacity, evict_after):
+    stream = _stream(4, 16, 40)
+    emb = HashEmbedding(4, capacity=capacity, permit_filter_value=permit, param_init="ones",
+                        evict_filter_value=evict_after)
+    host = _train(copy.deepcopy(emb), stream, "host")
+    torch_ops = _train(copy.deepcopy(emb), stream, "torch")
+    before = hash_triton.launches
+    triton = _train(emb, stream, "triton")
+    _assert_same(host, triton)
+    _assert_same(torch_ops, triton)
+    assert emb.num_rows == host[1]["keys"].numel() > 0
+    syncs = [s.syncs for s in triton[2].per_step]
+    if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
+        assert syncs == [0] * len(stream), syncs
+        # a step: probe, 4 claim rounds of 2, carry out; age eviction one more; far fewer ops than the torch path
+        assert hash_triton.launches - before == len(stream) * (10 if evict_after is None else 11)
+        assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
+    else:  # full: the step reads the counters once, then the LRU pass
+        assert max(syncs) == 1, syncs
+
+
+def _churn(steps: int) -> list[torch.Tensor]:
+    """Many more distinct keys than rows: evictions leave tombstones until the table is rebuilt."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 400, (16, 2), generator=g) * 7919 + 11 for _ in range(steps)]
+
+
+def _assert_sound(emb: HashEmbedding) -> None:
+    """The table's invariants: every key at a slot its probe finds, rows and slots pointing at each
+    other, the free stack holding exactly the free rows, the counters counting what is there."""
+    t = emb.table
+    live = t.occupied()
+    slots = live.nonzero().squeeze(1)
+    assert torch.equal(t.find(t.keys[slots].to(torch.int64)), slots)
+    rows = t.rows[slots]
+    admitted = rows >= 0
+    assert torch.equal(emb.row_slots[rows[admitted]], slots[admitted])
+    free = emb.free_rows[: emb.num_free_t.item()]
+    assert torch.equal(free.sort().values, (emb.row_slots < 0).nonzero().squeeze(1))
+    assert emb.num_pending_t.item() == int((~admitted).sum()) and t.num_live_t.item() == slots.numel()
+    assert t.num_used_t.item() == slots.numel() + int((t.keys == -2).sum())
+
+
+def _count_rebuilds(monkeypatch) -> list[int]:
+    """The live keys of every rebuild the Triton backend runs (the calls, recorded)."""
+    calls, rebuild = [], hash_triton.TritonBackend.rebuild
+
+    def spy(self, emb, live):
+        calls.append(live)
+        rebuild(self, emb, live)
+    monkeypatch.setattr(hash_triton.TritonBackend, "rebuild", spy)
+    return calls
+
+
+@interpreted
+def test_a_rebuild_runs_on_the_device_with_one_read_and_keeps_the_semantics(monkeypatch):
+    rebuilds = _count_rebuilds(monkeypatch)
+    stream = _churn(4)  # a rebuild at step 3
+    emb = HashEmbedding(4, capacity=40, param_init="ones")
+    host = _train(copy.deepcopy(emb), stream, "host")
+    torch_ops = _train(copy.deepcopy(emb), stream, "torch")
+    triton = _train(emb, stream, "triton")
+    _assert_same(host, triton)  # no age eviction: nothing depends on the slot layout
+    assert max(s.syncs for s in torch_ops[2].per_step) > 10  # the torch ops rebuild on the host path
+    assert max(s.syncs for s in triton[2].per_step) == 1  # the kernels rebuild after the step's one read
+    assert rebuilds
+    _assert_sound(emb)
+
+
+@interpreted
+def test_with_age_eviction_the_triton_table_stays_sound_through_rebuilds(monkeypatch):
+    rebuilds = _count_rebuilds(monkeypatch)
+    # Age eviction frees rows in slot order, so after a rebuild laid keys out otherwise than the host
+    # path (on a GPU: the atomics' order), rows (and the LRU pass's ties) may differ: what must hold is
+    # the table itself.
+    emb = HashEmbedding(4, capacity=40, param_init="ones", evict_filter_value=1)
+    emb.table_backend = "triton"
+    counter = SyncCounter()
+    for keys in _churn(5):  # a rebuild at step 3
+        with device_path(), counter:
+            emb(keys)
+        counter.mark()
+        _assert_sound(emb)
+    assert max(s.syncs for s in counter.per_step) == 1 and rebuilds
+
+
+@interpreted
+def test_a_state_saved_on_one_backend_loads_and_trains_on_the_others():
+    stream = _stream(4, 8, 30)
+    emb = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
+    _train(emb, stream[:2], "triton")
+    for target in ("host", "torch"):  # the Triton table's tensors as the host path's and back
+        other = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
+        other.load_state(emb.state())
+        again = copy.deepcopy(emb)
+        a, b = _train(other, stream[2:], target), _train(again, stream[2:], "triton")
+        _assert_same(a, b)
+    host = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
+    _train(host, stream[:2], "host")
+    back = HashEmbedding(4, capacity=64, permit_filter_value=2, param_init="ones", evict_filter_value=3)
+    back.load_state_dict(host.state_dict())
+    _assert_same(_train(host, stream[2:], "host"), _train(back, stream[2:], "triton"))
+
+
+@interpreted
+def test_an_export_of_the_triton_table_imports_into_a_host_table_and_reads_alike():
+    emb = HashEmbedding(3, capacity=32, param_init="ones")
+    _train(emb, _stream(3, 8, 20), "triton")
+    served = HashEmbedding(3, capacity=32)
+    served.import_(emb.export())
+    keys = torch.cat([emb.export(reset_delta=False)["keys"], torch.tensor([12345])])
+    emb.eval(), served.eval()
+    with device_path():
+        on_triton = emb(keys)
+    assert torch.equal(on_triton, served(keys))
+    assert on_triton[-1].abs().sum() == 0  # an unknown key reads the default
+
+
+@interpreted
+def test_masked_lookups_of_several_tables_on_triton_match_the_host_path():
+    # DynamicTables' device path: the whole batch's ids, one mask per table, at most one read for all
+    stream = _stream(4, 8, 30)
+    masks = [torch.rand(k.numel(), generator=torch.Generator().manual_seed(i)) < 0.5 for i, k in enumerate(stream)]
+    kw = dict(capacity=24, param_init="ones", permit_filter_value=2)
+    on_host = [HashEmbedding(3, **kw), HashEmbedding(2, **kw)]
+    on_triton = [HashEmbedding(3, **kw), HashEmbedding(2, **kw)]
+    for t in on_triton:
+        t.table_backend = "triton"
+    for keys, mask in zip(stream, masks, strict=True):
+        keys = keys.reshape(-1)
+        want = [t.lookup_masked(keys, m) for t, m in zip(on_host, (mask, ~mask), strict=True)]
+        with device_path(), SyncCounter() as counter:
+            got = lookup_masked_many([(t, keys, m) for t, m in zip(on_triton, (mask, ~mask), strict=True)])
+        assert counter.syncs <= 1
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    for a, b in zip(on_host, on_triton, strict=True):
+        assert torch.equal(_by_key(a)["keys"], _by_key(b)["keys"]) and a.num_pending == b.num_pending
+
+
+@interpreted
+def test_a_triton_table_rebuilds_from_its_entries_into_another_geometry():
+    emb = HashEmbedding(3, capacity=32, param_init="ones", permit_filter_value=2)
+    _train(emb, _stream(3, 8, 20), "triton")
+    bigger = HashEmbedding(3, capacity=64, param_init="ones", permit_filter_value=2)
+    bigger.load_entries_(64, 64, table_entries(emb.state().tensors), emb.evicted_keys)
+    for name, values in _by_key(emb).items():
+        if name != "keys_by_row":
+            assert torch.equal(values, _by_key(bigger)[name]), name
+    assert bigger.num_pending == emb.num_pending
+
+
+@interpreted
+def test_an_eval_read_on_triton_changes_nothing_and_syncs_nothing():
+    emb = HashEmbedding(2, capacity=16, param_init="ones")
+    _train(emb, _stream(2, 4, 10), "triton")
+    emb.eval()
+    before = {k: v.clone() for k, v in emb.state_dict().items()}
+    with device_path(), SyncCounter() as counter:
+        emb(torch.tensor([5, 2 ** 40]))
+    assert counter.syncs == 0
+    assert all(torch.equal(before[k], v) for k, v in emb.state_dict().items())
+
+
+def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_with_the_fix(monkeypatch):
+    emb = HashEmbedding(2, capacity=16)
+    emb.table_backend = "triton"
+    kernels = hash_triton._kernels()
+    monkeypatch.setattr(hash_triton, "_kernels", lambda: tuple(k.fn if hasattr(k, "fn") else k for k in kernels))
+    with device_path(), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        emb(torch.tensor([1, 2]))
+
+
+def test_table_backend_names_the_allowed_values(monkeypatch):
+    emb = HashEmbedding(2, capacity=4)
+    with pytest.raises(ValueError, match="table_backend"):
+        emb.table_backend = "cuda"
+    assert HashEmbedding(2, capacity=4).table_backend == "auto"
+    monkeypatch.setattr("recstream.nn.hash_embedding.triton_available", lambda: False)  # as without triton
+    with pytest.raises(ValueError, match="needs the optional package triton"):
+        emb.table_backend = "triton"
+    with device_path():  # CPU tensors on the device path: the torch ops, unless Triton is asked for
+        assert emb._backend_for(torch.zeros(1, dtype=torch.int64)).name == "torch"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_table_on_triton_matches_the_cpu_host_path():
+    stream = _stream(8, 16, 40)
+    kw = dict(capacity=48, permit_filter_value=2, param_init="ones", evict_filter_value=3)
+    host = _train(HashEmbedding(4, **kw), stream, "host")
+    cuda = _train(HashEmbedding(4, device="cuda", **kw), stream, "triton", device="cuda")
+    _assert_same(host, cuda)
