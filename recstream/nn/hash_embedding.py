@@ -110,6 +110,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -118,7 +120,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..hostpath import device_assert, host_reads_free
+from ..hostpath import device_assert, device_path, host_reads_free
 from ..sorting import unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
@@ -133,7 +135,8 @@ from .tensor_hash_table import (
     _where,
 )
 
-__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many"]
+__all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many", "triton_works"]
+log = logging.getLogger(__name__)
 
 # Initial row values per ``param_init`` (std / half-width of the distribution).
 _INIT_SCALE = {"normal": 0.01, "uniform": 0.05}
@@ -457,7 +460,8 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         if host_only or self._sharding is not None or host_reads_free(tensor):
             return HOST
         choice = self.table_backend
-        if choice == "torch" or (choice == "auto" and (tensor.device.type != "cuda" or not triton_available())):
+        auto_torch = choice == "auto" and (tensor.device.type != "cuda" or not triton_works(tensor.device))
+        if choice == "torch" or auto_torch:
             return STATIC
         from .hash_triton import TRITON  # imports triton: only once a Triton backend runs
 
@@ -786,3 +790,38 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
                 f"permit={self.permit_filter_value}, evict={self.evict_filter_value}, "
                 f"sparse={self.sparse}, step={self._step}")
 
+
+
+def triton_works(device: torch.device) -> bool:
+    """Whether ``table_backend="auto"`` takes the Triton backend on `device`: triton imports, and a
+    small table trained there with it matches the torch ops (checked once per device, warned
+    otherwise). The check runs every kernel a table uses before a real table depends on them: a
+    kernel Triton cannot compile on this machine then costs the speed of the torch ops, not a run."""
+    return triton_available() and _triton_matches_torch(str(device))
+
+
+@functools.cache
+def _triton_matches_torch(device: str) -> bool:
+    g = torch.Generator().manual_seed(0)
+    # Admission after 2 sightings, age eviction and more keys than rows: every kernel runs.
+    stream = [torch.randint(0, 40, (24,), generator=g) * 7919 + 2 ** 40 for _ in range(4)]
+    tables = {}
+    try:
+        with torch.enable_grad(), device_path():
+            for backend in ("triton", "torch"):
+                emb = HashEmbedding(4, param_init="ones", permit_filter_value=2, evict_filter_value=2,
+                                    capacity=16, device=device)
+                emb.table_backend = backend
+                outs = [emb(keys.to(device)).detach().cpu() for keys in stream]
+                tables[backend] = (outs, emb.export(reset_delta=False))
+    except Exception as e:  # noqa: BLE001 -- any failure of the optional backend means: use the torch ops
+        log.warning("HashEmbedding: the Triton backend failed on %s (%s: %s); tables there run on the torch ops",
+                    device, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return False
+    (outs, a), (ref, b) = tables["triton"], tables["torch"]
+    same = all(torch.equal(x, y) for x, y in zip(outs, ref, strict=True)) and \
+        torch.equal(a["keys"].sort().values.cpu(), b["keys"].sort().values.cpu())
+    if not same:
+        log.warning("HashEmbedding: the Triton backend disagreed with the torch ops on %s; tables there run "
+                    "on the torch ops", device)
+    return same

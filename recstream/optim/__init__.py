@@ -22,6 +22,7 @@ Example:
     ['dense', 'sparse']
 """
 
+from . import kernel_check  # noqa: F401 -- registers the per-device check of the Triton kernels
 from ._base import SparseRowOptimizer
 from .combined import CombinedOptimizer, sparse_and_dense, split_sparse_dense
 from .ftrl import FTRL

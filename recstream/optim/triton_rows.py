@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ENABLED", "applies", "interpreted", "lazy_adam", "rowwise_adagrad", "ftrl", "gradient_entries"]
+__all__ = ["ENABLED", "applies", "interpreted", "kernels_work", "lazy_adam", "rowwise_adagrad", "ftrl",
+           "gradient_entries"]
 
 ENABLED = True
 """Whether CUDA steps use the kernels where Triton imports (read at each step: set False to run the torch ops)."""
@@ -83,7 +84,20 @@ def applies(tensors: list[Tensor]) -> bool:
         return False
     if not all(t.device == device and t.dtype == torch.float32 and t.is_contiguous() for t in tensors):
         return False
-    return _triton_kernels() is not None
+    if _triton_kernels() is None:
+        return False
+    return device.type != "cuda" or getattr(_checking, "on", False) or kernels_work(device)
+
+
+def kernels_work(device: torch.device) -> bool:
+    """Whether the kernels step small tables on `device` as the torch ops do
+    (`recstream.optim.kernel_check`): checked once per device, before any real table depends on them."""
+    return _device_check is None or _device_check(str(device))
+
+
+# Set by recstream.optim.kernel_check, which steps the optimizers (they import this module).
+_device_check: Any = None
+_checking = threading.local()
 
 
 def gradient_entries(grad: Tensor) -> tuple[Tensor | None, Tensor] | None:

@@ -267,3 +267,23 @@ def test_a_cuda_table_on_triton_matches_the_cpu_host_path():
     host = _train(HashEmbedding(4, **kw), stream, "host")
     cuda = _train(HashEmbedding(4, device="cuda", **kw), stream, "triton", device="cuda")
     _assert_same(host, cuda)
+
+
+@interpreted
+def test_auto_takes_triton_only_where_a_trained_table_matches_the_torch_ops(monkeypatch, caplog):
+    """`triton_works` trains a small table with each device backend once per device: a kernel that
+    fails (e.g. one this machine's Triton cannot compile) or disagrees sends "auto" to the torch ops,
+    with a warning, before any real table has used it."""
+    from recstream.nn import hash_embedding
+
+    hash_embedding._triton_matches_torch.cache_clear()
+    assert hash_embedding.triton_works(torch.device("cpu"))  # the interpreter stands in for a GPU
+    hash_embedding._triton_matches_torch.cache_clear()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(hash_triton.TRITON, "carry_out", broken)
+    assert not hash_embedding.triton_works(torch.device("cpu"))
+    assert "Triton backend failed on cpu (RuntimeError: PassManager::run failed)" in caplog.text
+    hash_embedding._triton_matches_torch.cache_clear()

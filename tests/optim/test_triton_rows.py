@@ -399,3 +399,28 @@ def test_without_triton_the_kernels_are_off_and_a_step_runs_the_other_paths(monk
     opt = LazyAdam([t.weight for t in tables], lr=0.05)
     _step(tables, opt, *_batches(1)[0], "torch")
     assert opt.state[tables[0].weight]["step"] == 1
+
+
+def test_a_device_takes_the_kernels_only_where_they_step_like_the_torch_ops(monkeypatch, caplog):
+    """`kernels_work` steps small tables with the kernels and without once per device: a kernel that
+    fails (e.g. one this machine's Triton cannot compile) or disagrees sends the device's updates to
+    the torch ops, with a warning, before any real table depends on it."""
+    from recstream.optim import kernel_check
+
+    check = kernel_check._kernels_match_torch
+    assert triton_rows._device_check is check
+    with triton_rows.interpreted():  # the interpreter stands in for a GPU
+        check.cache_clear()
+        assert check("cpu")
+        check.cache_clear()
+        kernels = triton_rows._triton_kernels()
+
+        class Broken:
+            def __getitem__(self, grid):
+                raise RuntimeError("PassManager::run failed")
+
+        monkeypatch.setattr(kernels, "ftrl", Broken())
+        assert not check("cpu")
+        assert "row kernels failed on cpu (RuntimeError: PassManager::run failed)" in caplog.text
+        assert triton_rows.ENABLED
+        check.cache_clear()
