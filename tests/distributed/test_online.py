@@ -253,16 +253,18 @@ def test_sigterm_to_one_rank_stops_all_with_a_final_checkpoint(tmp_path, mode, s
     assert (counts[1:] == 1).all(), (np.flatnonzero(counts[1:] != 1) + 1)[:10]
 
 
-def test_rank_sigkilled_job_restarted_trains_every_event_exactly_once(tmp_path):
+@pytest.mark.parametrize("micro", [None, 3])
+def test_rank_sigkilled_job_restarted_trains_every_event_exactly_once(tmp_path, micro):
     """hybrid_parallel, 2 ranks, torchrun's elastic restart: a random rank is SIGKILLed at a random
     step, twice; torchrun restarts the whole job, which resumes from the newest complete sharded
     checkpoint. No rank ever committed a position that no complete checkpoint holds, and in the
     end every event was trained exactly once (the counts live in the checkpointed state, so what a
-    killed life trained after its last checkpoint is rolled back with it)."""
+    killed life trained after its last checkpoint is rolled back with it). With micro-steps of 3
+    rows too (batches of 8: 3 steps each, padded on a rank whose batch is short or a fill)."""
     files = write_files(tmp_path / "data", [360, 40, 300, 30, 10, 260])
     n_events = sum(len(ids) for _, ids in files)
     cfg = {"out": str(tmp_path), "mode": "hybrid_parallel", "source": "dir", "data": str(tmp_path / "data"),
-           "n_events": n_events, "batch": 8, "sink": 2, "save_steps": 3, "idle_timeout": 1.0}
+           "n_events": n_events, "batch": 8, "sink": 2, "save_steps": 3, "idle_timeout": 1.0, "micro": micro}
     with Job(cfg, restarts=2) as job:
         kill_random_ranks(job, random.Random(7), 2, lambda: _assert_commits_durable(tmp_path / "ckpt"))
         err = job.finish(timeout=120)
