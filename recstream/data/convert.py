@@ -397,6 +397,8 @@ class ColumnConverter:
                             f"{feat.separator!r}-joined strings, got type {col.type}")
         lens = np.asarray(pc.fill_null(pc.list_value_length(col), 0), dtype=np.int64)
         elems = plain(pc.list_flatten(col))  # null lists contribute nothing
+        if pa.types.is_null(elems.type):  # only empty/null lists (JSON `[]` is list<null>): no ids
+            elems = pa.nulls(len(elems), pa.string())
         rows = np.repeat(np.arange(n, dtype=np.int64), lens)
         present = ~np.asarray(elems.is_null(), dtype=bool)
         if is_text(elems.type):  # "1||2" and "" hold empty elements: absent, not ids

@@ -111,8 +111,9 @@ class RecModel(Model):
         Micro-steps: with `micro_batch_size` k (an int >= 1; None: off), each batch trains as
         consecutive optimizer steps of k rows, in order, the last possibly smaller (`MicroSteps`).
         Everything else stays per batch: the prequential scoring (of the whole batch, before any
-        of its steps), ``cur_step_num``, the step hooks, positions, checkpoints and commits. One
-        process only for now (several ranks would need to agree on the number of steps).
+        of its steps), ``cur_step_num``, the step hooks, positions, checkpoints and commits. On
+        several ranks all take as many steps per batch as the rank with the most rows (one
+        all-reduce per batch); the others pad with slices weighted 0.
 
         Nothing new: a `Stream` whose first pass ends without a batch (a `DirectoryStream` or
         `KafkaStream` resumed at its end whose `idle_timeout` passes, an exhausted `IterableStream`,
@@ -177,11 +178,8 @@ class RecModel(Model):
         check_int("RecModel.online_train", "micro_batch_size", micro_batch_size, minimum=1, allow_none=True)
         if micro_batch_size is None:
             return None
-        if is_distributed():
-            raise ValueError(f"RecModel.online_train: 'micro_batch_size' ({micro_batch_size}) needs one process; "
-                             f"on {world_size()} ranks each would take its own number of steps per batch and the "
-                             "gradient all-reduces would not match: use micro_batch_size=None")
-        return MicroSteps(self._train_network, micro_batch_size)
+        # several ranks agree on the number of steps per batch (padding with zero-weight slices)
+        return MicroSteps(self._train_network, micro_batch_size, sync=is_distributed())
 
     def _run_step(self, step, state, start, network):
         try:

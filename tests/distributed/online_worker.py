@@ -6,7 +6,7 @@ CONFIG keys: ``out`` (a directory), ``mode`` ("data_parallel" or "hybrid_paralle
 ("dir" with ``data``, or "kafka" with ``bootstrap``, ``topic`` and ``group``), ``n_events``, ``batch``,
 ``sink`` (sink size; 0: normal mode), ``save_steps``, ``idle_timeout`` (None: wait forever),
 ``max_delay`` (None: a short batch waits to be filled), ``stop_rank``/``stop_step`` (a callback on
-that rank alone requests a stop once that step is trained).
+that rank alone requests a stop once that step is trained), ``micro`` (micro_batch_size; None: off).
 
 The network counts, in a buffer that is part of its state (and so of every checkpoint), how many
 times each event id was trained, over all ranks (the ranks' counts are all-reduced in forward, so
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
 from recstream import RecModel, distributed, set_auto_parallel_context
 from recstream.callbacks import Callback, CheckpointConfig, ModelCheckpoint
@@ -47,11 +48,13 @@ class CountingNet(torch.nn.Module):
         self.lin = torch.nn.Linear(2 + 4, 1)
         self.register_buffer("trained", torch.zeros(n_events + 1, dtype=torch.int64))
         self.seen: list[int] = []  # this rank's own events, this life (not state)
+        self.steps: list[list[int]] = []  # event ids of each training forward (0: a fill/pad row)
 
     def forward(self, features):
         ids = features.dense[:, 0].long()
         if self.training:
             self.seen.extend(i for i in ids.tolist() if i)
+            self.steps.append(ids.tolist())
             counts = torch.zeros_like(self.trained).index_add_(0, ids, torch.ones_like(ids))
             if dist.is_initialized():
                 dist.all_reduce(counts)  # every rank takes part in every step, fill or not
@@ -111,8 +114,12 @@ def main(cfg: dict) -> None:
     if cfg.get("stop_rank") == r:
         callbacks.append(StopOnOneRank(cfg["stop_step"]))
     sink = cfg.get("sink", 1)
-    model.online_train(stream, callbacks=callbacks, dataset_sink_mode=sink > 0, sink_size=max(sink, 1))
-    Path(cfg["out"], f"rank-{r}.json").write_text(json.dumps({"seen": net.seen}))
+    model.online_train(stream, callbacks=callbacks, dataset_sink_mode=sink > 0, sink_size=max(sink, 1),
+                       micro_batch_size=cfg.get("micro"))
+    Path(cfg["out"], f"rank-{r}.json").write_text(json.dumps({"seen": net.seen, "steps": net.steps}))
+    if r == 0:  # the final parameters (the same on every rank), for a single-process reference
+        params = {k: v.detach().contiguous() for k, v in net.named_parameters()}
+        save_file(params, Path(cfg["out"], "params.safetensors"))
     say(f"done {r}")
     stream.close()
     distributed.shutdown()

@@ -253,16 +253,18 @@ def test_sigterm_to_one_rank_stops_all_with_a_final_checkpoint(tmp_path, mode, s
     assert (counts[1:] == 1).all(), (np.flatnonzero(counts[1:] != 1) + 1)[:10]
 
 
-def test_rank_sigkilled_job_restarted_trains_every_event_exactly_once(tmp_path):
+@pytest.mark.parametrize("micro", [None, 3])
+def test_rank_sigkilled_job_restarted_trains_every_event_exactly_once(tmp_path, micro):
     """hybrid_parallel, 2 ranks, torchrun's elastic restart: a random rank is SIGKILLed at a random
     step, twice; torchrun restarts the whole job, which resumes from the newest complete sharded
     checkpoint. No rank ever committed a position that no complete checkpoint holds, and in the
     end every event was trained exactly once (the counts live in the checkpointed state, so what a
-    killed life trained after its last checkpoint is rolled back with it)."""
+    killed life trained after its last checkpoint is rolled back with it). With micro-steps of 3
+    rows too (batches of 8: 3 steps each, padded on a rank whose batch is short or a fill)."""
     files = write_files(tmp_path / "data", [360, 40, 300, 30, 10, 260])
     n_events = sum(len(ids) for _, ids in files)
     cfg = {"out": str(tmp_path), "mode": "hybrid_parallel", "source": "dir", "data": str(tmp_path / "data"),
-           "n_events": n_events, "batch": 8, "sink": 2, "save_steps": 3, "idle_timeout": 1.0}
+           "n_events": n_events, "batch": 8, "sink": 2, "save_steps": 3, "idle_timeout": 1.0, "micro": micro}
     with Job(cfg, restarts=2) as job:
         kill_random_ranks(job, random.Random(7), 2, lambda: _assert_commits_durable(tmp_path / "ckpt"))
         err = job.finish(timeout=120)
@@ -380,3 +382,67 @@ def test_kafka_partitions_per_rank_rank_sigkilled_exactly_once(tmp_path, kafka_b
     finally:
         consumer.close()
     assert [tp.offset for tp in committed] == sizes  # both ranks committed their part of the final checkpoint
+
+
+def _events(data: Path) -> dict[int, tuple[float, float, float, int]]:
+    """event id -> (label, x1, x2, c), read back from the files `write_files` wrote."""
+    events = {}
+    for path in sorted(data.glob("part-*.csv")):
+        for line in path.read_text().splitlines():
+            label, i, a, b, c = line.split(",")
+            events[int(i)] = (float(label), float(a), float(b), int(c))
+    return events
+
+
+def _reference(steps: list[list[list[int]]], events: dict, n_events: int) -> dict:
+    """One process: at each step, the mean over the 2 ranks of each rank's mean loss over its
+    slice, weighted 0 for a fill/pad slice (ids 0) -- what 2 data_parallel ranks train."""
+    import torch
+
+    from recstream.features import Features
+    from recstream.models import default_optimizer
+
+    from .online_worker import build
+    net, _ = build(n_events)
+    optimizer = default_optimizer(net, lr=0.01, embedding="rowwise_adagrad")
+    bce = torch.nn.BCEWithLogitsLoss()
+    for slices in zip(*steps, strict=True):
+        optimizer.zero_grad()
+        loss = 0.0
+        for ids in slices:
+            if not any(ids):
+                continue  # a fill or pad slice: weight 0
+            rows = [events[i] for i in ids]
+            dense = torch.tensor([[float(i), a, b] for i, (_, a, b, _) in zip(ids, rows, strict=True)]).float()
+            feats = Features.from_lengths(dense, torch.tensor([r[3] for r in rows]), torch.ones(1, len(ids),
+                                          dtype=torch.int64), keys=["c"])
+            loss = loss + bce(net(feats), torch.tensor([r[0] for r in rows])) / len(slices)
+        loss.backward()
+        optimizer.step()
+    return {k: v.detach() for k, v in net.named_parameters()}
+
+
+def test_micro_steps_on_two_ranks_with_unequal_batches_match_one_process(tmp_path):
+    """micro_batch_size=5 on 2 data_parallel ranks whose batches differ in size (files of very
+    different sizes; the last batches short; one rank runs out first): the ranks agree on the steps
+    per batch (the one with fewer rows pads with zero-weight slices), every event is trained once,
+    and the final parameters equal a single-process run of the same slices."""
+    from safetensors.torch import load_file
+    files = write_files(tmp_path / "data", [300, 20, 263, 17, 5, 241])
+    n_events = sum(len(ids) for _, ids in files)
+    cfg = {"out": str(tmp_path), "mode": "data_parallel", "source": "dir", "data": str(tmp_path / "data"),
+           "n_events": n_events, "batch": 16, "sink": 2, "save_steps": 5, "idle_timeout": 1.0, "micro": 5}
+    proc, out, err = run(cfg)
+    assert proc.returncode == 0, err[-4000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]["steps"]) == len(ranks[1]["steps"])
+    assert max(len(ids) for r in ranks for ids in r["steps"]) == 5
+    pads = [(a, b) for a, b in zip(ranks[0]["steps"], ranks[1]["steps"], strict=True) if not any(a) or not any(b)]
+    assert pads and all(any(a) or any(b) for a, b in pads)  # padded steps happened, never on both ranks
+    counts = final_counts(tmp_path / "ckpt", n_events)
+    assert (counts[1:] == 1).all(), (np.flatnonzero(counts[1:] != 1) + 1)[:10]
+    got = load_file(tmp_path / "params.safetensors")
+    want = _reference([r["steps"] for r in ranks], _events(tmp_path / "data"), n_events)
+    assert got.keys() == want.keys()
+    for k in got:
+        np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-4, atol=1e-5, err_msg=k)

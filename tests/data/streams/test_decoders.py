@@ -127,3 +127,65 @@ def test_decoder_argument_types_raise_type_errors():
         CSVLineDecoder(SCHEMA, max_record_bytes=0)
     with pytest.raises(TypeError, match="CSVLineDecoder: 'log1p_dense' must be a bool"):
         CSVLineDecoder(SCHEMA, log1p_dense="yes")
+
+
+def test_json_mixed_int_and_string_ids_with_empty_multi_hot_lists(tmp_path):
+    """Ids that are ints in some records and strings in others, next to an empty multi-hot
+    list, decode (an empty bag), keyed as the CSV reader and ``/predict`` key them."""
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recstream.data import CategoricalFeature, ParquetReader, Schema
+    from recstream.data.streams import JSONDecoder
+    from recstream.serving.export import instances_to_inputs
+
+    schema = Schema([], [CategoricalFeature("user", dynamic=True, capacity=64),
+                         CategoricalFeature("item", hash_buckets=1000),
+                         CategoricalFeature("genre", hash_buckets=1000, multi_hot=True)])
+    rows = [{"label": 1, "user": 12, "item": 7, "genre": [3, 4]},
+            {"label": 0, "user": "ann", "item": "x7", "genre": []},
+            {"label": 1, "user": "12", "item": 7, "genre": ["drama"]},
+            {"label": 0, "user": 5, "item": "7", "genre": []}]
+    lines = [json.dumps(r).encode() for r in rows]
+    for recs in (lines, lines[1:2], lines[3:]):  # a batch, and records decoded alone
+        out = JSONDecoder(schema).decode(recs)
+        assert out.bad == [], out.bad
+        assert out.batch.features.lengths()[2].tolist() == [len(json.loads(r)["genre"]) for r in recs]
+    got = JSONDecoder(schema).decode(lines).batch
+    csv = tmp_path / "a.csv"
+    csv.write_text("label,user,item,genre\n" + "".join(
+        f"{r['label']},{r['user']},{r['item']},{'|'.join(map(str, r['genre']))}\n" for r in rows))
+    (expected,) = CSVReader(str(csv), schema, 4)
+    assert_same_batch(got, expected)
+    assert got.features.values[:2].tolist() == [12, int(expected.features.values[1])]  # 12 is its own key
+    assert int(got.features.values[2]) == 12  # "12" is the key of 12
+    pq.write_table(pa.table({"label": [r["label"] for r in rows], "user": [str(r["user"]) for r in rows],
+                             "item": [str(r["item"]) for r in rows],
+                             "genre": [[str(g) for g in r["genre"]] for r in rows]}), tmp_path / "a.parquet")
+    (from_parquet,) = ParquetReader(str(tmp_path / "a.parquet"), schema, 4)
+    assert_same_batch(got, from_parquet)
+    sig = {"schema": schema.to_dict(), "preprocessing": {"fill_missing_dense": None, "log1p_dense": False}}
+    _, values, offsets = instances_to_inputs(sig, [{k: v for k, v in r.items() if k != "label"} for r in rows])
+    assert values.tolist() == got.features.values.tolist()
+    assert np.diff(offsets.numpy()).tolist() == got.features.lengths().flatten().tolist()
+
+
+def test_json_malformed_id_fields_are_dead_lettered_by_name():
+    import json
+
+    from recstream.data import CategoricalFeature, Schema
+    from recstream.data.streams import JSONDecoder
+
+    schema = Schema([], [CategoricalFeature("user", dynamic=True, capacity=64),
+                         CategoricalFeature("genre", hash_buckets=1000, multi_hot=True)])
+    recs = [json.dumps(r).encode() for r in ({"label": 1, "user": 1, "genre": []},
+                                             {"label": 1, "user": [1, 2], "genre": []},
+                                             {"label": 1, "user": "b", "genre": {"a": 1}},
+                                             {"label": 0, "user": 2, "genre": [None]})]
+    out = JSONDecoder(schema).decode(recs)
+    assert [(b.index, b.reason) for b in out.bad] == [(1, "malformed"), (2, "malformed")]
+    assert "'user'" in out.bad[0].detail and "'genre'" in out.bad[1].detail, out.bad
+    assert out.rows.tolist() == [0, 3] and out.batch.features.lengths()[1].tolist() == [0, 0]
