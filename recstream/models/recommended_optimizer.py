@@ -36,7 +36,10 @@ from .linear import LinearTerm
 EMBEDDING_OPTIMIZERS = ("lazy_adam", "rowwise_adagrad")
 WIDE_OPTIMIZERS = ("ftrl", "same")
 # RowWiseAdagrad's step is lr / sqrt(accumulated mean g^2): it needs a much larger lr than Adam.
-_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
+# 0.1, measured (benchmarks/bench_anchors.py, docs/benchmarks.md "Anchors"): online, one step per batch of
+# 256, against 0.05 it gained +0.0002 to +0.0022 prequential AUC in all four cases (WideDeep and DeepFM on
+# DriftingCTR and ColdStartCTR), and 0.2 lost in all four; it costs nothing (a step size).
+_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.1}
 
 
 def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "rowwise_adagrad",
@@ -54,7 +57,8 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
             (1e-3 .. 1e-2) against LazyAdam's 0.710 at lr 1e-3 and 0.731 at 1e-2; offline (WideDeep
             on Adult, 3 epochs) both reached a test AUC of 0.912-0.913. And it keeps 4 bytes of
             state per row instead of 2 floats per value.
-        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad.
+        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.1 for RowWiseAdagrad (measured
+            online against 0.05 and 0.2, docs/benchmarks.md "Anchors").
         wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).
         wide_lr: FTRL's alpha (paper convention).
