@@ -42,6 +42,7 @@ and each system's AUC on those events and on the others.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,6 +156,8 @@ def _vw(stream: str, search: bool) -> list[Anchor]:
     if search:
         rows += [Anchor(f"VW quadratic ({quad}, -b 24)", prep, score, learn,
                         vw(f"--loss_function logistic {quad} -b 24")),
+                 Anchor(f"VW quadratic ({quad}, -b 24 -l 0.25)", prep, score, learn,  # ColdStartCTR's best VW
+                        vw(f"--loss_function logistic {quad} -b 24 -l 0.25")),
                  Anchor("VW -b 24", prep, score, learn, vw("--loss_function logistic -b 24"))]
     return rows
 
@@ -204,7 +207,7 @@ class Config:
     """A recstream configuration: model, `default_optimizer` arguments, micro-step size (None: one step),
     and whether the model gets the stream's `CROSSES` (`CrossFeature`s, wide/linear part only)."""
     name: str
-    model: type
+    model: Callable  # (schema) -> network
     optimizer: dict = field(default_factory=dict)
     micro: int | None = None
     crosses: bool = False
@@ -231,10 +234,11 @@ def _crossed(config: Config, stream: Stream, pairs=None) -> tuple[Schema, list[B
 
 DEFAULTS = [Config("recstream WideDeep, default_optimizer", WideDeep),
             Config("recstream DeepFM, default_optimizer", DeepFM)]
-# The best found (--search on both streams, docs/benchmarks.md "Anchors"; default_optimizer's tables lr is
-# 0.1 since): the stream's crosses in the wide/linear part -- WideDeep with micro-steps of 32 is the best on
-# drifting, DeepFM (one step per batch) on coldstart.
-BEST = [Config("recstream WideDeep, crosses, micro 32", WideDeep, {}, 32, True),
+# The best found (--search on both streams and a grid of crosses, docs/benchmarks.md "Anchors";
+# default_optimizer's tables lr is 0.1 since): the stream's crosses in the wide/linear part -- a narrower
+# WideDeep with micro-steps of 32 is the best on drifting, DeepFM (one step per batch) on coldstart.
+BEST = [Config("recstream WideDeep hidden (64, 32), crosses, micro 32", functools.partial(WideDeep, hidden=(64, 32)),
+               {}, 32, True),
         Config("recstream DeepFM, crosses", DeepFM, {}, None, True)]
 SEARCH = [c for c in (Config(f"recstream {m.__name__}, {tag}", m, opt, micro, crosses)
                       for m in (WideDeep, DeepFM)
@@ -365,7 +369,7 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--streams", nargs="+", default=["drifting", "coldstart"], choices=["drifting", "coldstart"])
     p.add_argument("--quick", action="store_true", help="30 batches: a smoke run, not a measurement")
-    p.add_argument("--search", action="store_true", help="also SEARCH's recstream configurations and two more of VW")
+    p.add_argument("--search", action="store_true", help="also SEARCH's recstream configurations and three more of VW")
     p.add_argument("--no-anchors", action="store_true", help="recstream rows only")
     p.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                    help="recstream rows whose name contains one of these texts only")
