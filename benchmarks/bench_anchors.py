@@ -27,17 +27,22 @@ extra; absent ones are skipped with that line):
   one-hot dicts (``"user=123": 1``, dense values as they are).
 - recstream: WideDeep and DeepFM (default widths) with ``default_optimizer``, through
   ``RecModel.train`` (warm start) and ``RecModel.online_train`` (the rest), and the best
-  configuration found (``BEST``).
+  configurations found (``BEST``). "crosses" rows add the stream's ``CROSSES`` (exact-id
+  ``CrossFeature``s of the truth's interacting features, computed by ``with_crosses``) to the
+  wide/linear part -- recstream's counterpart of VW's quadratic terms.
 
 Also per stream: the share of scored events whose user (item) was never seen in an earlier batch,
 and each system's AUC on those events and on the others.
 
     python benchmarks/bench_anchors.py            # 400 batches x 256 per stream
     python benchmarks/bench_anchors.py --quick    # 30 batches: a smoke run, not a measurement
+    python benchmarks/bench_anchors.py --search --no-anchors --streams coldstart --only crosses \
+        --crosses user:genres occupation:genres   # recstream's crosses rows with other crosses
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +52,8 @@ import torch
 
 from recstream import RecModel
 from recstream.callbacks import Callback, PrequentialMonitor
-from recstream.data import Batch, ColdStartCTR, DriftingCTR, roc_auc
+from recstream.data import Batch, ColdStartCTR, CrossFeature, DriftingCTR, Schema, roc_auc
+from recstream.data.convert import with_crosses
 from recstream.data.streams import IterableStream
 from recstream.models import DeepFM, WideDeep, default_optimizer
 
@@ -150,6 +156,8 @@ def _vw(stream: str, search: bool) -> list[Anchor]:
     if search:
         rows += [Anchor(f"VW quadratic ({quad}, -b 24)", prep, score, learn,
                         vw(f"--loss_function logistic {quad} -b 24")),
+                 Anchor(f"VW quadratic ({quad}, -b 24 -l 0.25)", prep, score, learn,  # ColdStartCTR's best VW
+                        vw(f"--loss_function logistic {quad} -b 24 -l 0.25")),
                  Anchor("VW -b 24", prep, score, learn, vw("--loss_function logistic -b 24"))]
     return rows
 
@@ -196,24 +204,54 @@ def run_anchor(anchor: Anchor, stream: Stream) -> dict:
 # --- recstream ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Config:
-    """A recstream configuration: model, `default_optimizer` arguments, micro-step size (None: one step)."""
+    """A recstream configuration: model, `default_optimizer` arguments, micro-step size (None: one step),
+    and whether the model gets the stream's `CROSSES` (`CrossFeature`s, wide/linear part only)."""
     name: str
-    model: type
+    model: Callable  # (schema) -> network
     optimizer: dict = field(default_factory=dict)
     micro: int | None = None
+    crosses: bool = False
+
+
+# recstream's exact-id crosses per stream (the features of each stream's truth's interactions), of
+# CROSS_BUCKETS hashed rows each: fed to the wide/linear part (CrossFeature's default).
+CROSSES = {"drifting": (("user", "category"), ("user", "item")),
+           "coldstart": (("user", "genres"), ("age", "genres"), ("gender", "genres"), ("occupation", "genres"))}
+CROSS_BUCKETS = 1 << 20
+
+
+def _crossed(config: Config, stream: Stream, pairs=None) -> tuple[Schema, list[Batch]]:
+    """The stream's schema and batches, with crosses (computed by `with_crosses`) if `config` asks:
+    of `pairs` (tuples of feature names), None: the stream's `CROSSES`."""
+    if not config.crosses:
+        return stream.schema, stream.batches
+    base = stream.schema
+    pairs = CROSSES[stream.name] if pairs is None else pairs
+    crosses = [CrossFeature("_x_".join(c), c, hash_buckets=CROSS_BUCKETS) for c in pairs]
+    schema = Schema(base.dense, base.categorical, label=base.label, crosses=crosses)
+    return schema, [Batch(with_crosses(schema, b.features), b.labels) for b in stream.batches]
 
 
 DEFAULTS = [Config("recstream WideDeep, default_optimizer", WideDeep),
             Config("recstream DeepFM, default_optimizer", DeepFM)]
-# The best found (--search on both streams, docs/benchmarks.md "Anchors"): micro-steps of 32 with row-wise
-# Adagrad tables at lr 0.1 (default_optimizer's 0.05) -- WideDeep's best on drifting, DeepFM's on coldstart.
-BEST = [Config("recstream WideDeep, micro 32, tables lr 0.1", WideDeep, {"embedding_lr": 0.1}, 32),
-        Config("recstream DeepFM, micro 32, tables lr 0.1", DeepFM, {"embedding_lr": 0.1}, 32)]
-SEARCH = [Config(f"recstream {m.__name__}, {tag}", m, opt, micro)
-          for m in (WideDeep, DeepFM)
-          for tag, opt, micro in (("lr 1e-2", {"lr": 1e-2}, None), ("micro 64", {}, 64), ("micro 32", {}, 32),
-                                  ("micro 16", {}, 16), ("micro 32, lr 1e-2", {"lr": 1e-2}, 32),
-                                  ("micro 32, wide lr 0.1", {"wide_lr": 0.1}, 32))]
+# The best found (--search on both streams and a grid of crosses, docs/benchmarks.md "Anchors";
+# default_optimizer's tables lr is 0.1 since): the stream's crosses in the wide/linear part -- a narrower
+# WideDeep with micro-steps of 32 is the best on drifting, DeepFM (one step per batch) on coldstart.
+BEST = [Config("recstream WideDeep hidden (64, 32), crosses, micro 32", functools.partial(WideDeep, hidden=(64, 32)),
+               {}, 32, True),
+        Config("recstream DeepFM, crosses", DeepFM, {}, None, True)]
+SEARCH = [c for c in (Config(f"recstream {m.__name__}, {tag}", m, opt, micro, crosses)
+                      for m in (WideDeep, DeepFM)
+                      for tag, opt, micro, crosses in (
+                          ("tables lr 0.05", {"embedding_lr": 0.05}, None, False),
+                          ("tables lr 0.2", {"embedding_lr": 0.2}, None, False),
+                          ("dense lr 1e-2", {"lr": 1e-2}, None, False),
+                          ("micro 64", {}, 64, False), ("micro 32", {}, 32, False),
+                          ("crosses", {}, None, True), ("crosses, tables lr 0.05", {"embedding_lr": 0.05}, None, True),
+                          ("crosses, micro 64", {}, 64, True), ("crosses, micro 32", {}, 32, True),
+                          ("crosses, wide lr 0.2", {"wide_lr": 0.2}, None, True),  # FTRL's alpha: WideDeep only
+                          ("crosses, wide lr 0.5", {"wide_lr": 0.5}, None, True)))
+          if c.name not in {b.name for b in BEST} and not (c.model is DeepFM and "wide lr" in c.name)]
 
 
 class BatchScorer(Callback):
@@ -258,16 +296,17 @@ def _chunks(batches: list[Batch], size: int | None) -> list[Batch]:
     return out
 
 
-def run_recstream(config: Config, stream: Stream) -> dict:
+def run_recstream(config: Config, stream: Stream, crosses=None) -> dict:
+    schema, batches = _crossed(config, stream, crosses)
     torch.manual_seed(0)
-    net = config.model(stream.schema)
+    net = config.model(schema)
     model = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net, **config.optimizer),
                      progress_bar=False)
-    model.train(1, _chunks(stream.batches[:stream.warm], config.micro))  # warm start: one pass
-    size = stream.batches[0].features.batch_size
+    model.train(1, _chunks(batches[:stream.warm], config.micro))  # warm start: one pass
+    size = batches[0].features.batch_size
     k = 1 if config.micro is None else -(-size // config.micro)
-    chunks = _chunks(stream.scored, config.micro)
-    scorer = BatchScorer(stream.scored, k)
+    chunks = _chunks(batches[stream.warm:], config.micro)
+    scorer = BatchScorer(batches[stream.warm:], k)
     callbacks = [scorer]
     monitor = None
     if k == 1:  # recstream's own prequential metric, on the same events: the figures must agree
@@ -330,8 +369,12 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--streams", nargs="+", default=["drifting", "coldstart"], choices=["drifting", "coldstart"])
     p.add_argument("--quick", action="store_true", help="30 batches: a smoke run, not a measurement")
-    p.add_argument("--search", action="store_true", help="also SEARCH's recstream configurations and two more of VW")
+    p.add_argument("--search", action="store_true", help="also SEARCH's recstream configurations and three more of VW")
     p.add_argument("--no-anchors", action="store_true", help="recstream rows only")
+    p.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                   help="recstream rows whose name contains one of these texts only")
+    p.add_argument("--crosses", nargs="+", default=None, metavar="A:B",
+                   help="the crosses of the 'crosses' rows (features joined by ':'), instead of the stream's CROSSES")
     args = p.parse_args(argv)
     if args.quick:
         args.batches = 30
@@ -341,7 +384,10 @@ def main(argv=None) -> dict:
         stream = load(name, args)
         found, missing = ([], []) if args.no_anchors else anchors(name, args.search)
         rows = [run_anchor(a, stream) for a in found]
-        rows += [run_recstream(c, stream) for c in DEFAULTS + BEST + (SEARCH if args.search else [])]
+        configs = DEFAULTS + BEST + (SEARCH if args.search else [])
+        crosses = None if args.crosses is None else tuple(tuple(c.split(":")) for c in args.crosses)
+        rows += [run_recstream(c, stream, crosses) for c in configs
+                 if args.only is None or any(text in c.name for text in args.only)]
         bayes = _result("Bayes (the true probabilities)", stream.probabilities, stream, None)
         report(stream, bayes, rows, missing)
         results[name] = {"bayes": stream.bayes, "bayes_row": bayes, "new_users": float(stream.new_user.mean()),

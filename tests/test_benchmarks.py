@@ -1,4 +1,5 @@
 """The benchmark command's pipeline runs (tiny sizes: a smoke run, not a measurement)."""
+import argparse
 import copy
 import functools
 import importlib.util
@@ -216,3 +217,17 @@ def test_the_anchors_benchmark_skips_absent_anchors_with_the_install_line(monkey
                                                f"River: not installed ({line}), skipped"]
     assert [r["system"] for r in results["coldstart"]["rows"]][0] == "recstream WideDeep, default_optimizer"
     assert f"- River: not installed ({line}), skipped" in capsys.readouterr().out
+
+
+def test_the_anchors_benchmarks_crosses_rows_feed_the_streams_crosses_to_the_linear_part():
+    bench = _load("bench_anchors")
+    stream = bench.load("coldstart", argparse.Namespace(batches=4, batch_size=64, warmup=0.5, seed=0))
+    crossed = bench.Config("c", bench.DeepFM, crosses=True)
+    schema, batches = bench._crossed(crossed, stream)
+    assert schema.cross_names == ("user_x_genres", "age_x_genres", "gender_x_genres", "occupation_x_genres")
+    assert all(b.features.keys == schema.feature_names for b in batches) and len(batches) == 4
+    assert bench._crossed(bench.Config("plain", bench.DeepFM), stream) == (stream.schema, stream.batches)
+    schema, _ = bench._crossed(crossed, stream, (("occupation", "item"),))  # --crosses
+    assert schema.cross_names == ("occupation_x_item",)
+    rows = bench.main(["--quick", "--no-anchors", "--streams", "drifting", "--only", "DeepFM, crosses"])["drifting"]
+    assert [r["system"] for r in rows["rows"]] == ["recstream DeepFM, crosses"] and 0.55 < rows["rows"][0]["auc"] < 1

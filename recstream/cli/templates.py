@@ -61,7 +61,7 @@ callbacks:
 # publish: {}                    # the trained model for `recstream serve runs/criteo_offline/published --port 8080`
 """
 
-ONLINE = """# recstream config: Wide&Deep trained online on Criteo-format events arriving in a directory.
+ONLINE = """# recstream config: DeepFM trained online on Criteo-format events arriving in a directory.
 # Every field is described in docs/cli.md. Relative paths are read from the current directory.
 #
 # 1. Make events in the Criteo TSV layout with an event id and time appended (columns 41-42):
@@ -78,6 +78,10 @@ schema:
   criteo:
     hash_buckets: 10000
     embedding_dim: 8
+  # Your own columns instead (dense:/categorical:, docs/cli.md) can add exact-id crosses of the ones that
+  # interact, e.g. crosses: [{name: user_x_genre, features: [user, genre], hash_buckets: 4194304}]:
+  # measured +0.0100 prequential AUC (DeepFM) on a cold-start rating stream, -0.0008 to +0.0005 on a
+  # drifting one, at no measurable cost (docs/online.md, "Cross features"). Criteo's are anonymous: none here.
 
 stream:
   directory:                     # or kafka: {topics: clicks, bootstrap_servers: 127.0.0.1:9092, format: criteo}
@@ -87,9 +91,11 @@ stream:
   id_column: event_id            # the columns recstream produce appends
   time_column: event_time
   idle_timeout: 2                # seconds without new events before the stream ends (unset: wait forever)
+  # micro_batch_size: 32         # train each batch as steps of 32 rows: measured +0.0000 to +0.0006 AUC
+                                 # (with crosses) at 0.2-0.3x the events/s, so off (docs/online.md, "Micro-steps")
 
 model:
-  type: widedeep
+  type: deepfm                   # online: +0.0069 AUC over widedeep on a cold-start stream, -0.0008 on a drifting one
   hidden: [64, 32]
 
 optimizer:

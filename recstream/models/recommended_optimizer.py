@@ -36,7 +36,18 @@ from .linear import LinearTerm
 EMBEDDING_OPTIMIZERS = ("lazy_adam", "rowwise_adagrad")
 WIDE_OPTIMIZERS = ("ftrl", "same")
 # RowWiseAdagrad's step is lr / sqrt(accumulated mean g^2): it needs a much larger lr than Adam.
-_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
+# 0.1, measured (benchmarks/bench_anchors.py, docs/benchmarks.md "Anchors"): online, one step per batch of
+# 256, against 0.05 it gained +0.0002 to +0.0022 prequential AUC in all four cases (WideDeep and DeepFM on
+# DriftingCTR and ColdStartCTR), and 0.2 lost in all four; it costs nothing (a step size).
+_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.1}
+# FTRL's starting accumulator for the wide part: 1e-6, not FTRL's (TF's) 0.1. With a batch-mean loss a
+# rare id's (or cross's) gradient is ~1/batch_size, so a 0.1 start dominates sqrt(n) and its first steps
+# are ~alpha * g / 0.32: measured, user x genre cross weights stayed below 0.0023 (row-wise Adagrad's, the
+# same run: up to 0.31). Online, WideDeep, tables lr 0.1, one step per batch of 256 (bench_anchors
+# streams): 0.1 / 1e-2 / 1e-4 / 1e-6 gave DriftingCTR 0.7216 / 0.7217 / 0.7218 / 0.7219 (with its crosses
+# 0.7215 / 0.7217 / 0.7220 / 0.7220) and ColdStartCTR 0.7082 / 0.7083 / 0.7084 / 0.7085 (with its crosses
+# 0.7128 / 0.7171 / 0.7231 / 0.7241).
+_WIDE_INITIAL_ACCUMULATOR = 1e-6
 
 
 def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "rowwise_adagrad",
@@ -54,10 +65,12 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
             (1e-3 .. 1e-2) against LazyAdam's 0.710 at lr 1e-3 and 0.731 at 1e-2; offline (WideDeep
             on Adult, 3 epochs) both reached a test AUC of 0.912-0.913. And it keeps 4 bytes of
             state per row instead of 2 floats per value.
-        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad.
+        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.1 for RowWiseAdagrad (measured
+            online against 0.05 and 0.2, docs/benchmarks.md "Anchors").
         wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).
-        wide_lr: FTRL's alpha (paper convention).
+        wide_lr: FTRL's alpha (paper convention). FTRL starts its accumulators at 1e-6 here (FTRL's
+            own default is 0.1): measured online, rare ids and crosses learn (docs/benchmarks.md "Anchors").
         wide_l1: FTRL's L1 strength.
         wide_l2: FTRL's L2 strength.
         weight_decay: Adam's (coupled L2) weight decay on the dense parameters.
@@ -88,7 +101,8 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
 
     children: dict[str, torch.optim.Optimizer] = {}
     if wide_params:
-        children["wide"] = FTRL(wide_params, lr=wide_lr, l1=wide_l1, l2=wide_l2)
+        children["wide"] = FTRL(wide_params, lr=wide_lr, l1=wide_l1, l2=wide_l2,
+                                initial_accumulator_value=_WIDE_INITIAL_ACCUMULATOR)
     if sparse:
         cls = LazyAdam if embedding == "lazy_adam" else RowWiseAdagrad
         children["embedding"] = cls(sparse, lr=embedding_lr)

@@ -181,3 +181,21 @@ def test_default_optimizer_keeps_adams_fused_kernel_across_a_load():
     assert all(g["fused"] is True for g in dense.param_groups)
     first = next(iter(opt.optimizers["dense"].state.values()))
     assert torch.equal(next(iter(dense.state.values()))["exp_avg"], first["exp_avg"])
+
+
+def test_default_optimizers_ftrl_moves_a_rare_wide_weight_by_a_step_not_a_gradient():
+    """A batch-mean loss gives an id seen once in a batch of 256 a gradient of ~1/256: FTRL started at
+    TF's accumulator 0.1 moved its weight by ~alpha * g / 0.32 (~3e-4, measured: crosses barely
+    learned online), from 1e-6 by ~alpha, scale-free like row-wise Adagrad's step."""
+    from recstream.data import CategoricalFeature, Schema
+    from recstream.features import Features
+    torch.manual_seed(0)
+    net = WideDeep(Schema([], [CategoricalFeature("c", vocab_size=1000)]), hidden=(4,), embedding_dim=4)
+    opt = default_optimizer(net)
+    ids = torch.ones(256, dtype=torch.int64)
+    ids[0] = 7  # the rare id: one event of 256
+    features = Features.from_lengths(torch.zeros(256, 0), ids, torch.ones(1, 256, dtype=torch.int64))
+    opt.zero_grad()
+    nn.BCEWithLogitsLoss()(net(features), torch.ones(256)).backward()
+    opt.step()
+    assert float(net.wide.ebc.table_weight("c")[7].abs().max()) > 0.02

@@ -76,7 +76,7 @@ def test_wide_deep_reaches_auc_090_on_adult():
 # Recorded with torch 2.13 CPU, one thread. A change here means the numerics of models,
 # embeddings, optimizers or the training loop changed: check whether that was intended.
 PINNED_LOGLOSS = {
-    "widedeep": 0.63643300,
+    "widedeep": 0.57890752,  # 0.63643300 before default_optimizer's FTRL started its accumulators at 1e-6
     "deepfm": 0.60835577,
     "dcnv2": 0.71608580,
     "dcnv2_parallel_lowrank": 0.67297042,
@@ -87,7 +87,7 @@ PINNED_LOGLOSS = {
 # The same with the tables on row-wise Adagrad (default_optimizer's default since it was measured
 # better online), recorded the same way.
 PINNED_LOGLOSS_ROWWISE = {
-    "widedeep": 0.63937026,
+    "widedeep": 0.58088078,  # 0.63937026 before the FTRL accumulators' 1e-6 (as above)
     "deepfm": 0.64725971,
     "dcnv2": 0.71666028,
     "dcnv2_parallel_lowrank": 0.69246436,

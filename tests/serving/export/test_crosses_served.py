@@ -53,7 +53,9 @@ def trained(request, tmp_path):
     net = WideDeep(s, hidden=(8,))
     opt, loss_fn = default_optimizer(net, lr=0.05, wide_lr=0.5), nn.BCEWithLogitsLoss()
     write_csv(tmp_path / "train.csv", ROWS * 4, [1, 0, 1, 1, 0] * 4)
-    for _ in range(20):
+    # 3 passes (were 20): since default_optimizer's tables lr 0.1 and FTRL accumulators from 1e-6, 20 passes
+    # saturate the scores (five scores, three distinct values at 6 decimals), which the check below needs not to
+    for _ in range(3):
         for b in CSVReader(str(tmp_path / "train.csv"), s, batch_size=10, log1p_dense=True):
             opt.zero_grad()
             loss_fn(net(b.features), b.labels).backward()
