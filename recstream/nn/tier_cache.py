@@ -161,7 +161,7 @@ class TierCache:
         for key, t in out.items():  # first sight of a state: its file, every row at the initial value
             if key not in self.store.files:
                 value, cols = self._row_state[key], t.shape[1]
-                self.store.add(key, self.rows, cols, lambda a, b, v=value, c=cols: np.full((b - a, c), v, np.float32))
+                self.store.add(key, self.rows, cols, float(value))  # a constant: a sparse file, no writes
         return out
 
     def _reset_stored_state(self) -> None:

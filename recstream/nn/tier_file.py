@@ -87,8 +87,9 @@ class TierFile:
 
     # ----- create / open / close -----
     @classmethod
-    def create(cls, path: str, rows: int, cols: int, fill: Callable[[int, int], np.ndarray]) -> TierFile:
-        """A new file (replacing any at `path`) whose rows ``[a, b)`` are ``fill(a, b)``, flushed.
+    def create(cls, path: str, rows: int, cols: int, fill: Callable[[int, int], np.ndarray] | float) -> TierFile:
+        """A new file (replacing any at `path`) whose rows ``[a, b)`` are ``fill(a, b)``, flushed; a
+        float `fill` is every value (an optimizer state's initial one: see `_create_constant`).
 
         The header is written last, so a crash during creation leaves a file `open` refuses."""
         rows = check_int(_OWNER, "rows", rows, minimum=1)
@@ -97,8 +98,10 @@ class TierFile:
         blocks = (rows + block_rows - 1) // block_rows
         size = HEADER_BYTES + _pad(4 * blocks) + rows * cols * 4
         with open(path, "wb") as f:
-            f.truncate(size)
+            f.truncate(size)  # a sparse file: no disk block until a page is written
         tier = cls(path, rows, cols, block_rows, 0)
+        if not callable(fill):
+            return tier._create_constant(float(fill))
         chunk = block_rows * 256  # 16 MiB a fill call: few calls for a large table, little memory
         for a in range(0, rows, chunk):
             e = min(rows, a + chunk)
@@ -111,6 +114,25 @@ class TierFile:
         tier.set_generation(0)
         tier.release()  # the pages the fill went through are not the table's working set
         return tier
+
+    def _create_constant(self, value: float) -> TierFile:
+        """Every value `value`. Zeros (Adam's moments, FTRL's linear term) are what the new sparse file
+        reads as: nothing is written, the file takes disk only for the pages training writes. Every
+        full block then holds the same bytes: one checksum, computed once, for all of them."""
+        if value != 0.0:
+            chunk = self.block_rows * 4096
+            for a in range(0, self.rows, chunk):
+                self.data[a:min(self.rows, a + chunk)] = value
+                self.release()
+        full, tail = divmod(self.rows, self.block_rows)
+        self._crc[:full] = _crc(np.full(self.block_rows * self.cols, value, np.float32))
+        if tail:
+            self._crc[full] = _crc(np.full(tail * self.cols, value, np.float32))
+        self.verified[:] = True
+        self._sync()
+        self.set_generation(0)
+        self.release()
+        return self
 
     @classmethod
     def open(cls, path: str) -> TierFile:

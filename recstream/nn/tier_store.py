@@ -53,7 +53,7 @@ _CRC, _ROWS = 0, 1
 FORMAT = "recstream-tier"
 RELEASE_BYTES = 256 << 20
 
-Fill = Callable[[int, int], np.ndarray]
+Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
 
 def _lock(directory: str):

@@ -34,6 +34,29 @@ def test_rows_round_trip_and_survive_reopen(tmp_path):
     assert g.read_rows(np.array([7, 4000, 8])).tolist() == [[-1.0] * 3, [-1.0] * 3, [24.0, 25.0, 26.0]]
 
 
+@pytest.mark.parametrize("value", [0.0, 0.25])
+def test_a_constant_file_is_sparse_and_checksummed_like_a_filled_one(tmp_path, value):
+    """An optimizer state's file (one initial value): zeros are not written (the file holds no data
+    page), and every block, the short last one too, passes its checksum after a reopen."""
+    path, rows = str(tmp_path / "s.tier"), 1_000_003  # 1M rows x 4 cols: 16 MB of values, a short last block
+    f = TierFile.create(path, rows=rows, cols=4, fill=value)
+    f.close()
+    on_disk = os.stat(path).st_blocks * 512
+    if value == 0.0:
+        assert on_disk < 1 << 20  # the header and checksums, not 16 MB of zeros
+    else:
+        assert on_disk >= rows * 16
+    g = TierFile.open(path)
+    g.verify_all()
+    assert g.read_rows(np.array([0, rows - 1])).tolist() == [[value] * 4] * 2
+    g.write_rows(np.array([rows - 1]), np.ones((1, 4), np.float32))
+    g.flush()
+    g.close()
+    h = TierFile.open(path)
+    h.verify_all()
+    assert h.read_rows(np.array([rows - 2, rows - 1])).tolist() == [[value] * 4, [1.0] * 4]
+
+
 def test_a_flipped_byte_is_detected_naming_the_file_and_block(tmp_path):
     path = str(tmp_path / "w.tier")
     f = TierFile.create(path, rows=20000, cols=3, fill=_fill(3))
