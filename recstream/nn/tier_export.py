@@ -39,13 +39,21 @@ from torch import nn
 
 from .embedding_bag_collection import EmbeddingBagCollection
 
-__all__ = ["check_tiers_fit", "materialized_tiers", "tiered_collections", "untiered_copy"]
+__all__ = ["check_tiers_fit", "materialized_tiers", "tiered_collections", "tiered_keys", "untiered_copy"]
 
 
 def tiered_collections(network: nn.Module) -> list[EmbeddingBagCollection]:
     """The collections under `network` holding at least one disk-tiered table."""
     return [m for m in network.modules()
             if isinstance(m, EmbeddingBagCollection) and any(t.tier is not None for t in m.tables)]
+
+
+def tiered_keys(network: nn.Module) -> set[str]:
+    """The ``state_dict`` keys of `network`'s tiered tables under `materialized_tiers` (tensors made
+    afresh for each call: a caller that would copy them need not)."""
+    return {f"{prefix}.tables.{t.name}.weight" if prefix else f"tables.{t.name}.weight"
+            for prefix, m in network.named_modules() if isinstance(m, EmbeddingBagCollection)
+            for t in m.tables if t.tier is not None}
 
 
 def available_memory() -> int | None:

@@ -137,3 +137,26 @@ def test_materializing_a_table_that_does_not_fit_is_refused_naming_it(tmp_path, 
     assert not list((tmp_path / "pub").glob("*/manifest.json"))  # nothing written
     with pytest.raises(ValueError, match=r"disk-tiered table 'a'"):
         export_model(net, SCHEMA, str(tmp_path / "m.pt"), format="torchscript")
+
+
+def test_model_publisher_in_the_background_publishes_a_tiered_network_during_model_train(tmp_path):
+    """`Model.train` with a background ModelPublisher: each version is taken (the tiered rows read once,
+    not copied again) while training goes on, and the last one loads to the trained network's scores."""
+    from recstream import Model
+    from recstream.data import SyntheticCTR
+    from recstream.models import DeepFM, default_optimizer
+    from recstream.serving import ModelPublisher, load_latest
+    from recstream.serving.snapshot.state_split import dense_state
+    gen = SyntheticCTR(num_dense=2, num_categorical=2, vocab_sizes=[300, 20], batch_size=16)
+    net = DeepFM(gen.schema, hidden=(8,), embedding_dim=4, disk_tier=TierPlan(str(tmp_path / "t"), {"C1": 40}))
+    pub = ModelPublisher(tmp_path / "pub", every_steps=4, model_config={"hidden": [8], "embedding_dim": 4})
+    Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False).train(
+        1, gen.train_batches(12), callbacks=[pub])
+    assert [m["step"] for m in pub.manifests][-1] == 12 and all(m["kind"] == "full" for m in pub.manifests)
+    keys = tier_export.tiered_keys(net)  # the entries the publisher does not copy again: its tables' names
+    assert len(keys) == 2 and keys <= set(dense_state(net, shapes_only=True))
+    served, manifest = load_latest(tmp_path / "pub")
+    batch = next(iter(gen.train_batches(1)))
+    net.eval()
+    with torch.no_grad():
+        assert torch.equal(served(batch.features), net(batch.features))
