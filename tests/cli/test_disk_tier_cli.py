@@ -28,6 +28,11 @@ def test_train_then_eval_with_disk_tiered_tables(tmp_path):
     assert manifest["generation"] >= 1 and {"weight", "exp_avg", "exp_avg_sq"} <= set(manifest["files"])
     evaluated = json_result(cli(tmp_path, "eval", "tiered.yaml", "--json", timeout=300))
     assert abs(evaluated["metrics"]["auc"] - train["metrics"]["auc"]) < 1e-9  # the restored commit
+    # The checkpoint exports with its tiered tables in memory (every row, from the restored commit).
+    exported = cli(tmp_path, "export", "--checkpoint", "runs/criteo_offline/checkpoints", "--config", "tiered.yaml",
+                   "--format", "torchscript", "--output", "model.pt", timeout=300)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "model.pt").stat().st_size > 0  # checked against the network before it was written
 
 
 def test_a_disk_tier_naming_an_unknown_feature_is_refused():
