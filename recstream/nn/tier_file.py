@@ -45,6 +45,7 @@ MAGIC = b"RSTIER\x00\x01"
 VERSION = 1
 _HEADER = struct.Struct("<8sIQQIQQ")  # magic, version, rows, cols, block_rows, blocks, generation
 HEADER_BYTES = 4096
+RELEASE_BYTES = 256 << 20  # file pages a process maps in before it drops them (see TierFile.release)
 BLOCK_BYTES = 4096  # a page: an evicted row written back costs one page of undo log, not 64 KiB
 _OWNER = "TierFile"
 
@@ -55,6 +56,43 @@ class TierFileError(ValueError):
 
 def _pad(n: int) -> int:
     return (n + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
+
+
+def mapped_file_bytes() -> int | None:
+    """This process's file-backed resident bytes (``/proc/self/statm``'s shared pages); None if unknown.
+
+    Measured, not estimated from rows: reading one row can map far more than its page (fault-around,
+    and on recent kernels a page-cache folio of up to 2 MiB mapped whole)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class PageBudget:
+    """Calls `release` when the file pages mapped since the last release pass `limit` bytes.
+
+    ``spent(n)`` after touching `n` rows (or blocks); measured every `every` of them, or, where
+    the process's resident set cannot be read, counted at one page each."""
+
+    def __init__(self, release: Callable[[], None], limit: int, every: int = 256) -> None:
+        self.release, self.limit, self.every = release, limit, every
+        self._since = 0
+        self._count = 0
+        self._base = mapped_file_bytes()
+
+    def spent(self, n: int) -> None:
+        self._since += n
+        if self._since < self.every:
+            return
+        self._count += self._since
+        self._since = 0
+        now = mapped_file_bytes()
+        over = self._count * 4096 > self.limit if now is None or self._base is None else now - self._base > self.limit
+        if over:
+            self.release()
+            self._count, self._base = 0, mapped_file_bytes()
 
 
 def _crc(buffer) -> int:
@@ -77,6 +115,8 @@ class TierFile:
             self._map = mmap.mmap(fd, os.fstat(fd).st_size)  # MAP_SHARED, read and write
         finally:
             os.close(fd)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):  # a row read maps its pages, not a 2 MiB folio around them
+            self._map.madvise(mmap.MADV_NOHUGEPAGE)
         mm = self._mm = np.frombuffer(self._map, dtype=np.uint8)
         crc_end = HEADER_BYTES + 4 * self.blocks
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
@@ -220,11 +260,11 @@ class TierFile:
     # ----- durability -----
     def flush(self) -> None:
         """Refresh the checksums of the blocks written since the last flush, then msync + fsync."""
-        for i, b in enumerate(np.flatnonzero(self.dirty)):
+        budget = PageBudget(self.release, RELEASE_BYTES, every=1024)  # the pages the checksums read
+        for b in np.flatnonzero(self.dirty):
             a, e = self.block_range(int(b))
             self._crc[b] = _crc(self.data[a:e])
-            if i % 65536 == 65535:  # every 256 MiB checksummed (a new file's every block)
-                self.release()
+            budget.spent(1)
         self.dirty[:] = False
         self._sync()
 

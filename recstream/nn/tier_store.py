@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import TierFile, TierFileError
+from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError
 
 __all__ = ["TierStore"]
 
@@ -51,7 +51,7 @@ _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
 _ENTRY = struct.Struct("<BIQII")
 _CRC, _ROWS = 0, 1
 FORMAT = "recstream-tier"
-RELEASE_BYTES = 256 << 20
+_CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
 
 Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
@@ -68,6 +68,13 @@ def _lock(directory: str):
     return lock
 
 
+def _release(files: dict[str, TierFile]) -> None:
+    """Drop the mapped pages of every file from the process's resident set (`TierFile.release`), so
+    its peak RSS does not grow with the table."""
+    for f in files.values():
+        f.release()
+
+
 class TierStore:
     """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
 
@@ -80,7 +87,9 @@ class TierStore:
         self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
-        self._touched = 0  # page bytes mapped in since the last release_pages (an upper bound)
+        # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
+        # (and its lock) alive after its table is dropped.
+        self._pages = PageBudget(lambda: _release(files), RELEASE_BYTES)
 
     # ----- create / open -----
     @classmethod
@@ -133,19 +142,16 @@ class TierStore:
 
     # ----- rows -----
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
-        out = self.files[name].read_rows(rows)
+        f, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+        out = np.empty((rows.size, f.cols), dtype=np.float32)
+        for a in range(0, rows.size, _CHUNK):
+            out[a:a + _CHUNK] = f.read_rows(rows[a:a + _CHUNK])
+            self._pages.spent(min(_CHUNK, rows.size - a))
         self.bytes_read += out.nbytes
-        self._touch(len(out))
         return out
 
-    def _touch(self, rows: int) -> None:
-        """Count the pages `rows` rows may have mapped in; past RELEASE_BYTES, drop them from the
-        process's resident set (`TierFile.release`), so its peak RSS does not grow with the table."""
-        self._touched += rows * 4096
-        if self._touched > RELEASE_BYTES:
-            for f in self.files.values():
-                f.release()
-            self._touched = 0
+    def _release(self) -> None:
+        _release(self.files)
 
     def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
@@ -158,9 +164,10 @@ class TierStore:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
         self._log_preimages(writes)
         for name, rows, values in writes:
-            self.files[name].write_rows(rows, values)
+            for a in range(0, rows.size, _CHUNK):  # chunks: the pages they map are measured as they go
+                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK])
+                self._pages.spent(min(_CHUNK, rows.size - a))
             self.bytes_written += values.nbytes
-            self._touch(len(values))
 
     # ----- commit / rollback -----
     @property

@@ -222,3 +222,26 @@ def test_release_drops_mapped_pages_from_the_resident_set_and_keeps_written_rows
     f.flush()
     f.close()
     assert TierFile.open(path).read_rows(np.array([5, 1 << 19]))[:, 0].tolist() == [3.0, 3.0]
+
+
+def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp_path, monkeypatch):
+    """A read of rows spread over the whole file maps a page (or, on kernels mapping large page-cache
+    folios, far more) per row: the store measures the pages mapped as it goes and drops them past its
+    budget, so the resident set stays bounded during one call, not only after it."""
+    from recstream.nn import tier_file, tier_store
+    monkeypatch.setattr(tier_store, "RELEASE_BYTES", 8 << 20)
+    store = TierStore.create(str(tmp_path), {"weight": (1 << 20, 16, _fill(16, 1.0))})  # 64 MiB
+    store._release()
+    base, peaks = tier_file.mapped_file_bytes(), []
+    read_rows = TierFile.read_rows
+
+    def watched(self, rows):  # behaviour unchanged: records the mapped bytes after each file read
+        out = read_rows(self, rows)
+        peaks.append(tier_file.mapped_file_bytes() - base)
+        return out
+
+    monkeypatch.setattr(TierFile, "read_rows", watched)
+    out = store.read("weight", np.arange(0, 1 << 20, 64))  # a row of every page: 64 MiB of pages
+    assert out.shape == (1 << 14, 16) and (out == 1.0).all()
+    assert max(peaks) < (8 << 20) + (4 << 20), [p >> 20 for p in peaks]  # budget + one chunk's pages
+    store.close()
