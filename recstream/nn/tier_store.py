@@ -289,12 +289,16 @@ class TierStore:
             for b in blocks[~self._preimaged[name][blocks]]:
                 entries.append(_ENTRY.pack(_CRC, index, int(b), f.block_crc(int(b)), 0))
                 self._preimaged[name][b] = True
+                self._pages.spent(1)  # a block not yet verified is read for its checksum
             bits = self._logged_rows[name]
             mask = (1 << (rows & 7)).astype(np.uint8)
             new = rows[(bits[rows >> 3] & mask) == 0]
+            for a in range(0, new.size, _CHUNK):  # chunks: the pages the pre-images map are measured
+                part = new[a:a + _CHUNK]
+                data = part.tobytes() + f.data[part].tobytes()
+                entries.append(_ENTRY.pack(_ROWS, index, part.size, 0, len(data)) + data)
+                self._pages.spent(part.size)
             if new.size:
-                data = new.tobytes() + f.data[new].tobytes()
-                entries.append(_ENTRY.pack(_ROWS, index, new.size, 0, len(data)) + data)
                 np.bitwise_or.at(bits, new >> 3, (1 << (new & 7)).astype(np.uint8))
         if not entries:
             return
