@@ -24,6 +24,9 @@ import json
 import os
 import resource
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -122,7 +125,7 @@ def run(args, variant: str, directory: str) -> dict:
     result = {"variant": variant, "rows": args.rows, "dim": args.dim, "batch": args.batch, "fields": args.fields,
               "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
               "ms_per_step": 1000 * seconds / args.steps, "build_s": built_s,
-              "peak_rss_mib": _status("VmHWM"), "rss_anon_mib": _status("RssAnon"),
+              "rss_anon_mib": _status("RssAnon"), "rss_file_mib": _status("RssFile"), **_memory(),
               "os_read_bytes_per_step": (io1[0] - io0[0]) / args.steps,
               "os_write_bytes_per_step": (io1[1] - io0[1]) / args.steps}
     if tier is not None:
@@ -134,24 +137,103 @@ def run(args, variant: str, directory: str) -> dict:
                       rows_read_per_step=(misses + s.prefetched - counts0[4]) / args.steps,
                       tier_read_bytes_per_step=(s.bytes_read - counts0[2]) / args.steps,
                       tier_written_bytes_per_step=(s.bytes_written - counts0[3]) / args.steps)
-        result.update(_checkpoint_and_restore(net, opt, batches[-1]))
+        _checkpoint_and_restore(net, opt, batches[-1], args, result)
     return result
 
 
-def _checkpoint_and_restore(net, opt, batch) -> dict:
+def _tier(net):
+    return net.ebc._tiers[net.ebc._table_loc["t"][0]]  # the table's cache and store (a benchmark looks inside)
+
+
+def _sample(tier, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The stored bytes of `rows` in every array of the store (weights and optimizer state)."""
+    return {name: tier.store.read(name, rows) for name in tier.store.files}
+
+
+def _train_uncommitted(net, opt, batch) -> None:
+    """One step, its rows then written to the store as evictions would: uncommitted writes on disk."""
+    _step(net, opt, *batch)
+    tier = _tier(net)
+    with tier.lock:
+        tier._write_back(np.flatnonzero(tier.dirty))
+
+
+def _checkpoint_and_restore(net, opt, batch, args, result: dict) -> None:
     """A checkpoint commits the store (only the blocks written since the last one are flushed); one
-    more step, then the restore undoes it."""
+    more step, written to disk, then the restore undoes it: the rows that step trained (weights and
+    optimizer state) must be as checkpointed. With ``--die``, one more such step and a SIGKILL."""
+    tier = _tier(net)
     t0 = time.perf_counter()
     state = net.state_dict()
     commit_s = time.perf_counter() - t0
-    before = net.ebc.gather_tables()["t"][:1000].clone() if net.ebc.tables[0].num_embeddings <= 10**7 else None
-    _step(net, opt, *batch)
+    rows = np.unique(batch[0].values.numpy())
+    saved = _sample(tier, rows)
+    _train_uncommitted(net, opt, batch)
+    moved = not np.array_equal(tier.store.read("weight", rows), saved["weight"])
     t0 = time.perf_counter()
     net.load_state_dict(state)
     restore_s = time.perf_counter() - t0
-    if before is not None and not torch.equal(net.ebc.gather_tables()["t"][:1000], before):
-        raise RuntimeError("bench_tiered: the restored table differs from the checkpoint")
-    return {"checkpoint_s": commit_s, "restore_s": restore_s}
+    equal = all(np.array_equal(v, saved[k]) for k, v in _sample(tier, rows).items())
+    if not moved or not equal:
+        raise RuntimeError(f"bench_tiered: the step after the checkpoint changed the store: {moved}; the restore "
+                           f"returned the checkpoint's rows: {equal}")
+    result.update(checkpoint_s=commit_s, restore_s=restore_s, restore_equal=equal, rows_checked=int(rows.size),
+                  store_disk_bytes=_disk_bytes(tier.store.directory))
+    if args.die:  # the parent (--sigkill) reopens the store and compares
+        _train_uncommitted(net, opt, batch)
+        np.savez(os.path.join(args.dir, "checkpointed_rows.npz"), rows=rows, **saved)
+        result.update(_memory())
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _disk_bytes(directory: str) -> int:
+    """Bytes the store's files take on disk (allocated blocks: its files are sparse)."""
+    return sum(os.stat(os.path.join(directory, name)).st_blocks * 512 for name in os.listdir(directory))
+
+
+class _PeakRss(threading.Thread):
+    """Samples RssAnon and RssFile every 0.2 s: /proc has a peak of their sum only (VmHWM); the file
+    part is mapped store pages, which the system reclaims."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.anon = self.file = 0.0
+
+    def run(self):
+        while True:
+            self.anon, self.file = max(self.anon, _status("RssAnon")), max(self.file, _status("RssFile"))
+            time.sleep(0.2)
+
+
+_PEAK = _PeakRss()
+
+
+def _memory() -> dict:
+    return {"peak_rss_mib": _status("VmHWM"), "peak_rss_anon_mib": _PEAK.anon, "peak_rss_file_mib": _PEAK.file}
+
+
+def _sigkill(args, argv) -> dict:
+    """Run the tiered variant in a child that SIGKILLs itself after uncommitted writes past its last
+    checkpoint; reopen the store here and check it holds the checkpoint's rows."""
+    from recstream.nn.tier_store import TierStore
+    out = os.path.join(args.dir, "child.json")
+    argv = [a for a in argv if a != "--sigkill"]
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--die", "--out", out], check=False)
+    if child.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"bench_tiered: the child exited {child.returncode}, not by SIGKILL")
+    with open(out, encoding="utf-8") as f:
+        result = json.load(f)
+    saved = dict(np.load(os.path.join(args.dir, "checkpointed_rows.npz")))
+    rows = saved.pop("rows")
+    t0 = time.perf_counter()
+    store = TierStore.open(os.path.join(args.dir, "t"))  # undoes the writes after the last commit
+    result["reopen_after_sigkill_s"] = time.perf_counter() - t0
+    result["sigkill_restore_equal"] = all(np.array_equal(store.read(k, rows), v) for k, v in saved.items())
+    store.close()
+    result["store_disk_bytes"] = _disk_bytes(os.path.join(args.dir, "t"))
+    return {"tiered": result}
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -170,7 +252,13 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--dir", default=None, help="where the store goes (default: a temporary directory)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
+    p.add_argument("--sigkill", action="store_true",
+                   help="tiered only, needs --dir: the run is a child killed by SIGKILL after writes past its last "
+                        "checkpoint; the store is then reopened and compared with the checkpoint")
+    p.add_argument("--die", action="store_true", help=argparse.SUPPRESS)  # the --sigkill child
     args = p.parse_args(argv)
+    if args.sigkill and (args.dir is None or args.variant != "tiered"):
+        p.error("--sigkill needs --variant tiered and --dir")
     if args.quick:
         args.rows, args.fields, args.batch, args.steps, args.warmup = 20_000, 4, 128, 10, 2
         args.cache_rows = args.cache_rows or 2_000
@@ -179,13 +267,18 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    _PEAK.start()
     directory = args.dir or tempfile.mkdtemp(prefix="bench_tiered_")
     try:
-        variants = ("tiered", "memory") if args.variant == "both" else (args.variant,)
-        # the tiered run first: a process's peak RSS only grows, so the in-memory run cannot inflate it
-        results = {v: run(args, v, directory) for v in variants}
+        if args.sigkill:
+            results = _sigkill(args, argv)
+        else:
+            variants = ("tiered", "memory") if args.variant == "both" else (args.variant,)
+            # the tiered run first: a process's peak RSS only grows, so the in-memory run cannot inflate it
+            results = {v: run(args, v, directory) for v in variants}
     finally:
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)

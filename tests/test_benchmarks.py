@@ -181,8 +181,20 @@ def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restor
     assert tiered["tier_read_bytes_per_step"] > 0 and tiered["tier_written_bytes_per_step"] > 0
     assert tiered["rows_read_per_step"] > 0
     assert tiered["checkpoint_s"] > 0 and tiered["restore_s"] > 0  # the restore is checked against the commit
+    assert tiered["restore_equal"] and tiered["rows_checked"] > 0 and tiered["store_disk_bytes"] > 0
+    assert 0 < tiered["peak_rss_anon_mib"] <= tiered["peak_rss_mib"]
     assert results["tiered_vs_memory"] == tiered["samples_per_s"] / memory["samples_per_s"]
     assert set(_load("bench_tiered").parse(["--rows", "100", "--cache-rows", "7"]).__dict__) >= {"rows", "cache_rows"}
+
+
+@pytest.mark.e2e
+def test_the_tiered_table_benchmark_survives_a_sigkill_past_its_checkpoint(tmp_path):
+    """--sigkill: the run is a child that SIGKILLs itself after writes past its checkpoint; the store
+    reopened holds the checkpoint's rows (weights and optimizer state)."""
+    argv = ["--quick", "--variant", "tiered", "--sigkill", "--dir", str(tmp_path)]
+    tiered = _load("bench_tiered").main(argv)["tiered"]
+    assert tiered["sigkill_restore_equal"] is True and tiered["restore_equal"] is True
+    assert tiered["reopen_after_sigkill_s"] > 0 and tiered["rows_checked"] > 0
 
 
 def test_the_anchors_benchmark_scores_every_system_test_then_train_on_both_streams(capsys):

@@ -295,11 +295,12 @@ def preprocessing(cfg, *, online: bool) -> dict:
 
 def build_publisher(cfg, doc, schema, run_dir: str, *, online: bool):
     """The `ModelPublisher` of ``publish:``: versions of the network a server rebuilds from the config's
-    model arguments, into ``publish.directory`` (default ``<run_dir>/published``)."""
+    model arguments, into ``publish.directory`` (default ``<run_dir>/published``). Less ``disk_tier``:
+    a version holds every row, the server keeps its tables in memory."""
     from ..serving import ModelPublisher
     pub = cfg.publish
     directory = pub.directory if pub.directory is not None else os.path.join(run_dir, "published")
     with at(doc, ("publish",)):
         return ModelPublisher(directory, schema, pub.every_steps, pub.every_seconds, pub.keep,
-                              model_config=cfg.model.args(), full_every=pub.full_every,
+                              model_config=cfg.model.args(exclude=("type", "disk_tier")), full_every=pub.full_every,
                               preprocessing=preprocessing(cfg, online=online), on_error=pub.on_error)

@@ -56,6 +56,7 @@ def data_parallel(network: nn.Module) -> nn.Module:
     """`network` replicated across the ranks of the default process group (module docstring)."""
     check_module("data_parallel", "network", network)
     _refuse_hash_embeddings("data_parallel", network)
+    _refuse_tiered_tables("data_parallel", network)
     return _replicate("data_parallel", network, {}, [])
 
 
@@ -67,6 +68,7 @@ def hybrid_parallel(network: nn.Module) -> nn.Module:
     built on them works on the shards); everything else is replicated as in `data_parallel`.
     """
     check_module("hybrid_parallel", "network", network)
+    _refuse_tiered_tables("hybrid_parallel", network)
     sharded, own_buffers = {}, []
     # The lookups' all-to-alls run inside backward, while DDP's bucketed all-reduces start from
     # autograd hooks in an order that depends on timing: on one process group the two could be
@@ -108,6 +110,22 @@ def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
         raise ValueError(f"{owner}: HashEmbedding modules {hashed} cannot be replicated over several ranks "
                          "(each rank would admit different ids into its own copy); use "
                          "parallel_mode='hybrid_parallel', which shards their keys across the ranks")
+
+
+def _refuse_tiered_tables(owner: str, network: nn.Module) -> None:
+    """Disk-tiered tables train on one process only, refused here before any collective runs.
+
+    Replicated, each rank's cache would hold other rows in its slots, so an all-reduce of slot
+    gradients would add up different rows. Row-sharded, each rank would need a store of its own rows
+    (and sharded checkpoints of commits): not built yet."""
+    tiered = [f"{name}.{t.name}" if name else t.name for name, m in network.named_modules()
+              if isinstance(m, EmbeddingBagCollection) for t in m.tables if t.tier is not None]
+    why = ("each rank would cache other rows in the same slots" if owner == "data_parallel" else
+           "row sharding would need a store of its own rows per rank, which is not built yet")
+    if tiered:
+        raise ValueError(f"{owner}: disk-tiered tables {tiered} train on one process only ({why}); train them "
+                         "on one process, or keep them in memory and use parallel_mode='hybrid_parallel', which "
+                         "gives each rank 1/N of every table's rows")
 
 
 def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter], own_buffers: list[str]) -> nn.Module:

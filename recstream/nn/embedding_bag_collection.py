@@ -126,6 +126,7 @@ class EmbeddingBagCollection(nn.Module):
                  device=None, validate: bool = True) -> None:
         super().__init__()
         self._sharding: list[RowSharding] | None = None  # per dim group, once shard_rows_ ran
+        self._tier_state = "commit"  # what state_dict holds of a tiered table (see tier_export)
         tables = list(tables)
         if not tables:
             raise ValueError(f"{_OWNER}: 'tables' must contain at least one EmbeddingTableConfig, got []")
@@ -573,6 +574,13 @@ class EmbeddingBagCollection(nn.Module):
                 destination[self._table_key(prefix, name)] = weight
             return
         for t in self.tables:
+            if t.tier is not None and self._tier_state == "rows":  # for a server (tier_export): the rows
+                destination[self._table_key(prefix, t.name)] = self._tiers[self._table_loc[t.name][0]].full_weight()
+                continue
+            if t.tier is not None and self._tier_state == "meta":
+                destination[self._table_key(prefix, t.name)] = torch.empty(t.num_embeddings, t.embedding_dim,
+                                                                           device="meta")
+                continue
             if t.tier is not None:  # a commit of the store: the checkpoint holds which one
                 tier = self._tiers[self._table_loc[t.name][0]]
                 generation = tier.commit()

@@ -196,7 +196,7 @@ class TierCache:
         for key, t in out.items():  # first sight of a state: its file, every row at the initial value
             if key not in self.store.files:
                 value, cols = self._row_state[key], t.shape[1]
-                self.store.add(key, self.rows, cols, lambda a, b, v=value, c=cols: np.full((b - a, c), v, np.float32))
+                self.store.add(key, self.rows, cols, float(value))  # a constant: a sparse file, no writes
         return out
 
     def _reset_stored_state(self) -> None:
@@ -420,12 +420,21 @@ class TierCache:
 
     def full_weight(self) -> torch.Tensor:
         """Every row (stored rows overlaid by the cached trained ones): materialises the table in memory."""
-        with self.lock:
-            self._quiesce()
-            out = torch.from_numpy(self.store.read("weight", np.arange(self.rows)))
+        out = torch.empty(self.rows, self.weight.shape[1], dtype=torch.float32)
+        self.read_rows_into(out)
+        return out
+
+    def read_rows_into(self, out: torch.Tensor) -> None:
+        """Copy every row into `out` ``[rows, dim]`` (stored rows overlaid by the cached ones), read in
+        chunks: memory beyond `out` stays a chunk's, whatever the table's size. Commits nothing."""
+        chunk = 1 << 16
+        with self.lock, torch.no_grad():
+            self._quiesce()  # no prefetch writing the store meanwhile
+            for start in range(0, self.rows, chunk):
+                rows = np.arange(start, min(self.rows, start + chunk))
+                out[start:start + rows.size] = torch.from_numpy(self.store.read("weight", rows))
             held = np.flatnonzero(self.slot2row >= 0)
-            out[torch.from_numpy(self.slot2row[held])] = self.weight.data[torch.from_numpy(held)].cpu()
-            return out
+            out[torch.from_numpy(self.slot2row[held])] = self.weight.data[torch.from_numpy(held)].to(out)
 
     def _clear(self) -> None:
         self.row2slot[:] = -1

@@ -45,6 +45,7 @@ MAGIC = b"RSTIER\x00\x01"
 VERSION = 1
 _HEADER = struct.Struct("<8sIQQIQQ")  # magic, version, rows, cols, block_rows, blocks, generation
 HEADER_BYTES = 4096
+RELEASE_BYTES = 256 << 20  # file pages a process maps in before it drops them (see TierFile.release)
 BLOCK_BYTES = 4096  # a page: an evicted row written back costs one page of undo log, not 64 KiB
 _OWNER = "TierFile"
 
@@ -55,6 +56,43 @@ class TierFileError(ValueError):
 
 def _pad(n: int) -> int:
     return (n + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
+
+
+def mapped_file_bytes() -> int | None:
+    """This process's file-backed resident bytes (``/proc/self/statm``'s shared pages); None if unknown.
+
+    Measured, not estimated from rows: reading one row can map far more than its page (fault-around,
+    and on recent kernels a page-cache folio of up to 2 MiB mapped whole)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[2]) * mmap.PAGESIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class PageBudget:
+    """Calls `release` when the file pages mapped since the last release pass `limit` bytes.
+
+    ``spent(n)`` after touching `n` rows (or blocks); measured every `every` of them, or, where
+    the process's resident set cannot be read, counted at one page each."""
+
+    def __init__(self, release: Callable[[], None], limit: int, every: int = 256) -> None:
+        self.release, self.limit, self.every = release, limit, every
+        self._since = 0
+        self._count = 0
+        self._base = mapped_file_bytes()
+
+    def spent(self, n: int) -> None:
+        self._since += n
+        if self._since < self.every:
+            return
+        self._count += self._since
+        self._since = 0
+        now = mapped_file_bytes()
+        over = self._count * 4096 > self.limit if now is None or self._base is None else now - self._base > self.limit
+        if over:
+            self.release()
+            self._count, self._base = 0, mapped_file_bytes()
 
 
 def _crc(buffer) -> int:
@@ -77,6 +115,11 @@ class TierFile:
             self._map = mmap.mmap(fd, os.fstat(fd).st_size)  # MAP_SHARED, read and write
         finally:
             os.close(fd)
+        # Rows are read at random: a fault reads its page, not a readahead window or a 2 MiB folio around
+        # it (seen on kernel 6.18: ~2 MiB read from disk per row of a 12.8 GB file not in the page cache).
+        for advice in ("MADV_NOHUGEPAGE", "MADV_RANDOM"):
+            if hasattr(mmap, advice):
+                self._map.madvise(getattr(mmap, advice))
         mm = self._mm = np.frombuffer(self._map, dtype=np.uint8)
         crc_end = HEADER_BYTES + 4 * self.blocks
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
@@ -89,8 +132,9 @@ class TierFile:
 
     # ----- create / open / close -----
     @classmethod
-    def create(cls, path: str, rows: int, cols: int, fill: Callable[[int, int], np.ndarray]) -> TierFile:
-        """A new file (replacing any at `path`) whose rows ``[a, b)`` are ``fill(a, b)``, flushed.
+    def create(cls, path: str, rows: int, cols: int, fill: Callable[[int, int], np.ndarray] | float) -> TierFile:
+        """A new file (replacing any at `path`) whose rows ``[a, b)`` are ``fill(a, b)``, flushed; a
+        float `fill` is every value (an optimizer state's initial one: see `_create_constant`).
 
         The header is written last, so a crash during creation leaves a file `open` refuses."""
         rows = check_int(_OWNER, "rows", rows, minimum=1)
@@ -99,8 +143,10 @@ class TierFile:
         blocks = (rows + block_rows - 1) // block_rows
         size = HEADER_BYTES + _pad(4 * blocks) + rows * cols * 4
         with open(path, "wb") as f:
-            f.truncate(size)
+            f.truncate(size)  # a sparse file: no disk block until a page is written
         tier = cls(path, rows, cols, block_rows, 0)
+        if not callable(fill):
+            return tier._create_constant(float(fill))
         chunk = block_rows * 256  # 16 MiB a fill call: few calls for a large table, little memory
         for a in range(0, rows, chunk):
             e = min(rows, a + chunk)
@@ -113,6 +159,25 @@ class TierFile:
         tier.set_generation(0)
         tier.release()  # the pages the fill went through are not the table's working set
         return tier
+
+    def _create_constant(self, value: float) -> TierFile:
+        """Every value `value`. Zeros (Adam's moments, FTRL's linear term) are what the new sparse file
+        reads as: nothing is written, the file takes disk only for the pages training writes. Every
+        full block then holds the same bytes: one checksum, computed once, for all of them."""
+        if value != 0.0:
+            chunk = self.block_rows * 4096
+            for a in range(0, self.rows, chunk):
+                self.data[a:min(self.rows, a + chunk)] = value
+                self.release()
+        full, tail = divmod(self.rows, self.block_rows)
+        self._crc[:full] = _crc(np.full(self.block_rows * self.cols, value, np.float32))
+        if tail:
+            self._crc[full] = _crc(np.full(tail * self.cols, value, np.float32))
+        self.verified[:] = True
+        self._sync()
+        self.set_generation(0)
+        self.release()
+        return self
 
     @classmethod
     def open(cls, path: str) -> TierFile:
@@ -219,11 +284,11 @@ class TierFile:
     # ----- durability -----
     def flush(self) -> None:
         """Refresh the checksums of the blocks written since the last flush, then msync + fsync."""
-        for i, b in enumerate(np.flatnonzero(self.dirty)):
+        budget = PageBudget(self.release, RELEASE_BYTES, every=1024)  # the pages the checksums read
+        for b in np.flatnonzero(self.dirty):
             a, e = self.block_range(int(b))
             self._crc[b] = _crc(self.data[a:e])
-            if i % 65536 == 65535:  # every 256 MiB checksummed (a new file's every block)
-                self.release()
+            budget.spent(1)
         self.dirty[:] = False
         self._sync()
 

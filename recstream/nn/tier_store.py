@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import BLOCK_BYTES, TierFile, TierFileError
+from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError
 
 __all__ = ["TierStore"]
 
@@ -53,9 +53,9 @@ _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
 _ENTRY = struct.Struct("<BIQII")
 _CRC, _ROWS, _CRCS = 0, 1, 2
 FORMAT = "recstream-tier"
-RELEASE_BYTES = 256 << 20
+_CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
 
-Fill = Callable[[int, int], np.ndarray]
+Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
 
 def _entry(kind: int, index: int, count: int, *arrays: np.ndarray) -> list:
@@ -81,6 +81,13 @@ def _lock(directory: str):
     return lock
 
 
+def _release(files: dict[str, TierFile]) -> None:
+    """Drop the mapped pages of every file from the process's resident set (`TierFile.release`), so
+    its peak RSS does not grow with the table."""
+    for f in files.values():
+        f.release()
+
+
 class TierStore:
     """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
 
@@ -93,6 +100,9 @@ class TierStore:
         self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
         self.bytes_read = 0
         self.bytes_written = 0
+        # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
+        # (and its lock) alive after its table is dropped.
+        self._pages = PageBudget(lambda: _release(files), RELEASE_BYTES)
 
     # ----- create / open -----
     @classmethod
@@ -145,18 +155,16 @@ class TierStore:
 
     # ----- rows -----
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
-        out = self.files[name].read_rows(rows)
+        f, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+        out = np.empty((rows.size, f.cols), dtype=np.float32)
+        for a in range(0, rows.size, _CHUNK):
+            out[a:a + _CHUNK] = f.read_rows(rows[a:a + _CHUNK])
+            self._pages.spent(min(_CHUNK, rows.size - a))
         self.bytes_read += out.nbytes
-        self._touch()
         return out
 
-    def _touch(self) -> None:
-        """Past RELEASE_BYTES of pages mapped in (counted per block by the files, so a hot page
-        read every step counts once), drop them from the process's resident set
-        (`TierFile.release`), so its peak RSS does not grow with the table."""
-        if sum(f.mapped_pages for f in self.files.values()) * BLOCK_BYTES > RELEASE_BYTES:
-            for f in self.files.values():
-                f.release()
+    def _release(self) -> None:
+        _release(self.files)
 
     def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
@@ -169,9 +177,10 @@ class TierStore:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
         self._log_preimages(writes)
         for name, rows, values in writes:
-            self.files[name].write_rows(rows, values)
+            for a in range(0, rows.size, _CHUNK):  # chunks: the pages they map are measured as they go
+                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK])
+                self._pages.spent(min(_CHUNK, rows.size - a))
             self.bytes_written += values.nbytes
-        self._touch()
 
     # ----- commit / rollback -----
     @property
@@ -301,10 +310,13 @@ class TierStore:
                 blocks = np.unique(blocks)
                 f.check_blocks(blocks)
                 parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
+                self._pages.spent(blocks.size)  # blocks not yet verified are read for their checksums
             bits = self._logged_rows[name]
             new = rows[(bits[rows >> 3] & (1 << (rows & 7)).astype(np.uint8)) == 0]
-            if new.size:
-                parts += _entry(_ROWS, index, new.size, new, f.data[new])
+            for a in range(0, new.size, _CHUNK):  # chunks: the pages the pre-images map are measured
+                part = new[a:a + _CHUNK]
+                parts += _entry(_ROWS, index, part.size, part, f.data[part])
+                self._pages.spent(part.size)
             logged.append((name, blocks, new))
         if not parts:
             return

@@ -34,6 +34,29 @@ def test_rows_round_trip_and_survive_reopen(tmp_path):
     assert g.read_rows(np.array([7, 4000, 8])).tolist() == [[-1.0] * 3, [-1.0] * 3, [24.0, 25.0, 26.0]]
 
 
+@pytest.mark.parametrize("value", [0.0, 0.25])
+def test_a_constant_file_is_sparse_and_checksummed_like_a_filled_one(tmp_path, value):
+    """An optimizer state's file (one initial value): zeros are not written (the file holds no data
+    page), and every block, the short last one too, passes its checksum after a reopen."""
+    path, rows = str(tmp_path / "s.tier"), 1_000_003  # 1M rows x 4 cols: 16 MB of values, a short last block
+    f = TierFile.create(path, rows=rows, cols=4, fill=value)
+    f.close()
+    on_disk = os.stat(path).st_blocks * 512
+    if value == 0.0:
+        assert on_disk < 1 << 20  # the header and checksums, not 16 MB of zeros
+    else:
+        assert on_disk >= rows * 16
+    g = TierFile.open(path)
+    g.verify_all()
+    assert g.read_rows(np.array([0, rows - 1])).tolist() == [[value] * 4] * 2
+    g.write_rows(np.array([rows - 1]), np.ones((1, 4), np.float32))
+    g.flush()
+    g.close()
+    h = TierFile.open(path)
+    h.verify_all()
+    assert h.read_rows(np.array([rows - 2, rows - 1])).tolist() == [[value] * 4, [1.0] * 4]
+
+
 def test_a_flipped_byte_is_detected_naming_the_file_and_block(tmp_path):
     path = str(tmp_path / "w.tier")
     f = TierFile.create(path, rows=20000, cols=3, fill=_fill(3))
@@ -199,3 +222,49 @@ def test_release_drops_mapped_pages_from_the_resident_set_and_keeps_written_rows
     f.flush()
     f.close()
     assert TierFile.open(path).read_rows(np.array([5, 1 << 19]))[:, 0].tolist() == [3.0, 3.0]
+
+
+def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp_path, monkeypatch):
+    """A read of rows spread over the whole file maps a page (or, on kernels mapping large page-cache
+    folios, far more) per row: the store measures the pages mapped as it goes and drops them past its
+    budget, so the resident set stays bounded during one call, not only after it."""
+    from recstream.nn import tier_file, tier_store
+    monkeypatch.setattr(tier_store, "RELEASE_BYTES", 8 << 20)
+    store = TierStore.create(str(tmp_path), {"weight": (1 << 20, 16, _fill(16, 1.0))})  # 64 MiB
+    store._release()
+    base, peaks = tier_file.mapped_file_bytes(), []
+    read_rows = TierFile.read_rows
+
+    def watched(self, rows):  # behaviour unchanged: records the mapped bytes after each file read
+        out = read_rows(self, rows)
+        peaks.append(tier_file.mapped_file_bytes() - base)
+        return out
+
+    monkeypatch.setattr(TierFile, "read_rows", watched)
+    out = store.read("weight", np.arange(0, 1 << 20, 64))  # a row of every page: 64 MiB of pages
+    assert out.shape == (1 << 14, 16) and (out == 1.0).all()
+    assert max(peaks) < (8 << 20) + (4 << 20), [p >> 20 for p in peaks]  # budget + one chunk's pages
+    store.close()
+
+
+def test_a_large_scattered_write_keeps_the_mapped_pages_bounded_with_its_undo_log(tmp_path, monkeypatch):
+    """Writing rows spread over the file reads their committed bytes into the undo log first: those
+    pages are measured too (a commit's write-back of a large cache went to 6.5 GB of mapped pages)."""
+    from recstream.nn import tier_file, tier_store
+    monkeypatch.setattr(tier_store, "RELEASE_BYTES", 8 << 20)
+    store = TierStore.create(str(tmp_path), {"weight": (1 << 20, 16, _fill(16, 1.0))})  # 64 MiB
+    store._release()
+    base, peaks = tier_file.mapped_file_bytes(), []
+    spent = tier_file.PageBudget.spent
+
+    def watched(self, n):  # behaviour unchanged: records the mapped bytes at each measuring point
+        peaks.append(tier_file.mapped_file_bytes() - base)
+        spent(self, n)
+
+    monkeypatch.setattr(tier_file.PageBudget, "spent", watched)
+    rows = np.arange(0, 1 << 20, 64)
+    store.write("weight", rows, np.full((rows.size, 16), 2.0, np.float32))
+    assert max(peaks) < (8 << 20) + (4 << 20), [p >> 20 for p in peaks]
+    store.rollback()  # the undo log holds every row's committed bytes
+    assert (store.read("weight", rows) == 1.0).all()
+    store.close()

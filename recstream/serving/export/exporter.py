@@ -59,7 +59,6 @@ True
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import tempfile
@@ -72,6 +71,7 @@ from torch import nn
 from ...data.schema import Schema
 from ...models.dynamic import DynamicTables
 from ...nn import EmbeddingBagCollection, HashEmbedding
+from ...nn.tier_export import untiered_copy
 from ...validation import check_bool, check_choice, check_module, check_type
 from ..server.request import InstanceParser
 from ..snapshot.layout import list_versions
@@ -135,7 +135,7 @@ def _check_not_sharded(owner: str, network: nn.Module) -> None:
 def _prepared(network: nn.Module) -> nn.Module:
     """A CPU inference copy of `network` whose embedding lookups do not check ids (see module doc)
     and whose hash tables are frozen snapshots (`FrozenDynamicTables`, `FrozenHashLookup`)."""
-    net = copy.deepcopy(network).to("cpu").eval().requires_grad_(False)
+    net = untiered_copy(network).to("cpu").eval().requires_grad_(False)  # disk-tiered tables in memory
     for module in net.modules():
         if isinstance(module, EmbeddingBagCollection):
             module.validate = False  # its checks branch on tensor values: not exportable

@@ -46,6 +46,7 @@ from torch import nn
 
 from ...callbacks.divergence import check_finite_tensors
 from ...data.schema import Schema
+from ...nn.tier_export import tiered_keys
 from ...validation import check_bool, check_choice, check_int, check_module, check_number, check_type
 from ..snapshot.layout import MODEL_FILE, list_versions
 from ..snapshot.model_spec import OUTPUTS, check_factory, check_model_config, check_rebuild, describe_model
@@ -145,7 +146,8 @@ class SnapshotWriter:
             check_rebuild(network, dict(manifest, version=version), self.model_factory)
             self._checked = True
         dense = for_saving(dense_state(network))
-        files = {MODEL_FILE: {k: t.clone() for k, t in dense.items()} if copy else dense}
+        fresh = tiered_keys(network)  # disk-tiered tables, read into new tensors: no second copy
+        files = {MODEL_FILE: {k: t if k in fresh else t.clone() for k, t in dense.items()} if copy else dense}
         self.last_version = None  # any failure from here on: the exports below moved the baseline
         rows_of = {path: emb.export() if full else emb.export_delta() for path, emb in tables_of.items()}
         row_bytes = sum(_nbytes(rows) for rows in rows_of.values())

@@ -179,8 +179,8 @@ def check_rebuild(network: nn.Module, manifest: dict, model_factory: Any = None)
         log.warning("ModelPublisher: could not pre-check the rebuild on the meta device (%s: %s)",
                     type(e).__name__, e)
         return
-    want = {k: tuple(v.shape) for k, v in dense_state(network).items()}
-    got = {k: tuple(v.shape) for k, v in dense_state(rebuilt).items()}
+    want = {k: tuple(v.shape) for k, v in dense_state(network, shapes_only=True).items()}
+    got = {k: tuple(v.shape) for k, v in dense_state(rebuilt, shapes_only=True).items()}
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))[:6]
         raise ValueError(f"ModelPublisher: the network rebuilt from the manifest differs from the trained one "

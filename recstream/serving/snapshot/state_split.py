@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ...nn import HashEmbedding
+from ...nn.tier_export import materialized_tiers
 from .layout import HASH_DIR
 
 ROW_FIELDS = ("keys", "values", "counts", "last_seen")
@@ -65,16 +66,20 @@ def for_saving(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def dense_state(network: nn.Module) -> dict[str, torch.Tensor]:
-    """The network's state_dict without HashEmbedding row storage (see module docstring)."""
+def dense_state(network: nn.Module, shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    """The network's state_dict without HashEmbedding row storage (see module docstring). Disk-tiered
+    tables are in it as in-memory tables' rows (`recstream.nn.tier_export`), the store not committed;
+    with `shapes_only`, as ``meta`` tensors (names and shapes, no memory)."""
     prefixes = [p + "." if p else "" for p in hash_embeddings(network)]
-    return {k: v for k, v in network.state_dict().items() if not _owned(k, prefixes)}
+    with materialized_tiers(network, meta=shapes_only):
+        return {k: v for k, v in network.state_dict().items() if not _owned(k, prefixes)}
 
 
 def hash_owned_keys(network: nn.Module) -> set[str]:
     """state_dict keys that `dense_state` leaves out (restored from the row files instead)."""
     prefixes = [p + "." if p else "" for p in hash_embeddings(network)]
-    return {k for k in network.state_dict() if _owned(k, prefixes)}
+    with materialized_tiers(network, meta=True):
+        return {k for k in network.state_dict() if _owned(k, prefixes)}
 
 
 def apply_delta(rows: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
