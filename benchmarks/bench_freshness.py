@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,8 @@ import time
 import urllib.request
 
 import numpy as np
+
+from recstream.cli.errors import EXIT_TERMINATED
 
 DENSE, CATEGORICAL = 4, 6
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -62,7 +65,6 @@ stream:
   batch_size: {batch_size}
 {max_delay}  id_column: event_id
   time_column: event_time
-  idle_timeout: {idle_timeout}
 model:
   type: widedeep
   hidden: [64, 32]
@@ -113,7 +115,7 @@ def config_text(args, run_dir: str, source: str) -> str:
     publish = "" if args.publish_seconds is None else f"  every_seconds: {args.publish_seconds}\n"
     max_delay = "" if args.max_delay is None else f"  max_delay: {args.max_delay}\n"
     return CONFIG.format(run_dir=run_dir, source=source, batch_size=args.batch_size, max_delay=max_delay,
-                         idle_timeout=args.idle_timeout, checkpoint_seconds=args.checkpoint_seconds, publish=publish)
+                         checkpoint_seconds=args.checkpoint_seconds, publish=publish)
 
 
 def run_chain(args, source: str, work: str) -> dict:
@@ -124,9 +126,8 @@ def run_chain(args, source: str, work: str) -> dict:
     os.makedirs(incoming, exist_ok=True)
     os.makedirs(published, exist_ok=True)  # serve needs it (503 until the first version)
     broker = None
-    rows = int(args.rate * (args.seconds + args.warmup))
     produce = ["produce", "--synthetic", "--num-dense", str(DENSE), "--num-categorical", str(CATEGORICAL),
-               "--rows", str(rows), "--rate", str(args.rate), "--seed", "1"]
+               "--rate", str(args.rate)]
     if source == "kafka":
         from recstream.testing import TansuBroker
         broker = TansuBroker().start()
@@ -147,22 +148,35 @@ def run_chain(args, source: str, work: str) -> dict:
                                    *(["--poll-seconds", str(args.poll_seconds)] if args.poll_seconds else []),
                                    cwd=work, log=os.path.join(work, "serve.log"))
         procs["online"] = recstream("online", "c.yaml", "--json", cwd=work, log=os.path.join(work, "online.log"))
-        procs["produce"] = recstream(*produce, cwd=work, log=os.path.join(work, "produce.log"))
+        # a first burst of events, for the first version; the measured producer starts once it is served
+        procs["prime"] = recstream(*produce, "--rows", str(int(args.rate)), "--seed", "1", cwd=work,
+                                   log=os.path.join(work, "prime.log"))
         poller = Poller(port, args.sample)
         poller.start()
-        began = time.time()
-        produce_rc = procs["produce"].wait(timeout=args.seconds + args.warmup + 120)
-        produced_s = time.time() - began
+        deadline = time.time() + args.start_timeout
+        while not poller.samples:  # start-up (imports, the first version) is not measured
+            dead = [name for name, proc in procs.items() if proc.poll() not in (None, 0) or
+                    name != "prime" and proc.poll() is not None]
+            if dead or time.time() > deadline:
+                raise RuntimeError(f"{source}: no version served after {args.start_timeout:.0f} s "
+                                   f"(exited: {dead})\n" + tail_logs(work, procs))
+            time.sleep(0.1)
+        procs["prime"].wait(timeout=60)  # (two writers must not share a directory)
+        rows = int(args.rate * (args.warmup + args.seconds))
+        procs["produce"] = recstream(*produce, "--rows", str(rows), "--seed", "2", "--id-start", "1000000000",
+                                     cwd=work, log=os.path.join(work, "produce.log"))
+        produce_rc = procs["produce"].wait(timeout=args.warmup + args.seconds + args.start_timeout)
+        end = time.time()  # the last `seconds` before the producer's end are steady production
+        time.sleep(1.0)
         poller.stop.set()
         poller.join()
-        online_rc = procs["online"].wait(timeout=args.idle_timeout + 120)
-        logs = {name: open(os.path.join(work, f"{name}.log")).read() for name in procs}
-        if produce_rc or online_rc:
-            raise RuntimeError(f"{source}: produce exited {produce_rc}, online {online_rc}:\n"
-                               + "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in logs.items()))
-        result = json.loads(logs["online"].strip().splitlines()[-1])
+        procs["online"].send_signal(signal.SIGTERM)  # a clean stop: final checkpoint, its JSON line
+        online_rc = procs["online"].wait(timeout=120)
+        if produce_rc or online_rc not in (0, EXIT_TERMINATED):
+            raise RuntimeError(f"{source}: produce exited {produce_rc}, online {online_rc}\n" + tail_logs(work, procs))
+        result = json.loads([line for line in read(work, "online").splitlines() if line.startswith("{")][-1])
         # the producer's own rate (its last line: "... in S s (R events/s) ..."), not counting its start
-        rate = re.search(r"\(([\d.]+) events/s\)", logs["produce"])
+        rate = re.search(r"\(([\d,.]+) events/s\)", read(work, "produce"))
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -170,17 +184,28 @@ def run_chain(args, source: str, work: str) -> dict:
                 proc.wait(10)
         if broker is not None:
             broker.stop()
-    return summarize(source, poller.samples, began + args.warmup, began + produced_s, rows,
-                     float(rate.group(1)) if rate else rows / produced_s, result)
+    return summarize(source, poller.samples, end - args.seconds, end, rows,
+                     float(rate.group(1).replace(",", "")) if rate else None, result)
 
 
-def summarize(source: str, samples, start: float, end: float, rows: int, rate: float, result: dict) -> dict:
+def read(work: str, name: str) -> str:
+    with open(os.path.join(work, f"{name}.log")) as f:
+        return f.read()
+
+
+def tail_logs(work: str, procs) -> str:
+    return "\n".join(f"--- {name}\n{read(work, name)[-3000:]}" for name in procs)
+
+
+def summarize(source: str, samples, start: float, end: float, rows: int | None, rate: float | None,
+              result: dict) -> dict:
     """Staleness quantiles of the samples taken in [start, end] (steady state), and the stages."""
     steady = [(t, info) for t, info in samples if start <= t <= end]
     stale = np.array([t - info["max_event_time"] for t, info in steady])
     versions = {info["version"]: info for _, info in steady}
     out = {"source": source, "events": rows, "events_per_s": rate, "samples": int(stale.size),
-           "versions_served": len(versions), "trained": result.get("events") or result.get("steps"),
+           "versions_served": len(versions),
+           "trained": (result.get("metrics") or {}).get("events") or result.get("steps"),
            "load_average": os.getloadavg()}
     for q in (50, 95, 99):
         out[f"p{q}"] = float(np.percentile(stale, q)) if stale.size else None
@@ -190,6 +215,8 @@ def summarize(source: str, samples, start: float, end: float, rows: int, rate: f
     def median(values):
         values = [v for v in values if v is not None]
         return float(np.median(values)) if values else None
+    out["versions"] = [{k: i.get(k) for k in ("version", "kind", "step", "checkpoint_step", "max_event_time", "taken",
+                                              "created", "loaded_at", "load_seconds")} for i in infos]
     out["stages"] = {
         "event->taken": median([i.get("taken") and i["taken"] - i["max_event_time"] for i in infos]),
         "taken->visible": median([i.get("taken") and i["created"] - i["taken"] for i in infos]),
@@ -205,7 +232,8 @@ def report(r: dict) -> str:
     def s(v):
         return "-" if v is None else f"{v:.2f}"
     st = r["stages"]
-    return (f"{r['source']:9} {r['events_per_s']:7.0f} ev/s  staleness p50 {s(r['p50'])} s  p95 {s(r['p95'])} s  "
+    return (f"{r['source']:9} {r['events_per_s'] or 0:5.0f} ev/s produced  staleness p50 {s(r['p50'])} s  "
+            f"p95 {s(r['p95'])} s  "
             f"p99 {s(r['p99'])} s  max {s(r['max'])} s  ({r['samples']} samples, {r['versions_served']} versions "
             f"served, full/delta {st['full/delta']})\n"
             f"          stages (medians): event->taken {s(st['event->taken'])} s, taken->visible "
@@ -219,7 +247,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--source", choices=["directory", "kafka", "both"], default="both")
     p.add_argument("--rate", type=float, default=2000.0, help="events/s produced")
     p.add_argument("--seconds", type=float, default=60.0, help="measured seconds (after --warmup)")
-    p.add_argument("--warmup", type=float, default=15.0, help="seconds not measured (start-up, backlog)")
+    p.add_argument("--warmup", type=float, default=10.0,
+                   help="seconds of the measured producer not measured (its start, the backlog's drain)")
+    p.add_argument("--start-timeout", type=float, default=180.0, help="seconds allowed until a version is served")
     p.add_argument("--sample", type=float, default=0.05, help="seconds between /version samples")
     p.add_argument("--batch-size", type=int, default=1024, help="stream.batch_size")
     p.add_argument("--max-delay", type=float, default=None, help="stream.max_delay (default: the CLI's)")
@@ -231,26 +261,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-interval", type=float, default=0.1,
                    help="the producer makes its directory file visible this often")
     p.add_argument("--dir-poll", type=float, default=0.05, help="stream.directory.poll_interval")
-    p.add_argument("--idle-timeout", type=float, default=5.0, help="stream.idle_timeout: online ends after")
     p.add_argument("--quick", action="store_true", help="a short smoke run (not a measurement)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON line")
+    p.add_argument("--trace", default=None, help="write the results with every served version's times here "
+                   "(JSON), to attribute a tail to its stage")
     return p
 
 
 def main(argv=None) -> list[dict]:
     args = parser().parse_args(argv)
     if args.quick:
-        args.seconds, args.warmup, args.rate, args.idle_timeout = 6.0, 6.0, 500.0, 2.0
+        args.seconds, args.warmup, args.rate = 5.0, 3.0, 500.0
     sources = ["directory", "kafka"] if args.source == "both" else [args.source]
     results = []
     for source in sources:
         with tempfile.TemporaryDirectory(prefix=f"fresh-{source}-") as work:
             results.append(run_chain(args, source, work))
+    if args.trace:
+        with open(args.trace, "w") as f:
+            json.dump(results, f, indent=1)
+    for r in results:
+        r.pop("versions")
     if args.json:
         print(json.dumps(results))
     else:
         print(f"served-model staleness (now - newest event the served version trained on), "
-              f"{args.rate:.0f} events/s, {args.seconds:.0f} s measured after {args.warmup:.0f} s")
+              f"{args.rate:.0f} events/s asked, the last {args.seconds:.0f} s of the producer measured")
         for r in results:
             print(report(r))
     return results
