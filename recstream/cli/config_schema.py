@@ -230,9 +230,9 @@ class StreamSection(Section):
     id_column: str | None = None
     time_column: str | None = None
     idle_timeout: NonNegativeFloat | None = None
-    # a short batch once its oldest row waited this long (seconds; null: wait until full): a step,
-    # hence a fresh version to publish, at least this often while events arrive (docs/online.md)
-    max_delay: NonNegativeFloat | None = 0.25
+    # a short batch once its oldest row waited this long (seconds; none: wait until full): on a slow
+    # stream, a step, hence a fresh version to publish, at least this often (docs/online.md)
+    max_delay: NonNegativeFloat | None = None
     max_batches: NonNegativeInt | None = None
     dead_letter: PathStr | None = None
 
