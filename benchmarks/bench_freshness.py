@@ -149,7 +149,9 @@ def run_chain(args, source: str, work: str) -> dict:
                                    cwd=work, log=os.path.join(work, "serve.log"))
         procs["online"] = recstream("online", "c.yaml", "--json", cwd=work, log=os.path.join(work, "online.log"))
         # a first burst of events, for the first version; the measured producer starts once it is served
-        procs["prime"] = recstream(*produce, "--rows", str(int(args.rate)), "--seed", "1", cwd=work,
+        # (several batches: a version falls due at a step end, so the first steps must span a publish interval)
+        procs["prime"] = recstream(*produce, "--rows", str(max(int(args.rate), 4 * args.batch_size)), "--seed", "1",
+                                   cwd=work,
                                    log=os.path.join(work, "prime.log"))
         poller = Poller(port, args.sample)
         poller.start()
@@ -271,7 +273,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> list[dict]:
     args = parser().parse_args(argv)
     if args.quick:
-        args.seconds, args.warmup, args.rate = 5.0, 3.0, 500.0
+        args.seconds, args.warmup, args.rate, args.batch_size = 5.0, 3.0, 500.0, 128
     sources = ["directory", "kafka"] if args.source == "both" else [args.source]
     results = []
     for source in sources:
