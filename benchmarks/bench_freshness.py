@@ -148,21 +148,20 @@ def run_chain(args, source: str, work: str) -> dict:
                                    *(["--poll-seconds", str(args.poll_seconds)] if args.poll_seconds else []),
                                    cwd=work, log=os.path.join(work, "serve.log"))
         procs["online"] = recstream("online", "c.yaml", "--json", cwd=work, log=os.path.join(work, "online.log"))
-        # a first burst of events, for the first version; the measured producer starts once it is served
-        # (several batches: a version falls due at a step end, so the first steps must span a publish interval)
-        procs["prime"] = recstream(*produce, "--rows", str(max(int(args.rate), 4 * args.batch_size)), "--seed", "1",
-                                   cwd=work,
+        # events until the first version is served (a version falls due at a step end: steps must go on
+        # until one does); then the measured producer starts
+        procs["prime"] = recstream(*produce, "--rows", "0", "--seed", "1", cwd=work,
                                    log=os.path.join(work, "prime.log"))
         poller = Poller(port, args.sample)
         poller.start()
         deadline = time.time() + args.start_timeout
         while not poller.samples:  # start-up (imports, the first version) is not measured
-            dead = [name for name, proc in procs.items() if proc.poll() not in (None, 0) or
-                    name != "prime" and proc.poll() is not None]
+            dead = [name for name, proc in procs.items() if proc.poll() is not None]
             if dead or time.time() > deadline:
                 raise RuntimeError(f"{source}: no version served after {args.start_timeout:.0f} s "
                                    f"(exited: {dead})\n" + tail_logs(work, procs))
             time.sleep(0.1)
+        procs["prime"].send_signal(signal.SIGTERM)  # it stops cleanly (its files complete)
         procs["prime"].wait(timeout=60)  # (two writers must not share a directory)
         rows = int(args.rate * (args.warmup + args.seconds))
         procs["produce"] = recstream(*produce, "--rows", str(rows), "--seed", "2", "--id-start", "1000000000",
