@@ -47,6 +47,7 @@ E2E = (
     "tests/callbacks/test_model_checkpoint.py::test_full_disk_gives_a_clear_error_and_keeps_the_last_checkpoint",
     "tests/data/streams/test_optional_kafka.py",
     "tests/test_benchmarks.py::test_the_cuda_test_plugin_keeps_exactly_the_tests_that_mention_cuda",
+    "tests/test_benchmarks.py::test_the_freshness_benchmark_runs_the_whole_chain_and_reports_staleness",
     "tests/test_docs.py::test_docs_block_runs",
     "tests/test_docs.py::test_a_docstring_example_of_a_missing_extra_is_skipped_with_its_install_line",
     "tests/test_readme.py::test_readme_block_runs",

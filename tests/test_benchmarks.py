@@ -243,3 +243,18 @@ def test_the_anchors_benchmarks_crosses_rows_feed_the_streams_crosses_to_the_lin
     assert schema.cross_names == ("occupation_x_item",)
     rows = bench.main(["--quick", "--no-anchors", "--streams", "drifting", "--only", "DeepFM, crosses"])["drifting"]
     assert [r["system"] for r in rows["rows"]] == ["recstream DeepFM, crosses"] and 0.55 < rows["rows"][0]["auc"] < 1
+
+
+def test_the_freshness_benchmark_runs_the_whole_chain_and_reports_staleness():
+    """`bench_freshness.py --quick`: real processes (produce, online, serve) through a directory and the
+    in-memory Kafka broker; it reports staleness quantiles and stages, and the served versions advance.
+    A smoke run on a shared machine: the bound is loose (a chain that stopped would grow without end)."""
+    bench = _load("bench_freshness")
+    results = bench.main(["--quick", "--json"])
+    assert [r["source"] for r in results] == ["directory", "kafka"]
+    for r in results:
+        assert r["samples"] > 10 and r["versions_served"] >= 2, r
+        assert 0 < r["p50"] <= r["p95"] <= r["p99"] <= r["max"] < 60, r
+        assert r["events_per_s"] > 0 and r["trained"] > 0, r
+        stages = r["stages"]
+        assert stages["load"] > 0 and stages["taken->visible"] > 0 and stages["visible->served"] > 0, r

@@ -178,7 +178,7 @@ def build_stream(cfg, doc, schema, run_dir: str):
     """The online source of ``stream:`` (a DirectoryStream or a KafkaStream)."""
     st = cfg.stream
     common = dict(batch_size=st.batch_size, idle_timeout=st.idle_timeout, max_batches=st.max_batches,
-                  dead_letter=st.dead_letter)
+                  dead_letter=st.dead_letter, max_delay=st.max_delay)
     if st.directory is not None:
         from ..data.streams import DirectoryStream
         d = st.directory
@@ -293,14 +293,23 @@ def preprocessing(cfg, *, online: bool) -> dict:
     return {**out, "log1p_dense": True} if d.log1p_dense else out
 
 
+# `recstream online` publishes this often when ``publish:`` names no cadence: with `recstream serve`'s
+# poll, a served model under a second old at thousands of events/s (docs/online.md, "Freshness")
+ONLINE_PUBLISH_SECONDS = 0.25
+
+
 def build_publisher(cfg, doc, schema, run_dir: str, *, online: bool):
     """The `ModelPublisher` of ``publish:``: versions of the network a server rebuilds from the config's
     model arguments, into ``publish.directory`` (default ``<run_dir>/published``). Less ``disk_tier``:
-    a version holds every row, the server keeps its tables in memory."""
+    a version holds every row, the server keeps its tables in memory. Without ``every_steps`` /
+    ``every_seconds``: online every `ONLINE_PUBLISH_SECONDS`, offline at the end."""
     from ..serving import ModelPublisher
     pub = cfg.publish
     directory = pub.directory if pub.directory is not None else os.path.join(run_dir, "published")
+    every_seconds = pub.every_seconds
+    if online and pub.every_steps is None and every_seconds is None:
+        every_seconds = ONLINE_PUBLISH_SECONDS
     with at(doc, ("publish",)):
-        return ModelPublisher(directory, schema, pub.every_steps, pub.every_seconds, pub.keep,
+        return ModelPublisher(directory, schema, pub.every_steps, every_seconds, pub.keep,
                               model_config=cfg.model.args(exclude=("type", "disk_tier")), full_every=pub.full_every,
                               preprocessing=preprocessing(cfg, online=online), on_error=pub.on_error)

@@ -230,6 +230,9 @@ class StreamSection(Section):
     id_column: str | None = None
     time_column: str | None = None
     idle_timeout: NonNegativeFloat | None = None
+    # a short batch once its oldest row waited this long (seconds; none: wait until full): on a slow
+    # stream, a step, hence a fresh version to publish, at least this often (docs/online.md)
+    max_delay: NonNegativeFloat | None = None
     max_batches: NonNegativeInt | None = None
     dead_letter: PathStr | None = None
 
@@ -371,7 +374,7 @@ class PublishSection(Section):
 
     directory: PathStr | None = None  # default: <run_dir>/published
     every_steps: PositiveInt | None = None
-    every_seconds: PositiveFloat | None = None
+    every_seconds: PositiveFloat | None = None  # neither given: online every ONLINE_PUBLISH_SECONDS, train at the end
     keep: PositiveInt = 5
     full_every: PositiveInt = 10
     on_error: Literal["log", "raise"] = "log"

@@ -15,7 +15,12 @@ commit, whatever its place in the callback list (`recstream.train.committer`, st
 due at a step where a checkpoint is due too appears only once that checkpoint is durable and its
 position committed to the source, and the last version follows the run's final checkpoint. The
 versions are of the weights just trained, also at steps without a checkpoint (give both the same
-cadence to publish only what a restart resumes from).
+cadence to publish only what a restart resumes from): publishing is on its own cadence, so a
+version can be far fresher than the last checkpoint. Each manifest says which it is:
+``checkpoint_step`` is the step of the newest durable, committed checkpoint when the version was
+taken, and a version with ``step > checkpoint_step`` holds training that a restart after a crash
+redoes from that checkpoint (the same events, trained again: the next versions are again of
+every event exactly once).
 
 Event time: if the trainer sets ``cb_params.max_event_time`` (unix seconds of the newest
 event trained on; a number, 0-d tensor or ``datetime``), its running maximum goes into each
@@ -123,6 +128,7 @@ class ModelPublisher(Publisher):
         self.manifests: list[dict] = []
         self.failures = 0
         self._max_event_time: float | None = None
+        self._checkpoint_step: int | None = None  # the newest durable, committed checkpoint's step
         self._last_step = 0
         self._last_time = time.monotonic()
 
@@ -150,12 +156,14 @@ class ModelPublisher(Publisher):
         event_time = _event_time(p.max_event_time)
         if event_time is not None:
             self._max_event_time = event_time if self._max_event_time is None else max(self._max_event_time, event_time)
+        self._checkpoint_step = getattr(run_context.run_state, "checkpoint_step", None)
         self._collect(wait=False)
         if self._due(p.cur_step_num or 0) and self._writing is None:
             self.publish(p, background=self.background)
 
     def after_train_commit(self, run_context):
         p = run_context.original_args()
+        self._checkpoint_step = getattr(run_context.run_state, "checkpoint_step", None)
         self._collect(wait=True)
         if self.publish_on_end and (p.cur_step_num or 0) > self._last_step:
             self.publish(p)
@@ -173,7 +181,8 @@ class ModelPublisher(Publisher):
             if getattr(cb_params, "loss_watch", None) is not None:  # a diverged run publishes nothing
                 cb_params.loss_watch.check()
             prepared = self.writer.prepare(cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
-                                           max_event_time=self._max_event_time, copy=background)
+                                           max_event_time=self._max_event_time, copy=background,
+                                           checkpoint_step=self._checkpoint_step)
             if background:
                 self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
                                                  name="recstream-publisher")

@@ -19,8 +19,11 @@ tables: those calls move the delta baseline.
 Manifest fields (``manifest.json``; see `recstream.serving.snapshot.layout` for the files):
 ``format``, ``format_version``, ``version``, ``kind`` (``full``/``delta``), ``base`` (the full
 version the chain starts at; itself for a full one), ``parent`` (previous version; null for
-full), ``created`` (unix seconds when it became visible), ``step``, ``epoch``,
-``max_event_time`` (newest event trained on, unix seconds, or null), ``schema``
+full), ``created`` (unix seconds when it became visible), ``taken`` (unix seconds when its weights
+were taken from the network: ``created - taken`` is the time writing it took), ``step``, ``epoch``,
+``checkpoint_step`` (the step of the newest durable, committed checkpoint when it was taken, or null:
+a version with ``step > checkpoint_step`` holds training a restart would redo), ``max_event_time``
+(newest event trained on, unix seconds, or null), ``schema``
 (``Schema.to_dict()`` or null), ``model`` (see `recstream.serving.snapshot.model_spec`),
 ``preprocessing`` (``ColumnConverter`` options a server applies to requests),
 ``hash_embeddings`` (``{path: {"file", "rows", "evicted"}}``), ``files``
@@ -39,6 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,18 +120,21 @@ class SnapshotWriter:
         return (schema.to_dict() if schema is not None else None), spec
 
     def publish(self, network: nn.Module, step: int | None = None, epoch: int | None = None,
-                max_event_time: float | None = None, full: bool = False) -> dict:
+                max_event_time: float | None = None, full: bool = False, checkpoint_step: int | None = None) -> dict:
         """Write the next version of `network`; returns its manifest."""
-        return self.write(self.prepare(network, step, epoch, max_event_time, full))
+        return self.write(self.prepare(network, step, epoch, max_event_time, full, checkpoint_step=checkpoint_step))
 
     def prepare(self, network: nn.Module, step: int | None = None, epoch: int | None = None,
-                max_event_time: float | None = None, full: bool = False, copy: bool = False) -> PreparedVersion:
+                max_event_time: float | None = None, full: bool = False, copy: bool = False,
+                checkpoint_step: int | None = None) -> PreparedVersion:
         """Everything `write` needs, taken from `network` now: the version number, the manifest and
         the tensors (with `copy`, copies: the network may go on training while another thread writes)."""
         owner = "SnapshotWriter.publish"
+        taken = time.time()
         check_module(owner, "network", network)
         step = check_int(owner, "step", step, minimum=0, allow_none=True)
         epoch = check_int(owner, "epoch", epoch, minimum=0, allow_none=True)
+        checkpoint_step = check_int(owner, "checkpoint_step", checkpoint_step, minimum=0, allow_none=True)
         max_event_time = check_number(owner, "max_event_time", max_event_time, allow_none=True)
         check_bool(owner, "full", full)
         os.makedirs(self.directory, exist_ok=True)
@@ -140,7 +147,8 @@ class SnapshotWriter:
         schema, spec = self._spec(network)
         base = version if full else self._base
         manifest = {"kind": "full" if full else "delta", "base": base, "parent": None if full else newest,
-                    "step": step, "epoch": epoch, "max_event_time": max_event_time, "schema": schema,
+                    "step": step, "epoch": epoch, "checkpoint_step": checkpoint_step, "taken": taken,
+                    "max_event_time": max_event_time, "schema": schema,
                     "model": spec, "preprocessing": self.preprocessing}
         if self.verify_rebuild and not self._checked:
             check_rebuild(network, dict(manifest, version=version), self.model_factory)

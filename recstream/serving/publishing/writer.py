@@ -59,7 +59,7 @@ def sha256_file(path: str) -> tuple[str, int]:
 
 def write_manifest(version_dir: str, manifest: dict) -> dict:
     """Add ``manifest_sha256`` and write ``manifest.json`` durably; returns the stored dict."""
-    for key in ("created", "max_event_time"):
+    for key in ("created", "taken", "max_event_time"):
         value = manifest.get(key)
         if value is not None and not math.isfinite(value):
             raise ValueError(f"manifest field {key!r} must be finite, got {value!r}")

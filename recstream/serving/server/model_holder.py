@@ -60,6 +60,7 @@ class Served:
     manifest: dict
     parser: InstanceParser
     loaded_at: float = field(default_factory=time.time)
+    load_seconds: float | None = None  # how long reading, verifying and rebuilding it took
 
     @property
     def version(self) -> int:
@@ -68,8 +69,9 @@ class Served:
     def info(self) -> dict:
         """What ``GET /version`` returns."""
         m = self.manifest
-        keys = ("version", "kind", "base", "created", "step", "epoch", "max_event_time", "skipped")
-        return {**{k: m.get(k) for k in keys}, "loaded_at": self.loaded_at,
+        keys = ("version", "kind", "base", "taken", "created", "step", "epoch", "checkpoint_step", "max_event_time",
+                "skipped")
+        return {**{k: m.get(k) for k in keys}, "loaded_at": self.loaded_at, "load_seconds": self.load_seconds,
                 "model_class": (m.get("model") or {}).get("class")}
 
 
@@ -111,7 +113,7 @@ class ModelHolder:
         """``last_error`` without local paths (what HTTP clients may see)."""
         return None if self.last_error is None else public_text(self.last_error)
 
-    def _make_served(self, model: nn.Module, manifest: dict) -> Served:
+    def _make_served(self, model: nn.Module, manifest: dict, load_seconds: float | None = None) -> Served:
         version = manifest["version"]
         if manifest.get("schema") is None:
             raise SnapshotError(f"version {version}: manifest has no schema; cannot validate requests")
@@ -121,7 +123,7 @@ class ModelHolder:
         except (TypeError, ValueError, KeyError) as e:  # digest-valid, but not a schema requests can use
             raise SnapshotError(f"version {version}: cannot validate requests with its schema/preprocessing: "
                                 f"{type(e).__name__}: {e}") from None
-        return Served(model, manifest, parser)
+        return Served(model, manifest, parser, load_seconds=load_seconds)
 
     def _manifest_stat(self, version: int) -> tuple | None:
         try:
@@ -188,6 +190,9 @@ class ModelHolder:
         A version that failed is not tried again while what it is made of is unchanged on disk.
         """
         skipped = []
+        current = self._served
+        # the served version's rows: a delta continuing its chain reads only the versions after it
+        previous = None if current is None else (current.model, current.manifest)
         for v in reversed(candidates):
             identity = self._identity(versions, v)
             known = self._failed.get(v)
@@ -195,8 +200,9 @@ class ModelHolder:
                 skipped.append({"version": v, "reason": known[1]})
                 continue
             try:
-                model, manifest = load_version(self.directory, v, self.model_factory)
-                served = self._make_served(model, dict(manifest, skipped=skipped))
+                began = time.monotonic()
+                model, manifest = load_version(self.directory, v, self.model_factory, previous=previous)
+                served = self._make_served(model, dict(manifest, skipped=skipped), time.monotonic() - began)
             except FileNotFoundError as e:  # removed while we looked (retention, a wipe)
                 reason = f"version {v}: {e.strerror or e}"
             except SnapshotError as e:

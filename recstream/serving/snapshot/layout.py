@@ -138,9 +138,10 @@ def _check_fields(version: int, manifest: dict) -> None:
         raise bad(f"'version' must be the integer {version}, got {manifest.get('version')!r}")
     if not _is_number(manifest.get("created")):
         raise bad(f"'created' must be unix seconds (a number), got {manifest.get('created')!r}"[:200])
-    if manifest.get("max_event_time") is not None and not _is_number(manifest["max_event_time"]):
-        raise bad(f"'max_event_time' must be unix seconds or null, got {manifest['max_event_time']!r}"[:200])
-    for key in ("step", "epoch"):
+    for key in ("max_event_time", "taken"):
+        if manifest.get(key) is not None and not _is_number(manifest[key]):
+            raise bad(f"{key!r} must be unix seconds or null, got {manifest[key]!r}"[:200])
+    for key in ("step", "epoch", "checkpoint_step"):
         value = manifest.get(key)
         if value is not None and not (_is_int(value) and value >= 0):
             raise bad(f"{key!r} must be a non-negative integer or null, got {value!r}"[:200])

@@ -15,6 +15,14 @@ Rebuild steps of version V (chain ``[B, ..., V]``):
    then upserts), sort by key and ``import_`` into the empty table;
 4. ``net.eval()``, gradients off.
 
+Loading the next version of a served one (``previous=(network, manifest)``, what `recstream serve`
+does on every swap): when V continues the chain of the served version P (P is in V's chain and
+P's manifest on disk is still the one loaded), step 3 starts from P's rows, taken from P's network
+(already verified when P was loaded), and only the versions after P are read and verified. The
+network is the same as a load from the base -- rows sorted by key, one canonical layout -- but
+the time is that of the new deltas, not of the whole chain (a delta every fraction of a second
+must not cost a chain of ``full_every`` files each time).
+
 Errors from your own ``model_factory`` propagate (a bug there must not look like a corrupt
 snapshot), and so does `RebuildError` (no way to rebuild
 the network without a factory); data problems are `SnapshotError`.
@@ -96,8 +104,8 @@ def _check_fits(manifest: dict, dense: dict[str, torch.Tensor]) -> None:
                             f"{MODEL_FILE} (first differences, name and shape: {diff})"[:600])
 
 
-def _rows(directory, manifests: list[dict], path: str) -> dict[str, torch.Tensor]:
-    rows = None
+def _rows(directory, manifests: list[dict], path: str, rows: dict | None = None) -> dict[str, torch.Tensor]:
+    """The rows of `path` after the `manifests` of a chain, starting from `rows` (None: the first is full)."""
     for m in manifests:
         rel = hash_file(path)
         t = _tensors(directory, m, rel)
@@ -122,12 +130,21 @@ def _load_dense(net: nn.Module, manifest: dict, state: dict[str, torch.Tensor]) 
                             f"(missing {missing[:5]}, unexpected {sorted(result.unexpected_keys)[:5]})")
 
 
-def load_version(directory: str | os.PathLike, version: int, model_factory: Any = None) -> tuple[nn.Module, dict]:
-    """Load exactly `version` (and its chain); SnapshotError if it is unusable."""
+def load_version(directory: str | os.PathLike, version: int, model_factory: Any = None, *,
+                 previous: tuple[nn.Module, dict] | None = None) -> tuple[nn.Module, dict]:
+    """Load exactly `version` (and its chain); SnapshotError if it is unusable.
+
+    `previous`: the ``(network, manifest)`` of a version loaded before (left unchanged); when
+    `version` continues its delta chain, only the versions after it are read (module docstring).
+    """
     _check_source("load_version", directory, model_factory)
     check_int("load_version", "version", version, minimum=1)
+    if previous is not None and not (isinstance(previous, tuple) and len(previous) == 2
+                                     and isinstance(previous[0], nn.Module) and isinstance(previous[1], dict)):
+        raise TypeError(f"load_version: 'previous' must be a (network, manifest) pair as load_version returns, "
+                        f"got {type(previous).__name__}")
     try:
-        return _load(directory, version, model_factory)
+        return _load(directory, version, model_factory, previous)
     except (SnapshotError, RebuildError):
         raise
     except _DATA_ERRORS as e:
@@ -146,18 +163,42 @@ def _build(manifest: dict, model_factory: Any) -> nn.Module:
         raise
 
 
-def _load(directory, version: int, model_factory: Any) -> tuple[nn.Module, dict]:
+def _reusable(directory, chain: list[int], previous) -> tuple[dict, dict[str, dict]] | None:
+    """``(manifest, {path: rows})`` of `previous` when the version of `chain` continues its chain
+    unchanged on disk (same manifest digest), else None: then the whole chain is read."""
+    if previous is None:
+        return None
+    net, old = previous
+    if old.get("version") not in chain[:-1]:
+        return None
+    try:
+        if read_manifest(directory, old["version"])["manifest_sha256"] != old.get("manifest_sha256"):
+            return None  # rewritten since it was loaded (a wiped, restarted directory)
+    except (SnapshotError, OSError):
+        return None
+    tables = hash_embeddings(net)
+    if sorted(tables) != sorted(old.get("hash_embeddings") or {}):
+        return None
+    rows = {p: {f: t for f, t in emb.export(reset_delta=False).items() if f in ROW_FIELDS}
+            for p, emb in tables.items()}
+    return old, rows
+
+
+def _load(directory, version: int, model_factory: Any, previous=None) -> tuple[nn.Module, dict]:
     chain = chain_of(directory, version)
+    reuse = _reusable(directory, chain, previous)
+    if reuse is not None:
+        chain = chain[chain.index(reuse[0]["version"]) + 1:]
     manifests = [read_manifest(directory, v) for v in chain]
     manifest = manifests[-1]
     recorded = sorted(manifest.get("hash_embeddings", {}))
-    for m in manifests:
+    for m in manifests + ([reuse[0]] if reuse else []):
         if sorted(m.get("hash_embeddings", {})) != recorded:
             raise SnapshotError(f"version {version}: HashEmbedding modules change along the chain "
                                 f"({sorted(m.get('hash_embeddings', {}))} at {m['version']}, {recorded} at {version})")
     dense = _tensors(directory, manifest, MODEL_FILE)
-    if model_factory is None:
-        _check_fits(manifest, dense)
+    if model_factory is None and (reuse is None or reuse[0].get("model") != manifest.get("model")):
+        _check_fits(manifest, dense)  # (a network built before from the same description fits)
     net = _build(manifest, model_factory)
     tables = hash_embeddings(net)
     if sorted(tables) != recorded:
@@ -165,7 +206,7 @@ def _load(directory, version: int, model_factory: Any) -> tuple[nn.Module, dict]
                             f"differ from the published {recorded}")
     _load_dense(net, manifest, dense)
     for path, emb in tables.items():
-        rows = _rows(directory, manifests, path)
+        rows = _rows(directory, manifests, path, reuse[1][path] if reuse else None)
         try:
             emb.import_(rows)
         except (ValueError, RuntimeError) as e:  # e.g. the rebuilt table's capacity is too small

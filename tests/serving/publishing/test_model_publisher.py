@@ -249,3 +249,22 @@ def test_publish_version_refuses_a_non_finite_network(tmp_path):
     with pytest.raises(DivergenceError, match="non-finite"):
         publish_version(tmp_path, net, model_config={"hidden": [4]})
     assert list_versions(tmp_path) == []
+
+
+def test_each_manifest_says_when_it_was_taken_and_which_checkpoint_it_is_past(tmp_path):
+    """Publishing runs on its own cadence, fresher than the checkpoints: a manifest's checkpoint_step
+    is the newest durable, committed checkpoint when it was taken (``step`` above it: training a
+    restart redoes), and ``taken`` when its weights were copied (``created - taken``: the write)."""
+    import time
+    pub = ModelPublisher(tmp_path, every_steps=2, model_factory="torch.nn:Linear", verify_rebuild=False,
+                         background=False)
+
+    def checkpoint_every_3(p):
+        if p.cur_step_num % 3 == 0:  # what ModelCheckpoint records once its file is durable
+            p.run_state.checkpoint_step = p.cur_step_num
+
+    before = time.time()
+    drive(pub, 5, checkpoint_every_3)
+    assert [(m["step"], m["checkpoint_step"]) for m in pub.manifests] == [(2, None), (4, 3), (5, 3)]
+    assert all(before <= m["taken"] <= m["created"] for m in pub.manifests)
+    assert read_manifest(tmp_path, 2)["checkpoint_step"] == 3

@@ -18,7 +18,7 @@ def parse(*argv):
 def test_defaults_and_options():
     args = parse("models", "--port", "8080")
     assert (args.directory, args.port, args.host, args.max_body_bytes, args.poll_seconds) == (
-        "models", 8080, "127.0.0.1", 1 << 20, 1.0)
+        "models", 8080, "127.0.0.1", 1 << 20, 0.05)
     assert args.run is serve.run
     args = parse("m", "--port", "0", "--host", "0.0.0.0", "--max-body-bytes", "100", "--poll-seconds", "0.5",
                  "--model-factory", "pkg.mod:fn", "--max-instances", "7")

@@ -66,3 +66,37 @@ def test_publisher_records_running_max_event_time(tmp_path):
     assert r.versions.tolist() == [1, 1, 2, 2, 3]
     created = {m["version"]: m["created"] for m in pub.manifests}
     assert r.lags.tolist() == [created[v] - t for v, t in zip(r.versions.tolist(), event_times, strict=True)]
+
+
+def test_the_server_swaps_each_delta_in_from_the_served_rows(tmp_path):
+    """`recstream serve`'s holder along a chain of deltas: each swap reads only the new version (the
+    older row files are gone here), the network equals a load from the base, and ``/version`` says
+    how long the load took, when the version was taken and which checkpoint it is past."""
+    import os
+
+    import numpy as np
+
+    from recstream.serving import SnapshotWriter, load_version
+    from recstream.serving.server.model_holder import ModelHolder
+
+    from ..helpers import CONFIG, SCHEMA, build, make_batch, new_model, train_step
+    net, opt = new_model(capacity=40, evict_filter_value=2)
+    writer = SnapshotWriter(tmp_path, SCHEMA, model_factory=build, full_every=50,
+                            model_config={**CONFIG, "capacity": 40, "evict_filter_value": 2})
+    holder = ModelHolder(tmp_path, build)
+    rng = np.random.default_rng(6)
+    for step in range(1, 6):
+        train_step(net, opt, make_batch(rng, batch_size=4))
+        writer.publish(net, step=step, checkpoint_step=step - step % 2)
+        assert holder.refresh()
+        if step > 1:  # the links before the served version are not read again
+            os.remove(tmp_path / f"v{step - 1:08d}" / "hash" / "emb.safetensors")
+    served = holder.current
+    info = served.info()
+    assert (info["version"], info["kind"], info["step"], info["checkpoint_step"]) == (5, "delta", 5, 4)
+    assert info["load_seconds"] > 0 and info["taken"] <= info["created"] <= info["loaded_at"]
+    os.remove(tmp_path / "v00000005" / "hash" / "emb.safetensors")
+    writer.publish(net, step=6, full=True)  # the same weights, whole: what a load from a base gives
+    full, _ = load_version(tmp_path, 6, build)
+    a, b = full.state_dict(), served.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from recstream.data import CategoricalFeature, Schema
 from recstream.models import DeepFM
 from recstream.serving import SnapshotWriter, load_latest, load_version, read_latest, read_manifest
-from recstream.serving.snapshot.layout import MODEL_FILE
+from recstream.serving.snapshot.layout import MODEL_FILE, SnapshotError
 from recstream.serving.snapshot.model_spec import RebuildError
 from recstream.serving.snapshot.state_split import dense_state
 
@@ -106,6 +107,60 @@ def test_chain_and_full_load_bit_identical(tmp_path):
     assert (ma["kind"], mb["kind"]) == ("delta", "full")
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_loading_after_a_served_version_reads_only_the_new_deltas_and_is_bit_identical(tmp_path):
+    """What the server does on each swap: start from the served version's rows. Same network as a
+    load from the base, evictions included; the older links' row files are not read again."""
+    net, opt = new_model(capacity=40, evict_filter_value=2)
+    w = SnapshotWriter(tmp_path, SCHEMA, model_factory=build, full_every=50,
+                       model_config={**CONFIG, "capacity": 40, "evict_filter_value": 2})
+    rng = np.random.default_rng(4)
+    served = None
+    for step in range(1, 10):
+        train_step(net, opt, make_batch(rng, batch_size=4))
+        version = w.publish(net, step=step)["version"]
+        fresh, _ = load_version(tmp_path, version, build)
+        served = load_version(tmp_path, version, build, previous=served)
+        a, b = fresh.state_dict(), served[0].state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), version
+    assert served[1]["kind"] == "delta" and served[1]["base"] == 1
+    for v in range(1, 10):  # the chain's row files are gone: only a load after version 9 can work
+        os.remove(tmp_path / f"v{v:08d}" / "hash" / "emb.safetensors")
+    train_step(net, opt, make_batch(rng, batch_size=4))
+    w.publish(net, step=10)
+    with pytest.raises(SnapshotError, match="missing|emb.safetensors"):
+        load_version(tmp_path, 10, build)
+    loaded, manifest = load_version(tmp_path, 10, build, previous=served)
+    assert manifest["version"] == 10
+    assert rows_map(loaded.emb.export(reset_delta=False)) == rows_map(net.emb.export(reset_delta=False))
+
+
+def test_a_served_version_rewritten_on_disk_is_not_reused(tmp_path):
+    """A wiped and restarted directory reuses version numbers: the served rows are not a base then."""
+    net, opt = new_model(capacity=40)
+    w = SnapshotWriter(tmp_path, SCHEMA, model_factory=build, full_every=50,
+                       model_config={**CONFIG, "capacity": 40})
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        train_step(net, opt, make_batch(rng, batch_size=4))
+        w.publish(net)
+    served = load_version(tmp_path, 2, build)
+    other, other_opt = new_model(seed=1, capacity=40)
+    w2 = SnapshotWriter(tmp_path / "new", SCHEMA, model_factory=build, full_every=50,
+                        model_config={**CONFIG, "capacity": 40})
+    for _ in range(3):
+        train_step(other, other_opt, make_batch(rng, batch_size=4))
+        w2.publish(other)
+    for v in (1, 2, 3):  # the new run's versions 1-3 replace the old 1-2
+        target = tmp_path / f"v{v:08d}"
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(tmp_path / "new" / f"v{v:08d}", target)
+    loaded, _ = load_version(tmp_path, 3, build, previous=served)
+    assert rows_map(loaded.emb.export(reset_delta=False)) == rows_map(other.emb.export(reset_delta=False))
+    with pytest.raises(TypeError, match="'previous' must be a \\(network, manifest\\) pair"):
+        load_version(tmp_path, 3, build, previous=served[0])
 
 
 def test_builtin_model_rebuilds_without_factory(tmp_path):
