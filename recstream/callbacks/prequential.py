@@ -205,6 +205,7 @@ class PrequentialMonitor(Callback):
         self._buf = _Window(window)
         self._total_auc, self._total_logloss = AUC(), LogLoss(eps=self.eps)
         self._steps = 0  # batches scored
+        self._reported = 0  # self._steps at the last report (restored: the saved state's)
         self._params = None  # the run's params while scoring through batch_observers
         self.last: dict | None = None
 
@@ -244,7 +245,8 @@ class PrequentialMonitor(Callback):
         scores = state.window_scores.detach().cpu().double().numpy()
         labels = state.window_labels.detach().cpu().double().numpy()
         self._buf.load(scores, labels, state.window_pos, state.window_size, state.events)
-        self._total_auc, self._total_logloss, self._steps = auc, logloss, state.batches
+        self._total_auc, self._total_logloss = auc, logloss
+        self._steps = self._reported = state.batches  # a resume with nothing new reports nothing
 
     @property
     def writer(self):
@@ -298,7 +300,7 @@ class PrequentialMonitor(Callback):
 
     def on_train_end(self, run_context):
         p = run_context.original_args()
-        if self._buf.count and self._steps % self.log_every:
+        if self._buf.count and self._steps != self._reported:  # batches scored since the last report
             self._report(p)
         if self._params is not None and self._observe in (p.batch_observers or []):
             p.batch_observers.remove(self._observe)
@@ -339,6 +341,7 @@ class PrequentialMonitor(Callback):
 
     def _report(self, p) -> None:
         step = p.cur_step_num or self._steps
+        self._reported = self._steps
         result = dict(self.compute(), step=step)
         self.last = p.prequential = result
         fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731

@@ -309,7 +309,8 @@ def test_a_torn_metrics_row_is_repaired_and_the_run_resumes(tmp_path):
     assert "metrics.jsonl:3: removed a torn last line" in second.stderr
     assert "removed a torn last line" in (run / "online.log").read_text()
     assert json_line(second.stdout)["steps"] == 11
-    assert [r["step"] for r in metric_rows(run)] == [5, 6, 11]  # the final report of the second run
+    # the reports go on every log_every (5) steps of the whole stream, and at the end
+    assert [r["step"] for r in metric_rows(run)] == [5, 6, 10, 11]
 
 
 # --- micro-steps -----------------------------------------------------------------------------
@@ -391,3 +392,4 @@ def test_sigkill_and_a_resume_continue_the_prequential_totals_as_if_it_never_sto
     with open(run / "metrics.csv") as f:  # the plotted file: the totals' line goes on
         rows = list(csv.DictReader(f))
     assert [float(r["logloss_total"]) for r in rows] == [r["logloss_total"] for r in want]
+
