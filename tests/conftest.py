@@ -52,6 +52,7 @@ E2E = (
     "tests/test_docs.py::test_a_docstring_example_of_a_missing_extra_is_skipped_with_its_install_line",
     "tests/test_readme.py::test_readme_block_runs",
     "tests/train/test_exactly_once_kill.py",
+    "tests/train/test_prequential_resume.py::test_sigkill_*",
     "tests/checkpoint/test_leftovers.py::test_a_save_killed_by_sigkill_leaves_a_tmp_file_that_retention_removes",
     "tests/cli/test_run_log.py::test_a_process_killed_mid_write_leaves_a_file_the_next_run_continues",
     "tests/train/test_rec_model.py::test_signal_stops_cleanly_with_a_final_checkpoint",

@@ -229,6 +229,10 @@ class Callback:
     work would be repeated, or collide, on every rank); False by default, so user callbacks run
     on every rank.
 
+    `checkpoint_key` (class attribute): None, or the entry under which `ModelCheckpoint` saves
+    this callback's ``state_dict()`` in every checkpoint, for an online run resumed from it to
+    hand back with ``load_state_dict`` (`recstream.callbacks.checkpointed`).
+
     >>> class PrintSteps(Callback):
     ...     def on_train_step_end(self, run_context):
     ...         print("step", run_context.original_args().cur_step_num)
@@ -238,6 +242,7 @@ class Callback:
 
     called_in_fit_eval: bool = True
     rank_zero_only: bool = False
+    checkpoint_key: str | None = None
 
     def __enter__(self):
         return self

@@ -9,6 +9,10 @@ and files from N, and ``keep_checkpoint_max`` then counts the earlier run's file
 Online training (`RecModel.online_train`) is one endless pass: its files are named
 ``{prefix}-1_{step}`` (``model-1_257`` after step 257).
 
+Each file also holds the state of the run's callbacks that keep one (a ``checkpoint_key``, e.g.
+`PrequentialMonitor`'s whole-stream totals), taken at the step end it is written at, so that it
+describes the same events as the weights and the stream position (`recstream.callbacks.checkpointed`).
+
 A save happens when ``save_checkpoint_steps`` global steps passed since
 the last one (in sink mode step hooks run once per sink, so saves land on sink boundaries) or
 ``save_checkpoint_seconds`` elapsed, and once more at the end of training if the last step was
@@ -41,6 +45,7 @@ from ..distributed import parallel_mode, rank
 from ..validation import check_int, check_str, check_type
 from .base import Callback
 from .checkpoint_config import CheckpointConfig
+from .checkpointed import CHECKPOINT_ENTRY, callback_states
 from .divergence import check_finite_model
 
 __all__ = ["ModelCheckpoint", "SUFFIX"]
@@ -140,7 +145,8 @@ class ModelCheckpoint(Callback):
             return None
         try:  # never let a failing rescue save hide the original exception
             name = f"{self._exception_prefix}-{p.cur_epoch_num}_{self._step_in_epoch(p)}_breakpoint{SUFFIX}"
-            self._write(p, os.path.join(self._directory, name))
+            # no callback states: the batch that raised may have been observed (scored) but not trained
+            self._write(p, os.path.join(self._directory, name), with_callbacks=False)
         except Exception as e:  # noqa: BLE001 - reported, then the original exception propagates
             warnings.warn(f"ModelCheckpoint: could not save the exception checkpoint: {e}", RuntimeWarning,
                           stacklevel=2)
@@ -201,7 +207,7 @@ class ModelCheckpoint(Callback):
         # durable now (written, fsynced, renamed): the run's committer may commit this position
         p.checkpoint_position = p.get("train_position")
 
-    def _write(self, p, path: str) -> None:
+    def _write(self, p, path: str, with_callbacks: bool = True) -> None:
         # Explicit None checks: an empty nn.Sequential is falsy.
         network = next((n for n in (self._config.saved_network, p.network, p.train_network) if n is not None), None)
         if network is None:
@@ -220,6 +226,9 @@ class ModelCheckpoint(Callback):
             extra[key] = value
         if p.get("train_position") is not None:  # where the stream resumes: just after the last trained batch
             extra["train_position"] = p.train_position
+        states = callback_states(p.get("list_callback") or ()) if with_callbacks and not _sharded() else {}
+        if states:  # at a step end: the same events as the weights and the position (sharded extras are JSON only)
+            extra[CHECKPOINT_ENTRY] = states
         # Divergence guard, last line: never write a state that diverged (the loss flag, then the weights).
         if p.get("loss_watch") is not None:
             p.loss_watch.check()

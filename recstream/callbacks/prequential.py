@@ -20,6 +20,13 @@ last column of ``(inputs..., labels)`` (e.g. ``recstream.data.Batch``); pass
 ``unpack=fn(batch) -> (args, kwargs, labels)`` for anything else.
 Labels must be 0/1 for the AUC (it is None while the window holds one class only).
 
+Restarts: `state_dict` / `load_state_dict` (a `PrequentialState`) carry the counters, the window
+and the whole-stream metrics. `ModelCheckpoint` saves them with every checkpoint (its tensors:
+the streaming AUC's histograms are 16 MB at the defaults) and `RecModel.restore` + `online_train`
+load them, so after a resume ``events``, ``auc_total`` and ``logloss_total`` go on from the
+checkpoint: they describe exactly the events up to the checkpoint's stream position, and the
+events after it, trained again, are counted once.
+
 Metrics: the window's AUC is the exact sort-based one (`recstream.metrics.exact_auc`,
 O(window log window) per report, not per batch: the streaming [`AUC`][recstream.metrics.auc.AUC]
 cannot forget old events); the whole stream's AUC is that streaming one (binned, within its
@@ -41,7 +48,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -88,9 +96,83 @@ class _Window:
     def view(self) -> tuple[np.ndarray, np.ndarray]:
         return self.scores[:self.count], self.labels[:self.count]  # order does not matter to the metrics
 
+    def chronological(self) -> tuple[np.ndarray, np.ndarray]:
+        """The events held, oldest first."""
+        if self.count < len(self.scores):  # not wrapped yet: pos == count
+            return self.view()
+        order = np.r_[self.pos:len(self.scores), 0:self.pos]
+        return self.scores[order], self.labels[order]
+
+    def load(self, scores: np.ndarray, labels: np.ndarray, pos: int, size: int, total: int) -> None:
+        """The ring saved by a window of `size` events: as it was when the sizes agree (the same
+        layout, so the window's figures are the same to the last bit), else its newest events
+        that fit, oldest first."""
+        self.pos = self.count = 0
+        if size == len(self.scores):
+            n = len(scores)
+            self.scores[:n], self.labels[:n] = scores, labels
+            self.pos, self.count = pos % size, n
+        elif len(scores):
+            order = np.r_[pos:len(scores), 0:pos] if len(scores) == size else slice(None)
+            self.add(scores[order], labels[order])
+        self.total = total
+
+
+@dataclass(frozen=True)
+class PrequentialState:
+    """What a `PrequentialMonitor` has counted (its `state_dict`): everything a restarted monitor
+    needs to go on as if it never stopped.
+
+    Attributes:
+        batches: batches scored (the reports fall every ``log_every`` of them).
+        events: events scored (``events`` of the reports).
+        window_size: the ``window`` of the monitor that saved this.
+        window_scores, window_labels: float64 tensors, the ring buffer's filled part (at most
+            `window_size` events, in the ring's order).
+        window_pos: where the ring writes next.
+        auc: the whole-stream streaming AUC's state (`recstream.metrics.AUC.state_dict`).
+        logloss: the whole-stream log loss's state (`recstream.metrics.LogLoss.state_dict`).
+    """
+
+    batches: int
+    events: int
+    window_size: int
+    window_scores: torch.Tensor
+    window_labels: torch.Tensor
+    window_pos: int
+    auc: dict
+    logloss: dict
+
+    @classmethod
+    def from_dict(cls, state: Mapping) -> PrequentialState:
+        """The state from its plain form (as a checkpoint holds it); `ValueError` naming what is wrong."""
+        owner = "PrequentialMonitor.load_state_dict"
+        names = [f.name for f in fields(cls)]
+        if not isinstance(state, Mapping) or set(state) != set(names):
+            got = sorted(state) if isinstance(state, Mapping) else describe(state)
+            raise ValueError(f"{owner}: 'state' must be a PrequentialState or a dict with the keys {names}, got {got}")
+        for name in ("batches", "events", "window_size", "window_pos"):
+            check_int(owner, f"state[{name!r}]", state[name], minimum=1 if name == "window_size" else 0)
+        scores, labels = state["window_scores"], state["window_labels"]
+        if not (isinstance(scores, torch.Tensor) and isinstance(labels, torch.Tensor) and scores.dim() == 1
+                and scores.shape == labels.shape and len(scores) <= state["window_size"]):
+            raise ValueError(f"{owner}: 'window_scores' and 'window_labels' must be 1-d tensors of one length, "
+                             f"at most window_size ({state['window_size']}); got {describe(scores)} and "
+                             f"{describe(labels)}")
+        if len(scores) > state["events"] or state["window_pos"] >= state["window_size"]:
+            raise ValueError(f"{owner}: the window holds {len(scores)} events at position {state['window_pos']} of "
+                             f"{state['window_size']}, after {state['events']} events in all: not a state it can hold")
+        for name in ("auc", "logloss"):
+            if not isinstance(state[name], Mapping):
+                raise ValueError(f"{owner}: state[{name!r}] must be a metric's state_dict, got {describe(state[name])}")
+        return cls(**{name: state[name] for name in names})
+
 
 class PrequentialMonitor(Callback):
     """Rolling test-then-train AUC and log loss (see module docstring).
+
+    ``checkpoint_key`` (``"prequential"``): the entry of its state in a checkpoint (see
+    `recstream.callbacks.checkpointed`).
 
     Args:
         window: number of most recent events the metrics cover.
@@ -102,6 +184,8 @@ class PrequentialMonitor(Callback):
         eps: log-loss clipping of probabilities, 0 < eps < 0.5.
         verbose: print each report as one line on stderr (logging needs no configuration).
     """
+
+    checkpoint_key = "prequential"
 
     def __init__(self, window: int = 10_000, log_every: int = 100, tensorboard: Any = None, *,
                  output: str = "logits", unpack: Callable | None = None, eps: float = 1e-7, verbose: bool = True):
@@ -121,8 +205,48 @@ class PrequentialMonitor(Callback):
         self._buf = _Window(window)
         self._total_auc, self._total_logloss = AUC(), LogLoss(eps=self.eps)
         self._steps = 0  # batches scored
+        self._reported = 0  # self._steps at the last report (restored: the saved state's)
         self._params = None  # the run's params while scoring through batch_observers
         self.last: dict | None = None
+
+    def state_dict(self) -> PrequentialState:
+        """The counters, the window and the whole-stream metrics (copies: training goes on).
+
+        >>> from recstream.callbacks.base import CallbackParams, RunContext
+        >>> batch = (torch.tensor([[1.0], [-1.0]]), torch.tensor([1.0, 0.0]))
+        >>> p = CallbackParams(network=torch.nn.Linear(1, 1), train_dataset_element=batch)
+        >>> mon = PrequentialMonitor(window=4, verbose=False)
+        >>> mon.on_train_step_begin(RunContext(p))  # scores one batch of 2 events
+        >>> again = PrequentialMonitor(window=4, verbose=False)  # e.g. after a restart
+        >>> again.load_state_dict(mon.state_dict())
+        >>> again.compute() == mon.compute()
+        True
+        >>> again.compute()["events"]
+        2
+        """
+        buf = self._buf
+        return PrequentialState(
+            batches=self._steps, events=buf.total, window_size=len(buf.scores),
+            window_scores=torch.from_numpy(buf.scores[:buf.count].copy()),
+            window_labels=torch.from_numpy(buf.labels[:buf.count].copy()), window_pos=buf.pos,
+            auc=self._total_auc.state_dict(), logloss=self._total_logloss.state_dict())
+
+    def load_state_dict(self, state: PrequentialState | Mapping) -> None:
+        """Go on from `state` (a `PrequentialState`, or its plain form from a checkpoint). A window of
+        another size keeps the newest events that fit. Everything is checked before anything changes."""
+        if not isinstance(state, PrequentialState):
+            state = PrequentialState.from_dict(state)
+        auc, logloss = AUC(), LogLoss(eps=self.eps)
+        try:
+            auc.load_state_dict(state.auc)
+            logloss.load_state_dict(state.logloss)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"PrequentialMonitor.load_state_dict: the whole-stream metrics do not load: {e}") from e
+        scores = state.window_scores.detach().cpu().double().numpy()
+        labels = state.window_labels.detach().cpu().double().numpy()
+        self._buf.load(scores, labels, state.window_pos, state.window_size, state.events)
+        self._total_auc, self._total_logloss = auc, logloss
+        self._steps = self._reported = state.batches  # a resume with nothing new reports nothing
 
     @property
     def writer(self):
@@ -176,7 +300,7 @@ class PrequentialMonitor(Callback):
 
     def on_train_end(self, run_context):
         p = run_context.original_args()
-        if self._buf.count and self._steps % self.log_every:
+        if self._buf.count and self._steps != self._reported:  # batches scored since the last report
             self._report(p)
         if self._params is not None and self._observe in (p.batch_observers or []):
             p.batch_observers.remove(self._observe)
@@ -217,6 +341,7 @@ class PrequentialMonitor(Callback):
 
     def _report(self, p) -> None:
         step = p.cur_step_num or self._steps
+        self._reported = self._steps
         result = dict(self.compute(), step=step)
         self.last = p.prequential = result
         fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731

@@ -57,6 +57,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     cfg, doc = load(args, ("stream",))
+    from ..callbacks import PrequentialMonitor
+    from ..callbacks.checkpointed import saved_state
     from .build import build_callbacks, build_model, build_schema, build_stream, kafka_client
     if cfg.stream.kafka is not None:
         kafka_client(doc)  # a missing extra is a config mistake: found before the run directory is made
@@ -81,8 +83,9 @@ def run(args) -> int:
             callbacks = build_callbacks(cfg, doc, run_dir.path, online=True, schema=schema,
                                         resume_step=0 if meta is not None else None)
             metrics, end = MetricsLog(run_dir.path, online=True, append=meta is not None), _end_recorder()
-            if meta is not None:  # the event axis and the time go on from the earlier run's rows
-                metrics.continue_online(int(meta.get("cur_step_num") or 0))
+            if meta is not None:  # the event axis, the totals and the time go on from the earlier run's
+                counted = saved_state(meta, PrequentialMonitor.checkpoint_key) is not None
+                metrics.continue_online(int(meta.get("cur_step_num") or 0), counts_restored=counted)
             start = time.perf_counter()
             model.online_train(stream, callbacks=callbacks + [metrics, end], dataset_sink_mode=cfg.train.sink_mode,
                                sink_size=cfg.train.sink_size if cfg.train.sink_size > 0 else 1,

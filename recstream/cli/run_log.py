@@ -180,13 +180,15 @@ class MetricsLog(Callback):
             self._write_csv()
         return kept
 
-    def continue_online(self, step: int) -> None:
+    def continue_online(self, step: int, counts_restored: bool = False) -> None:
         """An online run resumed at checkpoint `step`: rows after it go (those events are trained
-        again), and ``events`` counts on from the last row kept, so that the event axis never goes
-        back (the events after that row, up to `step`, are not counted twice but not at all)."""
+        again). `counts_restored`: the checkpoint held the prequential monitor's state, whose
+        ``events`` go on from the checkpoint's; else (an older checkpoint) ``events`` count on from
+        the last row kept, so that the event axis never goes back (the events after that row, up
+        to `step`, are then not counted twice but not at all)."""
         kept = self._keep(lambda row: not isinstance(row.get("step"), int) or row["step"] <= step)
         last = next((row for row in reversed(kept) if isinstance(row.get("events"), int)), None)
-        self.events_offset = last["events"] if last is not None else 0
+        self.events_offset = last["events"] if last is not None and not counts_restored else 0
         if last is not None and isinstance(last.get("seconds"), (int, float)):
             self._start -= last["seconds"]
 

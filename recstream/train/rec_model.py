@@ -11,7 +11,8 @@ Exactly once: streams report their position after each batch; the position of th
 batch is in the run state (``cb_params.train_position``), saved in every checkpoint, and committed
 to the source only once that checkpoint is durable, then published: `OnlineCommitter`
 (`committer.py`) runs that protocol around the callbacks, whatever their order. `restore` loads
-the newest checkpoint and seeks the stream.
+the newest checkpoint and seeks the stream; the next `online_train` hands the callbacks that keep
+a state (`PrequentialMonitor`'s totals) theirs from that checkpoint, so their figures go on.
 
 Under ``torchrun`` (docs/distributed.md, "Online training"): a stream that can split itself
 (`DirectoryStream` by file, `KafkaStream` by partition) reads only this rank's share; the ranks
@@ -45,6 +46,7 @@ import torch
 
 from ..callbacks import Callback, CallbackList, History, ModelCheckpoint
 from ..callbacks.base import as_callback_list
+from ..callbacks.checkpointed import CHECKPOINT_ENTRY, load_callback_states
 from ..checkpoint.discovery import load_newest
 from ..data.batch import WeightedLabel
 from ..data.channel import EndOfStream
@@ -99,6 +101,7 @@ class RecModel(Model):
             loss_fn = _FillWeightedLoss(loss_fn)
         super().__init__(network, loss_fn, optimizer, *args, **kwargs)
         self._resume_epoch, self._resume_step = 0, 0
+        self._restored: tuple[str, dict | None] | None = None  # (checkpoint, its callback states) for online_train
 
     def online_train(self, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=1,
                      micro_batch_size=None):
@@ -139,6 +142,7 @@ class RecModel(Model):
         network = self._micro_steps(micro_batch_size)
         check_dataset(train_dataset, "train_dataset")
         user_callbacks = as_callback_list(callbacks, "RecModel.online_train")
+        self._restore_callbacks(user_callbacks)
         if isinstance(train_dataset, Stream) and train_dataset.commits_progress and \
                 not any(isinstance(cb, ModelCheckpoint) for cb in user_callbacks):
             # Only where it matters (a stream that commits its progress: without checkpoints it never
@@ -173,6 +177,15 @@ class RecModel(Model):
             log.info("online_train: the stream ended before its first batch: nothing new, 0 steps trained "
                      "(still at step %d)", self._resume_step)
 
+    def _restore_callbacks(self, callbacks: list) -> None:
+        """The first run after `restore`: the callbacks that keep a state go on from the checkpoint's
+        (rank 0's, which wrote it; other ranks' callbacks start afresh)."""
+        if self._restored is None:
+            return
+        (path, states), self._restored = self._restored, None
+        if rank() == 0:
+            load_callback_states(callbacks, states, path, self._resume_step)
+
     def _micro_steps(self, micro_batch_size) -> MicroSteps | None:
         """The step network that trains a batch as micro-steps, or None (one step per batch)."""
         check_int("RecModel.online_train", "micro_batch_size", micro_batch_size, minimum=1, allow_none=True)
@@ -202,7 +215,8 @@ class RecModel(Model):
     def restore(self, checkpoint, train_dataset=None) -> dict | None:
         """Load the newest checkpoint that loads (a file, or in a directory the newest valid one:
         truncated, corrupt or foreign files are skipped with a warning) into the network and
-        optimizer; seek `train_dataset` to the saved position; continue numbering epochs and steps.
+        optimizer; seek `train_dataset` to the saved position; continue numbering epochs and steps;
+        keep the checkpoint's callback states for the next `online_train`'s callbacks.
 
         Returns the checkpoint's metadata, or None when there is no checkpoint there yet.
         """
@@ -212,6 +226,7 @@ class RecModel(Model):
         path, meta = found
         self._resume_epoch = int(meta.get("epoch") or 0)
         self._resume_step = int(meta.get("cur_step_num") or 0)
+        self._restored = (path, meta.get(CHECKPOINT_ENTRY))
         position = meta.get("train_position")
         if train_dataset is not None and position is not None:
             if not isinstance(train_dataset, SeekableDataset):

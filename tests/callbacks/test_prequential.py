@@ -4,12 +4,15 @@ import math
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from recstream import Model
 from recstream.callbacks.base import CallbackList, CallbackParams, RunContext
-from recstream.callbacks.prequential import PrequentialMonitor, _Window
-from recstream.metrics import exact_auc
+from recstream.callbacks.checkpointed import CHECKPOINT_ENTRY, callback_states, load_callback_states
+from recstream.callbacks.prequential import PrequentialMonitor, PrequentialState, _Window
+from recstream.checkpoint import load_checkpoint, save_checkpoint
+from recstream.metrics import AUC, exact_auc
 
 
 class Memorizer(nn.Module):
@@ -199,3 +202,85 @@ def test_every_batch_of_a_sink_is_scored_before_it_trains_and_whole_stream_metri
     assert abs(mon.last["auc"] - exact_auc(scores[-64:], labels[-64:])) < 1e-12
     err = capsys.readouterr().err
     assert "prequential step" in err and "all 160 events: auc" in err  # visible without logging set up
+
+
+# --- state across restarts ------------------------------------------------------------------
+def random_batches(n, batch_size=16, seed=3):
+    rng = np.random.default_rng(seed)
+    return [(torch.from_numpy(rng.standard_normal((batch_size, 3)).astype(np.float32)),
+             torch.from_numpy(rng.integers(0, 2, batch_size).astype(np.float32))) for _ in range(n)]
+
+
+def score(mon, net, batches):
+    p = CallbackParams(network=net, cur_step_num=0)
+    for batch in batches:
+        p.cur_step_num += 1
+        p.train_dataset_element = batch
+        mon.on_train_step_begin(RunContext(p))
+
+
+@pytest.mark.parametrize("window", [20, 1000])  # wrapped (several times) and not
+def test_a_state_round_trip_goes_on_exactly_as_one_monitor(window):
+    """A monitor loaded from another's state gives, after the same further events, the same figures
+    to the last bit: window, counters and whole-stream totals (a restart began them from 0)."""
+    torch.manual_seed(4)
+    net, batches = nn.Linear(3, 1), random_batches(12)
+    whole = PrequentialMonitor(window=window, log_every=1, verbose=False)
+    score(whole, net, batches)
+    first = PrequentialMonitor(window=window, log_every=1, verbose=False)
+    score(first, net, batches[:7])
+    state = first.state_dict()
+    assert isinstance(state, PrequentialState) and (state.batches, state.events) == (7, 7 * 16)
+    second = PrequentialMonitor(window=window, log_every=1, verbose=False)  # the restarted process
+    second.load_state_dict(state)
+    assert second.compute() == first.compute()
+    score(second, net, batches[7:])
+    assert second.compute() == whole.compute()  # auc, logloss, auc_total, logloss_total, events: equal
+    assert second.compute()["events"] == 12 * 16 and second.compute()["auc_total"] is not None
+
+
+def test_a_state_goes_through_a_checkpoint_file_with_its_histogram_among_the_tensors(tmp_path):
+    torch.manual_seed(5)
+    net, batches = nn.Linear(3, 1), random_batches(5)
+    mon = PrequentialMonitor(window=30, verbose=False)
+    score(mon, net, batches)
+    path = save_checkpoint(tmp_path / "c.safetensors", net, extra={CHECKPOINT_ENTRY: callback_states([mon])})
+    with safe_open(path, "pt") as f:
+        hist = f.get_tensor("extra.callbacks.prequential.auc.hist")
+        assert hist.dtype == torch.int64 and hist.numel() == 2 * AUC().num_bins and int(hist.sum()) == 5 * 16
+        assert len(f.metadata()["meta"]) < 10_000  # the 16 MB histogram is no JSON
+    again = PrequentialMonitor(window=30, verbose=False)
+    load_callback_states([again], load_checkpoint(path, restore_rng=False)[CHECKPOINT_ENTRY], str(path), step=5)
+    assert again.compute() == mon.compute()
+    assert again.state_dict().batches == 5
+
+
+def test_a_smaller_window_keeps_the_newest_events_of_the_saved_one():
+    torch.manual_seed(6)
+    net, batches = nn.Linear(3, 1), random_batches(5)
+    big = PrequentialMonitor(window=50, verbose=False)
+    score(big, net, batches)  # 80 events: the ring wrapped
+    small, fresh = PrequentialMonitor(window=20, verbose=False), PrequentialMonitor(window=20, verbose=False)
+    small.load_state_dict(big.state_dict())
+    score(fresh, net, batches)
+    assert sorted(small._buf.view()[0]) == sorted(fresh._buf.view()[0])  # the last 20 events
+    assert small.compute()["auc_total"] == big.compute()["auc_total"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda s: {k: v for k, v in s.items() if k != "events"}, "with the keys"),
+    (lambda s: {**s, "window_pos": 99}, "not a state it can hold"),
+    (lambda s: {**s, "window_labels": s["window_labels"][:3]}, "1-d tensors of one length"),
+    (lambda s: {**s, "auc": {**s["auc"], "hist": torch.zeros(5, dtype=torch.int64)}}, "do not load"),
+])
+def test_a_state_that_does_not_fit_is_a_clear_error_and_changes_nothing(change, words):
+    torch.manual_seed(7)
+    net = nn.Linear(3, 1)
+    mon = PrequentialMonitor(window=20, verbose=False)
+    score(mon, net, random_batches(3))
+    state = {f: getattr(mon.state_dict(), f) for f in ("batches", "events", "window_size", "window_scores",
+                                                        "window_labels", "window_pos", "auc", "logloss")}
+    before = mon.compute()
+    with pytest.raises(ValueError, match=words):
+        mon.load_state_dict(change(state))
+    assert mon.compute() == before

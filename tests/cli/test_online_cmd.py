@@ -5,8 +5,10 @@ after a restart). The events are written as `recstream produce` writes them (by 
 Kafka, by its DirectoryWriter into the followed directory)."""
 from __future__ import annotations
 
+import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -307,7 +309,8 @@ def test_a_torn_metrics_row_is_repaired_and_the_run_resumes(tmp_path):
     assert "metrics.jsonl:3: removed a torn last line" in second.stderr
     assert "removed a torn last line" in (run / "online.log").read_text()
     assert json_line(second.stdout)["steps"] == 11
-    assert [r["step"] for r in metric_rows(run)] == [5, 6, 11]  # the final report of the second run
+    # the reports go on every log_every (5) steps of the whole stream, and at the end
+    assert [r["step"] for r in metric_rows(run)] == [5, 6, 10, 11]
 
 
 # --- micro-steps -----------------------------------------------------------------------------
@@ -345,3 +348,48 @@ def test_a_bad_micro_batch_size_is_a_config_mistake_naming_the_key(tmp_path, val
     assert message.startswith(f"recstream online: c.yaml:{line}: stream.micro_batch_size:"), message
     assert words in message, message
     assert not (tmp_path / "run").exists()
+
+
+# --- prequential totals across a SIGKILL -----------------------------------------------------
+SCORES = ("step", "events", "window_events", "auc", "logloss", "auc_total", "logloss_total")
+
+
+def test_sigkill_and_a_resume_continue_the_prequential_totals_as_if_it_never_stopped(tmp_path):
+    """Killed mid-stream (SIGKILL: no final checkpoint), resumed by the same command: metrics.csv's
+    rows are those of a run that never stopped, totals included (they began at 0 again, and the
+    events after the checkpoint were counted twice or not at all)."""
+    events, run = tmp_path / "events", tmp_path / "run"
+    events.mkdir()
+    write_events(events, 0, 600)  # 12 batches; checkpoints at steps 5 and 10
+    config = CONFIG.replace("SOURCE", "  directory: {path: events, format: csv, poll_interval: 0.05}") \
+        .replace("every_steps: 1000", "every_steps: 5").replace("log_every: 5", "log_every: 2")
+    (tmp_path / "c.yaml").write_text(config)  # no idle_timeout: it waits for more events
+    online = start(tmp_path, "online", "c.yaml")
+    try:
+        deadline = time.monotonic() + 120
+        while not any(r["step"] == 12 for r in metric_rows(run)):
+            assert online.poll() is None and time.monotonic() < deadline, online.stderr.read() if online.poll() else ""
+            time.sleep(0.05)
+    finally:
+        online.send_signal(signal.SIGKILL)
+        online.wait(timeout=30)
+    assert newest_checkpoint(run)["cur_step_num"] == 10  # steps 11 and 12 are trained again
+    write_events(events, 600, 400)
+    finite = config.replace("  batch_size: 50\n", "  batch_size: 50\n  idle_timeout: 1\n")
+    (tmp_path / "c.yaml").write_text(finite)
+    resumed = json_line(cli(tmp_path, "online", "c.yaml", "--json").stdout)
+    assert resumed["resumed_from_step"] == 10 and resumed["steps"] == 20
+
+    whole = tmp_path / "whole"  # the same events, in one run that never stopped
+    whole.mkdir()
+    (whole / "c.yaml").write_text(finite)
+    shutil.copytree(events, whole / "events")
+    assert json_line(cli(whole, "online", "c.yaml", "--json").stdout)["steps"] == 20
+    got = [{k: r[k] for k in SCORES} for r in metric_rows(run)]
+    want = [{k: r[k] for k in SCORES} for r in metric_rows(whole / "run")]
+    assert [r["step"] for r in got] == list(range(2, 21, 2)) and got[-1]["events"] == 1000
+    assert got == want
+    with open(run / "metrics.csv") as f:  # the plotted file: the totals' line goes on
+        rows = list(csv.DictReader(f))
+    assert [float(r["logloss_total"]) for r in rows] == [r["logloss_total"] for r in want]
+
