@@ -48,9 +48,11 @@ HEADER_BYTES = 4096
 # File pages a process maps in before it drops them (see TierFile.release). Dropping them costs every
 # hot row a fault again, and the kernel maps pages around each fault (fault-around), so the measured
 # resident set grows many times faster than the rows touched: at 256 MiB a 4M-row store released every
-# few steps and trained 7x slower (bench_tiered, 0.03x against 0.39x at 1 GiB, same box). 1 GiB keeps a
-# hot set of that size mapped; the resident set stays bounded by it whatever the table's size.
+# few steps and trained 7x slower (bench_tiered, 0.03x against 0.39x at 1 GiB, same box). A store the
+# page cache cannot hold (over a quarter of the memory: `large_file`) keeps 256 MiB, so that the
+# process's resident set stays near its cache whatever the table's size.
 RELEASE_BYTES = 1 << 30
+LARGE_STORE_RELEASE_BYTES = 256 << 20
 BLOCK_BYTES = 4096  # a page: an evicted row written back costs one page of undo log, not 64 KiB
 _OWNER = "TierFile"
 
@@ -100,12 +102,14 @@ class PageBudget:
             self._count, self._base = 0, mapped_file_bytes()
 
 
-def _physical_bytes() -> int:
-    """The machine's memory (a large default where the platform does not say)."""
+def large_file(nbytes: int) -> bool:
+    """Whether `nbytes` of file is more than the page cache can be expected to hold: a quarter of the
+    machine's memory (where the platform does not say, never)."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, AttributeError):
-        return 1 << 40
+        return False
+    return nbytes > memory // 4
 
 
 def _crc(buffer) -> int:
@@ -132,8 +136,7 @@ class TierFile:
         # not a readahead window or a 2 MiB folio around it (seen on kernel 6.18: ~2 MiB read from disk
         # per row of a 12.8 GB file). In one it holds, the opposite: MADV_RANDOM also costs each page its
         # own fault, 2.3x the step time of a 4M-row store (bench_tiered, 20 against 8.7 ms a step).
-        advices = ("MADV_NOHUGEPAGE", "MADV_RANDOM") if self._map.size() > _physical_bytes() // 4 \
-            else ("MADV_NOHUGEPAGE",)
+        advices = ("MADV_NOHUGEPAGE", "MADV_RANDOM") if large_file(self._map.size()) else ("MADV_NOHUGEPAGE",)
         for advice in advices:
             if hasattr(mmap, advice):
                 self._map.madvise(getattr(mmap, advice))
@@ -225,6 +228,12 @@ class TierFile:
         del self.data, self._crc, self._mm  # the views first: a map with views cannot close
         self._map.close()
 
+    @property
+    def release_bytes(self) -> int:
+        """The mapped bytes past which this file alone is released (`RELEASE_BYTES`, or
+        `LARGE_STORE_RELEASE_BYTES` for a file the page cache cannot hold)."""
+        return min(RELEASE_BYTES, LARGE_STORE_RELEASE_BYTES) if large_file(self._map.size()) else RELEASE_BYTES
+
     def release(self) -> None:
         """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
         on disk): the table's disk tier then costs the cache, not the pages it went through."""
@@ -301,7 +310,7 @@ class TierFile:
     # ----- durability -----
     def flush(self) -> None:
         """Refresh the checksums of the blocks written since the last flush, then msync + fsync."""
-        budget = PageBudget(self.release, RELEASE_BYTES, every=1024)  # the pages the checksums read
+        budget = PageBudget(self.release, self.release_bytes, every=1024)  # the pages the checksums read
         for b in np.flatnonzero(self.dirty):
             a, e = self.block_range(int(b))
             self._crc[b] = _crc(self.data[a:e])

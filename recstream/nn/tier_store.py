@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError
+from .tier_file import LARGE_STORE_RELEASE_BYTES, RELEASE_BYTES, PageBudget, TierFile, TierFileError, large_file
 
 __all__ = ["TierStore"]
 
@@ -102,7 +102,9 @@ class TierStore:
         self.bytes_written = 0
         # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
         # (and its lock) alive after its table is dropped.
-        self._pages = PageBudget(lambda: _release(files), RELEASE_BYTES)
+        large = large_file(sum(f.rows * f.cols * 4 for f in files.values()))
+        self._pages = PageBudget(lambda: _release(files),
+                                 min(RELEASE_BYTES, LARGE_STORE_RELEASE_BYTES) if large else RELEASE_BYTES)
 
     # ----- create / open -----
     @classmethod
