@@ -19,7 +19,7 @@ import sys
 import time
 
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED
-from .run_command import add_config_parser, emit, load, published, setup_torch, summary
+from .run_command import add_config_parser, emit, load, no_arrow_cancel, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 DESCRIPTION = """Train the config's model online on stream: (a directory of arriving files or a Kafka topic).
@@ -87,6 +87,7 @@ def run(args) -> int:
                 counted = saved_state(meta, PrequentialMonitor.checkpoint_key) is not None
                 metrics.continue_online(int(meta.get("cur_step_num") or 0), counts_restored=counted)
             start = time.perf_counter()
+            no_arrow_cancel()
             model.online_train(stream, callbacks=callbacks + [metrics, end], dataset_sink_mode=cfg.train.sink_mode,
                                sink_size=cfg.train.sink_size if cfg.train.sink_size > 0 else 1,
                                micro_batch_size=cfg.stream.micro_batch_size)

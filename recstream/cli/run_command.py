@@ -103,3 +103,14 @@ def published(callbacks: list) -> tuple[dict | None, str]:
 def summary(metrics: dict) -> str:
     """``auc=0.7100 logloss=0.5000`` for the numbers of a metrics row."""
     return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+def no_arrow_cancel() -> None:
+    """pyarrow cancels a file read on SIGINT with its own handler (``ArrowCancelled``, a failure that
+    loses the step, `recstream.data.interrupted`); the readers' reads then finish, and the stop comes
+    after the step, at the commands' own signal handling."""
+    try:
+        import pyarrow
+    except ImportError:
+        return
+    pyarrow.enable_signal_handlers(False)

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USAGE, CliError
-from .run_command import add_config_parser, emit, load, published, setup_torch, summary
+from .run_command import add_config_parser, emit, load, no_arrow_cancel, published, setup_torch, summary
 
 log = logging.getLogger("recstream.cli")
 STOPPED = {signal.SIGINT: ("interrupted", EXIT_INTERRUPTED), signal.SIGTERM: ("terminated", EXIT_TERMINATED)}
@@ -124,7 +124,7 @@ def run(args) -> int:
         log.info("train %s: %s on %s, epochs %d..%d", args.config, type(net).__name__, train, first + 1,
                  cfg.train.epochs)
         stopper = StopOnSignal()  # Ctrl-C / SIGTERM: the step finishes, the final checkpoint is written
-        _no_arrow_cancel()
+        no_arrow_cancel()
         try:
             model.fit(cfg.train.epochs, train, valid, valid_frequency=cfg.train.valid_frequency,
                       callbacks=before + callbacks + after + [stopper], dataset_sink_mode=cfg.train.sink_mode,
@@ -136,16 +136,6 @@ def run(args) -> int:
             word, code = STOPPED.get(stopper.received, ("interrupted", EXIT_INTERRUPTED))
             return _stopped(args, word, code, callbacks[0], metrics)
         return _result(args, run_dir, callbacks, metrics, time.perf_counter() - started)
-
-
-def _no_arrow_cancel() -> None:
-    """pyarrow cancels a file read on SIGINT with its own handler (``ArrowCancelled``, a failure that
-    loses the step); the readers' reads then finish, and the stop comes after the step."""
-    try:
-        import pyarrow
-    except ImportError:
-        return
-    pyarrow.enable_signal_handlers(False)
 
 
 def _resume(args, cfg, run_dir, net, model, metrics):

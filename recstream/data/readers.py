@@ -45,6 +45,7 @@ from ..validation import check_bool, check_int, check_str, check_type, describe
 from .badrows import BadRow, BadRowHandler
 from .batch import Batch
 from .convert import ColumnConverter
+from .interrupted import reraise_interrupt
 from .pipeline import Rebatcher
 from .schema import CategoricalFeature, DenseFeature, Schema
 
@@ -407,6 +408,7 @@ class ParquetReader(FileReader):
                     except StopIteration:
                         break
                     except (OSError, pa.ArrowException) as e:
+                        reraise_interrupt(e)
                         if self.on_bad_row == "raise":
                             raise ValueError(f"ParquetReader: {path!r} is corrupt after data row {first - 1} "
                                              f"(row group {rg}): {e}") from e

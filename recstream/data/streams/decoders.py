@@ -55,6 +55,7 @@ import pyarrow.json as pjson
 from ...validation import check_int, check_str, check_type
 from ..batch import Batch
 from ..convert import ColumnConverter, to_float, to_int
+from ..interrupted import reraise_interrupt
 from ..readers import CRITEO_COLUMNS, DEFAULT_HASH_BUCKETS, criteo_schema
 from ..schema import Schema
 from .records import BadRecord, Decoded, empty_decoded, line_spans
@@ -185,6 +186,7 @@ class TableDecoder:
                 raise _RunMismatch(f"parser returned {table.num_rows} rows for {hi - lo} records")
             batch, good, ids, times, faults = self._convert(table)
         except _PARSE_ERRORS as e:
+            reraise_interrupt(e)
             if hi - lo == 1:
                 bad.append(BadRecord(int(index[lo]), "malformed", _short(e), self._raw(buf, starts, ends, lo)))
                 return

@@ -72,6 +72,7 @@ import pyarrow.parquet as pq
 
 from ...atomic import atomic_write
 from ...validation import check_bool, check_choice, check_int, check_number, check_str, check_type
+from ..interrupted import reraise_interrupt
 from ..readers import DEFAULT_HASH_BUCKETS
 from ..schema import Schema
 from .base import Stream
@@ -246,6 +247,7 @@ class DirectoryStream(Stream):
                     self._close_file()
                     return True
         except (OSError, ValueError, pa.ArrowException) as e:
+            reraise_interrupt(e)
             # a corrupt page, a failed checksum, a header without a schema column: the rest of
             # this file cannot be read, now or after a restart; skip it rather than stop the stream
             name, offset = self._cur.name, self._cur.offset
@@ -273,6 +275,7 @@ class DirectoryStream(Stream):
             self._index.reset()
             return True
         except (OSError, ValueError, pa.ArrowException) as e:
+            reraise_interrupt(e)
             if not self._has_later(name):
                 return False  # maybe still being written: try again later
             self._skip_file(name, e)
@@ -493,6 +496,7 @@ class ParquetFileCursor:
                                                           columns=self._cols)
                 rb = next(self._batches, None)
             except (OSError, ValueError, pa.ArrowException) as e:
+                reraise_interrupt(e)
                 return self._skip_row_group(e)
             if rb is None:  # this row group is done
                 self._rg, self._batches, self._skip = self._rg + 1, None, 0

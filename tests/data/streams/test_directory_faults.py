@@ -92,3 +92,61 @@ def test_the_parquet_reader_verifies_page_checksums_and_names_the_file(tmp_path)
     path.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="a.parquet' is corrupt after data row 0"):
         list(ParquetReader(str(path), SCHEMA, batch_size=50))
+
+
+def _csv_files(data, names=("a", "b")):
+    for k, name in enumerate(names):
+        t = _table(100 * k)
+        lines = [f"{lab},{x1},{x2}" for lab, x1, x2 in zip(*(t[c].to_pylist() for c in t.column_names), strict=True)]
+        (data / f"{name}.csv").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("where", ["file", "records"])
+def test_a_read_cancelled_by_sigint_interrupts_the_stream_and_skips_nothing(tmp_path, monkeypatch, where):
+    """pyarrow raises ArrowCancelled when a SIGINT lands inside one of its reads: the user's
+    interrupt, not a corrupt file or malformed records. Before, the stream dead-lettered the rest of
+    the file (or the records), so the run's next checkpoint lost them for good."""
+    from recstream.data.streams import decoders, directory
+
+    data = tmp_path / "data"
+    data.mkdir()
+    _csv_files(data)
+    owner, name = (directory.TextFileCursor, "read") if where == "file" else (decoders.CSVLineDecoder, "_parse")
+    real, calls = getattr(owner, name), []
+
+    def cancelled_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # a read in the middle of the stream
+            raise pa.ArrowCancelled("Operation cancelled")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, cancelled_once)
+    stream = DirectoryStream(data, SCHEMA, batch_size=4, format="csv", idle_timeout=0.3,
+                             dead_letter=tmp_path / "dead.jsonl")
+    with pytest.raises(KeyboardInterrupt, match="interrupted during a read"):
+        _read_all(stream)
+    assert calls and stream.bad_records == {} and not (tmp_path / "dead.jsonl").exists()
+    again = DirectoryStream(data, SCHEMA, batch_size=4, format="csv", idle_timeout=0.3)
+    assert _read_all(again) == list(range(10)) + list(range(100, 110))
+
+
+def test_a_parquet_read_cancelled_by_sigint_is_not_a_corrupt_row_group(tmp_path, monkeypatch):
+    """The same for Parquet: a cancelled row-group read is neither an unreadable row group of
+    `ParquetReader` (skipped under on_bad_row='skip') nor a corrupt file of the stream."""
+    _write_parquet(tmp_path / "a.parquet", _table(0))
+
+    def cancelled(self, *args, **kwargs):
+        yield from ()  # a generator: the cancellation comes from its first read, as pyarrow's would
+        raise pa.ArrowCancelled("Operation cancelled")
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", cancelled)
+    reader = ParquetReader(str(tmp_path / "a.parquet"), SCHEMA, batch_size=4, on_bad_row="skip")
+    with pytest.raises(KeyboardInterrupt):
+        list(reader)
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_parquet(data / "b.parquet", _table(0))
+    stream = DirectoryStream(data, SCHEMA, batch_size=4, format="parquet", idle_timeout=0.3)
+    with pytest.raises(KeyboardInterrupt):
+        _read_all(stream)
+    assert stream.bad_records == {}
