@@ -112,6 +112,12 @@ def large_file(nbytes: int) -> bool:
     return nbytes > memory // 4
 
 
+def release_limit(nbytes: int, limit: int) -> int:
+    """The mapped bytes past which `nbytes` of tier files are released: `limit`, or at most
+    `LARGE_STORE_RELEASE_BYTES` where the page cache cannot hold them (`large_file`)."""
+    return min(limit, LARGE_STORE_RELEASE_BYTES) if large_file(nbytes) else limit
+
+
 def _crc(buffer) -> int:
     return zlib.crc32(memoryview(buffer).cast("B"))
 
@@ -147,8 +153,6 @@ class TierFile:
         self.data = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
         self.verified = np.zeros(self.blocks, dtype=bool)  # checked against its checksum since open
         self.dirty = np.zeros(self.blocks, dtype=bool)  # written since the last flush
-        self.mapped = np.zeros(self.blocks, dtype=bool)  # read or written since the last release
-        self.mapped_pages = 0  # blocks newly mapped in since the last release (see _map_in)
 
     # ----- create / open / close -----
     @classmethod
@@ -228,26 +232,11 @@ class TierFile:
         del self.data, self._crc, self._mm  # the views first: a map with views cannot close
         self._map.close()
 
-    @property
-    def release_bytes(self) -> int:
-        """The mapped bytes past which this file alone is released (`RELEASE_BYTES`, or
-        `LARGE_STORE_RELEASE_BYTES` for a file the page cache cannot hold)."""
-        return min(RELEASE_BYTES, LARGE_STORE_RELEASE_BYTES) if large_file(self._map.size()) else RELEASE_BYTES
-
     def release(self) -> None:
         """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
         on disk): the table's disk tier then costs the cache, not the pages it went through."""
         if hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
-        self.mapped[:] = False
-        self.mapped_pages = 0
-
-    def _map_in(self, blocks: np.ndarray) -> None:
-        """Count the blocks (about a page each) that reading or writing `blocks` maps in since the
-        last `release` (an upper bound: repeats among the new ones count each time)."""
-        new = blocks[~self.mapped[blocks]]
-        self.mapped[new] = True
-        self.mapped_pages += new.size
 
     # ----- rows -----
     def block_range(self, b: int) -> tuple[int, int]:
@@ -276,14 +265,12 @@ class TierFile:
         rows = np.asarray(rows, dtype=np.int64)
         blocks = self.blocks_of(rows)
         self.check_blocks(blocks)
-        self._map_in(blocks)
         return self.data[rows]
 
     def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         blocks = self.blocks_of(rows)
         self.check_blocks(blocks)
-        self._map_in(blocks)
         self.data[rows] = values
         self.dirty[blocks] = True
 
@@ -310,7 +297,8 @@ class TierFile:
     # ----- durability -----
     def flush(self) -> None:
         """Refresh the checksums of the blocks written since the last flush, then msync + fsync."""
-        budget = PageBudget(self.release, self.release_bytes, every=1024)  # the pages the checksums read
+        # the pages the checksums read
+        budget = PageBudget(self.release, release_limit(self._map.size(), RELEASE_BYTES), every=1024)
         for b in np.flatnonzero(self.dirty):
             a, e = self.block_range(int(b))
             self._crc[b] = _crc(self.data[a:e])

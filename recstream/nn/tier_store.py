@@ -40,7 +40,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import LARGE_STORE_RELEASE_BYTES, RELEASE_BYTES, PageBudget, TierFile, TierFileError, large_file
+from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, release_limit
 
 __all__ = ["TierStore"]
 
@@ -102,9 +102,8 @@ class TierStore:
         self.bytes_written = 0
         # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
         # (and its lock) alive after its table is dropped.
-        large = large_file(sum(f.rows * f.cols * 4 for f in files.values()))
         self._pages = PageBudget(lambda: _release(files),
-                                 min(RELEASE_BYTES, LARGE_STORE_RELEASE_BYTES) if large else RELEASE_BYTES)
+                                 release_limit(sum(f.rows * f.cols * 4 for f in files.values()), RELEASE_BYTES))
 
     # ----- create / open -----
     @classmethod

@@ -128,10 +128,8 @@ class FTRL(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        if not triton_rows.applies([p, state["accumulator"], state["linear"]]):
-            return False
-        entries = triton_rows.gradient_entries(grad)
-        if entries is None or not triton_rows.applies([p, entries[1]]):
+        entries = triton_rows.entries_for(p, grad, [state["accumulator"], state["linear"]])
+        if entries is None:
             return False
         acc, lin = (t if t.dim() else t.unsqueeze(0) for t in (state["accumulator"], state["linear"]))  # 0-d: as `p`
         state["step"] += 1

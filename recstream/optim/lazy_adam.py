@@ -96,11 +96,10 @@ class LazyAdam(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        if not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"]]) \
-                or (isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor)):
+        if isinstance(group["lr"], Tensor) and not isinstance(state["step"], Tensor):
             return False
-        entries = triton_rows.gradient_entries(grad)
-        if entries is None or not triton_rows.applies([p, entries[1]]):
+        entries = triton_rows.entries_for(p, grad, [state["exp_avg"], state["exp_avg_sq"]])
+        if entries is None:
             return False
         m, v = (t if t.dim() else t.unsqueeze(0) for t in (state["exp_avg"], state["exp_avg_sq"]))  # 0-d: as `p`
         state["step"] += 1

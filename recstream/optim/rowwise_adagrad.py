@@ -102,10 +102,8 @@ class RowWiseAdagrad(SparseRowOptimizer):
 
     def _kernel_step(self, p: Tensor, grad: Tensor, state: dict[str, Any], group: dict[str, Any],
                      found_inf: Tensor | None) -> bool:
-        if not triton_rows.applies([p, state["sum"]]):
-            return False
-        entries = triton_rows.gradient_entries(grad)
-        if entries is None or not triton_rows.applies([p, entries[1]]):
+        entries = triton_rows.entries_for(p, grad, [state["sum"]])
+        if entries is None:
             return False
         state["step"] += 1
         triton_rows.rowwise_adagrad(p, state["sum"], *entries, group["lr"], group["eps"], group["weight_decay"],

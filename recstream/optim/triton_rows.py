@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["ENABLED", "applies", "interpreted", "kernels_work", "lazy_adam", "rowwise_adagrad", "ftrl",
-           "gradient_entries"]
+           "gradient_entries", "entries_for"]
 
 ENABLED = True
 """Whether CUDA steps use the kernels where Triton imports (read at each step: set False to run the torch ops)."""
@@ -109,6 +109,17 @@ def gradient_entries(grad: Tensor) -> tuple[Tensor | None, Tensor] | None:
     if grad.layout != torch.sparse_coo or grad.sparse_dim() != 1:
         return None
     return grad._indices()[0], grad._values()
+
+
+def entries_for(weight: Tensor, grad: Tensor, state: list[Tensor]) -> tuple[Tensor | None, Tensor] | None:
+    """`gradient_entries` of `grad` where the kernels take the update of `weight` and its `state`
+    tensors (`applies` to them all), else None: the optimizer then takes its torch ops."""
+    if not applies([weight, *state]):
+        return None
+    entries = gradient_entries(grad)
+    if entries is None or not applies([weight, entries[1]]):
+        return None
+    return entries
 
 
 def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
