@@ -11,6 +11,9 @@ Variants, all starting from the same pre-generated batches:
   (``sparse=True``, all tables fused) with ``LazyAdam`` / ``RowWiseAdagrad``.
 - ``hash_lazyadam``: ``recstream.nn.HashEmbedding`` with capacity ``features * vocab``
   (same number of rows), keys ``feature * vocab + id``, with ``LazyAdam``.
+- ``hash_lazyadam_torch`` / ``hash_full_torch`` (by default on CUDA only): ``hash_lazyadam`` and ``hash_full`` with
+  ``table_backend="torch"``, beside the default ``"auto"`` (the Triton table on CUDA), so one run
+  gives the Triton table's speed-up over the torch-op device path.
 - ``hash_full``: the same HashEmbedding, but FULL and evicting, in its steady state: its keys
   come from a ``--full-vocab`` (10^6) id space per feature, 10x its rows, with a fresh batch
   every step; before the first step it is filled to capacity as ``--full-history`` (200)
@@ -45,6 +48,7 @@ import torch
 from torch import nn
 
 from recstream.nn import EmbeddingBagCollection, EmbeddingTableConfig, HashEmbedding
+from recstream.nn.hash_embedding import triton_works
 from recstream.optim import LazyAdam, RowWiseAdagrad
 
 
@@ -106,19 +110,24 @@ def build_variants(args, device) -> list[Variant]:
             # Trusted benchmark input: skip per-call validation (it costs host syncs).
             fwd = (lambda e, i: lambda b: e(b[i], b["offsets"], b["batch"], validate=False))(ebc, ids)
             variants.append(Variant(name, ebc, opt_cls(ebc.parameters(), lr=1e-2), fwd, F * V))
-    if "hash_lazyadam" in args.variants:
-        emb = HashEmbedding(D, capacity=F * V, device=device)
-        variants.append(Variant(
-            "hash_lazyadam", emb, LazyAdam(emb.parameters(), lr=1e-3),
-            lambda b: emb(b["keys"]).reshape(b["batch"], F * D), F * V))
-    if "hash_full" in args.variants:
-        full = HashEmbedding(D, capacity=F * V, device=device, evict_low_watermark=args.low_watermark)
-        keys, last_seen = history(args)
-        full.load_rows(keys.to(device), torch.zeros(keys.numel(), D, device=device), last_seen=last_seen.to(device))
-        full.values.pop_reset_rows()
-        variants.append(Variant(
-            "hash_full", full, LazyAdam(full.parameters(), lr=1e-3),
-            lambda b: full(b["full_keys"]).reshape(b["batch"], F * D), F * V))
+    for name in ("hash_lazyadam", "hash_lazyadam_torch"):
+        if name in args.variants:
+            emb = HashEmbedding(D, capacity=F * V, device=device)
+            emb.table_backend = "torch" if name.endswith("_torch") else "auto"
+            variants.append(Variant(
+                name, emb, LazyAdam(emb.parameters(), lr=1e-3),
+                (lambda e: lambda b: e(b["keys"]).reshape(b["batch"], F * D))(emb), F * V))
+    for name in ("hash_full", "hash_full_torch"):
+        if name in args.variants:
+            full = HashEmbedding(D, capacity=F * V, device=device, evict_low_watermark=args.low_watermark)
+            full.table_backend = "torch" if name.endswith("_torch") else "auto"
+            keys, last_seen = history(args)
+            full.load_rows(keys.to(device), torch.zeros(keys.numel(), D, device=device),
+                           last_seen=last_seen.to(device))
+            full.values.pop_reset_rows()
+            variants.append(Variant(
+                name, full, LazyAdam(full.parameters(), lr=1e-3),
+                (lambda e: lambda b: e(b["full_keys"]).reshape(b["batch"], F * D))(full), F * V))
     return variants
 
 
@@ -147,7 +156,8 @@ def make_batches(args, device) -> list[dict]:
     B, F, V = args.batch, args.features, args.vocab
     batches = []
     # hash_full needs fresh keys every step: one batch per step, never cycled.
-    steps = args.warmup + args.reps if {"hash_full", "fused_hashed"} & set(args.variants) else args.num_batches
+    steps = (args.warmup + args.reps if {"hash_full", "hash_full_torch", "fused_hashed"} & set(args.variants)
+             else args.num_batches)
     for _ in range(max(steps, args.num_batches)):
         ids = power_law_ids(gen, (B, F), V)
         batches.append({
@@ -158,7 +168,7 @@ def make_batches(args, device) -> list[dict]:
             "offsets": torch.arange(F * B + 1, device=device),
             "keys": (ids + torch.arange(F) * V).to(device),
         })
-        if "hash_full" in args.variants or "fused_hashed" in args.variants:
+        if {"hash_full", "hash_full_torch", "fused_hashed"} & set(args.variants):
             full = power_law_ids(gen, (B, F), args.full_vocab)
             batches[-1]["full_keys"] = (full + torch.arange(F) * args.full_vocab).to(device)
             batches[-1]["full_values"] = (full % V).t().reshape(-1).to(device)
@@ -186,8 +196,14 @@ def main(argv=None) -> None:
     p.add_argument("--full-history", type=int, default=200, help="earlier steps whose keys fill hash_full")
     p.add_argument("--low-watermark", type=float, default=0.95, help="evict_low_watermark of hash_full")
     names = ["dense_adam", "fused_lazyadam", "fused_rowwise", "hash_lazyadam", "hash_full", "fused_hashed"]
-    p.add_argument("--variants", nargs="+", default=names, choices=names)
+    # The *_torch twins pin HashEmbedding.table_backend to the torch-op device path; the plain ones
+    # take "auto" (the Triton table on CUDA when it works there), so one run compares the two.
+    torch_twins = ["hash_lazyadam_torch", "hash_full_torch"]
+    p.add_argument("--variants", nargs="+", default=None, choices=names + torch_twins,
+                   help="default: all of them on CUDA, all but the *_torch twins elsewhere")
     args = p.parse_args(argv)
+    if args.variants is None:
+        args.variants = names + (torch_twins if args.device.startswith("cuda") else [])
     if not 0.0 <= args.low_watermark <= 1.0:
         p.error(f"--low-watermark must be within [0, 1], got {args.low_watermark}")
     for name in ("batch", "features", "dim", "vocab", "reps", "num_batches", "threads", "full_vocab", "full_history"):
@@ -214,11 +230,11 @@ def main(argv=None) -> None:
 
     med = {v.name: statistics.median(v.times) for v in variants}
     mean = {v.name: statistics.fmean(v.times) for v in variants}
-    print(f"\n{'variant':16s} {'median ms':>10s} {'mean ms':>8s} {'min ms':>8s} {'max ms':>8s} | bytes/row: "
+    print(f"\n{'variant':19s} {'median ms':>10s} {'mean ms':>8s} {'min ms':>8s} {'max ms':>8s} | bytes/row: "
           f"{'values':>6s} {'opt':>6s} {'meta':>6s} {'dgrad':>6s} {'total':>6s}")
     for v in variants:
         m = v.memory_per_row()
-        print(f"{v.name:16s} {med[v.name] * 1e3:10.2f} {mean[v.name] * 1e3:8.2f} {min(v.times) * 1e3:8.2f} "
+        print(f"{v.name:19s} {med[v.name] * 1e3:10.2f} {mean[v.name] * 1e3:8.2f} {min(v.times) * 1e3:8.2f} "
               f"{max(v.times) * 1e3:8.2f} |            {m['values']:6.1f} {m['opt_state']:6.1f} "
               f"{m['metadata']:6.1f} {m['dense_grad']:6.1f} {m['total']:6.1f}")
     print()
@@ -235,6 +251,12 @@ def main(argv=None) -> None:
         print(f"hash_full / fused_hashed mean time: {mean['hash_full'] / mean['fused_hashed']:.2f}x "
               f"(goal <= 1.5x); rows used {full.num_rows:,} of {full.capacity:,}, "
               f"evict_low_watermark={full.evict_low_watermark}")
+    for name in ("hash_lazyadam", "hash_full"):
+        if name in med and name + "_torch" in med:
+            used = ("host path" if device.type == "cpu"
+                    else "triton" if device.type == "cuda" and triton_works(device) else "torch")
+            print(f"{name} (table backend auto = {used}) is {med[name + '_torch'] / med[name]:.2f}x "
+                  f"as fast as {name}_torch")
 
 
 def v_by_name(variants: list[Variant], name: str) -> Variant:

@@ -138,7 +138,7 @@ else
     PROFILE_ARGS=(--device cpu --batch-size 64 --vocab 100 --hidden 16 --steps 2 --warm 2 --variants widedeep O1)
 fi
 step profile 45 boost.log "$PY" benchmarks/profile_step.py "${PROFILE_ARGS[@]}"
-step embeddings 40 embeddings.log "$PY" benchmarks/bench_embeddings.py "${EMB_ARGS[@]}"
+step embeddings 60 embeddings.log "$PY" benchmarks/bench_embeddings.py "${EMB_ARGS[@]}"
 step dynamic 40 dynamic.log "$PY" benchmarks/bench_dynamic.py "${DYN_ARGS[@]}"
 
 # The CUDA tests: files that mention CUDA at all, narrowed by the plugin to the tests that do.
