@@ -40,7 +40,7 @@ def _train(emb: HashEmbedding, stream, on_device: bool, masks=None, every_step: 
     for i, keys in enumerate(stream):
         with (device_path() if on_device else torch.enable_grad()), counter:
             out = emb(keys) if masks is None else emb.lookup_masked(keys.reshape(-1), masks[i])
-            (out * torch.arange(out.shape[-1], dtype=out.dtype)).sum().backward()
+            (out * torch.arange(out.shape[-1], dtype=out.dtype, device=out.device)).sum().backward()
             opt.step()
             opt.zero_grad()
         counter.mark()
