@@ -4,7 +4,9 @@ For each variant (bench_boost.py's workload: 26 fields x ``--vocab`` ids x ``--d
 MLP ``--hidden``), trains ``--warm`` steps, then profiles ``--steps`` more and prints per step: wall
 milliseconds, GPU kernel time (the sum of kernel durations: the card's busy time when they do not
 overlap), kernels launched, CUDA graph launches, memcpy calls and synchronisations, and the ten ops
-with the most CPU time. A step whose wall time is far above its GPU time is host-bound.
+with the most CPU time; on CUDA also the ``--top-kernels`` kernels with the most GPU time (kernels
+inside a replayed CUDA graph are traced one by one too). A step whose wall time is far above its
+GPU time is host-bound; one whose GPU time is far above `ceiling`'s is bound by those kernels.
 
     python benchmarks/profile_step.py --device cuda --variants widedeep widedeep_eager O1
     python benchmarks/profile_step.py --device cpu --batch-size 64 --vocab 100 --hidden 16 --steps 2
@@ -71,6 +73,15 @@ def profile_variant(name: str, gen, batches, args, device) -> None:
           f"launches {count('cudaLaunchKernel', 'cuLaunchKernel'):.1f}, memcpy {count('cudaMemcpy'):.1f}, "
           f"syncs {count('Synchronize'):.1f} per step ({graph})")
     print(events.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=48))
+    if kernels:  # where the GPU's time goes, kernel by kernel (inside a replayed graph too)
+        by_name: dict[str, list[float]] = {}
+        for e in kernels:
+            by_name.setdefault(e.name, []).append(e.device_time)
+        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:args.top_kernels]
+        print(f"### {name}: the {len(top)} kernels with the most GPU time (of {len(by_name)} distinct)")
+        print("| kernel | us/step | calls/step |\n| --- | --- | --- |")
+        for kernel, times in top:
+            print(f"| {kernel[:90]} | {sum(times) / n:.1f} | {len(times) / n:.1f} |")
 
 
 def main(argv=None) -> None:
@@ -83,6 +94,7 @@ def main(argv=None) -> None:
     p.add_argument("--warm", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--variants", nargs="+", default=["widedeep", "widedeep_eager", "O1"])
+    p.add_argument("--top-kernels", type=int, default=15, help="kernels listed by GPU time (CUDA only)")
     args = p.parse_args(argv)
     device = torch.device(args.device)  # cpu: the wiring only (no kernels to count)
     gen = bench_boost.SyntheticCTR(num_dense=bench_boost.DENSE, num_categorical=bench_boost.FIELDS,
