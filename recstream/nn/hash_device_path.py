@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..validation import check_int_tensor, check_type
 from .hash_backend import HOST, TableBackend
+from .hash_replay import HostEvent
 from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique, window
 from .lru_select import oldest_static
 from .tensor_hash_table import DELETED, NEVER_SEEN
@@ -183,15 +184,12 @@ class DevicePath:
     def _has_room(self, plan: DevicePlan) -> bool:
         """Whether the host's bounds show room for every key of the batch (no read needed); then
         they are moved on by the batch's worst case."""
-        t, n = self.table, plan.uniq.numel()
-        if self._free_bound >= n and t.num_used_bound() + n <= self._used_limit() * t.num_slots and (
-                self.permit_filter_value == 1 or self._pending_bound + n <= self.pending_capacity):
-            self._free_bound -= n  # at most n keys admitted, n more pending, n slots used
-            self._pending_bound += n if self.permit_filter_value > 1 else 0
-            t.mark_stale(n)
-            self._stale = True
-            return True
-        return False
+        n = plan.uniq.numel()
+        room = self._room(n, self._free_bound, self._pending_bound, self.table.num_used_bound())
+        self._log_host(HostEvent("room" if room else "other", n))  # see hash_replay
+        if room:
+            self._take_room(n)
+        return room
 
     def _read_terms(self, plan: DevicePlan) -> list[torch.Tensor]:
         """What `_decide` needs read from the device: the counters, then the batch's keys
@@ -278,13 +276,15 @@ class DevicePath:
         """Carry out `_plan`: insert the new keys, count, admit (rows from the top of the free
         stack: ripe pending keys first, then new ones, in key order -- the host path's order), mark
         the rows seen; return the vectors of ``uniq[inverse]``."""
-        t, step, p = self.table, self._step, plan
+        # The step count as the device holds it (a tensor, not the host's int): a replayed CUDA
+        # graph of this step then writes the current step, not the one it was captured at.
+        t, step, p = self.table, self.global_step_t, plan
         ins, reused = claim(t, p.uniq, p.new, p.free, p.pos)
         placed = ins >= 0  # a key claim() left out is not counted this step (as one over capacity)
         slot = torch.where(p.found, p.slots, ins)
         seen = Scatter(slot, p.found | placed)
         seen.put(t.counts, p.total)
-        seen.put(t.last_seen, step)
+        seen.put(t.last_seen, step.expand(slot.shape))
         n_ins = placed.sum()
         t.num_used_t.add_(n_ins - reused)
         t.num_live_t.add_(n_ins)
@@ -308,7 +308,7 @@ class DevicePath:
         has = rows >= 0
         looked_up = Scatter(rows, has)  # looked up in training: seen, and dirty (see _mark_seen)
         looked_up.put(self.dirty, True)
-        looked_up.put(self.row_last_seen, step)
+        looked_up.put(self.row_last_seen, step.expand(rows.shape))
         return self._train_vectors(rows, has, inverse)
 
     def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:

@@ -126,6 +126,7 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
 from .hash_device_path import STATIC, DevicePath, lookup_masked_many
 from .hash_host_path import HostPath
+from .hash_replay import GraphReplay, HostEvent
 from .key_sharding import KeySharding
 from .tensor_hash_table import (
     DELETED,
@@ -190,7 +191,7 @@ class HashEmbeddingState:
     track_evictions: bool
 
 
-class HashEmbedding(HostPath, DevicePath, nn.Module):
+class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
     """Embedding lookup keyed by arbitrary int64 ids with admission and eviction.
 
     Args:
@@ -411,10 +412,14 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         if flat.numel() == 0 and self._sharding is None:  # sharded: still answer the other ranks
             return self.values.new_zeros(*keys.shape, self.embedding_size)
         if self._sharding is not None:  # keys routed to their owners; every rank takes part
+            self._log_host(HostEvent("other"))
             uniq, inverse, counts = unique(flat, return_inverse=True, return_counts=True)
             out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
             return out.index_select(0, inverse).view(*keys.shape, self.embedding_size)
-        out = self._backend_for(flat).lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
+        backend = self._backend_for(flat)
+        if mutate and backend is HOST:
+            self._log_host(HostEvent("other"))  # the host path's step: not replayed from a CUDA graph
+        out = backend.lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
         return out.view(*keys.shape, self.embedding_size)
 
     def renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
@@ -525,13 +530,19 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         with an interval > 1 a key is evicted at the first check after it went stale.
         """
         self._step += 1
-        self.global_step_t.fill_(self._step)
-        n = self.evict_filter_value
-        if n is not None and self._step % self.evict_interval == 0:
+        # Counted on the device too (not filled from the host's count): a replayed CUDA graph of the
+        # step then advances it (see hash_replay).
+        self.global_step_t.add_(1)
+        age = self._age_due(self._step)
+        self._log_host(HostEvent("step", age=age))
+        if age:
             # Free slots read last_seen=+inf, so one comparison finds the stale keys.
-            stale = self.table.last_seen < self._step - n
+            stale = self.table.last_seen < self.global_step_t - self.evict_filter_value
             # Logged evictions have a data-dependent length: the host path's step.
-            self._backend_for(stale, host_only=self._track_evictions).evict_stale(self, stale)
+            backend = self._backend_for(stale, host_only=self._track_evictions)
+            if backend is HOST:
+                self._log_host(HostEvent("other"))
+            backend.evict_stale(self, stale)
 
     # ---------------------------------------------------------- the device path (no host sync)
     def lookup_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

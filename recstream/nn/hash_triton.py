@@ -174,9 +174,11 @@ def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, BLOCK: tl.con
 
 def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
                   num_pending, num_used, num_live, placed_in, deleted_in, stack_in, slots_in, total_in, row_in,
-                  ripe_in, admit_in, pending_in, out_rows, n, dim, step, BLOCK: tl.constexpr, DIM: tl.constexpr):
+                  ripe_in, admit_in, pending_in, out_rows, n, dim, step_ptr, BLOCK: tl.constexpr,
+                  DIM: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
+    step = tl.load(step_ptr)  # the table's step count on the device: a replayed CUDA graph reads the current one
     placed = tl.load(placed_in + i, mask=inb, other=-1)
     placed_new = inb & (placed >= 0)
     was_deleted = tl.load(deleted_in + i, mask=inb, other=0) != 0
@@ -382,7 +384,7 @@ class TritonBackend(StaticBackend):
         _launch(_kernels()[2], n, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen, _u8(emb.dirty),
                 _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
                 t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
-                _u8(p.new_pending), rows, n, dim, emb._step, DIM=max(16, min(64, 1 << (dim - 1).bit_length())))
+                _u8(p.new_pending), rows, n, dim, emb.global_step_t, DIM=max(16, min(64, 1 << (dim - 1).bit_length())))
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
             emb._reset_parts.append(emb._padded(rows, adm, top))

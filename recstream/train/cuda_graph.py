@@ -29,8 +29,15 @@ host read to decide), optimizers that are
 ones (`recstream.optim.SparseRowOptimizer`: their capturable mode keeps step counts and rates on
 the device and sums a sparse gradient's rows into fixed-size outputs), sparse gradients only for
 parameters those hold or that boost's lazy row updates of Adam take (`recstream.optim.sparse_rows`,
-capturable likewise), and no dynamic (hash) tables (their rows are assigned as keys arrive). A
-capture that fails anyway (an op CUDA cannot record) is logged and the step runs eagerly from then on.
+capturable likewise), and dynamic (hash) tables only unsharded. A capture that fails anyway (an op
+CUDA cannot record) is logged and the step runs eagerly from then on.
+
+Dynamic (hash) tables (`recstream.nn.HashEmbedding` on the device path): a step that finds room by
+the table's host bounds does only static-shape work and reads nothing back, so it is captured like
+any other; its host side (the step count, the bounds) is recorded at capture and applied before each
+replay (`recstream.nn.hash_replay`). A step that needs the counters read (a table short of free rows:
+an LRU pass, pending keys over budget, a rebuild) or an age pass that the captured step did not run
+is a step the graph cannot hold: it runs eagerly, and replays resume when the bounds show room again.
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ import weakref
 import torch
 from torch import nn
 
+from ..nn.hash_replay import GraphReplay
 from ..optim import SparseRowOptimizer
 from ..optim.sparse_rows import lazy_rows_of, skips_overflow_on_device
 
@@ -65,9 +73,9 @@ def capture_refusal(network: nn.Module, optimizers: list, device: torch.device, 
         if host:
             return (f"loss scaling: {host[0]} decides on the host whether to skip an overflowing step "
                     "(fused Adam/AdamW/SGD and recstream's row-sparse optimizers decide on the device)")
-    dynamic = [n for n, p in network.named_parameters() if hasattr(p, "pop_reset_rows")]
-    if dynamic:
-        return f"parameters {dynamic[:3]} belong to dynamic (hash) tables, whose rows are assigned as keys arrive"
+    sharded = [n for n, m in network.named_modules() if isinstance(m, GraphReplay) and m.sharded]
+    if sharded:
+        return f"dynamic (hash) tables {sharded[:3]} are sharded (their lookups are collectives)"
     for opt in optimizers:
         if not isinstance(opt, _GRAPHABLE):
             return f"{type(opt).__name__} is not torch.optim.SGD/Adam/AdamW or a recstream.optim row-sparse optimizer"
@@ -109,8 +117,13 @@ class CUDAGraphStep(nn.Module):
         self.step = step
         self._optimizers = optimizers
         self._calls, self._warned, self._failed = 0, False, False
+        self.replays = 0  # steps run by replaying the graph (the others ran eagerly)
         self._graph = self._inputs = self._output = self._signature = self._hypers = None
         self._lrs: list[tuple[dict, torch.Tensor]] = []
+        # Dynamic tables: the host side of the last eager step and of the captured one (hash_replay),
+        # and the addresses of their tensors that the graph holds.
+        self._tables = [m for m in step.modules() if isinstance(m, GraphReplay)]
+        self._eager_host = self._eager_sig = self._graph_host = self._table_ptrs = None
         # A weak reference: a closure over `self` would make a reference cycle (optimizer -> hook ->
         # self -> optimizer), freed only by the cyclic GC, which may then destroy this graph while
         # another one is being captured (CUDA refuses that, and the capture fails).
@@ -128,6 +141,7 @@ class CUDAGraphStep(nn.Module):
         step lets state that was just loaded settle on the device: a restored step count is moved
         there, which a capture could not record.)"""
         self._graph = self._inputs = self._output = self._signature = self._hypers = None
+        self._graph_host = self._table_ptrs = None
         self._calls = min(self._calls, WARMUP_STEPS - 1)
 
     def forward(self, *inputs, **kwargs):
@@ -138,28 +152,57 @@ class CUDAGraphStep(nn.Module):
             self._warned = True
             log.warning("cuda_graphs: the step's inputs are not all CUDA tensors; it runs eagerly")
         if signature is None or self._failed or self._calls < WARMUP_STEPS:
-            return self._eager(inputs, kwargs, side_stream=signature is not None and not self._failed)
+            return self._eager(inputs, kwargs, side_stream=signature is not None and not self._failed,
+                               signature=signature)
         self._refresh_hypers()
-        if self._graph is None and not self._capture(spec, flat, signature):
-            return self._eager(inputs, kwargs, side_stream=False)
-        if signature != self._signature:
-            return self._eager(inputs, kwargs, side_stream=False)
+        if self._graph is not None and self._tables and not self._tables_replayable():
+            return self._eager(inputs, kwargs, side_stream=False, signature=signature)
+        if self._graph is None:
+            # Capture only a step that will need no read: as the last eager step of these shapes did,
+            # and the bounds show room for it (else the capture would fail at the read).
+            if self._tables and (self._eager_sig != signature or not self._tables_ready(self._eager_host)):
+                return self._eager(inputs, kwargs, side_stream=False, signature=signature)
+            if not self._capture(spec, flat, signature):
+                return self._eager(inputs, kwargs, side_stream=False, signature=signature)
+        elif signature != self._signature:
+            return self._eager(inputs, kwargs, side_stream=False, signature=signature)
+        elif self._tables:  # the captured step's host side, as its Python would have done it
+            for table, events in zip(self._tables, self._graph_host, strict=True):
+                table.replay_host(events)
         for static, value in zip(self._inputs, flat, strict=True):
             static.copy_(value, non_blocking=True)
         self._graph.replay()
+        self.replays += 1
         return self._output
 
-    def _eager(self, inputs, kwargs, side_stream: bool):
+    def _eager(self, inputs, kwargs, side_stream: bool, signature=None):
         self._calls += 1
+        for table in self._tables:
+            table.record_host()
         if not side_stream:
-            return self.step(*inputs, **kwargs)
-        # Warm-up on a side stream, as capture requires (no stray work on the capturing stream).
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
             out = self.step(*inputs, **kwargs)
-        torch.cuda.current_stream().wait_stream(stream)
+        else:  # warm-up on a side stream, as capture requires (no stray work on the capturing stream)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                out = self.step(*inputs, **kwargs)
+            torch.cuda.current_stream().wait_stream(stream)
+        self._eager_host = [table.recorded_host() for table in self._tables]
+        self._eager_sig = signature
         return out
+
+    def _tables_ready(self, host) -> bool:
+        """Whether every dynamic table can take a step whose host side was `host` without a read."""
+        return host is not None and all(table.replay_ready(events)
+                                        for table, events in zip(self._tables, host, strict=True))
+
+    def _tables_replayable(self) -> bool:
+        """Whether the graph may replay now: its tables' tensors are the ones it holds (else it is
+        dropped, to be captured again) and their bounds show room for the captured step."""
+        if [table.device_tensors() for table in self._tables] != self._table_ptrs:
+            self.reset()
+            return False
+        return self._tables_ready(self._graph_host)
 
     def _capture(self, spec, flat: list[torch.Tensor], signature) -> bool:
         """Capture the step on static copies of the inputs; False (logged) when CUDA refused it."""
@@ -172,10 +215,15 @@ class CUDAGraphStep(nn.Module):
         graph = torch.cuda.CUDAGraph()
         gc_was_on = gc.isenabled()
         gc.disable()  # no collection during capture: freeing another graph there invalidates this capture
+        snapshots = [table.host_snapshot() for table in self._tables]
+        for table in self._tables:
+            table.record_host()
         try:
             with torch.cuda.graph(graph):
                 output = self.step(*args, **named)
         except RuntimeError as e:  # an op CUDA cannot record: nothing ran, so the eager step is still exact
+            for table, snap in zip(self._tables, snapshots, strict=True):
+                table.restore_host(snap)  # its Python ran, its kernels did not
             self._failed = True
             log.warning("cuda_graphs: capturing the training step failed, it runs eagerly from now on: %s",
                         str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -186,6 +234,8 @@ class CUDAGraphStep(nn.Module):
             if gc_was_on:
                 gc.enable()
         self._graph, self._inputs, self._output = graph, statics, output
+        self._graph_host = [table.recorded_host() for table in self._tables]
+        self._table_ptrs = [table.device_tensors() for table in self._tables]
         self._signature, self._hypers = signature, _hypers(self._optimizers)
         log.info("cuda_graphs: captured the training step for inputs %s", signature)
         return True

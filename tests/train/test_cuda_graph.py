@@ -43,10 +43,14 @@ def test_loss_scaled_steps_may_be_captured_where_every_optimizer_skips_on_the_de
     assert capture_refusal(net, _leaves(default_optimizer(net)), CUDA, distributed=False, loss_scaled=True) is None
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_models_with_unsharded_dynamic_tables_may_be_captured(name):
+    """Their steps with room replay (recstream.nn.hash_replay); the others run eagerly."""
+    net = BUILDERS[name](dynamic_schema())
+    assert capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, False) is None
+
+
 def test_what_cannot_be_captured_is_refused_with_the_reason():
-    net = BUILDERS["deepfm"](dynamic_schema())
-    why = capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, False)
-    assert "dynamic (hash) tables" in why
     emb = nn.Sequential(nn.Embedding(10, 4, sparse=True))
     why = capture_refusal(emb, [torch.optim.SGD(emb.parameters(), lr=0.1)], CUDA, False, False)
     assert "sparse gradients for an optimizer that coalesces them" in why
@@ -174,3 +178,57 @@ def test_loss_scaled_steps_replay_like_eager_ones_and_skip_an_overflow(name):
                                rtol=1e-4, atol=1e-5)
     for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def _single_hot_dynamic(n: int, b: int = 64):
+    """Batches of equal shapes (single-hot features: a graph replays them): huge dynamic user ids
+    (300 of them into 512 rows, then, from batch 40, 2,000 new ones: the table fills and LRU passes
+    run), dynamic items admitted at their second sight, a fixed feature and dense values."""
+    from recstream.data import Batch, CategoricalFeature, Features, Schema
+    schema = Schema(["d0", "d1"], [
+        CategoricalFeature("user", dynamic=True, capacity=512, embedding_dim=4),
+        CategoricalFeature("item", dynamic=True, capacity=512, embedding_dim=4, permit_filter_value=2),
+        CategoricalFeature("hour", vocab_size=24, embedding_dim=4)])
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(n):
+        users = torch.randint(0, 300, (b,), generator=g) if i < 40 else torch.randint(300, 2300, (b,), generator=g)
+        ids = torch.cat([users + 10 ** 12, torch.randint(0, 200, (b,), generator=g),
+                         torch.randint(0, 24, (b,), generator=g)])
+        x = Features.from_lengths(torch.randn(b, 2, generator=g), ids, torch.ones(3, b, dtype=torch.int64))
+        out.append(Batch(x, torch.randint(0, 2, (b,), generator=g).float()).to("cuda"))
+    return schema, out
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["widedeep", "deepfm"])
+def test_dynamic_tables_replay_like_eager_steps_through_reads_and_evictions(name):
+    """Steps whose tables have room by their bounds replay the graph; a step that must read the
+    counters (the bounds used up, or the user table full: LRU passes) runs eagerly, and replays
+    resume: the same losses, tables, rows and optimizer state as eager steps all along."""
+    from recstream.nn import HashEmbedding
+
+    schema, batches = _single_hot_dynamic(60)
+
+    def run(graphs: bool):
+        torch.manual_seed(0)
+        net = BUILDERS[name](schema).cuda()
+        for m in net.modules():
+            if isinstance(m, HashEmbedding):
+                m.param_init = "ones"  # the graph's and eager steps' random draws differ
+        model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), boost_config_dict={"cuda_graphs": graphs})
+        losses = [float(model.train_network(b.features, b.labels)) for b in batches]
+        return losses, model, net
+
+    eager, _, eager_net = run(False)
+    graphed, model, graphed_net = run(True)
+    assert "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+    step = model.train_network
+    assert step.captured and 10 <= step.replays <= 50, step.replays  # eager steps between replays
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
+    for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+    tables = {n: m for n, m in graphed_net.named_modules() if isinstance(m, HashEmbedding)}
+    assert tables and all(t.global_step == len(batches) for t in tables.values())
+    users = [m for n, m in tables.items() if n.endswith("user")]
+    assert users and all(m.num_rows >= 480 for m in users)  # full by the end: LRU passes ran
