@@ -9,7 +9,8 @@ forward, backward, ``default_optimizer`` step -- is compared like for like. One 
 models run interleaved in rounds of ``--steps`` steps (so load changes on a shared machine hit
 both alike); the report is the median per-round events/s (per second of this thread's CPU time)
 and the ratio fixed/dynamic. With ``--device cuda`` the models and batches live on the GPU and
-a round is timed by the wall clock (the device synchronised before and after it). With
+a round is timed by the wall clock (the device synchronised before and after it); ``--step model``
+trains through ``Model`` instead of a hand loop (on CUDA: the step as a CUDA graph). With
 ``--shared-table`` the dynamic model's id features share one hash table (``table=``, the summed
 capacity): one lookup a step instead of one each; ``--id-features 26`` compares 26 such features
 (a Criteo-like model) instead of user and item.
@@ -25,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from recstream import Model
 from recstream.data import CategoricalFeature, Features, Schema
 from recstream.models import DLRM, DCNv2, DeepFM, WideDeep, default_optimizer
 
@@ -65,8 +67,13 @@ def batches(n: int, batch_size: int, rows: int, seed: int = 0, id_features: int 
     return out
 
 
-def make_step(net: torch.nn.Module):
+def make_step(net: torch.nn.Module, how: str = "hand"):
+    """The training step: a hand loop, or ``Model.train_network`` ("model": on CUDA a CUDA graph,
+    replayed while the dynamic tables have room; recstream.train.cuda_graph)."""
     opt = default_optimizer(net)
+    if how == "model":
+        model = Model(net, torch.nn.BCEWithLogitsLoss(), opt, progress_bar=False)
+        return model.train_network
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def step(x, y):
@@ -91,7 +98,7 @@ def run(args, name: str) -> dict:
     for dynamic in (False, True):
         torch.manual_seed(0)
         net = MODELS[name](schema(args.rows, dynamic, args.shared_table, args.id_features))
-        steps[dynamic] = make_step(net.to(device))
+        steps[dynamic] = make_step(net.to(device), args.step)
         for x, y in data[:args.warmup]:
             steps[dynamic](x, y)
     rates = {False: [], True: []}
@@ -124,6 +131,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--models", default="widedeep,deepfm,dcnv2,dlrm")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--step", choices=("hand", "model"), default="hand",
+                   help="hand: a hand loop (eager); model: Model.train_network (a CUDA graph on CUDA)")
     p.add_argument("--shared-table", action="store_true", help="the dynamic features in one hash table")
     p.add_argument("--id-features", type=int, default=2,
                    help="features fixed in one model, dynamic in the other (2: user and item)")
@@ -132,7 +141,8 @@ def main() -> None:
         p.error(f"--id-features must be >= 1, got {args.id_features}")
     torch.set_num_threads(1)
     print(f"rows={args.rows} batch={args.batch_size} rounds={args.rounds}x{args.steps} steps, 1 thread, "
-          f"device={args.device}, {args.id_features} id features{' in one table' if args.shared_table else ''}")
+          f"device={args.device}, step={args.step}, {args.id_features} id features"
+          f"{' in one table' if args.shared_table else ''}")
     print(f"{'model':10s} {'fixed ev/s':>11s} {'dynamic ev/s':>13s} {'fixed/dynamic':>14s}")
     for name in args.models.split(","):
         r = run(args, name)
