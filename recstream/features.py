@@ -109,6 +109,14 @@ def _check_keys(keys, num_features: int) -> tuple[str, ...]:
         raise
 
 
+@functools.lru_cache(maxsize=64)
+def _device_index(indices: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Feature positions as a tensor on `device`, made once per layout and device: a host list
+    copied to the device in every step costs a transfer, and a CUDA graph cannot record one (a
+    model's collections take the same subset of a batch's features every step). Read-only."""
+    return torch.tensor(indices, dtype=torch.int64, device=device)
+
+
 @functools.lru_cache(maxsize=256)
 def _check_key_tuple(keys: tuple, num_features: int) -> tuple[str, ...]:
     """Checked once per distinct (keys, count): every batch of a stream carries the same keys,
@@ -244,7 +252,11 @@ class Features:
     def _permute_on_device(self, indices: list[int], complete: bool,
                            sizes: tuple[int, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
         nf, b, device = self.num_features, self.batch_size, self.values.device
-        index = torch.tensor(indices, dtype=torch.int64, device=device)
+        # A tensor made from host data is a copy to the device: once per layout (cached), never in a
+        # step a CUDA graph records; a trace makes its own.
+        tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        index = (torch.tensor(indices, dtype=torch.int64, device=device) if tracing
+                 else _device_index(tuple(indices), device))
         starts = self.offsets[:-1].view(nf, b).index_select(0, index).reshape(-1)
         lens = (self.offsets[1:] - self.offsets[:-1]).view(nf, b).index_select(0, index).reshape(-1)
         offsets = torch.zeros(lens.numel() + 1, dtype=torch.int64, device=device)

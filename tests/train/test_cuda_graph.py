@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recstream import Model
 from recstream.checkpoint import load_checkpoint, save_checkpoint
@@ -180,7 +181,7 @@ def test_loss_scaled_steps_replay_like_eager_ones_and_skip_an_overflow(name):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
 
 
-def _single_hot_dynamic(n: int, b: int = 64):
+def _single_hot_dynamic(n: int, b: int = 64, device: str = "cuda"):
     """Batches of equal shapes (single-hot features: a graph replays them): huge dynamic user ids
     (300 of them into 512 rows, then, from batch 40, 2,000 new ones: the table fills and LRU passes
     run), dynamic items admitted at their second sight, a fixed feature and dense values."""
@@ -196,7 +197,7 @@ def _single_hot_dynamic(n: int, b: int = 64):
         ids = torch.cat([users + 10 ** 12, torch.randint(0, 200, (b,), generator=g),
                          torch.randint(0, 24, (b,), generator=g)])
         x = Features.from_lengths(torch.randn(b, 2, generator=g), ids, torch.ones(3, b, dtype=torch.int64))
-        out.append(Batch(x, torch.randint(0, 2, (b,), generator=g).float()).to("cuda"))
+        out.append(Batch(x, torch.randint(0, 2, (b,), generator=g).float()).to(device))
     return schema, out
 
 
@@ -232,3 +233,35 @@ def test_dynamic_tables_replay_like_eager_steps_through_reads_and_evictions(name
     assert tables and all(t.global_step == len(batches) for t in tables.values())
     users = [m for n, m in tables.items() if n.endswith("user")]
     assert users and all(m.num_rows >= 480 for m in users)  # full by the end: LRU passes ran
+
+
+class _HostData(TorchDispatchMode):
+    """Counts tensors made from host data (``torch.tensor(list)``): on a GPU each is a copy to the
+    device, which a CUDA graph cannot record (its capture fails)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_steady_steps_of_mixed_dynamic_models_make_no_tensor_from_host_data(name):
+    """On the path CUDA runs (CPU tensors under device_path): the collections' subset of a batch's
+    features was permuted with a fresh torch.tensor(list) every step (the capture of WideDeep and
+    DeepFM failed on an H200 for it)."""
+    from recstream.hostpath import device_path
+
+    schema, batches = _single_hot_dynamic(6, device="cpu")
+    torch.manual_seed(0)
+    net = BUILDERS[name](schema)
+    model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False)
+    with device_path():
+        for b in batches[:5]:
+            model.train_network(b.features, b.labels)
+        with _HostData() as mode:
+            model.train_network(batches[5].features, batches[5].labels)
+    assert mode.count == 0
