@@ -17,6 +17,13 @@ with boost loads without it and back:
   on AUC is measured by ``benchmarks/bench_boost.py``). The hyper-parameters are read from the
   live param group on every step, so LR schedulers keep working.
 
+A loss-scaled step (recstream's loss-scale cell, or torch's GradScaler) hands a fused Adam its
+overflow flag ``found_inf`` (and ``grad_scale`` where the gradients are still scaled) instead of
+branching on the host; the hooks honour both for the set-aside rows as the fused kernel does for
+Adam's own: an overflowing step leaves their weights, moments and step counts as they were, chosen
+on the device (the step counts are kept there while a flag is given, as in capturable mode), so a
+loss-scaled step reads nothing on the host and may be captured in a CUDA graph.
+
 Weight decay on a sparse table would decay every row every step, which a row-sparse update cannot
 do; `sparse_rows_refusal` refuses it unless ``lazy_weight_decay=True`` (boost O2), which decays
 only the rows a step touches (documented approximation).
@@ -106,7 +113,8 @@ def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor], fuse: boo
 
     Call `sparse_rows_refusal` first. `fuse`: tables of one Adam/AdamW param group (same dtype,
     device and row shape) are kept in one storage and stepped as one (`FusedTables`). Returns a
-    handle whose ``remove()`` uninstalls the hooks and whose ``fused`` lists the fused sets.
+    handle whose ``remove()`` uninstalls the hooks and whose ``fused`` lists the fused sets. The
+    hooks take the optimizer's ``found_inf`` / ``grad_scale`` (see the module docstring).
     """
     adam: dict[int, list[Tensor]] = {}
     optimizers: dict[int, Optimizer] = {}
