@@ -209,3 +209,29 @@ def test_a_step_with_the_overflow_flag_reads_nothing_on_the_device_path():
         del opt.found_inf
         if i:
             assert counter.syncs == 0, dict(counter.sync_ops)
+
+
+def test_torchs_grad_scaler_drives_the_lazy_rows_like_fused_adams_own():
+    """The real protocol: ``torch.amp.GradScaler`` hands a fused Adam ``grad_scale`` and ``found_inf``
+    (no unscale_ by the user): the lazy rows are unscaled, and an infinite loss's step is skipped for
+    them (weights finite, count not advanced) while the scale halves."""
+    def run(scaled: bool, overflow_at: int | None = None):
+        torch.manual_seed(0)
+        emb, head = torch.nn.Embedding(12, 4, sparse=True), torch.nn.Linear(4, 1)
+        opt = torch.optim.Adam([emb.weight, *head.parameters()], lr=0.05, fused=True)
+        accept_sparse_rows(opt, [emb.weight])
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, enabled=scaled)
+        gen = torch.Generator().manual_seed(1)
+        for i in range(4):
+            ids = torch.randint(0, 12, (10,), generator=gen)
+            opt.zero_grad()
+            loss = head(emb(ids)).sum() * (float("inf") if i == overflow_at else 1.0)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return emb.weight.detach(), float(opt.state[emb.weight]["step"]), scaler.get_scale() if scaled else None
+
+    scaled, plain = run(True), run(False)
+    torch.testing.assert_close(scaled[0], plain[0], rtol=1e-5, atol=1e-6)
+    weight, step, scale = run(True, overflow_at=2)
+    assert torch.isfinite(weight).all() and step == 3.0 and scale == 2.0 ** 7
