@@ -103,6 +103,20 @@ class FusedTables:
         steps = {host_step(s) for s in states}
         return len(steps) == 1
 
+    def unshare_steps(self, optimizer: Optimizer) -> None:
+        """Give each table its own step counter where they share one (capturable mode, see `ready`):
+        before the tables are stepped one by one (a step where some have no gradient), which would
+        otherwise advance the shared counter once per table. A later `ready` reads them (once) and
+        shares one again only if they agree."""
+        seen: set[int] = set()
+        for p in self.params:
+            state = optimizer.state[p]
+            step = state.get("step")
+            if isinstance(step, Tensor):
+                if id(step) in seen:
+                    state["step"] = step.clone()
+                seen.add(id(step))
+
     def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor],
              found_inf: Tensor | None = None) -> None:
         """One lazy-Adam step of every table from its row-sparse gradient `grads` (in order), with

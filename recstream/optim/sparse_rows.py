@@ -246,12 +246,16 @@ class _LazyAdamHooks:
         by_param = {id(p): (group, grad) for group, p, grad in aside}
         stepped: set[int] = set()
         for fused in self._fused:
-            if not all(id(p) in by_param for p in fused.params):
+            present = [p for p in fused.params if id(p) in by_param]
+            if not present:
                 continue
-            group = by_param[id(fused.params[0])][0]
-            if fused.ready(optimizer, capturable=bool(group.get("capturable")) or found is not None):
+            group = by_param[id(present[0])][0]
+            if len(present) == len(fused.params) and \
+                    fused.ready(optimizer, capturable=bool(group.get("capturable")) or found is not None):
                 fused.step(optimizer, group, [by_param[id(p)][1] for p in fused.params], found)
                 stepped.update(id(p) for p in fused.params)
+            else:  # stepped one by one: each table counts its own steps from here
+                fused.unshare_steps(optimizer)
         return [entry for entry in aside if id(entry[1]) not in stepped]
 
 
