@@ -38,7 +38,7 @@ from . import triton_rows
 from ._base import coalesce_joined
 from .lazy_adam import lazy_adam_rows
 
-__all__ = ["FusedTables", "advance_step", "decay_rows", "host_step", "learning_rate", "new_step"]
+__all__ = ["FusedTables", "advance_step", "decay_rows", "host_step", "learning_rate", "new_step", "take_back_step"]
 
 
 class FusedTables:
@@ -103,10 +103,30 @@ class FusedTables:
         steps = {host_step(s) for s in states}
         return len(steps) == 1
 
-    def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor]) -> None:
+    def unshare_steps(self, optimizer: Optimizer) -> None:
+        """Give each table its own step counter where they share one (capturable mode, see `ready`):
+        before the tables are stepped one by one (a step where some have no gradient), which would
+        otherwise advance the shared counter once per table. A later `ready` reads them (once) and
+        shares one again only if they agree."""
+        seen: set[int] = set()
+        for p in self.params:
+            state = optimizer.state[p]
+            step = state.get("step")
+            if isinstance(step, Tensor):
+                if id(step) in seen:
+                    state["step"] = step.clone()
+                seen.add(id(step))
+
+    def step(self, optimizer: Optimizer, group: dict[str, Any], grads: list[Tensor],
+             found_inf: Tensor | None = None) -> None:
         """One lazy-Adam step of every table from its row-sparse gradient `grads` (in order), with
-        `group`'s hyper-parameters, into Adam's own state entries. Call when `ready`."""
-        capturable = bool(group.get("capturable"))
+        `group`'s hyper-parameters, into Adam's own state entries. Call when `ready` (with
+        ``capturable`` true where the group is capturable or a `found_inf` is given).
+
+        `found_inf` (a loss-scaled step's overflow flag, as torch's GradScaler hands it to a fused
+        Adam): where non-zero, weights, moments and the step count stay as they were, decided on
+        the device (the count is then a device tensor, as in capturable mode)."""
+        capturable = bool(group.get("capturable")) or found_inf is not None
         with torch.no_grad():
             if not self._is_slice_of(self.params, self.weight):
                 self.weight = self._fuse(self.params)
@@ -118,13 +138,15 @@ class FusedTables:
                 for state in states:
                     t = advance_step(state)  # the same count for every table: see ready()
             lr, (beta1, beta2), eps = learning_rate(group), group["betas"], group["eps"]
-            if self._kernel_step(group, grads, t, lr):
-                return
-            rows, values = coalesce_joined(grads, self.starts)
-            values = decay_rows(optimizer, group, self.weight, rows, values)
-            lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, t, lr, beta1, beta2, eps)
+            if not self._kernel_step(group, grads, t, lr, found_inf):
+                rows, values = coalesce_joined(grads, self.starts)
+                values = decay_rows(optimizer, group, self.weight, rows, values, found_inf)
+                lazy_adam_rows(self.weight, rows, values, self.exp_avg, self.exp_avg_sq, t, lr, beta1, beta2, eps,
+                               found_inf)
+            take_back_step(states[0], found_inf)  # the shared counter: once
 
-    def _kernel_step(self, group: dict[str, Any], grads: list[Tensor], t: float | Tensor, lr: float | Tensor) -> bool:
+    def _kernel_step(self, group: dict[str, Any], grads: list[Tensor], t: float | Tensor, lr: float | Tensor,
+                     found_inf: Tensor | None = None) -> bool:
         """The step as one fused GPU kernel over every table's rows (`recstream.optim.triton_rows`:
         ids shifted into the fused tensor, duplicates summed inside); False where none applies, or
         with weight decay (applied by the torch ops, `decay_rows`)."""
@@ -139,7 +161,7 @@ class FusedTables:
         rows = torch.cat([g._indices()[0] + a for g, a in zip(grads, self.starts[:-1], strict=True)])
         beta1, beta2 = group["betas"]
         triton_rows.lazy_adam(self.weight, self.exp_avg, self.exp_avg_sq, rows, torch.cat(values), t, lr,
-                              beta1, beta2, group["eps"])
+                              beta1, beta2, group["eps"], found_inf)
         return True
 
     def _fuse_state(self, states: list[dict[str, Any]], device: torch.device | None = None) -> None:
@@ -217,13 +239,25 @@ def advance_step(state: dict[str, Any], device: torch.device | None = None) -> f
     return count
 
 
-def decay_rows(optimizer: Optimizer, group: dict[str, Any], p: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+def take_back_step(state: dict[str, Any], found_inf: Tensor | None) -> None:
+    """After an update given a loss-scaled step's `found_inf` (which then wrote no row): count the
+    step back where the flag is set, on the device (``state["step"]`` is a device tensor then)."""
+    if found_inf is not None:
+        state["step"] -= found_inf.reshape(()).to(state["step"].dtype)
+
+
+def decay_rows(optimizer: Optimizer, group: dict[str, Any], p: Tensor, rows: Tensor, values: Tensor,
+               found_inf: Tensor | None = None) -> Tensor:
     """Weight decay of `group` on the touched `rows` of `p` alone (boost's ``lazy_weight_decay``):
-    AdamW shrinks those rows now; Adam adds the decay to their gradient `values` (returned)."""
+    AdamW shrinks those rows now (by a factor 1 where `found_inf` is set: an overflowing step keeps
+    them); Adam adds the decay to their gradient `values` (returned)."""
     weight_decay = group.get("weight_decay", 0)
     if not weight_decay:
         return values
     if isinstance(optimizer, torch.optim.AdamW):
-        p.index_copy_(0, rows, p.index_select(0, rows).mul_(1.0 - learning_rate(group) * weight_decay))
+        factor = 1.0 - learning_rate(group) * weight_decay
+        if found_inf is not None:
+            factor = torch.where(found_inf.reshape(()) != 0, 1.0, factor)  # scalars: no host-to-device copy
+        p.index_copy_(0, rows, p.index_select(0, rows).mul_(factor))
         return values
     return values.add(p.index_select(0, rows), alpha=weight_decay)

@@ -111,22 +111,30 @@ class LazyAdam(SparseRowOptimizer):
 
 
 def lazy_adam_rows(p: Tensor, rows: Tensor | None, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
-                   t: int | float | Tensor, lr: float | Tensor, beta1: float, beta2: float, eps: float) -> None:
+                   t: int | float | Tensor, lr: float | Tensor, beta1: float, beta2: float, eps: float,
+                   found_inf: Tensor | None = None) -> None:
     """One lazy-Adam update of rows `rows` (None: every row) of `p` and its moments, at step `t`.
 
     `grad` holds the gradient of those rows only. Shared by `LazyAdam` and by boost's sparse-row
     hooks on `torch.optim.Adam` (which keep Adam's own state entries, so its state dict is Adam's).
+    `found_inf` (see `lazy_adam_tables`): non-zero, nothing changes.
     """
-    lazy_adam_tables([(p, rows, grad, exp_avg, exp_avg_sq)], t, lr, beta1, beta2, eps)
+    lazy_adam_tables([(p, rows, grad, exp_avg, exp_avg_sq)], t, lr, beta1, beta2, eps, found_inf)
 
 
 def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]], t: int | float | Tensor,
-                     lr: float | Tensor, beta1: float, beta2: float, eps: float) -> None:
+                     lr: float | Tensor, beta1: float, beta2: float, eps: float,
+                     found_inf: Tensor | None = None) -> None:
     """`lazy_adam_rows` of several tables ``(p, rows, grad, exp_avg, exp_avg_sq)`` that share
     hyper-parameters and step `t`: their rows' moments are gathered into one tensor, so the
     arithmetic runs once for all of them (a user's network has a table per field: 26 small
     updates cost their number of ops, not their size). Each element gets the same operations as
-    alone, so the results are the same bits."""
+    alone, so the results are the same bits.
+
+    `found_inf` (a loss-scaled step's overflow flag, a device tensor): where it is non-zero the
+    touched rows of the weights and moments are written back as they were, chosen on the device
+    (``torch.where``), so skipping an overflowing step reads nothing on the host. The caller takes
+    the step count back (it is the caller's to advance)."""
     # Python floats where the step count lives on the host (no device sync). In capturable mode
     # (SparseRowOptimizer) `t` and `lr` are device tensors, and so is what derives from them: a
     # replayed CUDA graph recomputes them each step.
@@ -135,7 +143,7 @@ def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, T
     bias_correction2_sqrt = correction2.sqrt() if isinstance(correction2, Tensor) else math.sqrt(correction2)
     tables = [(p, rows, grad, *(s.unsqueeze(0) if s.dim() == 0 else s for s in (m, v)))
               for p, rows, grad, m, v in tables]
-    if not isinstance(step_size, Tensor) and \
+    if not isinstance(step_size, Tensor) and found_inf is None and \
             all(native.runs_on_kernels(rows, [p, grad, m, v]) for p, rows, grad, m, v in tables):
         # One pass over each table's touched rows instead of a dozen torch ops (see _row_kernels.c).
         for p, rows, grad, m, v in tables:
@@ -147,11 +155,16 @@ def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, T
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
     # Same op sequence as torch.optim.Adam so dense results match it.
+    skip = None if found_inf is None else found_inf.reshape(()) != 0
     m = joined([take_rows(exp_avg, rows) for _, rows, _, exp_avg, _ in tables])
+    m_old = None if skip is None else m.clone()  # `m` may be the state itself (rows None): updated in place
     grad = joined([grad for _, _, grad, _, _ in tables])
     m.lerp_(grad, 1.0 - beta1)
     v = joined([take_rows(exp_avg_sq, rows) for _, rows, _, _, exp_avg_sq in tables])
+    v_old = None if skip is None else v.clone()
     v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    if skip is not None:
+        m, v = torch.where(skip, m_old, m), torch.where(skip, v_old, v)
     denom = v.sqrt().div_(bias_correction2_sqrt).add_(eps)
     sizes = [grad.shape[0] for _, _, grad, _, _ in tables]
     parts = zip(tables, m.split(sizes), v.split(sizes), denom.split(sizes), strict=True) if len(tables) > 1 \
@@ -159,4 +172,8 @@ def lazy_adam_tables(tables: list[tuple[Tensor, Tensor | None, Tensor, Tensor, T
     for (p, rows, _, exp_avg, exp_avg_sq), m_rows, v_rows, denom_rows in parts:
         put_rows(exp_avg, rows, m_rows)
         put_rows(exp_avg_sq, rows, v_rows)
-        addcdiv_rows(p, rows, m_rows, denom_rows, -step_size)
+        if skip is None:
+            addcdiv_rows(p, rows, m_rows, denom_rows, -step_size)
+        else:  # the old rows kept where the step overflowed (the step itself may be NaN there)
+            w = take_rows(p, rows)
+            put_rows(p, rows, torch.where(skip, w, w + m_rows.div(denom_rows).mul_(-step_size)))

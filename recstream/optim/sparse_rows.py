@@ -17,6 +17,13 @@ with boost loads without it and back:
   on AUC is measured by ``benchmarks/bench_boost.py``). The hyper-parameters are read from the
   live param group on every step, so LR schedulers keep working.
 
+A loss-scaled step (recstream's loss-scale cell, or torch's GradScaler) hands a fused Adam its
+overflow flag ``found_inf`` (and ``grad_scale`` where the gradients are still scaled) instead of
+branching on the host; the hooks honour both for the set-aside rows as the fused kernel does for
+Adam's own: an overflowing step leaves their weights, moments and step counts as they were, chosen
+on the device (the step counts are kept there while a flag is given, as in capturable mode), so a
+loss-scaled step reads nothing on the host and may be captured in a CUDA graph.
+
 Weight decay on a sparse table would decay every row every step, which a row-sparse update cannot
 do; `sparse_rows_refusal` refuses it unless ``lazy_weight_decay=True`` (boost O2), which decays
 only the rows a step touches (documented approximation).
@@ -45,7 +52,7 @@ from torch.optim import Optimizer
 from . import triton_rows
 from ._base import SparseRowOptimizer, coalesce_rows
 from .combined import CombinedOptimizer
-from .fused_tables import FusedTables, advance_step, decay_rows, learning_rate, new_step
+from .fused_tables import FusedTables, advance_step, decay_rows, learning_rate, new_step, take_back_step
 from .lazy_adam import lazy_adam_tables
 
 __all__ = ["accept_sparse_rows", "lazy_rows_of", "sparse_rows_refusal", "weight_decay_of"]
@@ -106,7 +113,8 @@ def accept_sparse_rows(optimizer: Optimizer, params: Iterable[Tensor], fuse: boo
 
     Call `sparse_rows_refusal` first. `fuse`: tables of one Adam/AdamW param group (same dtype,
     device and row shape) are kept in one storage and stepped as one (`FusedTables`). Returns a
-    handle whose ``remove()`` uninstalls the hooks and whose ``fused`` lists the fused sets.
+    handle whose ``remove()`` uninstalls the hooks and whose ``fused`` lists the fused sets. The
+    hooks take the optimizer's ``found_inf`` / ``grad_scale`` (see the module docstring).
     """
     adam: dict[int, list[Tensor]] = {}
     optimizers: dict[int, Optimizer] = {}
@@ -141,13 +149,13 @@ def lazy_rows_of(optimizer: Optimizer) -> set[int]:
 def skips_overflow_on_device(optimizer: Optimizer) -> bool:
     """Whether `optimizer` (a CombinedOptimizer: each of its children) can skip an overflowing step
     from a device flag (``found_inf``, as torch's GradScaler drives it) with no host read:
-    recstream's row-sparse optimizers (in capturable mode) and torch's fused ones, except an
-    optimizer with rows updated lazily here, whose hooks step those rows whatever the flag says."""
+    recstream's row-sparse optimizers (in capturable mode) and torch's fused ones, rows updated
+    lazily here included (their hooks honour the flag: see `accept_sparse_rows`)."""
     if isinstance(optimizer, CombinedOptimizer):
         return all(skips_overflow_on_device(child) for child in optimizer.optimizers.values())
     if isinstance(optimizer, SparseRowOptimizer):
         return True
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and not lazy_rows_of(optimizer)
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def _fuse_tables(optimizer: Optimizer, params: list[Tensor]) -> list[FusedTables]:
@@ -205,11 +213,16 @@ class _LazyAdamHooks:
         aside, self._aside = self._aside, []
         if not aside:
             return
+        # A loss-scaled step's flags, as torch's GradScaler (or recstream's loss-scale cell) hands
+        # them to a fused Adam for its own parameters: still set while the post-hooks run.
+        found, scale = getattr(optimizer, "found_inf", None), getattr(optimizer, "grad_scale", None)
         with torch.no_grad():
             aside_now = aside
-            aside = self._step_fused(optimizer, aside)  # the tables left to step one by one
-            aside = _kernel_steps(optimizer, aside)  # on a GPU: one fused kernel each
-            updates = _coalesced(optimizer, aside)
+            if scale is not None:  # gradients still scaled (GradScaler without unscale_): as fused Adam does
+                aside = [(group, p, _unscaled(grad, scale)) for group, p, grad in aside]
+            aside = self._step_fused(optimizer, aside, found)  # the tables left to step one by one
+            aside = _kernel_steps(optimizer, aside, found)  # on a GPU: one fused kernel each
+            updates = _coalesced(optimizer, aside, found)
             # Tables that share hyper-parameters, step count, dtype, device and row shape take one
             # update together (lazy_adam_tables): the arithmetic runs once, not once per table.
             batches: dict[tuple, tuple[dict[str, Any], list]] = {}
@@ -219,11 +232,13 @@ class _LazyAdamHooks:
                 batches.setdefault(key, (group, []))[1].append((p, rows, values, state["exp_avg"], state["exp_avg_sq"]))
             for (_, t, *_), (group, tables) in batches.items():
                 lr, (beta1, beta2), eps = learning_rate(group), group["betas"], group["eps"]
-                lazy_adam_tables(tables, t, lr, beta1, beta2, eps)
+                lazy_adam_tables(tables, t, lr, beta1, beta2, eps, found)
+            for _, p, _ in aside:  # after the updates, which read the advanced count
+                take_back_step(optimizer.state[p], found)
         for _, p, grad in aside_now:
             p.grad = grad  # the user's zero_grad / inspection see what backward produced
 
-    def _step_fused(self, optimizer: Optimizer, aside: list) -> list:
+    def _step_fused(self, optimizer: Optimizer, aside: list, found: Tensor | None) -> list:
         """Step each fused set whose tables all have a gradient and one step count (the usual case:
         every field in every batch); return the entries of `aside` not stepped."""
         if not self._fused:
@@ -231,20 +246,33 @@ class _LazyAdamHooks:
         by_param = {id(p): (group, grad) for group, p, grad in aside}
         stepped: set[int] = set()
         for fused in self._fused:
-            if not all(id(p) in by_param for p in fused.params):
+            present = [p for p in fused.params if id(p) in by_param]
+            if not present:
                 continue
-            group = by_param[id(fused.params[0])][0]
-            if fused.ready(optimizer, capturable=bool(group.get("capturable"))):
-                fused.step(optimizer, group, [by_param[id(p)][1] for p in fused.params])
+            group = by_param[id(present[0])][0]
+            if len(present) == len(fused.params) and \
+                    fused.ready(optimizer, capturable=bool(group.get("capturable")) or found is not None):
+                fused.step(optimizer, group, [by_param[id(p)][1] for p in fused.params], found)
                 stepped.update(id(p) for p in fused.params)
+            else:  # stepped one by one: each table counts its own steps from here
+                fused.unshare_steps(optimizer)
         return [entry for entry in aside if id(entry[1]) not in stepped]
 
 
-def _adam_state(optimizer: Optimizer, group: dict[str, Any], p: Tensor) -> tuple[dict[str, Any], torch.device | None]:
+def _unscaled(grad: Tensor, scale: Tensor) -> Tensor:
+    """A row-sparse gradient divided by a loss scale (a device tensor; no host read), not in place."""
+    values = grad._values() / scale.to(grad.device, grad.dtype)
+    return torch.sparse_coo_tensor(grad._indices(), values, grad.shape, is_coalesced=grad.is_coalesced(),
+                                   check_invariants=False)
+
+
+def _adam_state(optimizer: Optimizer, group: dict[str, Any], p: Tensor,
+                found: Tensor | None = None) -> tuple[dict[str, Any], torch.device | None]:
     """Adam's state of `p` (its own initial entries created where missing: step a float32 CPU scalar,
-    as non-fused Adam keeps it) and the device its step is counted on (capturable mode), or None."""
+    as non-fused Adam keeps it) and the device its step is counted on (capturable mode, or a step
+    given an overflow flag `found`, which takes the count back there), or None."""
     state = optimizer.state[p]
-    device = p.device if group.get("capturable") else None
+    device = p.device if group.get("capturable") or found is not None else None
     if not state:
         state["step"] = new_step(device)
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -252,9 +280,11 @@ def _adam_state(optimizer: Optimizer, group: dict[str, Any], p: Tensor) -> tuple
     return state, device
 
 
-def _kernel_steps(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list:
+def _kernel_steps(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]],
+                  found: Tensor | None = None) -> list:
     """Step each set-aside table that a fused GPU kernel can (`recstream.optim.triton_rows`: no weight
-    decay, float32 contiguous on CUDA); return the entries left for the torch ops."""
+    decay, float32 contiguous on CUDA; `found` non-zero: the kernel writes nothing and the count is
+    taken back); return the entries left for the torch ops."""
     left = []
     for group, p, grad in aside:
         entries = None if group.get("weight_decay", 0) or not triton_rows.applies([p]) \
@@ -262,26 +292,28 @@ def _kernel_steps(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor
         if entries is None or not triton_rows.applies([p, entries[1]]):
             left.append((group, p, grad))
             continue
-        state, device = _adam_state(optimizer, group, p)
+        state, device = _adam_state(optimizer, group, p, found)
         if not triton_rows.applies([p, state["exp_avg"], state["exp_avg_sq"]]):
             left.append((group, p, grad))
             continue
         t = advance_step(state, device)
         (beta1, beta2), eps = group["betas"], group["eps"]
         triton_rows.lazy_adam(p, state["exp_avg"], state["exp_avg_sq"], *entries, t, learning_rate(group),
-                              beta1, beta2, eps)
+                              beta1, beta2, eps, found)
+        take_back_step(state, found)
     return left
 
 
-def _coalesced(optimizer: Optimizer,
-               aside: list[tuple[dict[str, Any], Tensor, Tensor]]) -> list[tuple[float, Tensor, Tensor]]:
-    """Each set-aside table's ``(step t, rows, values)``: Adam's state entries created or advanced,
-    the gradient coalesced (all tables' together, `coalesce_rows`), weight decay applied."""
+def _coalesced(optimizer: Optimizer, aside: list[tuple[dict[str, Any], Tensor, Tensor]],
+               found: Tensor | None = None) -> list[tuple[float, Tensor, Tensor]]:
+    """Each set-aside table's ``(step t, rows, values)``: Adam's state entries created or advanced
+    (on the device where `found` is given: the caller takes it back there), the gradient coalesced
+    (all tables' together, `coalesce_rows`), weight decay applied."""
     out = []
     rows_values = coalesce_rows([p for _, p, _ in aside], [grad for _, _, grad in aside])
     for (group, p, _), (rows, values) in zip(aside, rows_values, strict=True):
-        state, device = _adam_state(optimizer, group, p)
+        state, device = _adam_state(optimizer, group, p, found)
         t = advance_step(state, device)
         # Weight decay is only reached with lazy_weight_decay: the touched rows alone.
-        out.append((t, rows, decay_rows(optimizer, group, p, rows, values)))
+        out.append((t, rows, decay_rows(optimizer, group, p, rows, values, found)))
     return out

@@ -27,8 +27,9 @@ Level "O1" (same maths, up to floating-point rounding and the lazy moments noted
   and replayed (`recstream.train.cuda_graph`): a CTR step is dozens of tiny kernels whose launches
   cost more than their work. Skipped on CPU, with several processes, dynamic (hash) tables,
   optimizers other than SGD/Adam/AdamW and recstream's row-sparse ones, loss scaling with an
-  optimizer that skips an overflowing step only after a host read (unfused torch ones), or sparse
-  gradients for an optimizer that coalesces them. recstream's own models (`recstream.models`) on a
+  optimizer that skips an overflowing step only after a host read (unfused torch ones; a fused
+  Adam/AdamW skips it on the device, the rows ``sparse_embeddings`` updates lazily included), or
+  sparse gradients for an optimizer that coalesces them. recstream's own models (`recstream.models`) on a
   GPU get it at every level, O0 included (``{"cuda_graphs": False}`` turns it off).
 
 Level "O2" = O1 plus approximations:
@@ -220,6 +221,9 @@ def _fused_optimizer(optimizer, wanted: bool, report: BoostReport) -> None:
         for g in opt.param_groups:
             g["fused"] = True  # read by Adam at every step(); the state it creates then lives on the device
         opt.defaults["fused"] = True
+        # What Adam(fused=True) declares: its step takes a loss-scaled step's found_inf / grad_scale
+        # (the rows its lazy hooks update too), so loss scaling skips an overflow with no host read.
+        opt._step_supports_amp_scaling = True
         done.append(f"{type(opt).__name__} over {sum(len(g['params']) for g in opt.param_groups)} parameters")
     report.note(name, bool(done), "; ".join(done + [f"skipped: {w}" for w in why]))
 
@@ -269,10 +273,15 @@ def _sparse_pays_in_a_graph(network: nn.Module, optimizer, wanted: dict[str, boo
     row-sparse too: `CUDA_SPARSE_MIN_VALUES` weighs the sparse update's launches, which a replayed
     graph does not pay (measured on an H200, 26 tables of 100,000 x 16, batch 4,096: a step of
     4.99 ms with dense tables, 2.22 ms with sparse fused ones). SGD/Adagrad coalesce sparse
-    gradients, which no graph can hold: for them the cost rule stands."""
-    if not (wanted["cuda_graphs"] and wanted["sparse_embeddings"]) or loss_scaled or is_distributed():
+    gradients, which no graph can hold: for them the cost rule stands. Under loss scaling the graph
+    needs fused Adams (they and their lazy rows skip an overflow on the device)."""
+    if not (wanted["cuda_graphs"] and wanted["sparse_embeddings"]) or is_distributed():
         return False
-    adams = all(isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) for opt in _leaf_optimizers(optimizer))
+    leaves = _leaf_optimizers(optimizer)
+    adams = all(isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)) for opt in leaves)
+    if loss_scaled and not all(getattr(opt, "_step_supports_amp_scaling", False)
+                               or (wanted["fused_optimizer"] and _fuse_refusal(opt) is None) for opt in leaves):
+        return False
     return adams and any(p.is_cuda for p in network.parameters())
 
 

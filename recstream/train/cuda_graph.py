@@ -22,9 +22,10 @@ Inputs may be tensors or containers of them (tuples, lists, dicts, dataclasses s
 the shapes a graph was captured for.
 
 Conditions (checked by `capture_refusal`): CUDA, one process, loss scaling only where every
-optimizer skips an overflowing step from the device flag (fused Adam/AdamW/SGD and recstream's
-row-sparse optimizers, `recstream.optim.sparse_rows.skips_overflow_on_device`; any other needs a
-host read to decide), optimizers that are
+optimizer skips an overflowing step from the device flag (fused Adam/AdamW/SGD, with the rows that
+boost's hooks update lazily, and recstream's row-sparse optimizers,
+`recstream.optim.sparse_rows.skips_overflow_on_device`; any other needs a host read to decide),
+optimizers that are
 `torch.optim.SGD`, `Adam`, `AdamW` or recstream's row-sparse
 ones (`recstream.optim.SparseRowOptimizer`: their capturable mode keeps step counts and rates on
 the device and sums a sparse gradient's rows into fixed-size outputs), sparse gradients only for

@@ -8,7 +8,11 @@
   ``(loss, overflow, scale)``.
 
 The scale and the clean-step counter live in an update cell's buffers (device tensors), so the
-bookkeeping never reads a value back to the host. The only host sync is the skip decision.
+bookkeeping never reads a value back to the host. Nor does the skip of an overflowing step where
+every optimizer takes the overflow flag on the device (``found_inf``, torch's GradScaler protocol:
+fused Adam/AdamW/SGD, the rows boost's hooks update lazily on such an Adam, recstream's row-sparse
+optimizers; `recstream.optim.sparse_rows.skips_overflow_on_device`); with any other optimizer the
+skip is decided on the host, one read of the flag per step (and on a CPU, where reads are free).
 
 >>> import torch
 >>> net = torch.nn.Linear(4, 1)
@@ -279,9 +283,9 @@ class TrainOneStepWithLossScaleCell(nn.Module):
         if not self.scale_update.drop_overflow_update:
             self.optimizer.step()
         elif not host_reads_free(overflow) and _skips_on_device(self.optimizer):
-            # A fused torch optimizer (or recstream's row-sparse ones, in capturable mode) skips an
-            # overflowing step on the device (weights, moments and step counts stay), as torch's
-            # GradScaler drives it: no host read of the flag.
+            # A fused torch optimizer (its lazily updated rows too) or recstream's row-sparse ones
+            # (in capturable mode) skip an overflowing step on the device (weights, moments and
+            # step counts stay), as torch's GradScaler drives it: no host read of the flag.
             self.optimizer.found_inf = found_inf.reshape(())
             try:
                 self.optimizer.step()

@@ -143,6 +143,31 @@ def test_lazy_adam_hooks_in_capturable_mode_make_the_same_updates_and_read_nothi
     assert lazy_rows_of(adam) == set()
 
 
+@pytest.mark.parametrize("mode", ["capturable", "found_inf"])
+def test_a_fused_set_stepped_one_by_one_counts_each_tables_own_steps(mode):
+    """A step where one table of a fused set has no gradient steps the others one by one: their
+    shared device counter (capturable mode, or a loss-scaled step's flag) is split first, or it
+    would advance once per table (every count 4 after three steps, the bias corrections with it)."""
+    runs = []
+    for fuse in (True, False):
+        tables, adam, _ = _tables(fuse, capturable=mode == "capturable")
+        with device_path():
+            for i in range(4):
+                adam.zero_grad(set_to_none=True)
+                ids = IDS[i % len(IDS)].view(-1)
+                used = list(tables)[:3] if i == 1 else list(tables)  # step 1: the last table unused
+                sum((t((ids + k) % 12) * torch.arange(1.0, 4.0)).sin().sum() for k, t in enumerate(used)).backward()
+                if mode == "found_inf":
+                    adam.found_inf = torch.tensor(0.0)
+                adam.step()
+        runs.append((tables, adam))
+    (fused, fused_adam), (alone, alone_adam) = runs
+    assert [float(fused_adam.state[p]["step"]) for p in fused.parameters()] == [4.0, 4.0, 4.0, 3.0]
+    assert [float(alone_adam.state[p]["step"]) for p in alone.parameters()] == [4.0, 4.0, 4.0, 3.0]
+    for a, b in zip(fused.parameters(), alone.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_fused_tables_share_one_counter_again_after_a_load_once_an_eager_step_reads_them():
     tables, adam, _ = _tables(fuse=True, capturable=True)
     _train_tables(tables, adam, 2)

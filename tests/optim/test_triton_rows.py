@@ -297,6 +297,53 @@ def test_boost_adam_on_a_capturable_fused_set_matches_the_torch_ops():
     assert triton_run[1].state[triton_run[0][0].weight]["step"] is triton_run[1].state[triton_run[0][1].weight]["step"]
 
 
+def _flagged_boost_run(fuse: bool, overflow_at: int | None):
+    """boost's lazy Adam on the kernels, each step handed ``found_inf``; an overflowing batch (NaN
+    gradients, the flag 1) inserted before clean step `overflow_at`. Returns (tables, optimizer,
+    the tensors before and after the overflowing step)."""
+    tables = _tables((4, 4, 1))
+    params = [t.weight for t in tables]
+    opt = torch.optim.Adam(params, lr=0.05, fused=True)
+    assert len(accept_sparse_rows(opt, params, fuse=fuse).fused) == (1 if fuse else 0)
+    order = [(ids, weights, False) for ids, weights in _batches(3)]
+    if overflow_at is not None:
+        order.insert(overflow_at, (*order[overflow_at][:2], True))
+    snaps = []
+    for ids, weights, bad in order:
+        opt.zero_grad(set_to_none=True)
+        (sum((t(ids) * weights[:, :t.embedding_dim]).sum() for t in tables) * (float("nan") if bad else 1.0)).backward()
+        if bad:
+            snaps.append(_tensors(tables, opt))
+        opt.found_inf = torch.tensor(float(bad))
+        before = LAUNCHES[0]
+        with _path("triton"):
+            opt.step()
+        del opt.found_inf
+        assert LAUNCHES[0] > before, "the fused kernels did not run"
+        if bad:
+            snaps.append(_tensors(tables, opt))
+    return tables, opt, snaps
+
+
+def _tensors(tables, opt) -> list[torch.Tensor]:
+    return [x.detach().clone() for t in tables
+            for x in (t.weight, opt.state[t.weight]["exp_avg"], opt.state[t.weight]["exp_avg_sq"],
+                      torch.as_tensor(opt.state[t.weight]["step"]))]
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "per_table"])
+def test_boost_adam_kernels_skip_an_overflow_from_the_flag(fuse):
+    """The kernels' ``found`` masks every write of an overflowing step (HAS_FOUND) and the count is
+    taken back on the device: rows, moments and step counts stay, and the steps after it equal those
+    of a run that never saw it."""
+    tables, opt, (before, after) = _flagged_boost_run(fuse, overflow_at=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    clean_tables, clean_opt, _ = _flagged_boost_run(fuse, overflow_at=None)
+    for a, b in zip(_tensors(tables, opt), _tensors(clean_tables, clean_opt), strict=True):
+        assert torch.equal(a, b)
+    assert all(float(opt.state[t.weight]["step"]) == 3.0 for t in tables)
+
+
 @pytest.mark.parametrize("name", ["ftrl", "rowwise_adagrad", "lazy_adam"])
 def test_a_state_dict_written_on_the_kernels_loads_on_the_c_path_and_back(name):
     """Same keys, shapes and types on every path; a checkpoint of two fused-kernel steps, loaded by a

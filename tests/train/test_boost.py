@@ -302,6 +302,59 @@ def test_cuda_graph_captures_sparse_fused_tables_with_lazy_adam(optimizer, tmp_p
     torch.testing.assert_close(reloaded, eager, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_o1_with_loss_scaling_is_captured_and_skips_an_overflow_like_eager_steps():
+    """O1 on a user's Adam under a dynamic loss scale: the lazy rows (fused tables) take the overflow
+    flag on the device as the fused Adam does, so the step is captured; a batch with a NaN label
+    (every gradient non-finite) leaves weights, moments and step counts as they were, in the
+    replayed step as in the eager one, and the scale shrinks in both."""
+    from recstream.train.loss_scale import DynamicLossScaleManager
+
+    batches = [(x.cuda(), y.cuda()) for x, y in _batches(10)]
+    poisoned = batches[7][1].clone()
+    poisoned[0] = float("nan")
+
+    def tensors(net, opt):
+        out = {k: v.clone() for k, v in net.state_dict().items()}
+        for i, p in enumerate(net.parameters()):
+            out.update({f"{i}.{k}": torch.as_tensor(v).clone() for k, v in opt.state[p].items()})
+        return out
+
+    def run(graphs: bool):
+        torch.manual_seed(0)
+        net = Idiomatic().cuda()
+        opt = torch.optim.Adam(net.parameters(), lr=0.01)
+        manager = DynamicLossScaleManager(init_loss_scale=2.0 ** 16, scale_factor=2, scale_window=1000)
+        model = Model(net, nn.BCEWithLogitsLoss(), opt, boost_level="O1", loss_scale_manager=manager,
+                      boost_config_dict={"sparse_embeddings": True, "cuda_graphs": graphs})
+        out = []
+        for i, (x, y) in enumerate(batches):
+            before = tensors(net, opt) if i == 7 else None
+            loss, overflow, scale = model.train_network(x, poisoned if i == 7 else y)
+            out.append((float(loss), bool(overflow), float(scale)))
+            if before is not None:
+                after = tensors(net, opt)
+                for key, value in before.items():
+                    torch.testing.assert_close(after[key], value, rtol=0, atol=0, msg=key)
+        return out, model, net, manager
+
+    eager, _, eager_net, eager_manager = run(False)
+    graphed, model, net, manager = run(True)
+    assert net.tables[0].sparse and "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+    assert model.train_network.captured
+    assert [o for _, o, _ in graphed] == [o for _, o, _ in eager] == [i == 7 for i in range(10)]
+    assert manager.get_loss_scale() == eager_manager.get_loss_scale() == 2.0 ** 15
+    torch.testing.assert_close([x for x, _, _ in graphed if x == x], [x for x, _, _ in eager if x == x],
+                               rtol=1e-4, atol=1e-5)
+    for (key, a), b in zip(net.state_dict().items(), eager_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+    # Unforced, the small tables go row-sparse under loss scaling too: the graph holds their updates.
+    net = Idiomatic().cuda()
+    model = Model(net, nn.BCEWithLogitsLoss(), torch.optim.Adam(net.parameters()), boost_level="O1",
+                  loss_scale_manager=DynamicLossScaleManager())
+    assert net.tables[0].sparse and "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
+
+
 def test_a_graph_step_is_freed_by_reference_counting_not_left_to_the_cyclic_gc():
     """A graph freed by the cyclic GC can be destroyed while another one is being captured, which
     CUDA refuses (seen on an H100: the second capture failed). So no reference cycle may hold one."""

@@ -51,6 +51,18 @@ def test_models_with_unsharded_dynamic_tables_may_be_captured(name):
     assert capture_refusal(net, _leaves(default_optimizer(net)), CUDA, False, False) is None
 
 
+def test_loss_scaled_steps_may_be_captured_with_boosts_lazy_rows_on_a_fused_adam():
+    """The rows boost's hooks update lazily take the overflow flag on the device as the fused Adam
+    does (recstream.optim.sparse_rows): no host read to decide a skip, so the step may be captured."""
+    from recstream.optim.sparse_rows import accept_sparse_rows, lazy_rows_of
+
+    net = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=0.01, fused=True)
+    accept_sparse_rows(opt, [net[0].weight], fuse=False)
+    assert lazy_rows_of(opt) == {id(net[0].weight)}
+    assert capture_refusal(net, [opt], CUDA, distributed=False, loss_scaled=True) is None
+
+
 def test_what_cannot_be_captured_is_refused_with_the_reason():
     emb = nn.Sequential(nn.Embedding(10, 4, sparse=True))
     why = capture_refusal(emb, [torch.optim.SGD(emb.parameters(), lr=0.1)], CUDA, False, False)

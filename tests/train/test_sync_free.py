@@ -160,6 +160,24 @@ def test_dynamic_loss_scaling_with_a_fused_optimizer_steps_without_host_syncs():
     assert syncs == 0
 
 
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_boost_with_amp_and_loss_scaling_on_a_users_network_steps_without_host_syncs(level):
+    """A user's Adam (O2: AdamW with weight decay, made lazy), boost's lazy rows in fused tables,
+    autocast and a dynamic loss scale: the overflow flag reaches the lazy rows on the device, so no
+    step reads it (before, the lazy rows made the cell branch on the host: one read a step)."""
+    from recstream.train.loss_scale import DynamicLossScaleManager
+    torch.manual_seed(0)
+    net = Idiomatic()
+    opt = torch.optim.Adam(net.parameters(), lr=0.01) if level == "O1" else \
+        torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.01)
+    model = Model(net, nn.BCEWithLogitsLoss(), opt, boost_level=level, amp_level="O1", metrics={"loss"},
+                  loss_scale_manager=DynamicLossScaleManager(2.0 ** 10, scale_window=2), progress_bar=False)
+    assert any(line.startswith("fused_tables: applied") for line in model.boost_report), model.boost_report
+    assert any(line.startswith("lazy_weight_decay: applied") for line in model.boost_report) == (level == "O2")
+    syncs, _ = _count(model, _idiomatic_batches(WARM + STEPS + 1), f"user's network {level}, amp + loss scaling")
+    assert syncs == 0
+
+
 def test_an_overflowing_step_on_the_device_path_leaves_weights_and_adam_untouched():
     net, opt, model = _loss_scaled_model()
     cell = model.train_network
