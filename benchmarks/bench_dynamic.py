@@ -113,8 +113,38 @@ def run(args, name: str) -> dict:
                 steps[dynamic](x, y)
             _sync(device)
             rates[dynamic].append(len(chunk) * args.batch_size / (clock() - t0))
+    if args.profile:
+        profile_steps(name, steps[True], data[-args.steps:], device)
     fixed, dyn = statistics.median(rates[False]), statistics.median(rates[True])
-    return {"model": name, "fixed": fixed, "dynamic": dyn, "ratio": fixed / dyn}
+    # Through Model on CUDA: how many steps replayed the graph (a dynamic step that must read its
+    # tables' counters runs eagerly; recstream.train.cuda_graph).
+    replays = {d: getattr(getattr(steps[d], "__self__", steps[d]), "replays", None) for d in (False, True)}
+    return {"model": name, "fixed": fixed, "dynamic": dyn, "ratio": fixed / dyn, "replays": replays,
+            "steps": args.warmup + args.rounds * args.steps}
+
+
+def profile_steps(name: str, step, data, device: torch.device, top: int = 12) -> None:
+    """Where the dynamic model's steps go on a GPU: wall and kernel ms per step and the kernels
+    with the most GPU time (torch.profiler, over `data` once more)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for x, y in data:
+            step(x, y)
+        _sync(device)
+        wall = (time.perf_counter() - t0) / len(data)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    n = len(data)
+    print(f"## {name} dynamic: {wall * 1e3:.2f} ms/step wall, {sum(e.device_time for e in kernels) / 1e3 / n:.2f} "
+          f"ms/step in kernels, {len(kernels) / n:.0f} kernels/step")
+    for kernel, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        print(f"|  {kernel[:80]} | {sum(times) / n:.1f} us/step | {len(times) / n:.1f} calls/step |")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40))
 
 
 def _sync(device: torch.device) -> None:
@@ -133,6 +163,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--step", choices=("hand", "model"), default="hand",
                    help="hand: a hand loop (eager); model: Model.train_network (a CUDA graph on CUDA)")
+    p.add_argument("--profile", action="store_true", help="profile the dynamic model's last steps (CUDA)")
     p.add_argument("--shared-table", action="store_true", help="the dynamic features in one hash table")
     p.add_argument("--id-features", type=int, default=2,
                    help="features fixed in one model, dynamic in the other (2: user and item)")
@@ -146,7 +177,9 @@ def main() -> None:
     print(f"{'model':10s} {'fixed ev/s':>11s} {'dynamic ev/s':>13s} {'fixed/dynamic':>14s}")
     for name in args.models.split(","):
         r = run(args, name)
-        print(f"{r['model']:10s} {r['fixed']:11,.0f} {r['dynamic']:13,.0f} {r['ratio']:14.2f}x")
+        graphs = "" if r["replays"][True] is None else \
+            f"   graph replays: fixed {r['replays'][False]}, dynamic {r['replays'][True]} of {r['steps']} steps"
+        print(f"{r['model']:10s} {r['fixed']:11,.0f} {r['dynamic']:13,.0f} {r['ratio']:14.2f}x{graphs}")
 
 
 if __name__ == "__main__":
