@@ -1,12 +1,12 @@
 """The Triton kernels of `recstream.optim.triton_rows` (see there); empty where Triton is not installed.
 
-Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose rows were sorted
-(``rows`` sorted, ``order`` the entries' positions in the unsorted ``values``), or of a dense
-gradient (``DENSE``: program ``i`` updates row ``i``, nothing to sum). Program ``i`` takes
-entry ``i``: only the first entry of a run of equal rows works -- it sums its run's gradient rows
-(in entry order, as the host's coalesce does), then reads, updates and writes that row of the
-table and of its state; the other programs write nothing. So duplicate rows are summed inside the
-launch, every row is written once, and no size is data (no host read, capturable in a CUDA graph).
+Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose rows were sorted and
+whose runs of equal rows were summed at each run's first entry (``triton_rows._sorted``: one
+``index_add_``, parallel however long a run), or of a dense gradient (``DENSE``: program ``i``
+updates row ``i``, nothing to sum). Program ``i`` takes entry ``i``: only the first entry of a run
+works -- it reads, updates and writes that row of the table and of its state; the other programs
+write nothing. So every row is written once, and no size is data (no host read, capturable in a
+CUDA graph).
 
 ``found`` (a loss-scaled step's ``found_inf``, when ``HAS_FOUND``) masks every write off where it is
 non-zero: an overflowing step changes nothing, read on the device. ``CAPTURABLE``: the step count
@@ -15,7 +15,7 @@ computed here, in float64 (``1 - beta2 ** t`` is ~1e-3 early on: float32's ``exp
 four digits).
 
 Only long-stable ``tl`` operations are used (load/store/arange/where/sum/sqrt/exp/log, constexpr
-blocks, a ``while`` loop): the GPU machine's Triton may be older than the one here.
+blocks): the GPU machine's Triton may be older than the one here.
 """
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ __all__ = ["lazy_adam", "rowwise_adagrad", "ftrl"]
 if triton is not None:
 
     @triton.jit
-    def _run_sum(rows, order, values, found, i, n, dim, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr,
+    def _run_sum(rows, values, found, i, n, dim, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr,
                  DENSE: tl.constexpr):
         """(row, its summed gradient [BLOCK_D], column offsets, column mask, columns to write: `dim`
-        or 0) for entry `i` of the sorted rows; `DENSE`: a dense gradient, entry `i` is row `i`."""
+        or 0) for entry `i` of the sorted rows, whose runs were summed at their first entry
+        (`triton_rows._sorted`); `DENSE`: a dense gradient, entry `i` is row `i`."""
         cols = tl.arange(0, BLOCK_D)
         col_ok = cols < dim
         if DENSE:
@@ -44,14 +45,7 @@ if triton is not None:
             row = tl.load(rows + i)
             prev = tl.load(rows + i - 1, mask=i > 0, other=-1)
             first = row != prev
-            grad = tl.zeros([BLOCK_D], dtype=tl.float32)
-            j = i
-            more = first
-            while more:
-                src = tl.load(order + j)
-                grad += tl.load(values + src * dim + cols, mask=col_ok, other=0.0)
-                j += 1
-                more = tl.load(rows + j, mask=j < n, other=-1) == row
+            grad = tl.load(values + i.to(tl.int64) * dim + cols, mask=col_ok, other=0.0)
             # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar`
             # an int block, which a mask refuses): all of them for a run's first entry, none elsewhere.
             bound = tl.where(first, dim, 0)
@@ -68,11 +62,11 @@ if triton is not None:
         return rate
 
     @triton.jit
-    def lazy_adam(weight, exp_avg, exp_avg_sq, rows, order, values, found, step_ptr, lr_ptr, n, dim,
+    def lazy_adam(weight, exp_avg, exp_avg_sq, rows, values, found, step_ptr, lr_ptr, n, dim,
                   step_size, bias2_sqrt, lr, one_minus_beta1, beta2, one_minus_beta2, eps, ln_beta1, ln_beta2,
                   BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
                   CAPTURABLE: tl.constexpr, LR_ON_DEVICE: tl.constexpr):
-        row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
+        row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
                                                   BLOCK_D, HAS_FOUND, DENSE)
         if CAPTURABLE:
             t = tl.load(step_ptr).to(tl.float64)
@@ -94,10 +88,10 @@ if triton is not None:
         tl.store(weight + at, w, mask=mask)
 
     @triton.jit
-    def rowwise_adagrad(weight, acc, rows, order, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
+    def rowwise_adagrad(weight, acc, rows, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
                         BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
                         LR_ON_DEVICE: tl.constexpr):
-        row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
+        row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
                                                   BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row * dim + cols
@@ -119,10 +113,10 @@ if triton is not None:
         return out
 
     @triton.jit
-    def ftrl(weight, accumulator, linear, rows, order, values, found, lr_ptr, n, dim, lr, power, zero_power,
+    def ftrl(weight, accumulator, linear, rows, values, found, lr_ptr, n, dim, lr, power, zero_power,
              l1, l2, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
              LR_ON_DEVICE: tl.constexpr, HALF: tl.constexpr):
-        row, grad, cols, col_ok, bound = _run_sum(rows, order, values, found, tl.program_id(0), n, dim,
+        row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
                                                   BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row * dim + cols

@@ -3,9 +3,10 @@
 On CUDA, a step of [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam],
 [`RowWiseAdagrad`][recstream.optim.rowwise_adagrad.RowWiseAdagrad] or [`FTRL`][recstream.optim.ftrl.FTRL]
 on a table's row-sparse gradient, and boost's lazy Adam on a
-[`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is one sort of the gradient's row ids
-and one kernel (`recstream.optim._triton_row_kernels`): duplicate ids are summed inside the kernel,
-each touched row of the table and its state is read, updated and written once; a dense gradient
+[`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is one sort of the gradient's row ids,
+a sum of each run of duplicate ids (a scan and one ``index_add_``: parallel however hot an id) and
+one kernel (`recstream.optim._triton_row_kernels`): each touched row of the table and its state is
+read, updated and written once; a dense gradient
 (a bias) is one launch too, a program per row. The torch-op path it replaces dispatches about 27
 ops per table (sort, boundary masks, a segment sum, gathers, the arithmetic, scatters; counted on
 a CPU, docs/benchmarks.md). The state (names, shapes, step counts) is the torch-op path's, so
@@ -122,15 +123,28 @@ def entries_for(weight: Tensor, grad: Tensor, state: list[Tensor]) -> tuple[Tens
     return entries
 
 
-def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
-    """(sorted rows, each sorted entry's position in `values`, `values` contiguous, values per row,
-    programs to launch); dense (`rows` None): `weight` stands for the unused pointers, a program a row."""
-    values = values if values.is_contiguous() else values.contiguous()
+def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, int, int]:
+    """(sorted rows, each run of equal rows' summed gradient at the run's first entry [n, dim], values
+    per row, programs to launch); dense (`rows` None): `weight` stands for the unused rows pointer,
+    `values` as they are, a program a row.
+
+    The runs are summed here by one ``index_add_`` into each run's first position, not by the run's
+    first program in the kernel: a hot id repeated thousands of times in a batch made that program
+    a serial loop of thousands of dependent loads (seen on an H200: the row-wise Adagrad kernel took
+    1.0-1.5 ms of a 5 ms step at batch 16,384, and 1.5 ms of 3 ms in a dynamic-id step whose masked
+    lookups pad a batch with one row). On a CPU the sum runs in entry order, as the loop did."""
     dim = math.prod(weight.shape[1:])
     if rows is None:
-        return weight, weight, values, dim, weight.shape[0]
+        return weight, values if values.is_contiguous() else values.contiguous(), dim, weight.shape[0]
+    n = rows.numel()
     rows, order = torch.sort(rows, stable=True)
-    return rows, order, values, dim, rows.numel()
+    first = torch.ones(n, dtype=torch.bool, device=rows.device)
+    first[1:] = rows[1:] != rows[:-1]
+    positions = torch.arange(n, device=rows.device)
+    start = torch.cummax(torch.where(first, positions, 0), 0).values  # each entry's run start
+    entries = values.reshape(n, dim).index_select(0, order)
+    summed = torch.zeros_like(entries).index_add_(0, start, entries)
+    return rows, summed, dim, n
 
 
 def _launch(kernel: Any, n: int, *args: Any, **meta: Any) -> None:
@@ -157,7 +171,7 @@ def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor 
     `values` are summed; None: every row, `values` the dense gradient) of `weight` and its moments,
     at step `t` (the count after this step; a device tensor in capturable mode, then `lr` may be one
     too). `found_inf` non-zero: nothing is written. The caller advances the step count."""
-    rows, order, values, dim, n = _sorted(rows, values, weight)
+    rows, values, dim, n = _sorted(rows, values, weight)
     if n == 0:
         return
     capturable = isinstance(t, Tensor)
@@ -168,7 +182,7 @@ def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor 
         step_size = float(lr) / (1.0 - beta1 ** t)
         bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
     ln = [math.log(b) if b > 0 else -math.inf for b in (beta1, beta2)]
-    _launch(_triton_kernels().lazy_adam, n, weight, exp_avg, exp_avg_sq, rows, order, values,
+    _launch(_triton_kernels().lazy_adam, n, weight, exp_avg, exp_avg_sq, rows, values,
             weight if found_inf is None else found_inf, t if capturable else weight, lr_ptr, n, dim,
             step_size, bias2_sqrt, lr_value, 1.0 - beta1, beta2, 1.0 - beta2, eps, ln[0], ln[1],
             HAS_FOUND=found_inf is not None, DENSE=rows is weight, CAPTURABLE=capturable, LR_ON_DEVICE=lr_on_device,
@@ -179,11 +193,11 @@ def rowwise_adagrad(weight: Tensor, acc: Tensor, rows: Tensor | None, values: Te
                     weight_decay: float, found_inf: Tensor | None = None) -> None:
     """Row-wise Adagrad (`recstream.optim.rowwise_adagrad`) of the rows `rows` (duplicates summed; None: all)
     of `weight` and its per-row accumulator `acc`; `found_inf` non-zero: nothing is written."""
-    rows, order, values, dim, n = _sorted(rows, values, weight)
+    rows, values, dim, n = _sorted(rows, values, weight)
     if n == 0:
         return
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
-    _launch(_triton_kernels().rowwise_adagrad, n, weight, acc, rows, order, values,
+    _launch(_triton_kernels().rowwise_adagrad, n, weight, acc, rows, values,
             weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, eps, weight_decay,
             HAS_FOUND=found_inf is not None, DENSE=rows is weight, LR_ON_DEVICE=lr_on_device, **_block(dim))
 
@@ -192,12 +206,12 @@ def ftrl(weight: Tensor, accumulator: Tensor, linear: Tensor, rows: Tensor | Non
          lr_power: float, l1: float, l2: float, found_inf: Tensor | None = None) -> None:
     """FTRL-Proximal (`recstream.optim.ftrl`) of the rows `rows` (duplicates summed; None: all) of `weight` and
     its ``n`` / ``z`` state; `found_inf` non-zero: nothing is written."""
-    rows, order, values, dim, n = _sorted(rows, values, weight)
+    rows, values, dim, n = _sorted(rows, values, weight)
     if n == 0:
         return
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
     power = -float(lr_power)
-    _launch(_triton_kernels().ftrl, n, weight, accumulator, linear, rows, order, values,
+    _launch(_triton_kernels().ftrl, n, weight, accumulator, linear, rows, values,
             weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, power,
             1.0 if power == 0 else 0.0, l1, l2, HAS_FOUND=found_inf is not None, DENSE=rows is weight,
             LR_ON_DEVICE=lr_on_device, HALF=power == 0.5, **_block(dim))
