@@ -25,7 +25,7 @@ Level "O1" (same maths, up to floating-point rounding and the lazy moments noted
   the memory instead of one per operation).
 - ``cuda_graphs``: on a GPU, the whole training step (forward, backward, optimizer) captured once
   and replayed (`recstream.train.cuda_graph`): a CTR step is dozens of tiny kernels whose launches
-  cost more than their work. Skipped on CPU, with several processes, dynamic (hash) tables,
+  cost more than their work. Skipped on CPU, with several processes, sharded dynamic (hash) tables,
   optimizers other than SGD/Adam/AdamW and recstream's row-sparse ones, loss scaling with an
   optimizer that skips an overflowing step only after a host read (unfused torch ones; a fused
   Adam/AdamW skips it on the device, the rows ``sparse_embeddings`` updates lazily included), or
