@@ -123,9 +123,11 @@ from torch import nn
 from ..hostpath import device_assert, device_path, host_reads_free
 from ..sorting import unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
+from .embedding_config import DiskTier
 from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
 from .hash_device_path import STATIC, DevicePath, lookup_masked_many
 from .hash_host_path import HostPath
+from .hash_tier import HashTier, open_hash_tier
 from .key_sharding import KeySharding
 from .tensor_hash_table import (
     DELETED,
@@ -134,6 +136,7 @@ from .tensor_hash_table import (
     TensorHashTable,
     _where,
 )
+from .tier_file import TierFileError
 
 __all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many", "triton_works"]
 log = logging.getLogger(__name__)
@@ -167,6 +170,20 @@ def table_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             "last_seen": state["table.last_seen"].index_select(0, occ), "admitted": admitted, "row": row,
             "values": values, "dirty": state["dirty"].index_select(0, safe) & admitted,
             "reset": state["reset_mask"].index_select(0, safe) & admitted}
+
+
+def _check_tier(tier, sparse: bool, device) -> DiskTier | None:
+    """`HashEmbedding`'s ``tier``: None, or a `DiskTier` for a CPU table with sparse gradients."""
+    if tier is None:
+        return None
+    check_type("HashEmbedding", "tier", tier, DiskTier, allowed="a recstream.nn.DiskTier or None")
+    if not sparse:  # a dense gradient would update every cached slot, not the batch's rows
+        raise ValueError("HashEmbedding: a disk tier (tier=DiskTier(...)) needs sparse=True (row-sparse updates), "
+                         "got sparse=False")
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"HashEmbedding: a disk-tiered table runs on the CPU (its cache is host memory), got "
+                         f"device={device!r}; allowed with tier=: device=None or 'cpu'")
+    return tier
 
 
 @dataclass
@@ -227,6 +244,10 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
             per ``(1 - evict_low_watermark) * capacity`` admissions instead of
             every step. ``1.0``: evict exactly what is needed (a scan per step
             once full).
+        tier: a `DiskTier` to keep the rows and their optimizer state on local disk, ``cache_rows``
+            of them in memory (`recstream.nn.hash_tier`); ``None``: in memory. The hash table (keys,
+            counts, free list: a few dozen bytes a key) stays in memory. CPU, unsharded, ``sparse=True``
+            and a row-sparse optimizer only.
 
     Attributes:
         values: the trainable rows, ``Parameter [capacity, embedding_size]``,
@@ -240,7 +261,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
                  permit_filter_value: int = 1, evict_filter_value: int | None = None,
                  capacity: int = 2 ** 20, device=None, *, pending_capacity: int | None = None,
                  max_load: float = 0.5, auto_step: bool = True, evict_interval: int = 1,
-                 evict_low_watermark: float = 0.95) -> None:
+                 evict_low_watermark: float = 0.95, tier: DiskTier | None = None) -> None:
         super().__init__()
         owner = "HashEmbedding"
         self.embedding_size = check_int(owner, "embedding_size", embedding_size, minimum=1)
@@ -261,6 +282,9 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         self.evict_interval = check_int(owner, "evict_interval", evict_interval, minimum=1)
         self.evict_low_watermark = check_number(owner, "evict_low_watermark", evict_low_watermark,
                                                 minimum=0.0, maximum=1.0)
+        self._tier_config = _check_tier(tier, self.sparse, device)
+        self._tier: HashTier | None = None  # opened below, once `values` has its cache's shape
+        self._tier_state = "commit"  # what state_dict holds of a tiered table (see tier_export)
 
         self.values = nn.Parameter(torch.zeros(0, self.embedding_size, device=device))
         self.register_buffer("default_value", torch.zeros(self.embedding_size, device=device))
@@ -275,6 +299,8 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         self._stale = False
         self._sharding: KeySharding | None = None  # set by shard_keys_
         self._allocate(self.capacity, self.pending_capacity)
+        if self._tier_config is not None:
+            self._tier = open_hash_tier(self._tier_config, self.capacity, self.embedding_size, self.values)
         # A module-level function (not a lambda) keeps the module picklable.
         self.register_load_state_dict_post_hook(_after_load)
 
@@ -288,7 +314,8 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         live = capacity + pending_capacity
         num_slots = 1 << max(1, math.ceil(math.log2(math.ceil(live / self.max_load))))
         self.table = TensorHashTable(num_slots, key_dtype, device=device)
-        self.values.data = torch.zeros(capacity, self.embedding_size, device=device)
+        cached = capacity if self._tier_config is None else self._tier_config.cache_rows  # tiered: the cache
+        self.values.data = torch.zeros(cached, self.embedding_size, device=device)
         self._attach_reset_hook()
         i64 = dict(dtype=torch.int64, device=device)
         self.register_buffer("row_slots", torch.full((capacity,), -1, **i64))
@@ -332,13 +359,78 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         self.row_last_seen.index_copy_(0, live, self.table.last_seen.index_select(
             0, self.row_slots.index_select(0, live)))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
         # The eviction log has a data-dependent length: size it to the checkpoint.
         src = state_dict.get(prefix + "evicted_keys")
         if isinstance(src, torch.Tensor) and src.shape != self.evicted_keys.shape:
             self.evicted_keys = torch.empty(src.shape, dtype=self.key_dtype,
                                             device=self.evicted_keys.device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        handled = self._tier is not None and self._load_tier(state_dict, prefix, error_msgs)
+        if handled:  # the rows are the store's: the Parameter (the cache) is not in the checkpoint
+            state_dict = {k: v for k, v in state_dict.items() if k not in (prefix + "tier", prefix + "values")}
+        before = len(missing_keys)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if handled:
+            missing_keys[before:] = [k for k in missing_keys[before:] if k != prefix + "values"]
+
+    # ---------------------------------------------------------- disk tier (hash_tier)
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._tier is None:
+            return
+        key = prefix + "values"
+        if self._tier_state == "rows":  # for a server (tier_export): every row, stored overlaid by cached
+            destination[key] = self._tier.full_weight()
+        elif self._tier_state == "meta":
+            destination[key] = torch.empty(self.capacity, self.embedding_size, device="meta")
+        else:  # a commit of the store: the checkpoint holds which one (the table's own tensors beside it)
+            del destination[key]
+            generation = self._tier.commit()
+            destination[prefix + "tier"] = torch.tensor([self._tier.store.uid, generation])
+
+    def _load_tier(self, state_dict, prefix: str, error_msgs: list) -> bool:
+        """A checkpoint's rows into the tier: the commit it names (``tier``: [store uid, generation]), or
+        an in-memory table's ``values`` written to the store. False: neither is in `state_dict`."""
+        tier, key = self._tier, prefix + "tier"
+        src = state_dict.get(key)
+        if src is None:
+            values = state_dict.get(prefix + "values")
+            if not isinstance(values, torch.Tensor):
+                return False
+            if tuple(values.shape) != (self.capacity, self.embedding_size):
+                error_msgs.append(f"size mismatch for {prefix}values: copying a param with shape "
+                                  f"{tuple(values.shape)}, the disk-tiered table is "
+                                  f"{(self.capacity, self.embedding_size)} (capacity x embedding_size).")
+            else:
+                tier.import_rows(values)
+            return True
+        if not isinstance(src, torch.Tensor) or src.shape != (2,) or src.dtype != torch.int64:
+            error_msgs.append(f'While copying "{key}", expected an int64 tensor [store uid, generation], got {src!r}.')
+        elif int(src[0]) != tier.store.uid:
+            error_msgs.append(f'"{key}" is a commit of tier store {int(src[0])}, this HashEmbedding uses store '
+                              f"{tier.store.uid} in {tier.store.directory}.")
+        else:
+            try:
+                tier.restore(int(src[1]))
+            except (ValueError, TierFileError) as e:
+                error_msgs.append(f"HashEmbedding: {key}: {e}")
+        return True
+
+    def _refuse_tier(self, what: str, needs: str) -> None:
+        if self._tier is not None:
+            raise ValueError(f"HashEmbedding.{what}: a disk-tiered table (tier={self._tier_config}) does not support "
+                             f"{needs}; allowed: tier=None")
+
+    @property
+    def disk_tier(self) -> DiskTier | None:
+        """The `DiskTier` the rows live in (None: in memory)."""
+        return self._tier_config
+
+    def tier_stats(self):
+        """The disk tier's `TierStats` (hits, misses, bytes read and written); None in memory."""
+        return None if self._tier is None else self._tier.stats
 
     def pop_reset_rows(self) -> torch.Tensor:
         """Rows (re)assigned to a new key since the last call (distinct, LongTensor); clears them.
@@ -348,6 +440,11 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         """
         if not self._reset_parts:
             return torch.empty(0, dtype=torch.int64, device=self.reset_mask.device)
+        if self._tier is not None:  # rows -> the cached ones' slots of ``values`` (hash_tier.reset_state)
+            rows = torch.unique(torch.cat(self._reset_parts))
+            self._reset_parts = []
+            self.reset_mask.index_fill_(0, rows, False)
+            return self._tier.reset_state(rows.numpy())
         # The rows assigned since the last call, kept as a list: a scan of `reset_mask`
         # (O(capacity)) per optimizer step would cost more than the step's own lookups.
         # One part (one admitting call since the last pop, the usual case) holds distinct rows already.
@@ -457,7 +554,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         """The backend (`recstream.nn.hash_backend`) that runs the table on a batch on `tensor`'s
         device: the host path where reads are free, the table is sharded or `host_only` (a step that
         logs evictions); else the device path's, as `table_backend` says."""
-        if host_only or self._sharding is not None or host_reads_free(tensor):
+        if host_only or self._sharding is not None or self._tier is not None or host_reads_free(tensor):
             return HOST
         choice = self.table_backend
         auto_torch = choice == "auto" and (tensor.device.type != "cuda" or not triton_works(tensor.device))
@@ -562,6 +659,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         """
         if self.sharded:
             raise RuntimeError("HashEmbedding.shard_keys_: the keys are sharded already")
+        self._refuse_tier("shard_keys_", "sharding (hybrid_parallel)")
         src = dist.get_global_rank(group, 0) if group is not None else 0
         size = torch.tensor([self.evicted_keys.numel()], device=self.evicted_keys.device)
         dist.broadcast(size, src=src, group=group)
@@ -609,6 +707,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         >>> torch.equal(other(torch.tensor([7])), m(torch.tensor([7])))
         True
         """
+        self._refuse_tier("state", "sharded checkpoints (save_sharded); its checkpoint is state_dict()")
         tensors = {n: t.detach() for n, t in self.state_dict(keep_vars=True).items() if n != "evicted_keys"}
         return HashEmbeddingState(tensors, self.evicted_keys.detach(), self.shards, self.capacity,
                                   self.pending_capacity, self.num_slots, self.global_step,
@@ -648,6 +747,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         entry got, in entry order (to move per-row optimizer state along). Raises ValueError
         when the entries do not fit.
         """
+        self._refuse_tier("load_entries_", "rebuilding its table from other shards' keys")
         adm = _where(entries["admitted"])
         n_pending = entries["keys"].numel() - adm.numel()
         if adm.numel() > capacity or n_pending > pending_capacity:
@@ -676,7 +776,8 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
     def _rows_dict(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         slots = self.row_slots[rows]
         t = self.table
-        return {"keys": t.keys[slots].clone(), "values": self.values.detach()[rows].clone(),
+        values = self.values.detach()[rows].clone() if self._tier is None else self._tier.read_rows(rows.numpy())
+        return {"keys": t.keys[slots].clone(), "values": values,
                 "counts": t.counts[slots].clone(), "last_seen": t.last_seen[slots].clone()}
 
     def _start_delta(self) -> None:
@@ -765,7 +866,10 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         self._set_pending(self._num_pending - n_pending)
         self._assign_rows(slots[need_row])
         rows = t.rows[slots]
-        self.values[rows] = values.to(device=dev, dtype=self.values.dtype)
+        if self._tier is not None:
+            self._tier.put_rows(rows.numpy(), values)
+        else:
+            self.values[rows] = values.to(device=dev, dtype=self.values.dtype)
         if counts is None:
             t.counts[slots] = t.counts[slots].clamp(min=self.permit_filter_value)
         else:
@@ -788,7 +892,9 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         return (f"embedding_size={self.embedding_size}, capacity={self.capacity}, "
                 f"num_slots={self.num_slots}, rows={self.num_rows}, pending={self._num_pending}, "
                 f"permit={self.permit_filter_value}, evict={self.evict_filter_value}, "
-                f"sparse={self.sparse}, step={self._step}")
+                f"sparse={self.sparse}, step={self._step}"
+                + (f", tier={self._tier_config.directory!r}/{self._tier_config.cache_rows} cached"
+                   if self._tier_config is not None else ""))
 
 
 
