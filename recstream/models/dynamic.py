@@ -99,6 +99,8 @@ class DynamicTables(nn.Module):
         dims: the width of each one's table (features of one ``table``: the same width).
         init_std: 0.0 (rows start at zero: a linear term) or 0.01 (see `hash_init`).
         sparse: sparse COO gradients on the rows (use a row-sparse optimizer).
+        tiers: ``(table key, feature names) -> DiskTier | None``: which tables keep their rows on disk
+            (a model's ``disk_tier``, `recstream.nn.TierPlan`); None: all in memory.
 
     Submodule ``tables`` is an ``nn.ModuleDict`` of `HashEmbedding`, keyed by
     feature name, or by ``table`` name for features that share one ('.' becomes '_'); a shared
@@ -106,7 +108,7 @@ class DynamicTables(nn.Module):
     """
 
     def __init__(self, features: Sequence[CategoricalFeature], dims: Sequence[int], *, init_std: float = 0.01,
-                 sparse: bool = True) -> None:
+                 sparse: bool = True, tiers=None) -> None:
         super().__init__()
         owner = type(self).__name__
         init = hash_init(owner, init_std)
@@ -135,7 +137,8 @@ class DynamicTables(nn.Module):
             tables[key] = HashEmbedding(dims[members[0]], param_init=init, sparse=sparse,
                                         capacity=sum(self.features[i].capacity for i in members),
                                         permit_filter_value=f.permit_filter_value,
-                                        evict_filter_value=f.evict_filter_value)
+                                        evict_filter_value=f.evict_filter_value,
+                                        tier=None if tiers is None else tiers(key, [self.names[i] for i in members]))
         self.tables = nn.ModuleDict(tables)
 
     def table_of(self, name: str) -> HashEmbedding:

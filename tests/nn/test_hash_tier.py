@@ -207,3 +207,40 @@ def test_sigkill_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path):
     torch.testing.assert_close(tiered.head.weight, reference.head.weight, rtol=0, atol=0)
     for f in tiered.emb._tier.store.files.values():
         f.verify_all()
+
+
+def test_a_models_dynamic_feature_is_tiered_by_its_disk_tier_and_trains_as_in_memory(tmp_path):
+    from recstream.data import CategoricalFeature, Features, Schema
+    from recstream.models import WideDeep
+    from recstream.nn import TierPlan
+
+    schema = Schema(["x"], [CategoricalFeature("user", dynamic=True, capacity=200, embedding_dim=4),
+                            CategoricalFeature("item", vocab_size=50, embedding_dim=4)])
+
+    def build(plan):
+        torch.manual_seed(0)
+        net = WideDeep(schema, hidden=(8,), disk_tier=plan)
+        return net, LazyAdam(net.parameters(), lr=0.05)
+
+    memory, tiered = build(None), build(TierPlan(str(tmp_path), {"user": 40, "item": 16}))
+    table = tiered[0].embedding.dynamic.tables["user"]
+    assert table.disk_tier == DiskTier(str(tmp_path / "embedding" / "user"), 40)
+    assert memory[0].embedding.dynamic.tables["user"].disk_tier is None
+    for step in range(25):
+        g = np.random.default_rng(step)
+        users = np.minimum(g.zipf(1.2, 16), 10 ** 6) * 104729
+        values = torch.from_numpy(np.concatenate([users, g.integers(0, 50, 16)]).astype(np.int64))
+        x = Features.from_lengths(torch.from_numpy(g.standard_normal((16, 1)).astype(np.float32)), values,
+                                  torch.ones(2, 16, dtype=torch.int64), keys=("user", "item"))
+        y = torch.from_numpy(g.integers(0, 2, 16).astype(np.float32))
+        outs = []
+        for net, opt in (memory, tiered):
+            torch.manual_seed(step)
+            opt.zero_grad(set_to_none=True)
+            out = net(x)
+            torch.nn.functional.binary_cross_entropy_with_logits(out, y).backward()
+            opt.step()
+            outs.append(out.detach())
+        assert torch.equal(*outs), step
+    assert table.tier_stats().misses > 40 and table.num_rows > 40  # the cache was too small for the keys
+    _same_table(memory[0].embedding.dynamic.tables["user"], table)
