@@ -187,3 +187,33 @@ def test_a_tiered_hash_embedding_publishes_full_and_delta_versions_that_serve_it
         assert manifest["version"] == version and served.emb.disk_tier is None
         assert torch.allclose(predict(served, probe), predict(net, probe), rtol=0, atol=1e-6)
     assert net.emb.tier_stats().misses > 40 and net.emb.num_rows > 40  # the cache held part of the rows
+
+
+def test_an_export_of_a_model_with_a_tiered_dynamic_feature_scores_as_it(tmp_path):
+    from recstream.models import DeepFM, default_optimizer
+    schema = Schema(["x0"], [CategoricalFeature("user", dynamic=True, capacity=64, embedding_dim=4),
+                             CategoricalFeature("b", vocab_size=30, embedding_dim=4)])
+    torch.manual_seed(0)
+    net = DeepFM(schema, hidden=(8,), disk_tier=TierPlan(str(tmp_path / "tiers"), {"user": 20}))
+    assert net.embedding.dynamic.tables["user"].disk_tier is not None
+    opt = default_optimizer(net)
+    rng = np.random.default_rng(0)
+
+    def features(n):
+        values = torch.from_numpy(np.concatenate([rng.integers(0, 200, n) * 7919, rng.integers(0, 30, n)]))
+        return Features.from_lengths(torch.from_numpy(rng.standard_normal((n, 1)).astype(np.float32)), values,
+                                     torch.ones(2, n, dtype=torch.int64), keys=("user", "b"))
+
+    for _ in range(10):
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(net(features(16)), torch.ones(16)).backward()
+        opt.step()
+    assert net.embedding.dynamic.tables["user"].tier_stats().misses > 20  # rows went to disk and came back
+    path = str(tmp_path / "m.pt")
+    export_model(net, schema, path, format="torchscript")  # verified against the network too
+    x = features(12)
+    net.eval()
+    with torch.no_grad():
+        scores = torch.jit.load(path)(*instances_to_inputs(read_signature(path, "torchscript"), [
+            {"x0": float(x.dense[i, 0]), "user": int(x.values[i]), "b": int(x.values[12 + i])} for i in range(12)]))
+        torch.testing.assert_close(scores, net(x), rtol=0.0, atol=1e-5)
