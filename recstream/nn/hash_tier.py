@@ -15,6 +15,11 @@ turned into a slot only where the Parameter is read or written:
   to no key any more, and the next key given the row writes its own;
 * exports read rows from the store overlaid by the cached ones (`read_rows`).
 
+The rows of every training lookup stay pinned in the cache until the optimizer steps (`bind`, its
+step pre-hook, ends the step): a table looked up several times before one step (``auto_step=False``,
+gradient accumulation) keeps the slots its earlier outputs' gradients will update. Their union must
+fit in the cache, or the lookup is refused.
+
 Example:
     >>> import tempfile, torch
     >>> from recstream.nn import DiskTier, HashEmbedding
@@ -60,6 +65,28 @@ class HashTier(TierCache):
     """`TierCache` with the row operations of a hash table's life cycle (see the module doc). Rows are
     int64 numpy arrays of distinct row numbers; every method takes the cache's lock."""
 
+    _stepped = True  # the optimizer stepped since the last training lookup: its rows may go
+
+    def bind(self, optimizer: torch.optim.Optimizer, row_state: dict[str, float]) -> None:
+        self._stepped = True  # called before each step of the optimizer: the step's gradients are spent
+        super().bind(optimizer, row_state)
+
+    def _map(self, rows: torch.Tensor, train: bool) -> torch.Tensor:
+        """`map_ids`, pinning the rows of every lookup since the optimizer's last step that followed a
+        training lookup (before an optimizer is bound: those of this lookup only)."""
+        advance = self._opt is None or self._stepped
+        try:
+            slots = self.map_ids(rows, train, advance=advance)
+        except ValueError as e:
+            if "raise DiskTier.cache_rows" not in str(e):
+                raise
+            raise ValueError(f"{_OWNER}: the disk tier {self.name} caches {self.cache_rows} rows, fewer than the "
+                             f"distinct admitted keys looked up since the optimizer's last step (this lookup: "
+                             f"{rows.numel()}); raise DiskTier.cache_rows above them") from e
+        if train:
+            self._stepped = False
+        return slots
+
     def slots_of(self, rows: torch.Tensor, train: bool) -> torch.Tensor:
         """The slots of distinct `rows` (a lookup's), loading the missing ones; with `train` they are
         written back when evicted."""
@@ -67,7 +94,7 @@ class HashTier(TierCache):
             raise ValueError(f"{_OWNER}: the disk tier {self.name} caches {self.cache_rows} rows, a batch reads "
                              f"{rows.numel()} distinct admitted keys; raise DiskTier.cache_rows above the distinct "
                              "keys of a batch")
-        return self.map_ids(rows, train)
+        return self._map(rows, train)
 
     def put_rows(self, rows: np.ndarray, values: torch.Tensor) -> None:
         """Set the values of `rows` (new keys' initial rows, ``load_rows``). Rows that fit in the cache
@@ -77,7 +104,7 @@ class HashTier(TierCache):
         if rows.size == 0:
             return
         if rows.size <= self.cache_rows:
-            slots = self.map_ids(torch.from_numpy(rows), train=True)
+            slots = self._map(torch.from_numpy(rows), train=True)
             with self.lock, torch.no_grad():
                 self.weight.data[slots] = values.to(self.weight.device)
             return

@@ -244,3 +244,36 @@ def test_a_models_dynamic_feature_is_tiered_by_its_disk_tier_and_trains_as_in_me
         assert torch.equal(*outs), step
     assert table.tier_stats().misses > 40 and table.num_rows > 40  # the cache was too small for the keys
     _same_table(memory[0].embedding.dynamic.tables["user"], table)
+
+
+def test_several_lookups_before_one_optimizer_step_keep_their_slots(tmp_path):
+    """Two lookups of one table per step (``auto_step=False``): the second must not evict the slots the
+    first one's gradients will update; their rows stay pinned until the optimizer steps."""
+    def run(tier):
+        torch.manual_seed(0)
+        emb = HashEmbedding(4, capacity=150, auto_step=False, tier=tier)
+        opt = LazyAdam([emb.values], lr=0.05)
+        outs = []
+        for step in range(30):
+            emb.step()
+            torch.manual_seed(step)
+            a, b = emb(_keys(2 * step, n=12)), emb(_keys(2 * step + 1, n=12))
+            outs.append(torch.cat([a, b]).detach())
+            opt.zero_grad(set_to_none=True)
+            (a.sum(1) ** 2).mean().add((b.sum(1) ** 3).mean()).backward()
+            opt.step()
+        return emb, outs
+
+    memory, want = run(None)
+    tiered, got = run(DiskTier(str(tmp_path / "t"), cache_rows=26))
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
+    _same_table(memory, tiered)
+    assert tiered.tier_stats().misses > 100
+    small = HashEmbedding(4, capacity=150, auto_step=False, tier=DiskTier(str(tmp_path / "s"), cache_rows=14))
+    opt = LazyAdam([small.values], lr=0.05)
+    small(torch.arange(10)).sum().backward()
+    opt.step()  # from now on the lookups between two steps are pinned together
+    small(torch.arange(10, 20))
+    with pytest.raises(ValueError, match=r"caches 14 rows, fewer than the distinct admitted keys looked up since "
+                                         r"the optimizer's last step \(this lookup: 10\)"):
+        small(torch.arange(20, 30))
