@@ -277,3 +277,21 @@ def test_several_lookups_before_one_optimizer_step_keep_their_slots(tmp_path):
     with pytest.raises(ValueError, match=r"caches 14 rows, fewer than the distinct admitted keys looked up since "
                                          r"the optimizer's last step \(this lookup: 10\)"):
         small(torch.arange(20, 30))
+
+
+def test_import_of_more_rows_than_the_cache_goes_to_the_store(tmp_path):
+    memory = _build()
+    opt = LazyAdam([memory.values], lr=0.05)
+    _train(memory, opt, 0, 20)
+    rows = memory.export(reset_delta=False)
+    assert rows["keys"].numel() > 25
+    tiered = _build(DiskTier(str(tmp_path), cache_rows=25))
+    tiered.import_(rows)  # more rows than the cache: written to the store
+    got = tiered.export(reset_delta=False)
+    order, want = torch.argsort(got["keys"]), torch.argsort(rows["keys"])
+    for field in ("keys", "values", "counts", "last_seen"):
+        assert torch.equal(got[field][order], rows[field][want]), field
+    few = {k: v[:5] for k, v in rows.items()}
+    few["values"] = few["values"] + 1.0
+    tiered.load_rows(few["keys"], few["values"])  # a few: through the cache, overwriting known keys
+    assert torch.equal(tiered(few["keys"]).detach(), few["values"])
