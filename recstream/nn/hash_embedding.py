@@ -418,6 +418,15 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
                 error_msgs.append(f"HashEmbedding: {key}: {e}")
         return True
 
+    def _apply(self, fn, recurse=True):
+        if self._tier is not None:  # .to(), .cuda(), .half(): refused before anything moves
+            probe = fn(torch.zeros(1))
+            if probe.device.type != "cpu" or probe.dtype != torch.float32:
+                raise ValueError(f"HashEmbedding: a disk-tiered table (tier={self._tier_config}) stays float32 on "
+                                 f"the CPU (its cache is host memory over a float32 store), got a move to "
+                                 f"{probe.device} {probe.dtype}; allowed: cpu, float32")
+        return super()._apply(fn, recurse)
+
     def _refuse_tier(self, what: str, needs: str) -> None:
         if self._tier is not None:
             raise ValueError(f"HashEmbedding.{what}: a disk-tiered table (tier={self._tier_config}) does not support "

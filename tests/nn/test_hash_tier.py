@@ -168,6 +168,11 @@ def test_what_the_tier_does_not_support_is_refused_naming_it(tmp_path):
     with pytest.raises(TypeError, match=r"HashEmbedding: 'tier' must be a recstream.nn.DiskTier or None"):
         HashEmbedding(4, capacity=16, tier=str(tmp_path))
     emb = HashEmbedding(4, capacity=16, tier=tier)
+    with pytest.raises(ValueError, match=r"stays float32 on the CPU .* got a move to meta torch.float32; allowed"):
+        torch.nn.Sequential(emb).to("meta")
+    with pytest.raises(ValueError, match=r"got a move to cpu torch.float16"):
+        emb.half()
+    assert emb.values.device.type == "cpu" and emb.values.dtype == torch.float32 and emb.to("cpu") is emb
     with pytest.raises(ValueError, match=r"HashEmbedding.state: a disk-tiered table .* does not support sharded"):
         emb.state()
     with pytest.raises(ValueError, match=r"HashEmbedding.load_entries_: a disk-tiered table"):
