@@ -251,7 +251,8 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
 
     Attributes:
         values: the trainable rows, ``Parameter [capacity, embedding_size]``,
-            carrying ``pop_reset_rows``.
+            carrying ``pop_reset_rows``; with ``tier``, the cache of them,
+            ``[cache_rows, embedding_size]``, and ``pop_reset_rows`` gives cache slots.
         default_value: buffer ``[embedding_size]`` read by unknown and pending
             keys; zeros, write into it for another fixed default.
     """

@@ -71,9 +71,10 @@ class HashTier(TierCache):
         self._stepped = True  # called before each step of the optimizer: the step's gradients are spent
         super().bind(optimizer, row_state)
 
-    def _map(self, rows: torch.Tensor, train: bool) -> torch.Tensor:
+    def _map(self, rows: torch.Tensor, train: bool, lookup: bool = True) -> torch.Tensor:
         """`map_ids`, pinning the rows of every lookup since the optimizer's last step that followed a
-        training lookup (before an optimizer is bound: those of this lookup only)."""
+        training lookup (before an optimizer is bound: those of this lookup only). Not a `lookup` (rows
+        written by `put_rows`): its rows start no such run; a training lookup reading them pins them."""
         advance = self._opt is None or self._stepped
         try:
             slots = self.map_ids(rows, train, advance=advance)
@@ -83,7 +84,7 @@ class HashTier(TierCache):
             raise ValueError(f"{_OWNER}: the disk tier {self.name} caches {self.cache_rows} rows, fewer than the "
                              f"distinct admitted keys looked up since the optimizer's last step (this lookup: "
                              f"{rows.numel()}); raise DiskTier.cache_rows above them") from e
-        if train:
+        if train and lookup:
             self._stepped = False
         return slots
 
@@ -104,7 +105,7 @@ class HashTier(TierCache):
         if rows.size == 0:
             return
         if rows.size <= self.cache_rows:
-            slots = self._map(torch.from_numpy(rows), train=True)
+            slots = self._map(torch.from_numpy(rows), train=True, lookup=False)
             with self.lock, torch.no_grad():
                 self.weight.data[slots] = values.to(self.weight.device)
             return

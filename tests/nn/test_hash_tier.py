@@ -352,3 +352,14 @@ def test_online_training_killed_at_random_moments_trains_every_event_once_in_a_t
     trained[rows["keys"]] = rows["values"].squeeze(1)
     assert (trained == 1).all(), (f"lost: {np.flatnonzero(trained.numpy() == 0)[:10]}, "
                                   f"duplicated: {np.flatnonzero(trained.numpy() > 1)[:10]}")
+
+
+def test_rows_loaded_after_training_do_not_pin_the_lookups_that_follow(tmp_path):
+    emb = HashEmbedding(4, capacity=150, tier=DiskTier(str(tmp_path), cache_rows=14))
+    opt = LazyAdam([emb.values], lr=0.05)
+    emb(torch.arange(10)).sum().backward()
+    opt.step()
+    emb.load_rows(torch.arange(100, 110), torch.ones(10, 4))  # through the cache, not a lookup
+    emb.eval()
+    for start in range(0, 60, 10):  # eval lookups after the step: each may evict the one before
+        assert emb(torch.arange(start, start + 10)).shape == (10, 4)
