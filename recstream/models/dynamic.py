@@ -147,6 +147,29 @@ class DynamicTables(nn.Module):
             raise ValueError(f"{type(self).__name__}: no dynamic feature {name!r}; there are {list(self.names)}")
         return self.tables[_table_key(self.features[self.names.index(name)])]
 
+    def _keys(self, features: Features, members: list[int]) -> torch.Tensor:
+        """The table keys of the ids of features `members` (positions in ``self.features``) of one table."""
+        ids = [features.bag(self.features[i].name)[0] for i in members]
+        keys = [x ^ self._salts[i] if self._salts[i] else x for i, x in zip(members, ids, strict=True)]
+        return table_key(keys[0] if len(keys) == 1 else torch.cat(keys))
+
+    def batch_prefetcher(self):
+        """For a pipeline that has batches ready ahead of their steps (`recstream.train.sink.batch_prefetch`):
+        None without disk-tiered tables; otherwise a function that `HashEmbedding.prefetch` es the keys
+        of a `Features` carrying these features (by name; one that does not is passed over)."""
+        tiered = [(key, members) for key, members in self._members.items()
+                  if self.tables[key].disk_tier is not None]
+        if not tiered:
+            return None
+
+        def prefetch_if_read(features: Features) -> None:
+            if features.keys is None or not set(self.names) <= set(features.keys):
+                return
+            for key, members in tiered:
+                self.tables[key].prefetch(self._keys(features, members))
+
+        return prefetch_if_read
+
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         """Pooled vectors of every dynamic feature (`features` must carry ``keys``)."""
         if not host_reads_free(features.values) and not any(t.sharded for t in self.tables.values()):

@@ -110,6 +110,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -521,8 +522,39 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
             uniq, inverse, counts = unique(flat, return_inverse=True, return_counts=True)
             out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
             return out.index_select(0, inverse).view(*keys.shape, self.embedding_size)
-        out = self._backend_for(flat).lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
+        with self._table_writes():
+            out = self._backend_for(flat).lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
         return out.view(*keys.shape, self.embedding_size)
+
+    def _table_writes(self):
+        """Held while a lookup or an age eviction changes the table: a tiered table's `prefetch` reads
+        it from another thread."""
+        return self._tier.table_lock if self._tier is not None else contextlib.nullcontext()
+
+    def prefetch(self, keys: torch.Tensor) -> int:
+        """Bring the rows of the admitted ones among `keys` (a batch ahead's) into a disk-tiered
+        table's cache; returns the rows read. Thread-safe: call it from the thread that prepares
+        batches while a step trains (the models' ``batch_prefetcher`` does, in ``Model.train``).
+        Keys not admitted yet, and the rows of keys evicted meanwhile, are read at their step. In
+        memory: nothing to do (0).
+
+        >>> import tempfile
+        >>> from recstream.nn import DiskTier
+        >>> emb = HashEmbedding(2, capacity=100, tier=DiskTier(tempfile.mkdtemp(), cache_rows=8))
+        >>> for start in (0, 4, 8):  # keys 0..3 leave the cache (a prefetch keeps the last lookup's rows)
+        ...     _ = emb(torch.arange(start, start + 4))
+        >>> emb.prefetch(torch.tensor([0, 1, 99])), emb.tier_stats().prefetched  # 99: not admitted
+        (2, 2)
+        """
+        if self._tier is None:
+            return 0
+        check_int_tensor("HashEmbedding.prefetch", "keys", keys)
+        keys = keys.reshape(-1).to(torch.int64)
+        keys = unique(keys[(keys | 1) != EMPTY])  # the EMPTY/DELETED markers are no one's keys (forward refuses them)
+        with self._tier.table_lock:
+            slots = self.table.find(keys)
+            rows = self.table.rows.index_select(0, slots[slots >= 0])
+        return self._tier.prefetch(rows[rows >= 0])
 
     def renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
         """The factor ``max_norm`` applies to rows of norm `norm` (1 where within it); the rule of
@@ -638,7 +670,8 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
             # Free slots read last_seen=+inf, so one comparison finds the stale keys.
             stale = self.table.last_seen < self._step - n
             # Logged evictions have a data-dependent length: the host path's step.
-            self._backend_for(stale, host_only=self._track_evictions).evict_stale(self, stale)
+            with self._table_writes():
+                self._backend_for(stale, host_only=self._track_evictions).evict_stale(self, stale)
 
     # ---------------------------------------------------------- the device path (no host sync)
     def lookup_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

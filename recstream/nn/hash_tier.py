@@ -32,6 +32,8 @@ Example:
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 from torch import nn
@@ -66,6 +68,12 @@ class HashTier(TierCache):
     int64 numpy arrays of distinct row numbers; every method takes the cache's lock."""
 
     _stepped = True  # the optimizer stepped since the last training lookup: its rows may go
+
+    def __init__(self, name: str, weight: nn.Parameter, store: TierStore, cache_rows: int) -> None:
+        super().__init__(name, weight, store, cache_rows)
+        # Held by the table's lookups and age evictions, which change the hash table, and by a prefetch
+        # on another thread while it finds its keys' rows there (`HashEmbedding.prefetch`).
+        self.table_lock = threading.Lock()
 
     def bind(self, optimizer: torch.optim.Optimizer, row_state: dict[str, float]) -> None:
         self._stepped = True  # called before each step of the optimizer: the step's gradients are spent

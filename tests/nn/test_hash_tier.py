@@ -363,3 +363,52 @@ def test_rows_loaded_after_training_do_not_pin_the_lookups_that_follow(tmp_path)
     emb.eval()
     for start in range(0, 60, 10):  # eval lookups after the step: each may evict the one before
         assert emb(torch.arange(start, start + 10)).shape == (10, 4)
+
+
+def test_prefetch_on_a_thread_keeps_training_equal(tmp_path):
+    """Each step's next keys are prefetched on a background thread while the step trains: their rows
+    (admitted keys') come in beside the step, and training stays the in-memory table's."""
+    import threading
+    memory = _build()
+    want = _train(memory, LazyAdam([memory.values], lr=0.05), 0, 60)
+    tiered = _build(DiskTier(str(tmp_path), cache_rows=50))
+    opt = LazyAdam([tiered.values], lr=0.05)
+    got = []
+    for step in range(60):
+        worker = threading.Thread(target=tiered.prefetch, args=(_keys(step + 1),))
+        worker.start()
+        got += _train(tiered, opt, step, step + 1)
+        worker.join()
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
+    _same_table(memory, tiered)
+    assert tiered.tier_stats().prefetched > 50
+
+
+def test_model_train_prefetches_a_tiered_dynamic_features_keys_and_trains_as_in_memory(tmp_path):
+    from recstream import Model
+    from recstream.data import Batch, CategoricalFeature, Features, Schema
+    from recstream.models import WideDeep
+    from recstream.nn import TierPlan
+    from recstream.train.sink import batch_prefetch
+
+    schema = Schema(["x"], [CategoricalFeature("user", dynamic=True, capacity=300, embedding_dim=4),
+                            CategoricalFeature("item", vocab_size=50, embedding_dim=4)])
+    data = []
+    for step in range(40):
+        g = np.random.default_rng(step)
+        values = torch.from_numpy(np.concatenate([np.minimum(g.zipf(1.3, 16), 10 ** 6), g.integers(0, 50, 16)]))
+        x = Features.from_lengths(torch.from_numpy(g.standard_normal((16, 1)).astype(np.float32)), values,
+                                  torch.ones(2, 16, dtype=torch.int64), keys=("user", "item"))
+        data.append(Batch(x, torch.from_numpy(g.integers(0, 2, 16).astype(np.float32))))
+    nets = []
+    for plan in (None, TierPlan(str(tmp_path), {"user": 64})):
+        torch.manual_seed(0)
+        net = WideDeep(schema, hidden=(8,), disk_tier=plan)
+        Model(net, torch.nn.BCEWithLogitsLoss(), LazyAdam(net.parameters(), lr=0.05), progress_bar=False).train(
+            1, data)
+        nets.append(net)
+    memory, tiered = nets
+    assert batch_prefetch(memory) is None and batch_prefetch(tiered) is not None
+    table = tiered.embedding.dynamic.tables["user"]
+    _same_table(memory.embedding.dynamic.tables["user"], table)
+    assert table.tier_stats().prefetched > 0 and table.num_rows > 64
