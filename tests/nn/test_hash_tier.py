@@ -384,7 +384,8 @@ def test_prefetch_on_a_thread_keeps_training_equal(tmp_path):
     assert tiered.tier_stats().prefetched > 50
 
 
-def test_model_train_prefetches_a_tiered_dynamic_features_keys_and_trains_as_in_memory(tmp_path):
+@pytest.mark.parametrize("boost_level", ["O0", "O1"])
+def test_model_train_prefetches_a_tiered_dynamic_features_keys_and_trains_as_in_memory(tmp_path, boost_level):
     from recstream import Model
     from recstream.data import Batch, CategoricalFeature, Features, Schema
     from recstream.models import WideDeep
@@ -404,8 +405,8 @@ def test_model_train_prefetches_a_tiered_dynamic_features_keys_and_trains_as_in_
     for plan in (None, TierPlan(str(tmp_path), {"user": 64})):
         torch.manual_seed(0)
         net = WideDeep(schema, hidden=(8,), disk_tier=plan)
-        Model(net, torch.nn.BCEWithLogitsLoss(), LazyAdam(net.parameters(), lr=0.05), progress_bar=False).train(
-            1, data)
+        Model(net, torch.nn.BCEWithLogitsLoss(), LazyAdam(net.parameters(), lr=0.05), progress_bar=False,
+              boost_level=boost_level).train(1, data)
         nets.append(net)
     memory, tiered = nets
     assert batch_prefetch(memory) is None and batch_prefetch(tiered) is not None
