@@ -173,6 +173,16 @@ def table_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             "reset": state["reset_mask"].index_select(0, safe) & admitted}
 
 
+def _table_write(method):
+    """A method that changes the hash table runs under `HashEmbedding._table_writes` (a tiered table's
+    prefetch reads the table from another thread)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._table_writes():
+            return method(self, *args, **kwargs)
+    return locked
+
+
 def _check_tier(tier, sparse: bool, device) -> DiskTier | None:
     """`HashEmbedding`'s ``tier``: None, or a `DiskTier` for a CPU table with sparse gradients."""
     if tier is None:
@@ -361,6 +371,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
         self.row_last_seen.index_copy_(0, live, self.table.last_seen.index_select(
             0, self.row_slots.index_select(0, live)))
 
+    @_table_write
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # The eviction log has a data-dependent length: size it to the checkpoint.
@@ -864,6 +875,7 @@ class HashEmbedding(HostPath, DevicePath, nn.Module):
                        exported.get("last_seen"))
 
     @torch.no_grad()
+    @_table_write
     def load_rows(self, keys: torch.Tensor, values: torch.Tensor,
                   counts: torch.Tensor | None = None,
                   last_seen: torch.Tensor | None = None) -> None:
