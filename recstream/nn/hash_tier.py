@@ -107,16 +107,21 @@ class HashTier(TierCache):
 
     def put_rows(self, rows: np.ndarray, values: torch.Tensor) -> None:
         """Set the values of `rows` (new keys' initial rows, ``load_rows``). Rows that fit in the cache
-        are brought in (a new key is looked up next) and written there, to be written back; more rows
-        than the cache holds go to the store directly."""
+        are brought in (a new key is looked up next) and written there, to be written back; rows the
+        cache cannot take (more than it holds beside the rows pinned for the step) go to the store."""
         values = values.detach().to(torch.float32)
         if rows.size == 0:
             return
         if rows.size <= self.cache_rows:
-            slots = self._map(torch.from_numpy(rows), train=True, lookup=False)
-            with self.lock, torch.no_grad():
-                self.weight.data[slots] = values.to(self.weight.device)
-            return
+            try:
+                slots = self._map(torch.from_numpy(rows), train=True, lookup=False)
+            except ValueError as e:  # (nothing was loaded)
+                if "raise DiskTier.cache_rows" not in str(e):
+                    raise
+            else:
+                with self.lock, torch.no_grad():
+                    self.weight.data[slots] = values.to(self.weight.device)
+                return
         with self.lock:
             self._quiesce()
             self.drop_cached(rows)

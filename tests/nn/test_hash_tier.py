@@ -413,3 +413,15 @@ def test_model_train_prefetches_a_tiered_dynamic_features_keys_and_trains_as_in_
     table = tiered.embedding.dynamic.tables["user"]
     _same_table(memory.embedding.dynamic.tables["user"], table)
     assert table.tier_stats().prefetched > 0 and table.num_rows > 64
+
+
+def test_rows_loaded_while_a_step_pins_the_cache_go_to_the_store(tmp_path):
+    emb = HashEmbedding(4, capacity=150, tier=DiskTier(str(tmp_path), cache_rows=14))
+    opt = LazyAdam([emb.values], lr=0.05)
+    emb(torch.arange(10)).sum().backward()
+    opt.step()
+    out = emb(torch.arange(10, 20))  # pinned until the next step: 4 slots left
+    emb.load_rows(torch.arange(100, 110), torch.full((10, 4), 2.0))
+    out.sum().backward()
+    opt.step()
+    assert torch.equal(emb(torch.arange(100, 110)).detach(), torch.full((10, 4), 2.0))
