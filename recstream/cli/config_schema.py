@@ -248,9 +248,9 @@ Activation = Literal["relu", "gelu", "silu", "tanh", "sigmoid"]
 
 
 class DiskTierSection(Section):
-    """``model: disk_tier:`` -- fixed tables kept on disk behind a cache (`recstream.nn.TierPlan`):
-    ``cache_rows`` maps feature names to the rows cached in memory; the stores go under ``directory``
-    (a relative one under ``run_dir``: the stores are part of the run's checkpoints)."""
+    """``model: disk_tier:`` -- tables kept on disk behind a cache (`recstream.nn.TierPlan`; a dynamic
+    feature's HashEmbedding too): ``cache_rows`` maps feature names to the rows cached in memory; the
+    stores go under ``directory`` (a relative one under ``run_dir``: the stores are part of the run's checkpoints)."""
 
     directory: PathStr
     cache_rows: dict[str, Rows]

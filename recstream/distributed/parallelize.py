@@ -120,6 +120,8 @@ def _refuse_tiered_tables(owner: str, network: nn.Module) -> None:
     (and sharded checkpoints of commits): not built yet."""
     tiered = [f"{name}.{t.name}" if name else t.name for name, m in network.named_modules()
               if isinstance(m, EmbeddingBagCollection) for t in m.tables if t.tier is not None]
+    tiered += [name or "(the network)" for name, m in network.named_modules()
+               if isinstance(m, HashEmbedding) and m.disk_tier is not None]  # its store holds all the keys' rows
     why = ("each rank would cache other rows in the same slots" if owner == "data_parallel" else
            "row sharding would need a store of its own rows per rank, which is not built yet")
     if tiered:

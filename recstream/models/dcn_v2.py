@@ -52,7 +52,7 @@ class DCNv2(CTRModel):
         activation: of the MLP: one of ``relu, gelu, silu, tanh, sigmoid``.
         init_std: initial std of the tables.
         validate: check ids on every step (see `FeatureEmbedding`).
-        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+        disk_tier: a `recstream.nn.TierPlan`: which tables (fixed or dynamic) live on disk behind a cache
             (docs/models.md).
 
     Submodules: ``embedding``, ``cross`` (`CrossNetwork`), ``deep`` (`MLP`,

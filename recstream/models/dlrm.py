@@ -47,7 +47,7 @@ class DLRM(CTRModel):
         batch_norm: BatchNorm1d after each hidden linear layer of the top MLP.
         init_std: initial std of the tables.
         validate: check ids on every step (see `FeatureEmbedding`).
-        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+        disk_tier: a `recstream.nn.TierPlan`: which tables (fixed or dynamic) live on disk behind a cache
             (docs/models.md).
 
     Submodules: ``embedding``, ``bottom`` (None without dense features), ``top``.

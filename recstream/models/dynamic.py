@@ -99,6 +99,8 @@ class DynamicTables(nn.Module):
         dims: the width of each one's table (features of one ``table``: the same width).
         init_std: 0.0 (rows start at zero: a linear term) or 0.01 (see `hash_init`).
         sparse: sparse COO gradients on the rows (use a row-sparse optimizer).
+        tiers: ``(table key, feature names) -> DiskTier | None``: which tables keep their rows on disk
+            (a model's ``disk_tier``, `recstream.nn.TierPlan`); None: all in memory.
 
     Submodule ``tables`` is an ``nn.ModuleDict`` of `HashEmbedding`, keyed by
     feature name, or by ``table`` name for features that share one ('.' becomes '_'); a shared
@@ -106,7 +108,7 @@ class DynamicTables(nn.Module):
     """
 
     def __init__(self, features: Sequence[CategoricalFeature], dims: Sequence[int], *, init_std: float = 0.01,
-                 sparse: bool = True) -> None:
+                 sparse: bool = True, tiers=None) -> None:
         super().__init__()
         owner = type(self).__name__
         init = hash_init(owner, init_std)
@@ -135,7 +137,8 @@ class DynamicTables(nn.Module):
             tables[key] = HashEmbedding(dims[members[0]], param_init=init, sparse=sparse,
                                         capacity=sum(self.features[i].capacity for i in members),
                                         permit_filter_value=f.permit_filter_value,
-                                        evict_filter_value=f.evict_filter_value)
+                                        evict_filter_value=f.evict_filter_value,
+                                        tier=None if tiers is None else tiers(key, [self.names[i] for i in members]))
         self.tables = nn.ModuleDict(tables)
 
     def table_of(self, name: str) -> HashEmbedding:
@@ -143,6 +146,29 @@ class DynamicTables(nn.Module):
         if name not in self.names:
             raise ValueError(f"{type(self).__name__}: no dynamic feature {name!r}; there are {list(self.names)}")
         return self.tables[_table_key(self.features[self.names.index(name)])]
+
+    def _keys(self, features: Features, members: list[int]) -> torch.Tensor:
+        """The table keys of the ids of features `members` (positions in ``self.features``) of one table."""
+        ids = [features.bag(self.features[i].name)[0] for i in members]
+        keys = [x ^ self._salts[i] if self._salts[i] else x for i, x in zip(members, ids, strict=True)]
+        return table_key(keys[0] if len(keys) == 1 else torch.cat(keys))
+
+    def batch_prefetcher(self):
+        """For a pipeline that has batches ready ahead of their steps (`recstream.train.sink.batch_prefetch`):
+        None without disk-tiered tables; otherwise a function that `HashEmbedding.prefetch` es the keys
+        of a `Features` carrying these features (by name; one that does not is passed over)."""
+        tiered = [(key, members) for key, members in self._members.items()
+                  if self.tables[key].disk_tier is not None]
+        if not tiered:
+            return None
+
+        def prefetch_if_read(features: Features) -> None:
+            if features.keys is None or not set(self.names) <= set(features.keys):
+                return
+            for key, members in tiered:
+                self.tables[key].prefetch(self._keys(features, members))
+
+        return prefetch_if_read
 
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         """Pooled vectors of every dynamic feature (`features` must carry ``keys``)."""

@@ -85,13 +85,14 @@ def with_keys(features: Features, names: tuple[str, ...]) -> Features:
 
 
 def tier_lookup(owner: str, plan, schema: Schema, part: str = "embedding"):
-    """``(table, feature) -> DiskTier | None`` of a model's ``disk_tier`` (None: every table in memory)."""
+    """``(table, features) -> DiskTier | None`` of a model's ``disk_tier`` (None: every table in memory);
+    `features`: the name of the one feature a fixed table serves, or the names a dynamic table serves."""
     if plan is None:
-        return lambda table, feature: None
+        return lambda table, features: None
     if not isinstance(plan, TierPlan):
         raise TypeError(f"{owner}: 'disk_tier' must be a recstream.nn.TierPlan or None, got {type(plan).__name__}")
-    plan.check_features(owner, [f.name for f in schema.categorical if not f.dynamic])
-    return lambda table, feature: plan.for_table(part, table, (feature,))
+    plan.check_features(owner, [f.name for f in schema.categorical])
+    return lambda table, features: plan.for_table(part, table, (features,) if isinstance(features, str) else features)
 
 
 class FeatureEmbedding(nn.Module):
@@ -145,7 +146,7 @@ class FeatureEmbedding(nn.Module):
         dynamic = [(f, d) for f, d in zip(feats, dims, strict=True) if f.dynamic]
         extra = 1 if first_order else 0  # column 0: the first-order weight (see with_first_order)
         self.dynamic = DynamicTables([f for f, _ in dynamic], [d + extra for _, d in dynamic], init_std=init_std,
-                                     sparse=sparse) if dynamic else None
+                                     sparse=sparse, tiers=tiers) if dynamic else None
         self._names = tuple(f.name for f in feats)
         self._crosses = bool(schema.crosses)  # inputs then hold more features than tables: read by name
         self.dims = tuple(dims)

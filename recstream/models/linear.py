@@ -61,7 +61,8 @@ class LinearTerm(nn.Module):
         # Dynamic features: a width-1 HashEmbedding each, zero rows (a new key starts at weight 0).
         check_bool(owner, "use_dynamic", use_dynamic)
         dynamic = [f for f in schema.categorical if f.dynamic and use_dynamic]
-        self.dynamic = DynamicTables(dynamic, [1] * len(dynamic), init_std=0.0, sparse=sparse) if dynamic else None
+        self.dynamic = DynamicTables(dynamic, [1] * len(dynamic), init_std=0.0, sparse=sparse,
+                                     tiers=tiers) if dynamic else None
         # With dynamic features the fused tables hold a subset: inputs are matched to them by name.
         self._by_name = any(f.dynamic for f in schema.categorical) or bool(schema.crosses)
         self._seen_keys: tuple[str, ...] | None = None  # input names already checked for the crosses

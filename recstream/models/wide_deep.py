@@ -55,7 +55,7 @@ class WideDeep(CTRModel):
         activation: of the deep MLP: one of ``relu, gelu, silu, tanh, sigmoid``.
         init_std: initial std of the deep tables.
         validate: check ids on every step (see `FeatureEmbedding`).
-        disk_tier: a `recstream.nn.TierPlan`: which fixed tables live on disk behind a cache
+        disk_tier: a `recstream.nn.TierPlan`: which tables (fixed or dynamic) live on disk behind a cache
             (docs/models.md).
 
     Submodules: ``wide`` (`LinearTerm`), ``embedding`` (`FeatureEmbedding`),

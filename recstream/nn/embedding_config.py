@@ -63,7 +63,8 @@ class DiskTier:
 class TierPlan:
     """Which tables of a model live on disk: the tables of the features in `cache_rows`, each with
     a `DiskTier` of that many cached rows in ``directory/<part>/<table>`` (``part``: the model's
-    ``embedding`` or ``wide`` tables). The recstream models take it as ``disk_tier=``.
+    ``embedding`` or ``wide`` tables). The recstream models take it as ``disk_tier=``; a fixed
+    feature's table is an `EmbeddingBagCollection` table, a dynamic one's a `HashEmbedding`.
 
     Example:
         >>> plan = TierPlan("tiers", {"C3": 50_000})
@@ -91,12 +92,12 @@ class TierPlan:
         rows = [self.cache_rows[f] for f in features if f in self.cache_rows]
         return DiskTier(os.path.join(self.directory, part, table), max(rows)) if rows else None
 
-    def check_features(self, owner: str, fixed: Sequence[str]) -> None:
-        """Refuse a feature that is not one of the model's fixed-vocabulary features."""
-        unknown = sorted(set(self.cache_rows) - set(fixed))
+    def check_features(self, owner: str, features: Sequence[str]) -> None:
+        """Refuse a feature that is not one of the model's categorical features (fixed or dynamic)."""
+        unknown = sorted(set(self.cache_rows) - set(features))
         if unknown:
-            raise ValueError(f"{owner}: disk_tier names {unknown}, which are not fixed-vocabulary features of "
-                             f"the schema (dynamic features are not tiered); those are {list(fixed)}")
+            raise ValueError(f"{owner}: disk_tier names {unknown}, which are not categorical features of "
+                             f"the schema; those are {list(features)}")
 
 
 @dataclass(frozen=True)

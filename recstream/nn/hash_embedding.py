@@ -110,6 +110,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -123,10 +124,12 @@ from torch import nn
 from ..hostpath import device_assert, device_path, host_reads_free
 from ..sorting import unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
+from .embedding_config import DiskTier
 from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
 from .hash_device_path import STATIC, DevicePath, lookup_masked_many
 from .hash_host_path import HostPath
 from .hash_replay import GraphReplay, HostEvent
+from .hash_tier import HashTier, open_hash_tier
 from .key_sharding import KeySharding
 from .tensor_hash_table import (
     DELETED,
@@ -135,6 +138,7 @@ from .tensor_hash_table import (
     TensorHashTable,
     _where,
 )
+from .tier_file import TierFileError
 
 __all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many", "triton_works"]
 log = logging.getLogger(__name__)
@@ -168,6 +172,30 @@ def table_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             "last_seen": state["table.last_seen"].index_select(0, occ), "admitted": admitted, "row": row,
             "values": values, "dirty": state["dirty"].index_select(0, safe) & admitted,
             "reset": state["reset_mask"].index_select(0, safe) & admitted}
+
+
+def _table_write(method):
+    """A method that changes the hash table runs under `HashEmbedding._table_writes` (a tiered table's
+    prefetch reads the table from another thread)."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._table_writes():
+            return method(self, *args, **kwargs)
+    return locked
+
+
+def _check_tier(tier, sparse: bool, device) -> DiskTier | None:
+    """`HashEmbedding`'s ``tier``: None, or a `DiskTier` for a CPU table with sparse gradients."""
+    if tier is None:
+        return None
+    check_type("HashEmbedding", "tier", tier, DiskTier, allowed="a recstream.nn.DiskTier or None")
+    if not sparse:  # a dense gradient would update every cached slot, not the batch's rows
+        raise ValueError("HashEmbedding: a disk tier (tier=DiskTier(...)) needs sparse=True (row-sparse updates), "
+                         "got sparse=False")
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"HashEmbedding: a disk-tiered table runs on the CPU (its cache is host memory), got "
+                         f"device={device!r}; allowed with tier=: device=None or 'cpu'")
+    return tier
 
 
 @dataclass
@@ -228,10 +256,15 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
             per ``(1 - evict_low_watermark) * capacity`` admissions instead of
             every step. ``1.0``: evict exactly what is needed (a scan per step
             once full).
+        tier: a `DiskTier` to keep the rows and their optimizer state on local disk, ``cache_rows``
+            of them in memory (`recstream.nn.hash_tier`); ``None``: in memory. The hash table (keys,
+            counts, free list: a few dozen bytes a key) stays in memory. CPU, unsharded, ``sparse=True``
+            and a row-sparse optimizer only.
 
     Attributes:
         values: the trainable rows, ``Parameter [capacity, embedding_size]``,
-            carrying ``pop_reset_rows``.
+            carrying ``pop_reset_rows``; with ``tier``, the cache of them,
+            ``[cache_rows, embedding_size]``, and ``pop_reset_rows`` gives cache slots.
         default_value: buffer ``[embedding_size]`` read by unknown and pending
             keys; zeros, write into it for another fixed default.
     """
@@ -241,7 +274,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
                  permit_filter_value: int = 1, evict_filter_value: int | None = None,
                  capacity: int = 2 ** 20, device=None, *, pending_capacity: int | None = None,
                  max_load: float = 0.5, auto_step: bool = True, evict_interval: int = 1,
-                 evict_low_watermark: float = 0.95) -> None:
+                 evict_low_watermark: float = 0.95, tier: DiskTier | None = None) -> None:
         super().__init__()
         owner = "HashEmbedding"
         self.embedding_size = check_int(owner, "embedding_size", embedding_size, minimum=1)
@@ -262,6 +295,9 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self.evict_interval = check_int(owner, "evict_interval", evict_interval, minimum=1)
         self.evict_low_watermark = check_number(owner, "evict_low_watermark", evict_low_watermark,
                                                 minimum=0.0, maximum=1.0)
+        self._tier_config = _check_tier(tier, self.sparse, device)
+        self._tier: HashTier | None = None  # opened below, once `values` has its cache's shape
+        self._tier_state = "commit"  # what state_dict holds of a tiered table (see tier_export)
 
         self.values = nn.Parameter(torch.zeros(0, self.embedding_size, device=device))
         self.register_buffer("default_value", torch.zeros(self.embedding_size, device=device))
@@ -276,6 +312,8 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self._stale = False
         self._sharding: KeySharding | None = None  # set by shard_keys_
         self._allocate(self.capacity, self.pending_capacity)
+        if self._tier_config is not None:
+            self._tier = open_hash_tier(self._tier_config, self.capacity, self.embedding_size, self.values)
         # A module-level function (not a lambda) keeps the module picklable.
         self.register_load_state_dict_post_hook(_after_load)
 
@@ -289,7 +327,8 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         live = capacity + pending_capacity
         num_slots = 1 << max(1, math.ceil(math.log2(math.ceil(live / self.max_load))))
         self.table = TensorHashTable(num_slots, key_dtype, device=device)
-        self.values.data = torch.zeros(capacity, self.embedding_size, device=device)
+        cached = capacity if self._tier_config is None else self._tier_config.cache_rows  # tiered: the cache
+        self.values.data = torch.zeros(cached, self.embedding_size, device=device)
         self._attach_reset_hook()
         i64 = dict(dtype=torch.int64, device=device)
         self.register_buffer("row_slots", torch.full((capacity,), -1, **i64))
@@ -333,13 +372,88 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self.row_last_seen.index_copy_(0, live, self.table.last_seen.index_select(
             0, self.row_slots.index_select(0, live)))
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+    @_table_write
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
         # The eviction log has a data-dependent length: size it to the checkpoint.
         src = state_dict.get(prefix + "evicted_keys")
         if isinstance(src, torch.Tensor) and src.shape != self.evicted_keys.shape:
             self.evicted_keys = torch.empty(src.shape, dtype=self.key_dtype,
                                             device=self.evicted_keys.device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        handled = self._tier is not None and self._load_tier(state_dict, prefix, error_msgs)
+        if handled:  # the rows are the store's: the Parameter (the cache) is not in the checkpoint
+            state_dict = {k: v for k, v in state_dict.items() if k not in (prefix + "tier", prefix + "values")}
+        before = len(missing_keys)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if handled:
+            missing_keys[before:] = [k for k in missing_keys[before:] if k != prefix + "values"]
+
+    # ---------------------------------------------------------- disk tier (hash_tier)
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._tier is None:
+            return
+        key = prefix + "values"
+        if self._tier_state == "rows":  # for a server (tier_export): every row, stored overlaid by cached
+            destination[key] = self._tier.full_weight()
+        elif self._tier_state == "meta":
+            destination[key] = torch.empty(self.capacity, self.embedding_size, device="meta")
+        else:  # a commit of the store: the checkpoint holds which one (the table's own tensors beside it)
+            del destination[key]
+            generation = self._tier.commit()
+            destination[prefix + "tier"] = torch.tensor([self._tier.store.uid, generation])
+
+    def _load_tier(self, state_dict, prefix: str, error_msgs: list) -> bool:
+        """A checkpoint's rows into the tier: the commit it names (``tier``: [store uid, generation]), or
+        an in-memory table's ``values`` written to the store. False: neither is in `state_dict`."""
+        tier, key = self._tier, prefix + "tier"
+        src = state_dict.get(key)
+        if src is None:
+            values = state_dict.get(prefix + "values")
+            if not isinstance(values, torch.Tensor):
+                return False
+            if tuple(values.shape) != (self.capacity, self.embedding_size):
+                error_msgs.append(f"size mismatch for {prefix}values: copying a param with shape "
+                                  f"{tuple(values.shape)}, the disk-tiered table is "
+                                  f"{(self.capacity, self.embedding_size)} (capacity x embedding_size).")
+            else:
+                tier.import_rows(values)
+            return True
+        if not isinstance(src, torch.Tensor) or src.shape != (2,) or src.dtype != torch.int64:
+            error_msgs.append(f'While copying "{key}", expected an int64 tensor [store uid, generation], got {src!r}.')
+        elif int(src[0]) != tier.store.uid:
+            error_msgs.append(f'"{key}" is a commit of tier store {int(src[0])}, this HashEmbedding uses store '
+                              f"{tier.store.uid} in {tier.store.directory}.")
+        else:
+            try:
+                tier.restore(int(src[1]))
+            except (ValueError, TierFileError) as e:
+                error_msgs.append(f"HashEmbedding: {key}: {e}")
+        return True
+
+    def _apply(self, fn, recurse=True):
+        if self._tier is not None:  # .to(), .cuda(), .half(): refused before anything moves
+            probe = fn(torch.zeros(1))
+            if probe.device.type != "cpu" or probe.dtype != torch.float32:
+                raise ValueError(f"HashEmbedding: a disk-tiered table (tier={self._tier_config}) stays float32 on "
+                                 f"the CPU (its cache is host memory over a float32 store), got a move to "
+                                 f"{probe.device} {probe.dtype}; allowed: cpu, float32")
+        return super()._apply(fn, recurse)
+
+    def _refuse_tier(self, what: str, needs: str) -> None:
+        if self._tier is not None:
+            raise ValueError(f"HashEmbedding.{what}: a disk-tiered table (tier={self._tier_config}) does not support "
+                             f"{needs}; allowed: tier=None")
+
+    @property
+    def disk_tier(self) -> DiskTier | None:
+        """The `DiskTier` the rows live in (None: in memory)."""
+        return self._tier_config
+
+    def tier_stats(self):
+        """The disk tier's `TierStats` (hits, misses, bytes read and written); None in memory."""
+        return None if self._tier is None else self._tier.stats
 
     def pop_reset_rows(self) -> torch.Tensor:
         """Rows (re)assigned to a new key since the last call (distinct, LongTensor); clears them.
@@ -349,6 +463,11 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         """
         if not self._reset_parts:
             return torch.empty(0, dtype=torch.int64, device=self.reset_mask.device)
+        if self._tier is not None:  # rows -> the cached ones' slots of ``values`` (hash_tier.reset_state)
+            rows = torch.unique(torch.cat(self._reset_parts))
+            self._reset_parts = []
+            self.reset_mask.index_fill_(0, rows, False)
+            return self._tier.reset_state(rows.numpy())
         # The rows assigned since the last call, kept as a list: a scan of `reset_mask`
         # (O(capacity)) per optimizer step would cost more than the step's own lookups.
         # One part (one admitting call since the last pop, the usual case) holds distinct rows already.
@@ -419,8 +538,39 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         backend = self._backend_for(flat)
         if mutate and backend is HOST:
             self._log_host(HostEvent("other"))  # the host path's step: not replayed from a CUDA graph
-        out = backend.lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
+        with self._table_writes():
+            out = backend.lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
         return out.view(*keys.shape, self.embedding_size)
+
+    def _table_writes(self):
+        """Held while a lookup or an age eviction changes the table: a tiered table's `prefetch` reads
+        it from another thread."""
+        return self._tier.table_lock if self._tier is not None else contextlib.nullcontext()
+
+    def prefetch(self, keys: torch.Tensor) -> int:
+        """Bring the rows of the admitted ones among `keys` (a batch ahead's) into a disk-tiered
+        table's cache; returns the rows read. Thread-safe: call it from the thread that prepares
+        batches while a step trains (the models' ``batch_prefetcher`` does, in ``Model.train``).
+        Keys not admitted yet, and the rows of keys evicted meanwhile, are read at their step. In
+        memory: nothing to do (0).
+
+        >>> import tempfile
+        >>> from recstream.nn import DiskTier
+        >>> emb = HashEmbedding(2, capacity=100, tier=DiskTier(tempfile.mkdtemp(), cache_rows=8))
+        >>> for start in (0, 4, 8):  # keys 0..3 leave the cache (a prefetch keeps the last lookup's rows)
+        ...     _ = emb(torch.arange(start, start + 4))
+        >>> emb.prefetch(torch.tensor([0, 1, 99])), emb.tier_stats().prefetched  # 99: not admitted
+        (2, 2)
+        """
+        if self._tier is None:
+            return 0
+        check_int_tensor("HashEmbedding.prefetch", "keys", keys)
+        keys = keys.reshape(-1).to(torch.int64)
+        keys = unique(keys[(keys | 1) != EMPTY])  # the EMPTY/DELETED markers are no one's keys (forward refuses them)
+        with self._tier.table_lock:
+            slots = self.table.find(keys)
+            rows = self.table.rows.index_select(0, slots[slots >= 0])
+        return self._tier.prefetch(rows[rows >= 0])
 
     def renorm_scale(self, norm: torch.Tensor) -> torch.Tensor:
         """The factor ``max_norm`` applies to rows of norm `norm` (1 where within it); the rule of
@@ -462,7 +612,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         """The backend (`recstream.nn.hash_backend`) that runs the table on a batch on `tensor`'s
         device: the host path where reads are free, the table is sharded or `host_only` (a step that
         logs evictions); else the device path's, as `table_backend` says."""
-        if host_only or self._sharding is not None or host_reads_free(tensor):
+        if host_only or self._sharding is not None or self._tier is not None or host_reads_free(tensor):
             return HOST
         choice = self.table_backend
         auto_torch = choice == "auto" and (tensor.device.type != "cuda" or not triton_works(tensor.device))
@@ -542,7 +692,8 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
             backend = self._backend_for(stale, host_only=self._track_evictions)
             if backend is HOST:
                 self._log_host(HostEvent("other"))
-            backend.evict_stale(self, stale)
+            with self._table_writes():
+                backend.evict_stale(self, stale)
 
     # ---------------------------------------------------------- the device path (no host sync)
     def lookup_masked(self, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -573,6 +724,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         """
         if self.sharded:
             raise RuntimeError("HashEmbedding.shard_keys_: the keys are sharded already")
+        self._refuse_tier("shard_keys_", "sharding (hybrid_parallel)")
         src = dist.get_global_rank(group, 0) if group is not None else 0
         size = torch.tensor([self.evicted_keys.numel()], device=self.evicted_keys.device)
         dist.broadcast(size, src=src, group=group)
@@ -620,6 +772,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         >>> torch.equal(other(torch.tensor([7])), m(torch.tensor([7])))
         True
         """
+        self._refuse_tier("state", "sharded checkpoints (save_sharded); its checkpoint is state_dict()")
         tensors = {n: t.detach() for n, t in self.state_dict(keep_vars=True).items() if n != "evicted_keys"}
         return HashEmbeddingState(tensors, self.evicted_keys.detach(), self.shards, self.capacity,
                                   self.pending_capacity, self.num_slots, self.global_step,
@@ -659,6 +812,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         entry got, in entry order (to move per-row optimizer state along). Raises ValueError
         when the entries do not fit.
         """
+        self._refuse_tier("load_entries_", "rebuilding its table from other shards' keys")
         adm = _where(entries["admitted"])
         n_pending = entries["keys"].numel() - adm.numel()
         if adm.numel() > capacity or n_pending > pending_capacity:
@@ -687,7 +841,8 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
     def _rows_dict(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         slots = self.row_slots[rows]
         t = self.table
-        return {"keys": t.keys[slots].clone(), "values": self.values.detach()[rows].clone(),
+        values = self.values.detach()[rows].clone() if self._tier is None else self._tier.read_rows(rows.numpy())
+        return {"keys": t.keys[slots].clone(), "values": values,
                 "counts": t.counts[slots].clone(), "last_seen": t.last_seen[slots].clone()}
 
     def _start_delta(self) -> None:
@@ -731,6 +886,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
                        exported.get("last_seen"))
 
     @torch.no_grad()
+    @_table_write
     def load_rows(self, keys: torch.Tensor, values: torch.Tensor,
                   counts: torch.Tensor | None = None,
                   last_seen: torch.Tensor | None = None) -> None:
@@ -776,7 +932,10 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self._set_pending(self._num_pending - n_pending)
         self._assign_rows(slots[need_row])
         rows = t.rows[slots]
-        self.values[rows] = values.to(device=dev, dtype=self.values.dtype)
+        if self._tier is not None:
+            self._tier.put_rows(rows.numpy(), values)
+        else:
+            self.values[rows] = values.to(device=dev, dtype=self.values.dtype)
         if counts is None:
             t.counts[slots] = t.counts[slots].clamp(min=self.permit_filter_value)
         else:
@@ -799,7 +958,9 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         return (f"embedding_size={self.embedding_size}, capacity={self.capacity}, "
                 f"num_slots={self.num_slots}, rows={self.num_rows}, pending={self._num_pending}, "
                 f"permit={self.permit_filter_value}, evict={self.evict_filter_value}, "
-                f"sparse={self.sparse}, step={self._step}")
+                f"sparse={self.sparse}, step={self._step}"
+                + (f", tier={self._tier_config.directory!r}/{self._tier_config.cache_rows} cached"
+                   if self._tier_config is not None else ""))
 
 
 

@@ -39,14 +39,18 @@ class HostPath:
             r = rows.index_select(0, has_row)
             if mutate:
                 self._mark_seen(r)
+        table_rows = r
+        if self._tier is not None:  # disk tier: rows -> slots of the cache that ``values`` is (hash_tier)
+            r = self._tier.slots_of(r, mutate)
+            rows = r if r.numel() == uniq.numel() else rows
         if self.max_norm is not None and mutate:
-            self._renorm(r)
+            self._renorm(r, table_rows)
         if r.numel() == uniq.numel() and (self.max_norm is None or mutate):
             # Every key has a row (the common case once keys are admitted): one gather.
             if mutate and self.sparse and host_reads_free(self.values):
                 # The keys are unique, so are their rows: sorted, they make a gradient the
                 # optimizer need not sort and sum again (gather_rows).
-                sorted_rows, order = sort_bounded(rows, self.capacity)
+                sorted_rows, order = sort_bounded(rows, self.values.shape[0])
                 rank = torch.empty_like(order).index_copy_(0, order, torch.arange(order.numel()))
                 return gather_rows(self.values, sorted_rows, rank if inverse is None else rank.index_select(0, inverse))
             # Elsewhere the optimizer coalesces the sparse gradient.
@@ -68,12 +72,13 @@ class HostPath:
         self.row_last_seen.index_fill_(0, rows, self._step)
 
     @torch.no_grad()
-    def _renorm(self, rows: torch.Tensor) -> None:
+    def _renorm(self, rows: torch.Tensor, table_rows: torch.Tensor) -> None:
+        """Renormalise ``values`` at `rows` (slots when disk-tiered) of table rows `table_rows`."""
         w = self.values.index_select(0, rows)
         norm = w.norm(dim=1)
         changed = norm > self.max_norm
         self.values.index_copy_(0, rows, w * self.renorm_scale(norm).unsqueeze(1))
-        self.dirty.index_copy_(0, rows, self.dirty.index_select(0, rows) | changed)
+        self.dirty.index_copy_(0, table_rows, self.dirty.index_select(0, table_rows) | changed)
 
     # ---------------------------------------------------------- eviction
     def _evict_slots(self, slots: torch.Tensor, rows: torch.Tensor | None = None) -> None:
@@ -91,6 +96,8 @@ class HostPath:
         if self._track_evictions:  # only once a baseline was exported (bounded log)
             gone = t.keys.index_select(0, slots if adm is None else slots.index_select(0, adm))
             self.evicted_keys = torch.cat([self.evicted_keys, gone])
+        if self._tier is not None:  # a freed row's bytes belong to no key: never written back
+            self._tier.drop_rows(freed.numpy())
         self.row_slots.index_fill_(0, freed, -1)
         self.row_last_seen.index_fill_(0, freed, NEVER_SEEN)
         self.dirty.index_fill_(0, freed, False)
@@ -147,8 +154,11 @@ class HostPath:
 
     def _fresh_rows(self, rows: torch.Tensor) -> None:
         """Rows just given to new keys: initial values, dirty, their optimizer state to reset."""
-        with torch.no_grad():
-            self.values.index_copy_(0, rows, self._init_rows(rows.numel()))
+        if self._tier is not None:
+            self._tier.put_rows(rows.numpy(), self._init_rows(rows.numel()))
+        else:
+            with torch.no_grad():
+                self.values.index_copy_(0, rows, self._init_rows(rows.numel()))
         self.dirty.index_fill_(0, rows, True)
         self.reset_mask.index_fill_(0, rows, True)  # optimizer state of these rows is stale
         self._reset_parts.append(rows)

@@ -209,9 +209,10 @@ class TierCache:
                 self.store.write(key, rows, np.full((rows.size, f.cols), value, np.float32))
 
     # ----- slots -----
-    def map_ids(self, rows: torch.Tensor, train: bool) -> torch.Tensor:
+    def map_ids(self, rows: torch.Tensor, train: bool, advance: bool = True) -> torch.Tensor:
         """Slots of table rows `rows` (int64, any shape), loading missing rows; with `train`, the slots
-        are marked to be written back when evicted."""
+        are marked to be written back when evicted. Without `advance` the rows join those of the last
+        call, which stay pinned too (several lookups before one optimizer step: `hash_tier`)."""
         ids = rows.detach().cpu().numpy()
         if ids.size and (ids.min() < 0 or ids.max() >= self.rows):  # numpy would wrap a negative index
             bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
@@ -221,7 +222,8 @@ class TierCache:
                             f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
                             "recstream.nn.register_row_state")
         with self.lock:
-            self.recency.advance()
+            if advance:
+                self.recency.advance()
             unique = _distinct(ids)
             if not self._ensure(unique):
                 raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "

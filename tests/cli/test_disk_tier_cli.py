@@ -39,7 +39,7 @@ def test_a_disk_tier_naming_an_unknown_feature_is_refused():
     from recstream.data import criteo_schema
     from recstream.models import DeepFM
     from recstream.nn import TierPlan
-    with pytest.raises(ValueError, match=r"disk_tier names \['nope'\], which are not fixed-vocabulary features"):
+    with pytest.raises(ValueError, match=r"disk_tier names \['nope'\], which are not categorical features"):
         DeepFM(criteo_schema(100, 4), disk_tier=TierPlan("t", {"nope": 10}))
 
 

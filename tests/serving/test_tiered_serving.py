@@ -160,3 +160,60 @@ def test_model_publisher_in_the_background_publishes_a_tiered_network_during_mod
     net.eval()
     with torch.no_grad():
         assert torch.equal(served(batch.features), net(batch.features))
+
+
+def test_a_tiered_hash_embedding_publishes_full_and_delta_versions_that_serve_its_scores(tmp_path):
+    """A HashEmbedding on disk (``tier=``) publishes through ``export()`` / ``export_delta()``: its keys'
+    rows read from the store overlaid by the cache, no commit; a server rebuilds it in memory."""
+    from recstream.nn import DiskTier, HashEmbedding
+    from recstream.serving import load_latest
+
+    from .helpers import CONFIG, HashCTR, build, make_batch, predict, train_step
+    from .helpers import SCHEMA as HASH_SCHEMA
+    torch.manual_seed(0)
+    net = HashCTR(HASH_SCHEMA, **CONFIG)
+    net.emb = HashEmbedding(4, capacity=CONFIG["capacity"], tier=DiskTier(str(tmp_path / "tier"), cache_rows=40))
+    opt = LazyAdam(net.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+    writer = SnapshotWriter(tmp_path / "pub", HASH_SCHEMA, model_factory=build, model_config=CONFIG)
+    probe = make_batch(np.random.default_rng(7), batch_size=8).features
+    for version, kind, steps in ((1, "full", 15), (2, "delta", 2)):  # (a delta: a few rows changed)
+        for _ in range(steps):
+            train_step(net, opt, make_batch(rng, batch_size=8))
+        generation = net.emb._tier.store.generation
+        assert writer.publish(net, step=steps * version)["kind"] == kind
+        assert net.emb._tier.store.generation == generation  # a publish commits nothing
+        served, manifest = load_latest(tmp_path / "pub", model_factory=build)
+        assert manifest["version"] == version and served.emb.disk_tier is None
+        assert torch.allclose(predict(served, probe), predict(net, probe), rtol=0, atol=1e-6)
+    assert net.emb.tier_stats().misses > 40 and net.emb.num_rows > 40  # the cache held part of the rows
+
+
+def test_an_export_of_a_model_with_a_tiered_dynamic_feature_scores_as_it(tmp_path):
+    from recstream.models import DeepFM, default_optimizer
+    schema = Schema(["x0"], [CategoricalFeature("user", dynamic=True, capacity=64, embedding_dim=4),
+                             CategoricalFeature("b", vocab_size=30, embedding_dim=4)])
+    torch.manual_seed(0)
+    net = DeepFM(schema, hidden=(8,), disk_tier=TierPlan(str(tmp_path / "tiers"), {"user": 20}))
+    assert net.embedding.dynamic.tables["user"].disk_tier is not None
+    opt = default_optimizer(net)
+    rng = np.random.default_rng(0)
+
+    def features(n):
+        values = torch.from_numpy(np.concatenate([rng.integers(0, 200, n) * 7919, rng.integers(0, 30, n)]))
+        return Features.from_lengths(torch.from_numpy(rng.standard_normal((n, 1)).astype(np.float32)), values,
+                                     torch.ones(2, n, dtype=torch.int64), keys=("user", "b"))
+
+    for _ in range(10):
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy_with_logits(net(features(16)), torch.ones(16)).backward()
+        opt.step()
+    assert net.embedding.dynamic.tables["user"].tier_stats().misses > 20  # rows went to disk and came back
+    path = str(tmp_path / "m.pt")
+    export_model(net, schema, path, format="torchscript")  # verified against the network too
+    x = features(12)
+    net.eval()
+    with torch.no_grad():
+        scores = torch.jit.load(path)(*instances_to_inputs(read_signature(path, "torchscript"), [
+            {"x0": float(x.dense[i, 0]), "user": int(x.values[i]), "b": int(x.values[12 + i])} for i in range(12)]))
+        torch.testing.assert_close(scores, net(x), rtol=0.0, atol=1e-5)
