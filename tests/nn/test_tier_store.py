@@ -247,6 +247,22 @@ def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp
     store.close()
 
 
+def test_reads_of_mapped_rows_do_not_measure_the_resident_set(tmp_path, monkeypatch):
+    """Measuring the mapped pages opens /proc/self/statm (tens of us): a busy tier read it every 256
+    rows, hundreds of times a step. Rows whose pages are mapped already fault nothing, so nothing
+    can have passed the budget: no measurement (before: one per 256 rows, 64 here)."""
+    from recstream.nn import tier_file
+    store = TierStore.create(str(tmp_path), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 4 MiB
+    store.read("weight", np.arange(1 << 16))  # every page mapped
+    measured = []
+    real = tier_file.mapped_file_bytes
+    monkeypatch.setattr(tier_file, "mapped_file_bytes", lambda: measured.append(1) or real())
+    for start in range(0, 1 << 14, 256):
+        assert (store.read("weight", np.arange(start, start + 256)) == 1.0).all()
+    assert len(measured) <= 2, len(measured)
+    store.close()
+
+
 def test_a_large_scattered_write_keeps_the_mapped_pages_bounded_with_its_undo_log(tmp_path, monkeypatch):
     """Writing rows spread over the file reads their committed bytes into the undo log first: those
     pages are measured too (a commit's write-back of a large cache went to 6.5 GB of mapped pages)."""
