@@ -98,6 +98,11 @@ class TierStore:
         # Since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
         self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
         self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
+        # Arrays this process created with one value (an optimizer state's initial one): that value, and
+        # a bit per row still at it (never written since). Such rows are not read, their value is known:
+        # most rows a step loads are new to training, so their state is its initial value (two of the
+        # three arrays LazyAdam reads). Cleared by writes; unknown (empty) for a store opened from disk.
+        self._fresh: dict[str, tuple[float, np.ndarray]] = {}
         self.bytes_read = 0
         self.bytes_written = 0
         # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
@@ -113,6 +118,8 @@ class TierStore:
         opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
                   for name, (rows, cols, fill) in files.items()}
         store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"), lock)
+        for name, (_, _, fill) in files.items():
+            store._mark_fresh(name, fill)
         store._reset_log()
         store._write_manifest(0)
         return store
@@ -147,7 +154,12 @@ class TierStore:
         self.files[name] = f
         self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
         self._logged_rows[name] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
+        self._mark_fresh(name, fill)
         self._write_manifest(self.generation)
+
+    def _mark_fresh(self, name: str, fill: Fill) -> None:
+        if not callable(fill):
+            self._fresh[name] = (float(fill), np.full((self.files[name].rows + 7) // 8, 0xFF, dtype=np.uint8))
 
     def close(self) -> None:
         for f in self.files.values():
@@ -157,6 +169,19 @@ class TierStore:
     # ----- rows -----
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         f, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+        fresh = self._fresh.get(name)
+        if fresh is not None:  # rows never written since this process created the array: its value
+            value, bits = fresh
+            at_value = (bits[rows >> 3] & (np.uint8(1) << (rows & 7).astype(np.uint8))) != 0
+            if at_value.any():
+                out = np.full((rows.size, f.cols), value, dtype=np.float32)
+                stored = np.flatnonzero(~at_value)
+                if stored.size:
+                    out[stored] = self._read_stored(f, rows[stored])
+                return out
+        return self._read_stored(f, rows)
+
+    def _read_stored(self, f: TierFile, rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.size, f.cols), dtype=np.float32)
         for a in range(0, rows.size, _CHUNK):
             out[a:a + _CHUNK] = f.read_rows(rows[a:a + _CHUNK])
@@ -178,6 +203,8 @@ class TierStore:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
         self._log_preimages(writes)
         for name, rows, values in writes:
+            if name in self._fresh:  # no longer (known to be) at the array's value
+                np.bitwise_and.at(self._fresh[name][1], rows >> 3, ~(np.uint8(1) << (rows & 7).astype(np.uint8)))
             for a in range(0, rows.size, _CHUNK):  # chunks: the pages they map are measured as they go
                 self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK])
                 self._pages.spent(min(_CHUNK, rows.size - a))

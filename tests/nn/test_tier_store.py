@@ -247,6 +247,27 @@ def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp
     store.close()
 
 
+def test_rows_of_a_constant_array_never_written_are_not_read_from_its_file(tmp_path):
+    """An optimizer state created at its initial value: rows no write has touched are that value,
+    known without reading the file (most rows a step loads are new to training). Written rows are read
+    back from the file, rolled back ones too; a store opened from disk knows nothing and reads all."""
+    store = TierStore.create(str(tmp_path), {"weight": (4096, 4, _fill(4)), "sum": (4096, 4, 0.5)})
+    fresh = store.read("sum", np.array([3, 700, 4095]))
+    assert fresh.tolist() == [[0.5] * 4] * 3 and store.bytes_read == 0
+    store.write("sum", np.array([700]), np.full((1, 4), 9.0, np.float32))
+    assert store.read("sum", np.array([3, 700])).tolist() == [[0.5] * 4, [9.0] * 4]
+    assert store.bytes_read == 16  # row 700 only
+    store.rollback()
+    assert store.read("sum", np.array([700, 701])).tolist() == [[0.5] * 4] * 2
+    store.write("sum", np.array([5]), np.full((1, 4), 2.0, np.float32))
+    store.commit()
+    store.close()
+    reopened = TierStore.open(str(tmp_path))
+    assert reopened.read("sum", np.array([5, 6])).tolist() == [[2.0] * 4, [0.5] * 4]
+    assert reopened.bytes_read == 32
+    reopened.close()
+
+
 def test_reads_of_mapped_rows_do_not_measure_the_resident_set(tmp_path, monkeypatch):
     """Measuring the mapped pages opens /proc/self/statm (tens of us): a busy tier read it every 256
     rows, hundreds of times a step. Rows whose pages are mapped already fault nothing, so nothing
