@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from .tier_file import distinct as _distinct
 from .tier_lru import SlotRecency
 from .tier_store import TierStore
 
@@ -65,18 +66,6 @@ def register_row_state(optimizer_class_name: str, row_state: RowState) -> None:
         raise TypeError("register_row_state: expected (str, callable), got "
                         f"({type(optimizer_class_name).__name__}, {type(row_state).__name__})")
     ROW_STATE[optimizer_class_name] = row_state
-
-
-def _distinct(ids: np.ndarray) -> np.ndarray:
-    """The distinct values of int64 `ids`, sorted: a sort and a mask, ~10x faster than ``np.unique``
-    (a hash table in numpy >= 2.3) on a batch's ids."""
-    ordered = np.sort(ids.ravel())
-    if ordered.size < 2:
-        return ordered
-    first = np.empty(ordered.size, dtype=bool)
-    first[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    return ordered[first]
 
 
 def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str, float] | None:

@@ -144,6 +144,18 @@ def release_limit(nbytes: int, limit: int) -> int:
     return min(limit, LARGE_STORE_RELEASE_BYTES) if large_file(nbytes) else limit
 
 
+def distinct(ids: np.ndarray) -> np.ndarray:
+    """The distinct values of int64 `ids`, sorted: a sort and a mask, ~10x faster than ``np.unique``
+    (a hash table in numpy >= 2.3) on a batch's ids."""
+    ordered = np.sort(ids.ravel())
+    if ordered.size < 2:
+        return ordered
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first]
+
+
 def _crc(buffer) -> int:
     return zlib.crc32(memoryview(buffer).cast("B"))
 

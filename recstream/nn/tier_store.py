@@ -40,33 +40,47 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, release_limit
+from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, distinct, release_limit
 
 __all__ = ["TierStore"]
 
-_LOG_MAGIC = b"RSUNDO01"
+_LOG_MAGIC = b"RSUNDO02"  # 02: may hold _FILL entries (an 01 log, which cannot, is read too)
+_LOG_MAGICS = (b"RSUNDO01", _LOG_MAGIC)
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
 # An undo entry: kind, file index, block (kind _CRC) or row or block count (kinds _ROWS, _CRCS), the
 # block's committed checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their
-# committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32). This
-# version writes _ROWS and _CRCS (one entry per file and write, not one per block); _CRC is still read.
+# committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32; kind
+# _FILL: the rows as int64, whose committed bytes are all one value, its float32 bits in the crc
+# field: rows never written, of an array created at that value). This version writes _ROWS, _CRCS
+# and _FILL (entries per file and write, not per block); _CRC is still read.
 _ENTRY = struct.Struct("<BIQII")
-_CRC, _ROWS, _CRCS = 0, 1, 2
+_CRC, _ROWS, _CRCS, _FILL = 0, 1, 2, 3
+_LOG_ENTRY_BYTES = 4 << 20  # an entry's bytes at most: a rollback reads an entry whole
 FORMAT = "recstream-tier"
 _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
 
 Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
 
-def _entry(kind: int, index: int, count: int, *arrays: np.ndarray) -> list:
-    """An undo entry as the parts to write: its head, `arrays` (contiguous) as they are, the checksum
-    of them all (as `TierStore._read_log` checks it: over the head and the bytes that follow)."""
+def _entry(kind: int, index: int, count: int, *arrays: np.ndarray, word: int = 0) -> list:
+    """An undo entry as the parts to write: its head (`word` in its crc field), `arrays` (contiguous)
+    as they are, the checksum of them all (as `TierStore._read_log` checks it: over the head and the
+    bytes that follow)."""
     arrays = tuple(np.ascontiguousarray(a) for a in arrays)
-    head = _ENTRY.pack(kind, index, count, 0, sum(a.nbytes for a in arrays))
+    head = _ENTRY.pack(kind, index, count, word, sum(a.nbytes for a in arrays))
     crc = zlib.crc32(head)
     for a in arrays:
         crc = zlib.crc32(memoryview(a).cast("B"), crc)
     return [head, *(memoryview(a).cast("B") for a in arrays), struct.pack("<I", crc)]
+
+
+def _bits(bits: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether each of `rows` has its bit set in `bits` (a bit per row, little-endian in each byte)."""
+    return (bits[rows >> 3] & (np.uint8(1) << (rows & 7).astype(np.uint8))) != 0
+
+
+def _float_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
 def _lock(directory: str):
@@ -172,7 +186,7 @@ class TierStore:
         fresh = self._fresh.get(name)
         if fresh is not None:  # rows never written since this process created the array: its value
             value, bits = fresh
-            at_value = (bits[rows >> 3] & (np.uint8(1) << (rows & 7).astype(np.uint8))) != 0
+            at_value = _bits(bits, rows)
             if at_value.any():
                 out = np.full((rows.size, f.cols), value, dtype=np.float32)
                 stored = np.flatnonzero(~at_value)
@@ -273,6 +287,10 @@ class TierStore:
             f = self.files[names[index]]
             if kind == _CRC:
                 f.restore_crc(what, crc)
+            elif kind == _FILL:
+                rows = np.frombuffer(data, dtype=np.int64)
+                value = struct.unpack("<f", struct.pack("<I", crc))[0]
+                f.restore_rows(rows, np.full((rows.size, f.cols), value, dtype=np.float32))
             elif kind == _CRCS:
                 f.restore_crcs(np.frombuffer(data[:8 * what], dtype=np.int64),
                                np.frombuffer(data[8 * what:], dtype=np.uint32))
@@ -318,7 +336,7 @@ class TierStore:
                 head = f.read(_LOG_HEAD.size)
         except FileNotFoundError:
             return None
-        if len(head) < _LOG_HEAD.size or head[:8] != _LOG_MAGIC:
+        if len(head) < _LOG_HEAD.size or head[:8] not in _LOG_MAGICS:
             raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
         return _LOG_HEAD.unpack(head)[1]
 
@@ -335,16 +353,29 @@ class TierStore:
             blocks = f.blocks_of(rows)
             blocks = blocks[~self._preimaged[name][blocks]]
             if blocks.size:  # one entry for all the blocks first written since the commit
-                blocks = np.unique(blocks)
+                blocks = distinct(blocks)
                 f.check_blocks(blocks)
                 parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
                 self._pages.spent(blocks.size)  # blocks not yet verified are read for their checksums
             bits = self._logged_rows[name]
-            new = rows[(bits[rows >> 3] & (1 << (rows & 7)).astype(np.uint8)) == 0]
-            for a in range(0, new.size, _CHUNK):  # chunks: the pages the pre-images map are measured
-                part = new[a:a + _CHUNK]
-                parts += _entry(_ROWS, index, part.size, part, f.data[part])
-                self._pages.spent(part.size)
+            new = rows[~_bits(bits, rows)]
+            stored = new
+            fresh = self._fresh.get(name)
+            if fresh is not None and new.size:  # rows still at the array's value: that value, not bytes
+                at_value = _bits(fresh[1], new)
+                stored = new[~at_value]
+                filled = new[at_value]
+                for a in range(0, filled.size, _LOG_ENTRY_BYTES // 8):
+                    part = filled[a:a + _LOG_ENTRY_BYTES // 8]
+                    parts += _entry(_FILL, index, part.size, part, word=_float_bits(fresh[0]))
+            per = max(_CHUNK, _LOG_ENTRY_BYTES // (4 * f.cols + 8))  # rows an entry holds
+            for a in range(0, stored.size, per):
+                part = stored[a:a + per]
+                pre = np.empty((part.size, f.cols), dtype=np.float32)
+                for b in range(0, part.size, _CHUNK):  # chunks: the pages the pre-images map are measured
+                    pre[b:b + _CHUNK] = f.data[part[b:b + _CHUNK]]
+                    self._pages.spent(min(_CHUNK, part.size - b))
+                parts += _entry(_ROWS, index, part.size, part, pre)
             logged.append((name, blocks, new))
         if not parts:
             return

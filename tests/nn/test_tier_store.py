@@ -168,6 +168,69 @@ def test_sigkill_while_writing_leaves_the_last_commit(tmp_path):
     np.testing.assert_array_equal(store.read("weight", np.arange(20000)), expected)
 
 
+_FRESH_WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from recstream.nn.tier_store import TierStore
+    store = TierStore.create(sys.argv[1], {"weight": (20000, 4, 0.25)})  # created here: its rows' value known
+    rng = np.random.default_rng(0)
+    step = 0
+    while True:
+        step += 1
+        rows = np.unique(rng.integers(0, 20000, 64))
+        store.write_many([("weight", rows, np.full((rows.size, 4), float(step), np.float32))])
+        if step % 5 == 0:
+            store.commit()
+            print(step, flush=True)
+""")
+
+
+@pytest.mark.e2e
+def test_sigkill_after_writes_of_never_written_rows_leaves_the_last_commit(tmp_path):
+    """Rows never written since the store was created are logged as their value (not their bytes): a
+    process SIGKILLed while writing such rows reopens to its last commit, every other row at the value."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", _FRESH_WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    seen = [int(proc.stdout.readline()) for _ in range(4)]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = TierStore.open(str(tmp_path))
+    store.files["weight"].verify_all()
+    committed_step = store.generation * 5
+    assert committed_step >= seen[-1]
+    expected = np.full((20000, 4), 0.25, np.float32)
+    rng = np.random.default_rng(0)
+    for step in range(1, committed_step + 1):
+        expected[np.unique(rng.integers(0, 20000, 64))] = float(step)
+    np.testing.assert_array_equal(store.read("weight", np.arange(20000)), expected)
+
+
+def test_never_written_rows_are_logged_as_their_value(tmp_path):
+    """The undo log of a write to rows still at the array's creation value holds the rows (8 bytes
+    each), not their bytes (64 each here): a step's evicted rows are mostly such rows of the optimizer
+    state. Rollback, also one commit back, restores the value."""
+    store = TierStore.create(str(tmp_path), {"weight": (20000, 16, _fill(16)), "exp_avg": (20000, 16, 0.5)})
+    log = os.path.join(str(tmp_path), "undo.log")
+    before = os.path.getsize(log)
+    rows = np.arange(0, 20000, 7)
+    store.write("exp_avg", rows, np.full((rows.size, 16), 3.0, np.float32))
+    blocks = 20000 // 64 + 1  # each block's committed checksum, 12 bytes
+    assert os.path.getsize(log) - before < rows.size * 8 + blocks * 12 + 1024  # (bytes: rows.size * 64 more)
+    store.rollback()
+    assert (store.read("exp_avg", rows) == 0.5).all()
+    store.write("exp_avg", rows[:10], np.full((10, 16), 3.0, np.float32))
+    store.commit()
+    store.write("exp_avg", rows[5:20], np.full((15, 16), 4.0, np.float32))  # 10 fresh rows, 5 logged as bytes
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    assert store.read("exp_avg", rows[:20])[:, 0].tolist() == [3.0] * 10 + [0.5] * 10
+    store.rollback_to(0)
+    assert (store.read("exp_avg", rows[:20]) == 0.5).all()
+    for f in store.files.values():
+        f.verify_all()
+    store.close()
+
+
 def test_the_store_returns_one_commit_back_and_no_further(tmp_path):
     """A checkpoint commits the store before its file is written: a kill between the two must leave the
     previous checkpoint's generation reachable, also from a new process."""
