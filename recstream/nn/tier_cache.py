@@ -107,6 +107,10 @@ def _bind_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
 
 
 _MOVING = -2  # row2slot of a row a prefetch is loading or writing back
+# A prefetch that writes rows back logs their pre-images and fsyncs the undo log; it logs those of
+# the trained rows of about this many more prefetches' victims (the next in LRU order) in the same
+# fsync, so the write-backs of the next ones need none: an fsync a step costs milliseconds.
+_LOG_AHEAD = 8
 
 
 @dataclass
@@ -120,6 +124,7 @@ class _Transfer:
     was_dirty: np.ndarray
     writes: list[tuple[str, np.ndarray, np.ndarray]]
     state_keys: list[str]
+    ahead: list[tuple[str, np.ndarray]]  # rows of the next victims: pre-imaged with these writes
 
 
 class TierCache:
@@ -270,6 +275,11 @@ class TierCache:
         index = torch.from_numpy(back)
         writes = [("weight", old[was_dirty], self.weight.data[index].cpu().numpy())]
         writes += [(key, old[was_dirty], t[index.to(t.device)].cpu().numpy()) for key, t in self._state().items()]
+        ahead = []
+        if back.size:  # (the slots of the step in flight too: their stored rows are what is logged)
+            next_victims = self.recency.oldest(_LOG_AHEAD * missing.size)
+            rows = self.slot2row[next_victims[self.dirty[next_victims]]]
+            ahead = [(key, rows) for key, _, _ in writes] if rows.size else []
         held = old >= 0
         self.row2slot[old[held]] = -1
         self.row2slot[old[was_dirty]] = _MOVING  # stored only once written back
@@ -277,13 +287,13 @@ class TierCache:
         self.slot2row[victims] = missing
         self.dirty[victims] = False
         self._in_flight += 1
-        return _Transfer(missing, victims, old, was_dirty, writes if back.size else [], list(self._state()))
+        return _Transfer(missing, victims, old, was_dirty, writes if back.size else [], list(self._state()), ahead)
 
     def _transfer(self, plan: _Transfer) -> dict[str, np.ndarray]:
         """Outside the lock (the store is this prefetch's alone): write the evicted rows back, read the
         new ones (weights and the optimizer state entries the cache had at `_plan`)."""
         if plan.writes:
-            self.store.write_many(plan.writes)
+            self.store.write_many(plan.writes, ahead=plan.ahead)
         return {key: self.store.read(key, plan.rows) for key in ("weight", *plan.state_keys)}
 
     def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:

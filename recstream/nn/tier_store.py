@@ -210,12 +210,18 @@ class TierStore:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
         self.write_many([(name, rows, values)])
 
-    def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
-        """Several writes (rows unique within each), with one fsync of the undo log before them."""
+    def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]],
+                   ahead: list[tuple[str, np.ndarray]] | None = None) -> None:
+        """Several writes (rows unique within each), with one fsync of the undo log before them.
+
+        `ahead`: rows likely written soon (a cache's next victims). When these writes must log
+        pre-images, so do those rows, in the same fsync: the writes that follow then log nothing and
+        sync nothing (an fsync a step costs milliseconds). A row logged and never written costs log
+        bytes only (its committed bytes are restored onto themselves)."""
         writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
         for name, rows, _ in writes:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
-        self._log_preimages(writes)
+        self._log_preimages(writes, ahead or [])
         for name, rows, values in writes:
             if name in self._fresh:  # no longer (known to be) at the array's value
                 np.bitwise_and.at(self._fresh[name][1], rows >> 3, ~(np.uint8(1) << (rows & 7).astype(np.uint8)))
@@ -340,15 +346,37 @@ class TierStore:
             raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
         return _LOG_HEAD.unpack(head)[1]
 
-    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]],
+                       ahead: list[tuple[str, np.ndarray]]) -> None:
         """Append the committed checksums of blocks and bytes of rows about to be written for the first
-        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes.
-        An entry's parts go to the file as they are (its checksum computed over them in turn): a step
-        logs about a MiB of pre-images, which joining would copy several times."""
+        time since the last commit, then fsync; if there are any, those of the rows `ahead` too.
+        Rows, not blocks: an evicted row costs its own bytes. An entry's parts go to the file as they
+        are (its checksum computed over them in turn): a step logs about a MiB of pre-images, which
+        joining would copy several times."""
+        logged: list = []  # (name, blocks, rows) to mark as logged once the log is durable
+        parts = self._preimage_parts([(name, rows) for name, rows, _ in writes], logged)
+        if parts and ahead:
+            ahead = [(name, np.asarray(rows, dtype=np.int64)) for name, rows in ahead]
+            for name, rows in ahead:
+                self.files[name].check_blocks(self.files[name].blocks_of(rows))
+            parts += self._preimage_parts(ahead, logged)
+        if not parts:
+            return
+        with open(self._log_path, "ab") as log:
+            for part in parts:
+                log.write(part)
+            log.flush()
+            os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+        for name, blocks, new in logged:
+            self._preimaged[name][blocks] = True
+            np.bitwise_or.at(self._logged_rows[name], new >> 3, (1 << (new & 7)).astype(np.uint8))
+
+    def _preimage_parts(self, rows_of: list[tuple[str, np.ndarray]], logged: list) -> list:
+        """The undo entries (as parts to write) of `rows_of` ``(array, rows)`` not logged since the
+        commit; what they cover is appended to `logged`, to be marked once the log is durable."""
         names = list(self.files)
         parts: list = []
-        logged = []  # (name, blocks, rows) to mark as logged once the log is durable
-        for name, rows, _ in writes:
+        for name, rows in rows_of:
             f, index = self.files[name], names.index(name)
             blocks = f.blocks_of(rows)
             blocks = blocks[~self._preimaged[name][blocks]]
@@ -357,8 +385,7 @@ class TierStore:
                 f.check_blocks(blocks)
                 parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
                 self._pages.spent(blocks.size)  # blocks not yet verified are read for their checksums
-            bits = self._logged_rows[name]
-            new = rows[~_bits(bits, rows)]
+            new = rows[~_bits(self._logged_rows[name], rows)]
             stored = new
             fresh = self._fresh.get(name)
             if fresh is not None and new.size:  # rows still at the array's value: that value, not bytes
@@ -377,16 +404,7 @@ class TierStore:
                     self._pages.spent(min(_CHUNK, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)
             logged.append((name, blocks, new))
-        if not parts:
-            return
-        with open(self._log_path, "ab") as log:
-            for part in parts:
-                log.write(part)
-            log.flush()
-            os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
-        for name, blocks, new in logged:
-            self._preimaged[name][blocks] = True
-            np.bitwise_or.at(self._logged_rows[name], new >> 3, (1 << (new & 7)).astype(np.uint8))
+        return parts
 
     def _read_log(self, path: str):
         """The intact entries ``(kind, file index, block or row count, crc, data)`` of the log at `path`

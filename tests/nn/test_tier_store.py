@@ -231,6 +231,28 @@ def test_never_written_rows_are_logged_as_their_value(tmp_path):
     store.close()
 
 
+def test_rows_logged_ahead_are_written_without_a_sync_and_rolled_back(tmp_path, monkeypatch):
+    """write_many(ahead=...) logs the pre-images of rows written later in the same fsync: those writes
+    sync nothing, and a rollback still restores them (and rows logged ahead but never written)."""
+    store = TierStore.create(str(tmp_path), {"weight": (20000, 4, _fill(4)), "sum": (20000, 4, 0.5)})
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    first, later, never = np.arange(0, 100), np.arange(5000, 5100), np.arange(9000, 9010)
+    ahead = [(name, np.concatenate([later, never])) for name in ("weight", "sum")]
+    store.write_many([(name, first, np.full((100, 4), 7.0, np.float32)) for name in ("weight", "sum")], ahead=ahead)
+    assert len(fsyncs) == 1
+    store.write_many([(name, later, np.full((100, 4), 8.0, np.float32)) for name in ("weight", "sum")], ahead=ahead)
+    assert len(fsyncs) == 1  # every pre-image was durable already
+    store.rollback()
+    rows = np.concatenate([first, later, never])
+    np.testing.assert_array_equal(store.read("weight", rows), _fill(4)(0, 20000)[rows])
+    assert (store.read("sum", rows) == 0.5).all()
+    for f in store.files.values():
+        f.verify_all()
+    store.close()
+
+
 def test_the_store_returns_one_commit_back_and_no_further(tmp_path):
     """A checkpoint commits the store before its file is written: a kill between the two must leave the
     previous checkpoint's generation reachable, also from a new process."""
