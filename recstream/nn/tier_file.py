@@ -305,10 +305,13 @@ class TierFile:
         self.check_blocks(blocks)
         return self.data[rows]
 
-    def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
+    def write_rows(self, rows: np.ndarray, values: np.ndarray, checked: bool = False) -> None:
+        """Write `values` into rows `rows`; their blocks are verified first unless the caller has
+        (`checked`: a store checks a write's blocks once, then writes it in chunks)."""
         rows = np.asarray(rows, dtype=np.int64)
         blocks = self.blocks_of(rows)
-        self.check_blocks(blocks)
+        if not checked:
+            self.check_blocks(blocks)
         self.data[rows] = values
         self.dirty[blocks] = True
 

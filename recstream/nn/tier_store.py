@@ -226,7 +226,7 @@ class TierStore:
             if name in self._fresh:  # no longer (known to be) at the array's value
                 np.bitwise_and.at(self._fresh[name][1], rows >> 3, ~(np.uint8(1) << (rows & 7).astype(np.uint8)))
             for a in range(0, rows.size, _CHUNK):  # chunks: the pages they map are measured as they go
-                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK])
+                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK], checked=True)
                 self._pages.spent(min(_CHUNK, rows.size - a))
             self.bytes_written += values.nbytes
 
