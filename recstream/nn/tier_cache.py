@@ -276,7 +276,9 @@ class TierCache:
         writes = [("weight", old[was_dirty], self.weight.data[index].cpu().numpy())]
         writes += [(key, old[was_dirty], t[index.to(t.device)].cpu().numpy()) for key, t in self._state().items()]
         ahead = []
-        if back.size:  # (the slots of the step in flight too: their stored rows are what is logged)
+        if back.size and not all(self.store.logged(key, old[was_dirty]) for key, _, _ in writes):
+            # this write syncs the log: the next victims' pre-images too (the slots of the step in
+            # flight may be among them: their stored rows, not the cached ones, are what is logged)
             next_victims = self.recency.oldest(_LOG_AHEAD * missing.size)
             rows = self.slot2row[next_victims[self.dirty[next_victims]]]
             ahead = [(key, rows) for key, _, _ in writes] if rows.size else []

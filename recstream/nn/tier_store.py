@@ -230,6 +230,12 @@ class TierStore:
                 self._pages.spent(min(_CHUNK, rows.size - a))
             self.bytes_written += values.nbytes
 
+    def logged(self, name: str, rows: np.ndarray) -> bool:
+        """Whether every one of `rows` of array `name` has its pre-image in the undo log (a write of
+        them syncs nothing)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return bool(_bits(self._logged_rows[name], rows).all())
+
     # ----- commit / rollback -----
     @property
     def changed(self) -> bool:
