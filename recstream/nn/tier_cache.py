@@ -207,7 +207,8 @@ class TierCache:
         """Slots of table rows `rows` (int64, any shape), loading missing rows; with `train`, the slots
         are marked to be written back when evicted."""
         ids = rows.detach().cpu().numpy()
-        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):  # numpy would wrap a negative index
+        unique = _distinct(ids)  # sorted (before the lock: a prefetch waits on it meanwhile)
+        if unique.size and (unique[0] < 0 or unique[-1] >= self.rows):  # numpy would wrap a negative index
             bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
             raise ValueError(f"EmbeddingBagCollection: id {bad} of table {self.name!r} must be in [0, {self.rows})")
         if train and self._opt is None and self.unknown is not None:
@@ -216,7 +217,6 @@ class TierCache:
                             "recstream.nn.register_row_state")
         with self.lock:
             self.recency.advance()
-            unique = _distinct(ids)
             if not self._ensure(unique):
                 raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "
                                  f"{self.cache_rows} rows, a batch reads {unique.size} distinct ones; raise "
