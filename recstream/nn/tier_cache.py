@@ -111,6 +111,7 @@ _MOVING = -2  # row2slot of a row a prefetch is loading or writing back
 # the trained rows of about this many more prefetches' victims (the next in LRU order) in the same
 # fsync, so the write-backs of the next ones need none: an fsync a step costs milliseconds.
 _LOG_AHEAD = 8
+_LOG_AHEAD_MAX = 1 << 18  # slots at most: the pre-images of one fsync are held in memory until written
 
 
 @dataclass
@@ -279,7 +280,7 @@ class TierCache:
         if back.size and not all(self.store.logged(key, old[was_dirty]) for key, _, _ in writes):
             # this write syncs the log: the next victims' pre-images too (the slots of the step in
             # flight may be among them: their stored rows, not the cached ones, are what is logged)
-            next_victims = self.recency.oldest(_LOG_AHEAD * missing.size)
+            next_victims = self.recency.oldest(min(_LOG_AHEAD * missing.size, _LOG_AHEAD_MAX))
             rows = self.slot2row[next_victims[self.dirty[next_victims]]]
             ahead = [(key, rows) for key, _, _ in writes] if rows.size else []
         held = old >= 0
