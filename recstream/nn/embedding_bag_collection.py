@@ -471,12 +471,15 @@ class EmbeddingBagCollection(nn.Module):
         if all(t is None for t in self._tiers):
             return
         values, offsets, batch_size, layout = self._inputs(features, None, None)
+        if not self._pad:  # one group, the tiered table's: every id is its own (no per-id feature needed)
+            next(t for t in self._tiers if t is not None).prefetch(values)
+            return
         nf = layout.shift.numel()
         f_len = offsets[1:].reshape(nf, batch_size)[:, -1] - offsets[:-1].reshape(nf, batch_size)[:, 0]
         fid = torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=values.numel())
         for g, tier in enumerate(self._tiers):
             if tier is not None:
-                tier.prefetch(values if not self._pad else values[layout.group[fid] == g])
+                tier.prefetch(values[layout.group[fid] == g])
 
     def batch_prefetcher(self):
         """For a pipeline that has batches ready ahead of their steps (`recstream.train.sink.batch_prefetch`):

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from .tier_file import distinct as _distinct
 from .tier_lru import SlotRecency
 from .tier_store import TierStore
 
@@ -65,18 +66,6 @@ def register_row_state(optimizer_class_name: str, row_state: RowState) -> None:
         raise TypeError("register_row_state: expected (str, callable), got "
                         f"({type(optimizer_class_name).__name__}, {type(row_state).__name__})")
     ROW_STATE[optimizer_class_name] = row_state
-
-
-def _distinct(ids: np.ndarray) -> np.ndarray:
-    """The distinct values of int64 `ids`, sorted: a sort and a mask, ~10x faster than ``np.unique``
-    (a hash table in numpy >= 2.3) on a batch's ids."""
-    ordered = np.sort(ids.ravel())
-    if ordered.size < 2:
-        return ordered
-    first = np.empty(ordered.size, dtype=bool)
-    first[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    return ordered[first]
 
 
 def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str, float] | None:
@@ -118,6 +107,11 @@ def _bind_hook(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
 
 
 _MOVING = -2  # row2slot of a row a prefetch is loading or writing back
+# A prefetch that writes rows back logs their pre-images and fsyncs the undo log; it logs those of
+# the trained rows of about this many more prefetches' victims (the next in LRU order) in the same
+# fsync, so the write-backs of the next ones need none: an fsync a step costs milliseconds.
+_LOG_AHEAD = 8
+_LOG_AHEAD_MAX = 1 << 18  # slots at most: the pre-images of one fsync are held in memory until written
 
 
 @dataclass
@@ -131,6 +125,7 @@ class _Transfer:
     was_dirty: np.ndarray
     writes: list[tuple[str, np.ndarray, np.ndarray]]
     state_keys: list[str]
+    ahead: list[tuple[str, np.ndarray]]  # rows of the next victims: pre-imaged with these writes
 
 
 class TierCache:
@@ -214,7 +209,8 @@ class TierCache:
         are marked to be written back when evicted. Without `advance` the rows join those of the last
         call, which stay pinned too (several lookups before one optimizer step: `hash_tier`)."""
         ids = rows.detach().cpu().numpy()
-        if ids.size and (ids.min() < 0 or ids.max() >= self.rows):  # numpy would wrap a negative index
+        unique = _distinct(ids)  # sorted (before the lock: a prefetch waits on it meanwhile)
+        if unique.size and (unique[0] < 0 or unique[-1] >= self.rows):  # numpy would wrap a negative index
             bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
             raise ValueError(f"EmbeddingBagCollection: id {bad} of table {self.name!r} must be in [0, {self.rows})")
         if train and self._opt is None and self.unknown is not None:
@@ -224,7 +220,6 @@ class TierCache:
         with self.lock:
             if advance:
                 self.recency.advance()
-            unique = _distinct(ids)
             if not self._ensure(unique):
                 raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "
                                  f"{self.cache_rows} rows, a batch reads {unique.size} distinct ones; raise "
@@ -283,6 +278,13 @@ class TierCache:
         index = torch.from_numpy(back)
         writes = [("weight", old[was_dirty], self.weight.data[index].cpu().numpy())]
         writes += [(key, old[was_dirty], t[index.to(t.device)].cpu().numpy()) for key, t in self._state().items()]
+        ahead = []
+        if back.size and not all(self.store.logged(key, old[was_dirty]) for key, _, _ in writes):
+            # this write syncs the log: the next victims' pre-images too (the slots of the step in
+            # flight may be among them: their stored rows, not the cached ones, are what is logged)
+            next_victims = self.recency.oldest(min(_LOG_AHEAD * missing.size, _LOG_AHEAD_MAX))
+            rows = self.slot2row[next_victims[self.dirty[next_victims]]]
+            ahead = [(key, rows) for key, _, _ in writes] if rows.size else []
         held = old >= 0
         self.row2slot[old[held]] = -1
         self.row2slot[old[was_dirty]] = _MOVING  # stored only once written back
@@ -290,13 +292,13 @@ class TierCache:
         self.slot2row[victims] = missing
         self.dirty[victims] = False
         self._in_flight += 1
-        return _Transfer(missing, victims, old, was_dirty, writes if back.size else [], list(self._state()))
+        return _Transfer(missing, victims, old, was_dirty, writes if back.size else [], list(self._state()), ahead)
 
     def _transfer(self, plan: _Transfer) -> dict[str, np.ndarray]:
         """Outside the lock (the store is this prefetch's alone): write the evicted rows back, read the
         new ones (weights and the optimizer state entries the cache had at `_plan`)."""
         if plan.writes:
-            self.store.write_many(plan.writes)
+            self.store.write_many(plan.writes, ahead=plan.ahead)
         return {key: self.store.read(key, plan.rows) for key in ("weight", *plan.state_keys)}
 
     def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:

@@ -103,6 +103,19 @@ class SlotRecency:
             need -= live.size
         return np.concatenate(taken) if len(taken) != 1 else taken[0]
 
+    def oldest(self, n: int) -> np.ndarray:
+        """Up to `n` slots in least-recently-used order (free ones first), not taken: the victims of the
+        evictions to come, if nothing is touched meanwhile. Reserved slots are left out."""
+        taken: list[np.ndarray] = []
+        need = n
+        for tick, slots in self._queue:
+            if need <= 0:
+                break
+            live = slots[self.last_use[slots] == tick][:need]
+            taken.append(live)
+            need -= live.size
+        return np.concatenate(taken) if taken else np.empty(0, dtype=np.int64)
+
     def _rebuild(self) -> None:
         order = np.argsort(self.last_use, kind="stable")
         order = order[self.last_use[order] != _RESERVED]  # out of the order until touched

@@ -40,33 +40,47 @@ from collections.abc import Callable
 import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
-from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, release_limit
+from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, distinct, release_limit
 
 __all__ = ["TierStore"]
 
-_LOG_MAGIC = b"RSUNDO01"
+_LOG_MAGIC = b"RSUNDO02"  # 02: may hold _FILL entries (an 01 log, which cannot, is read too)
+_LOG_MAGICS = (b"RSUNDO01", _LOG_MAGIC)
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
 # An undo entry: kind, file index, block (kind _CRC) or row or block count (kinds _ROWS, _CRCS), the
 # block's committed checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their
-# committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32). This
-# version writes _ROWS and _CRCS (one entry per file and write, not one per block); _CRC is still read.
+# committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32; kind
+# _FILL: the rows as int64, whose committed bytes are all one value, its float32 bits in the crc
+# field: rows never written, of an array created at that value). This version writes _ROWS, _CRCS
+# and _FILL (entries per file and write, not per block); _CRC is still read.
 _ENTRY = struct.Struct("<BIQII")
-_CRC, _ROWS, _CRCS = 0, 1, 2
+_CRC, _ROWS, _CRCS, _FILL = 0, 1, 2, 3
+_LOG_ENTRY_BYTES = 4 << 20  # an entry's bytes at most: a rollback reads an entry whole
 FORMAT = "recstream-tier"
 _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
 
 Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
 
-def _entry(kind: int, index: int, count: int, *arrays: np.ndarray) -> list:
-    """An undo entry as the parts to write: its head, `arrays` (contiguous) as they are, the checksum
-    of them all (as `TierStore._read_log` checks it: over the head and the bytes that follow)."""
+def _entry(kind: int, index: int, count: int, *arrays: np.ndarray, word: int = 0) -> list:
+    """An undo entry as the parts to write: its head (`word` in its crc field), `arrays` (contiguous)
+    as they are, the checksum of them all (as `TierStore._read_log` checks it: over the head and the
+    bytes that follow)."""
     arrays = tuple(np.ascontiguousarray(a) for a in arrays)
-    head = _ENTRY.pack(kind, index, count, 0, sum(a.nbytes for a in arrays))
+    head = _ENTRY.pack(kind, index, count, word, sum(a.nbytes for a in arrays))
     crc = zlib.crc32(head)
     for a in arrays:
         crc = zlib.crc32(memoryview(a).cast("B"), crc)
     return [head, *(memoryview(a).cast("B") for a in arrays), struct.pack("<I", crc)]
+
+
+def _bits(bits: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether each of `rows` has its bit set in `bits` (a bit per row, little-endian in each byte)."""
+    return (bits[rows >> 3] & (np.uint8(1) << (rows & 7).astype(np.uint8))) != 0
+
+
+def _float_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
 
 
 def _lock(directory: str):
@@ -98,6 +112,11 @@ class TierStore:
         # Since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
         self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
         self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
+        # Arrays this process created with one value (an optimizer state's initial one): that value, and
+        # a bit per row still at it (never written since). Such rows are not read, their value is known:
+        # most rows a step loads are new to training, so their state is its initial value (two of the
+        # three arrays LazyAdam reads). Cleared by writes; unknown (empty) for a store opened from disk.
+        self._fresh: dict[str, tuple[float, np.ndarray]] = {}
         self.bytes_read = 0
         self.bytes_written = 0
         # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
@@ -113,6 +132,8 @@ class TierStore:
         opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
                   for name, (rows, cols, fill) in files.items()}
         store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"), lock)
+        for name, (_, _, fill) in files.items():
+            store._mark_fresh(name, fill)
         store._reset_log()
         store._write_manifest(0)
         return store
@@ -147,7 +168,12 @@ class TierStore:
         self.files[name] = f
         self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
         self._logged_rows[name] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
+        self._mark_fresh(name, fill)
         self._write_manifest(self.generation)
+
+    def _mark_fresh(self, name: str, fill: Fill) -> None:
+        if not callable(fill):
+            self._fresh[name] = (float(fill), np.full((self.files[name].rows + 7) // 8, 0xFF, dtype=np.uint8))
 
     def close(self) -> None:
         for f in self.files.values():
@@ -157,6 +183,19 @@ class TierStore:
     # ----- rows -----
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         f, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+        fresh = self._fresh.get(name)
+        if fresh is not None:  # rows never written since this process created the array: its value
+            value, bits = fresh
+            at_value = _bits(bits, rows)
+            if at_value.any():
+                out = np.full((rows.size, f.cols), value, dtype=np.float32)
+                stored = np.flatnonzero(~at_value)
+                if stored.size:
+                    out[stored] = self._read_stored(f, rows[stored])
+                return out
+        return self._read_stored(f, rows)
+
+    def _read_stored(self, f: TierFile, rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.size, f.cols), dtype=np.float32)
         for a in range(0, rows.size, _CHUNK):
             out[a:a + _CHUNK] = f.read_rows(rows[a:a + _CHUNK])
@@ -171,17 +210,31 @@ class TierStore:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
         self.write_many([(name, rows, values)])
 
-    def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
-        """Several writes (rows unique within each), with one fsync of the undo log before them."""
+    def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]],
+                   ahead: list[tuple[str, np.ndarray]] | None = None) -> None:
+        """Several writes (rows unique within each), with one fsync of the undo log before them.
+
+        `ahead`: rows likely written soon (a cache's next victims). When these writes must log
+        pre-images, so do those rows, in the same fsync: the writes that follow then log nothing and
+        sync nothing (an fsync a step costs milliseconds). A row logged and never written costs log
+        bytes only (its committed bytes are restored onto themselves)."""
         writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
         for name, rows, _ in writes:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
-        self._log_preimages(writes)
+        self._log_preimages(writes, ahead or [])
         for name, rows, values in writes:
+            if name in self._fresh:  # no longer (known to be) at the array's value
+                np.bitwise_and.at(self._fresh[name][1], rows >> 3, ~(np.uint8(1) << (rows & 7).astype(np.uint8)))
             for a in range(0, rows.size, _CHUNK):  # chunks: the pages they map are measured as they go
-                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK])
+                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK], checked=True)
                 self._pages.spent(min(_CHUNK, rows.size - a))
             self.bytes_written += values.nbytes
+
+    def logged(self, name: str, rows: np.ndarray) -> bool:
+        """Whether every one of `rows` of array `name` has its pre-image in the undo log (a write of
+        them syncs nothing)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return bool(_bits(self._logged_rows[name], rows).all())
 
     # ----- commit / rollback -----
     @property
@@ -246,6 +299,10 @@ class TierStore:
             f = self.files[names[index]]
             if kind == _CRC:
                 f.restore_crc(what, crc)
+            elif kind == _FILL:
+                rows = np.frombuffer(data, dtype=np.int64)
+                value = struct.unpack("<f", struct.pack("<I", crc))[0]
+                f.restore_rows(rows, np.full((rows.size, f.cols), value, dtype=np.float32))
             elif kind == _CRCS:
                 f.restore_crcs(np.frombuffer(data[:8 * what], dtype=np.int64),
                                np.frombuffer(data[8 * what:], dtype=np.uint32))
@@ -291,34 +348,24 @@ class TierStore:
                 head = f.read(_LOG_HEAD.size)
         except FileNotFoundError:
             return None
-        if len(head) < _LOG_HEAD.size or head[:8] != _LOG_MAGIC:
+        if len(head) < _LOG_HEAD.size or head[:8] not in _LOG_MAGICS:
             raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
         return _LOG_HEAD.unpack(head)[1]
 
-    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]],
+                       ahead: list[tuple[str, np.ndarray]]) -> None:
         """Append the committed checksums of blocks and bytes of rows about to be written for the first
-        time since the last commit, then fsync. Rows, not blocks: an evicted row costs its own bytes.
-        An entry's parts go to the file as they are (its checksum computed over them in turn): a step
-        logs about a MiB of pre-images, which joining would copy several times."""
-        names = list(self.files)
-        parts: list = []
-        logged = []  # (name, blocks, rows) to mark as logged once the log is durable
-        for name, rows, _ in writes:
-            f, index = self.files[name], names.index(name)
-            blocks = f.blocks_of(rows)
-            blocks = blocks[~self._preimaged[name][blocks]]
-            if blocks.size:  # one entry for all the blocks first written since the commit
-                blocks = np.unique(blocks)
-                f.check_blocks(blocks)
-                parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
-                self._pages.spent(blocks.size)  # blocks not yet verified are read for their checksums
-            bits = self._logged_rows[name]
-            new = rows[(bits[rows >> 3] & (1 << (rows & 7)).astype(np.uint8)) == 0]
-            for a in range(0, new.size, _CHUNK):  # chunks: the pages the pre-images map are measured
-                part = new[a:a + _CHUNK]
-                parts += _entry(_ROWS, index, part.size, part, f.data[part])
-                self._pages.spent(part.size)
-            logged.append((name, blocks, new))
+        time since the last commit, then fsync; if there are any, those of the rows `ahead` too.
+        Rows, not blocks: an evicted row costs its own bytes. An entry's parts go to the file as they
+        are (its checksum computed over them in turn): a step logs about a MiB of pre-images, which
+        joining would copy several times."""
+        logged: list = []  # (name, blocks, rows) to mark as logged once the log is durable
+        parts = self._preimage_parts([(name, rows) for name, rows, _ in writes], logged)
+        if parts and ahead:
+            ahead = [(name, np.asarray(rows, dtype=np.int64)) for name, rows in ahead]
+            for name, rows in ahead:
+                self.files[name].check_blocks(self.files[name].blocks_of(rows))
+            parts += self._preimage_parts(ahead, logged)
         if not parts:
             return
         with open(self._log_path, "ab") as log:
@@ -329,6 +376,41 @@ class TierStore:
         for name, blocks, new in logged:
             self._preimaged[name][blocks] = True
             np.bitwise_or.at(self._logged_rows[name], new >> 3, (1 << (new & 7)).astype(np.uint8))
+
+    def _preimage_parts(self, rows_of: list[tuple[str, np.ndarray]], logged: list) -> list:
+        """The undo entries (as parts to write) of `rows_of` ``(array, rows)`` not logged since the
+        commit; what they cover is appended to `logged`, to be marked once the log is durable."""
+        names = list(self.files)
+        parts: list = []
+        for name, rows in rows_of:
+            f, index = self.files[name], names.index(name)
+            blocks = f.blocks_of(rows)
+            blocks = blocks[~self._preimaged[name][blocks]]
+            if blocks.size:  # one entry for all the blocks first written since the commit
+                blocks = distinct(blocks)
+                f.check_blocks(blocks)
+                parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
+                self._pages.spent(blocks.size)  # blocks not yet verified are read for their checksums
+            new = rows[~_bits(self._logged_rows[name], rows)]
+            stored = new
+            fresh = self._fresh.get(name)
+            if fresh is not None and new.size:  # rows still at the array's value: that value, not bytes
+                at_value = _bits(fresh[1], new)
+                stored = new[~at_value]
+                filled = new[at_value]
+                for a in range(0, filled.size, _LOG_ENTRY_BYTES // 8):
+                    part = filled[a:a + _LOG_ENTRY_BYTES // 8]
+                    parts += _entry(_FILL, index, part.size, part, word=_float_bits(fresh[0]))
+            per = max(_CHUNK, _LOG_ENTRY_BYTES // (4 * f.cols + 8))  # rows an entry holds
+            for a in range(0, stored.size, per):
+                part = stored[a:a + per]
+                pre = np.empty((part.size, f.cols), dtype=np.float32)
+                for b in range(0, part.size, _CHUNK):  # chunks: the pages the pre-images map are measured
+                    pre[b:b + _CHUNK] = f.data[part[b:b + _CHUNK]]
+                    self._pages.spent(min(_CHUNK, part.size - b))
+                parts += _entry(_ROWS, index, part.size, part, pre)
+            logged.append((name, blocks, new))
+        return parts
 
     def _read_log(self, path: str):
         """The intact entries ``(kind, file index, block or row count, crc, data)`` of the log at `path`

@@ -24,7 +24,10 @@ def test_victims_are_the_least_recently_used_slots_across_rebuilds(monkeypatch, 
         last[used] = tick
         k = int(g.integers(0, 8))
         candidates = [s for s in range(n) if last[s] < tick and s not in reserved]
+        peek = r.oldest(k)  # the same slots victims() takes next, nothing taken
         victims = r.victims(k)
+        if k <= len(candidates):
+            assert peek.tolist() == victims.tolist()
         if k > len(candidates):
             assert victims is None
             continue

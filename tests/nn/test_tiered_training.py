@@ -187,6 +187,31 @@ def test_prefetch_on_a_thread_keeps_training_equal(tmp_path):
     assert tiered.ebc.tier_stats()["item"].prefetched > 0
 
 
+def test_prefetches_that_write_rows_back_sync_the_undo_log_once_every_few(tmp_path, monkeypatch):
+    """A prefetch writing trained rows back must make their pre-images durable first (an fsync); it logs
+    those of the next prefetches' victims too, so most write-backs sync nothing (before: one fsync each).
+    Training still equals the in-memory table's."""
+    import os
+    memory, tiered = _pair(tmp_path, cache_rows=96)
+    batches = _batches(40, seed=3)
+    lm = _train(memory, _optimizer("lazy_adam", memory), batches)
+    opts = _optimizer("lazy_adam", tiered)
+    tier = tiered.ebc._tiers[tiered.ebc._table_loc["item"][0]]
+    fsyncs, writing = [], []
+    real_fsync, write_many = os.fsync, tier.store.write_many
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    monkeypatch.setattr(tier.store, "write_many", lambda writes, **kw: writing.append(1) or write_many(writes, **kw))
+    lt = _train(tiered, opts, batches[:1])
+    for i in range(1, len(batches)):
+        fsyncs.clear() if i == 10 else None  # the cache is full (every prefetch evicts) from here on
+        writing.clear() if i == 10 else None
+        tiered.ebc.prefetch(batches[i][0])
+        lt += _train(tiered, opts, [batches[i]])
+    assert len(writing) > 20 and len(fsyncs) < len(writing) / 2, (len(fsyncs), len(writing))
+    np.testing.assert_allclose(lt, lm, rtol=1e-5)
+    _assert_same_tables(memory, tiered)
+
+
 @pytest.mark.parametrize("boost_level", ["O0", "O1"])
 def test_model_with_combined_optimizer_and_checkpoints_trains_a_tiered_net_as_an_in_memory_one(tmp_path,
                                                                                                  boost_level):
