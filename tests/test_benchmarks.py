@@ -245,6 +245,43 @@ def test_the_anchors_benchmarks_crosses_rows_feed_the_streams_crosses_to_the_lin
     assert [r["system"] for r in rows["rows"]] == ["recstream DeepFM, crosses"] and 0.55 < rows["rows"][0]["auc"] < 1
 
 
+def test_the_anchors_benchmark_runs_every_seed_and_states_the_spread(capsys):
+    bench = _load("bench_anchors")
+    res = bench.main(["--quick", "--no-anchors", "--streams", "drifting", "--only", "DeepFM, crosses",
+                      "--seeds", "0", "1"])["drifting"]
+    assert sorted(res["by_seed"]) == [0, 1] and res["rows"] == res["by_seed"][0]["rows"]
+    aucs = [res["by_seed"][k]["rows"][0]["auc"] for k in (0, 1)]
+    assert aucs[0] != aucs[1]  # another seed draws another stream
+    (row,) = res["summary"]["systems"]
+    assert row["aucs"] == aucs and row["spread"] == pytest.approx(abs(aucs[0] - aucs[1]), abs=1e-15)
+    assert row["mean"] == pytest.approx(sum(aucs) / 2, abs=1e-15)
+    out = capsys.readouterr().out
+    assert "drifting: 30 batches x 256, seed 1," in out and "drifting, seeds 0, 1:" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--seed", "0", "--seeds", "1"])
+
+
+def test_the_anchors_summary_gives_recstreams_margin_over_each_anchors_best_per_seed(capsys):
+    bench = _load("bench_anchors")
+
+    def seed(*aucs):
+        names = ["VW a", "VW b", "River c", "recstream d", "recstream e"]
+        return {"rows": [{"system": n, "auc": a} for n, a in zip(names, aucs, strict=True)]}
+    summary = bench.summarize("s", {0: seed(0.70, 0.72, 0.71, 0.73, 0.69), 1: seed(0.71, 0.70, 0.74, 0.72, 0.73)})
+    assert summary["margins"]["VW"] == pytest.approx([0.01, 0.02]) and summary["margins"]["River"] == pytest.approx(
+        [0.02, -0.01])
+    assert "recstream's best row minus River's best, per seed: +0.0200, -0.0100" in capsys.readouterr().out
+
+
+def test_the_anchors_river_rows_get_vws_quadratic_pairs_as_crossed_tokens():
+    bench = _load("bench_anchors")
+    spaces = {"u": ["user=1"], "g": ["genres=4", "genres=5"], "i": ["item=7"]}
+    x = bench.river_dict(spaces, [0.5], (("u", "g"), ("a", "i")))  # no attributes here: no a x i tokens
+    assert x == {"user=1": 1.0, "genres=4": 1.0, "genres=5": 1.0, "item=7": 1.0, "user=1*genres=4": 1.0,
+                 "user=1*genres=5": 1.0, "x0": 0.5}
+    assert bench.river_dict(spaces, []) == {"user=1": 1.0, "genres=4": 1.0, "genres=5": 1.0, "item=7": 1.0}
+
+
 def test_the_freshness_benchmark_runs_the_whole_chain_and_reports_staleness():
     """`bench_freshness.py --quick`: real processes (produce, online, serve) through a directory and the
     in-memory Kafka broker; it reports staleness quantiles and stages, and the served versions advance.
