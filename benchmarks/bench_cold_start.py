@@ -1,0 +1,150 @@
+"""Cold start: what a dynamic table should answer for an id it has not admitted yet, measured.
+
+recstream's dynamic tables (`HashEmbedding`) answer a key without a row with ``default_value``
+(zeros), and with the default ``permit_filter_value=1`` give it a row, drawn N(0, 0.01^2), in the
+first training step that sees it. Test-then-train scores every new user's first batch of events
+with that answer. This benchmark compares it with the mechanisms issue 25 proposed, on
+`bench_anchors`'s protocol and streams (the same events, warm start on the first 20%, every event
+scored before any update from its batch; prequential AUC, exact and deterministic on a CPU with
+one thread), for recstream's DeepFM with the stream's crosses (the best on ``coldstart``) and its
+default WideDeep:
+
+- ``zeros``: the default (``default_value`` zeros, new rows N(0, 0.01^2));
+- ``mean``: every dynamic table answers unseen keys with the mean of its rows, weighted by how
+  often each key was seen (``table_entries``' counts): an unseen id's first answer is the average
+  id's, recomputed before each batch is scored (``default_value`` is writable; it travels with the
+  state_dict to serving);
+- ``mean init``: the same answer, and every newly admitted row starts at that mean (plus its
+  usual N(0, 0.01^2) draw) instead of around zero -- the other half of the learned shared row
+  (``cold_start="shared"``, branch ``coldstart``) without its gradient;
+- ``unseen flag``: zeros, plus a learned per-feature "unseen" indicator fed to the model: two
+  fixed-vocabulary features ``user_new`` and ``item_new`` (1 for an event whose id no earlier batch
+  had -- exactly the keys the table has no row for when the batch is scored; in training, the keys
+  admitted in that step), with their own embeddings and first-order weights.
+
+    python benchmarks/bench_cold_start.py               # both streams, seeds 0 and 1, both models
+    python benchmarks/bench_cold_start.py --quick       # 30 batches, seed 0: a smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import bench_anchors as ba
+import numpy as np
+import torch
+
+from recstream.data import Batch, CategoricalFeature, Schema
+from recstream.features import Features
+from recstream.models import DeepFM, WideDeep
+from recstream.nn import HashEmbedding
+from recstream.nn.hash_embedding import table_entries
+
+MECHANISMS = ("zeros", "mean", "mean init", "unseen flag")
+CONFIGS = {"DeepFM, crosses": ba.Config("recstream DeepFM, crosses", DeepFM, {}, None, True),
+           "WideDeep": ba.Config("recstream WideDeep, default_optimizer", WideDeep)}
+
+
+def seen_mean(table: HashEmbedding) -> torch.Tensor:
+    """The mean of `table`'s admitted rows, each weighted by its key's count of sightings (zeros if none)."""
+    e = table_entries(table.state_dict())
+    w = e["counts"].to(table.values.dtype) * e["admitted"]
+    if float(w.sum()) == 0:
+        return torch.zeros(table.embedding_size, dtype=table.values.dtype)
+    return (e["values"] * w.unsqueeze(1)).sum(0) / w.sum()
+
+
+def with_mean_answer(net: torch.nn.Module, init_too: bool) -> torch.nn.Module:
+    """`net` whose dynamic tables answer unseen keys with `seen_mean` (set before each eval-mode
+    lookup, i.e. before each batch is scored); `init_too`: the rows a training lookup admits start
+    at it as well (the mean of the rows before that lookup: its new keys hold no trained row yet)."""
+    for table in net.modules():
+        if not isinstance(table, HashEmbedding):
+            continue
+        before = {}
+
+        def answer(module, _args, before=before):
+            mean = seen_mean(module)
+            if module.training:
+                before["mean"] = mean
+            else:
+                module.default_value.copy_(mean)
+        table.register_forward_pre_hook(answer)
+        if init_too:  # HashEmbedding draws a new row in _init_rows: shift the draw by the mean
+            draw = table._init_rows
+            table._init_rows = functools.partial(lambda n, b, d: d(n) + b["mean"], b=before, d=draw)
+    return net
+
+
+def with_unseen_flags(stream: ba.Stream) -> ba.Stream:
+    """`stream` with fixed features ``user_new`` / ``item_new``: 1 where no earlier batch had the id."""
+    base = stream.schema
+    dim = base.feature("user").embedding_dim
+    flags = [CategoricalFeature(f"{key}_new", vocab_size=2, embedding_dim=dim) for key in ("user", "item")]
+    schema = Schema(base.dense, [*base.categorical, *flags], label=base.label)
+    seen: dict[str, set] = {"user": set(), "item": set()}
+    batches = []
+    for b in stream.batches:
+        f = b.features
+        new = []
+        for key in ("user", "item"):
+            ids = f.bag(key)[0].tolist()
+            new.append(np.array([i not in seen[key] for i in ids], dtype=np.int64))
+            seen[key].update(ids)
+        values = torch.cat([f.values, torch.from_numpy(np.concatenate(new))])
+        lengths = torch.cat([f.lengths(), torch.ones(2, f.batch_size, dtype=torch.int64)])
+        batches.append(Batch(Features.from_lengths(f.dense, values, lengths, keys=schema.categorical_names),
+                             b.labels))
+    return ba.Stream(stream.name, batches, stream.warm, stream.bayes, schema, stream.probabilities)
+
+
+def run(config: ba.Config, mechanism: str, stream: ba.Stream) -> dict:
+    """`config` with `mechanism` on `stream`: bench_anchors' `run_recstream` result."""
+    if mechanism == "unseen flag":
+        return ba.run_recstream(config, with_unseen_flags(stream))
+    if mechanism in ("mean", "mean init"):
+        model: Callable = config.model
+        config = dataclasses.replace(config, model=lambda schema: with_mean_answer(model(schema),
+                                                                                  mechanism == "mean init"))
+    return ba.run_recstream(config, stream)
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--warmup", type=float, default=0.2)
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 (--quick: 0)")
+    p.add_argument("--streams", nargs="+", default=["coldstart", "drifting"], choices=["drifting", "coldstart"])
+    p.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--mechanisms", nargs="+", default=list(MECHANISMS), choices=MECHANISMS)
+    p.add_argument("--quick", action="store_true", help="30 batches, seed 0: a smoke run, not a measurement")
+    args = p.parse_args(argv)
+    seeds = args.seeds or ([0] if args.quick else [0, 1])
+    if args.quick:
+        args.batches = 30
+    torch.set_num_threads(1)
+    print("| stream | seed | model | first answer | AUC | vs zeros | new users | vs zeros | known users |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    rows = []
+    for name in args.streams:
+        for seed in seeds:
+            stream = ba.load(name, args, seed)
+            for model in args.models:
+                base = None
+                for mechanism in args.mechanisms:
+                    r = run(CONFIGS[model], mechanism, stream)
+                    base = r if mechanism == "zeros" else base
+                    d = {k: None if base is None else r[k] - base[k] for k in ("auc", "auc_new_users")}
+                    rows.append({**r, "stream": name, "seed": seed, "model": model, "mechanism": mechanism,
+                                 "delta": d["auc"], "delta_new_users": d["auc_new_users"]})
+                    print(f"| {name} | {seed} | {model} | {mechanism} | {r['auc']:.4f} | {ba.fmt(d['auc'], '+.4f')} | "
+                          f"{ba.fmt(r['auc_new_users'])} | {ba.fmt(d['auc_new_users'], '+.4f')} | "
+                          f"{ba.fmt(r['auc_known_users'])} |", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
