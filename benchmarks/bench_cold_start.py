@@ -22,6 +22,11 @@ default WideDeep:
   had -- exactly the keys the table has no row for when the batch is scored; in training, the keys
   admitted in that step), with their own embeddings and first-order weights.
 
+Per stream it also prints how well any first answer could do: the AUC, on the events of users no
+earlier batch had, of the truth's logit without the user's own terms (``ColdStartCTR``: ``b_u``
+and ``T[u, g]``; ``DriftingCTR``: ``c_u`` and the affinity) -- everything observable about a new
+user's event, scored as well as it can be.
+
     python benchmarks/bench_cold_start.py               # both streams, seeds 0 and 1, both models
     python benchmarks/bench_cold_start.py --quick       # 30 batches, seed 0: a smoke run
 """
@@ -30,13 +35,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 
 import bench_anchors as ba
 import numpy as np
 import torch
 
-from recstream.data import Batch, CategoricalFeature, Schema
+from recstream.data import Batch, CategoricalFeature, ColdStartCTR, Schema, roc_auc
 from recstream.features import Features
 from recstream.models import DeepFM, WideDeep
 from recstream.nn import HashEmbedding
@@ -100,6 +106,37 @@ def with_unseen_flags(stream: ba.Stream) -> ba.Stream:
     return ba.Stream(stream.name, batches, stream.warm, stream.bayes, schema, stream.probabilities)
 
 
+def _own_user_terms(gen, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the truth's logits of batch `t` without the terms of the user's own, labels): the generators'
+    formulas (module docs of ColdStartCTR and DriftingCTR), user terms only."""
+    s = gen.scales
+    if isinstance(gen, ColdStartCTR):
+        users, items, _, labels = gen._events(t)
+        genres, mask = gen.genres(items)
+        cells = users.astype(np.uint64)[:, None] * np.uint64(gen.num_genres) + genres.astype(np.uint64)
+        taste = (gen._uniform("taste", cells) * mask).sum(1) / np.sqrt(mask.sum(1))
+        own = (s["user_scale"] * math.sqrt(1 - gen.attribute_share ** 2) * gen._uniform("user_bias", users)
+               + s["taste_scale"] * taste)
+        return gen.logits(users, items) - own, labels
+    users, items, dense, _, labels = gen._events(t)
+    theta = 2 * math.pi * t / gen.drift_period + math.pi * gen._uniform("user_phase", users)[:, 0]
+    taste = (np.cos(theta)[:, None] * gen._uniform("user_a", users, gen.dim)
+             + np.sin(theta)[:, None] * gen._uniform("user_b", users, gen.dim))
+    affinity = (taste * gen._uniform("item_q", items, gen.dim)).sum(1) / math.sqrt(gen.dim)
+    own = s["user_scale"] * gen._uniform("user_bias", users)[:, 0] + s["affinity_scale"] * affinity
+    return gen.logits(t, users, items, dense) - own, labels
+
+
+def new_user_ceiling(name: str, args, seed: int, stream: ba.Stream) -> float:
+    """The AUC on `stream`'s new users' events of the truth without the user's own terms."""
+    gen = ba.make_stream(name, args.batches, args.batch_size, seed)
+    parts = [_own_user_terms(gen, t) for t in range(stream.warm, args.batches)]
+    logits, labels = (np.concatenate(x) for x in zip(*parts, strict=True))
+    if not np.array_equal(labels, stream.labels):
+        raise AssertionError(f"{name}: the generator's labels differ from the stream's")
+    return roc_auc(logits[stream.new_user], labels[stream.new_user])
+
+
 def run(config: ba.Config, mechanism: str, stream: ba.Stream) -> dict:
     """`config` with `mechanism` on `stream`: bench_anchors' `run_recstream` result."""
     if mechanism == "unseen flag":
@@ -132,6 +169,10 @@ def main(argv=None) -> list[dict]:
     for name in args.streams:
         for seed in seeds:
             stream = ba.load(name, args, seed)
+            ceiling = new_user_ceiling(name, args, seed, stream)
+            bayes = roc_auc(stream.probabilities[stream.new_user], stream.labels[stream.new_user])
+            print(f"| {name} | {seed} | truth without the user's own terms | | | | {ceiling:.4f} | | |")
+            print(f"| {name} | {seed} | truth (Bayes) | | {stream.bayes:.4f} | | {bayes:.4f} | | |")
             for model in args.models:
                 base = None
                 for mechanism in args.mechanisms:
