@@ -213,7 +213,7 @@ def _river(stream: str, search: bool) -> list[Anchor]:
         rows += [lr(f"River LogisticRegression, FTRL alpha {a}", (), lambda a=a: optim.FTRLProximal(alpha=a, l2=0.0))
                  for a in (0.1, 0.3)]
         rows += [lr(f"River LogisticRegression, quadratic ({quad}), AdaGrad lr {v}", QUADRATIC[stream],
-                    lambda v=v: optim.AdaGrad(v)) for v in (0.02, 0.1, 0.2)]
+                    lambda v=v: optim.AdaGrad(v)) for v in (0.02, 0.03, 0.1, 0.2, 0.5)]
         rows += [lr(f"River LogisticRegression, quadratic ({quad}), FTRL alpha {a}", QUADRATIC[stream],
                     lambda a=a: optim.FTRLProximal(alpha=a, l2=0.0)) for a in (0.1, 0.3)]
         rows += [fm(f"River FMClassifier (8 factors, AdaGrad lr {w} / latent {v})", 8, w, v)
