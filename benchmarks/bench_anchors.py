@@ -21,10 +21,14 @@ Systems (anchors optional: ``pip install vowpalwabbit==9.11.9 river==0.26.1``, o
 extra; absent ones are skipped with that line):
 
 - VW defaults: ``--loss_function logistic``; VW quadratic: the pairs of each stream's crosses
-  (``QUADRATIC``), ``-b 24 --l2 1e-5``. Namespaces: u user, i item, c category, a attributes,
+  (``QUADRATIC``), ``-b 24 --l2 1e-5``; VW's best found: ``-b 24``, and the quadratic pairs with
+  ``-b 24 -l 0.25``. Namespaces: u user, i item, c category, a attributes,
   g genres, d dense.
 - River: ``LogisticRegression(optimizer=AdaGrad())`` and ``FMClassifier()`` (defaults, seed 0) on
-  one-hot dicts (``"user=123": 1``, dense values as they are).
+  one-hot dicts (``"user=123": 1``, dense values as they are), and tuned (``--search``'s grid on
+  both streams): the logistic regression with VW's quadratic pairs as crossed tokens
+  (``"user=1*genres=4": 1``) or without, AdaGrad at the rates of ``RIVER_LR``, the FM with AdaGrad
+  (``RIVER_FM``).
 - recstream: WideDeep and DeepFM (default widths) with ``default_optimizer``, through
   ``RecModel.train`` (warm start) and ``RecModel.online_train`` (the rest), and the best
   configurations found (``BEST``). "crosses" rows add the stream's ``CROSSES`` (exact-id
@@ -32,9 +36,12 @@ extra; absent ones are skipped with that line):
   wide/linear part -- recstream's counterpart of VW's quadratic terms.
 
 Also per stream: the share of scored events whose user (item) was never seen in an earlier batch,
-and each system's AUC on those events and on the others.
+and each system's AUC on those events and on the others. Every stream runs under each of
+``--seeds`` (default 0 and 1: another draw of the same generator); a summary per stream gives each
+system's AUC per seed, their mean and spread, and recstream's best row minus VW's and River's best
+per seed.
 
-    python benchmarks/bench_anchors.py            # 400 batches x 256 per stream
+    python benchmarks/bench_anchors.py            # 400 batches x 256 per stream, seeds 0 and 1
     python benchmarks/bench_anchors.py --quick    # 30 batches: a smoke run, not a measurement
     python benchmarks/bench_anchors.py --search --no-anchors --streams coldstart --only crosses \
         --crosses user:genres occupation:genres   # recstream's crosses rows with other crosses
@@ -124,8 +131,12 @@ def vw_line(spaces, dense, label=None) -> str:
     return text if label is None else f"{1 if label > 0.5 else -1} {text}"
 
 
-def river_dict(spaces, dense) -> dict[str, float]:
+def river_dict(spaces, dense, pairs=()) -> dict[str, float]:
+    """One-hot dict of an event; `pairs` (namespace pairs, VW's ``-q``): their crossed tokens too
+    (``"user=1*genres=4": 1``), VW's quadratic terms for River's linear model."""
     x = {token: 1.0 for tokens in spaces.values() for token in tokens}
+    for a, b in pairs:
+        x.update({f"{ta}*{tb}": 1.0 for ta in spaces.get(a, ()) for tb in spaces.get(b, ())})
     x.update({f"x{j}": v for j, v in enumerate(dense)})
     return x
 
@@ -152,30 +163,69 @@ def _vw(stream: str, search: bool) -> list[Anchor]:
     quad = " ".join(f"-q {pair}" for pair in QUADRATIC[stream])
     rows = [Anchor("VW defaults", prep, score, learn, vw("--loss_function logistic")),
             Anchor(f"VW quadratic ({quad}, -b 24 --l2 1e-5)", prep, score, learn,
-                   vw(f"--loss_function logistic {quad} -b 24 --l2 1e-5"))]
+                   vw(f"--loss_function logistic {quad} -b 24 --l2 1e-5")),
+            # VW's best found (--search and by hand, docs/benchmarks.md "Anchors"): -b 24 on drifting,
+            # the quadratic terms with -l 0.25 on coldstart
+            Anchor("VW -b 24", prep, score, learn, vw("--loss_function logistic -b 24")),
+            Anchor(f"VW quadratic ({quad}, -b 24 -l 0.25)", prep, score, learn,
+                   vw(f"--loss_function logistic {quad} -b 24 -l 0.25"))]
     if search:
         rows += [Anchor(f"VW quadratic ({quad}, -b 24)", prep, score, learn,
-                        vw(f"--loss_function logistic {quad} -b 24")),
-                 Anchor(f"VW quadratic ({quad}, -b 24 -l 0.25)", prep, score, learn,  # ColdStartCTR's best VW
-                        vw(f"--loss_function logistic {quad} -b 24 -l 0.25")),
-                 Anchor("VW -b 24", prep, score, learn, vw("--loss_function logistic -b 24"))]
+                        vw(f"--loss_function logistic {quad} -b 24"))]
     return rows
 
 
-def _river() -> list[Anchor]:
+# River's tuned rows (--search's grid on both streams, docs/benchmarks.md "Anchors"): logistic
+# regression with AdaGrad lr 0.2 (the best on drifting), with the stream's quadratic terms and lr 0.05
+# (the best on coldstart), the FM with AdaGrad.
+RIVER_LR = {"one-hot": 0.2, "quadratic": 0.05}
+RIVER_FM = {"n_factors": 8, "weights_lr": 0.2, "latent_lr": 0.1}
+
+
+def _river(stream: str, search: bool) -> list[Anchor]:
     from river import facto, linear_model, optim
-    prep = lambda s, d, y: (river_dict(s, d),) * 2  # noqa: E731
+    quad = " ".join(QUADRATIC[stream])
+
+    def prep(pairs=()):
+        return lambda s, d, y: (river_dict(s, d, pairs),) * 2
     score = lambda m, x: m.predict_proba_one(x).get(True, 0.0)  # noqa: E731
     learn = lambda m, x, y: m.learn_one(x, y > 0.5)  # noqa: E731
-    return [Anchor("River LogisticRegression (AdaGrad)", prep, score, learn,
-                   lambda: linear_model.LogisticRegression(optimizer=optim.AdaGrad())),
-            Anchor("River FMClassifier", prep, score, learn, lambda: facto.FMClassifier(seed=0))]
+
+    def lr(name, pairs, make_optimizer):
+        return Anchor(name, prep(pairs), score, learn,
+                      lambda: linear_model.LogisticRegression(optimizer=make_optimizer()))
+
+    def fm(name, n_factors, weights_lr, latent_lr):
+        return Anchor(name, prep(), score, learn, lambda: facto.FMClassifier(
+            n_factors=n_factors, weight_optimizer=optim.AdaGrad(weights_lr),
+            latent_optimizer=optim.AdaGrad(latent_lr), seed=0))
+    f = RIVER_FM
+    rows = [lr("River LogisticRegression (AdaGrad)", (), optim.AdaGrad),
+            lr(f"River LogisticRegression, AdaGrad lr {RIVER_LR['one-hot']}", (),
+               lambda: optim.AdaGrad(RIVER_LR["one-hot"])),
+            lr(f"River LogisticRegression, quadratic ({quad}), AdaGrad lr {RIVER_LR['quadratic']}", QUADRATIC[stream],
+               lambda: optim.AdaGrad(RIVER_LR["quadratic"])),
+            Anchor("River FMClassifier (defaults)", prep(), score, learn, lambda: facto.FMClassifier(seed=0)),
+            fm(f"River FMClassifier ({f['n_factors']} factors, AdaGrad lr {f['weights_lr']} / latent "
+               f"{f['latent_lr']})", **f)]
+    if search:
+        rows += [lr(f"River LogisticRegression, AdaGrad lr {v}", (), lambda v=v: optim.AdaGrad(v)) for v in (0.05, 0.5)]
+        rows += [lr(f"River LogisticRegression, FTRL alpha {a}", (), lambda a=a: optim.FTRLProximal(alpha=a, l2=0.0))
+                 for a in (0.1, 0.3)]
+        rows += [lr(f"River LogisticRegression, quadratic ({quad}), AdaGrad lr {v}", QUADRATIC[stream],
+                    lambda v=v: optim.AdaGrad(v)) for v in (0.02, 0.03, 0.1, 0.2, 0.5)]
+        rows += [lr(f"River LogisticRegression, quadratic ({quad}), FTRL alpha {a}", QUADRATIC[stream],
+                    lambda a=a: optim.FTRLProximal(alpha=a, l2=0.0)) for a in (0.1, 0.3)]
+        rows += [fm(f"River FMClassifier (8 factors, AdaGrad lr {w} / latent {v})", 8, w, v)
+                 for w, v in ((0.1, 0.05), (0.5, 0.2))]
+    return rows
 
 
 def anchors(stream: str, search: bool = False) -> tuple[list[Anchor], list[str]]:
-    """The anchors that import here, and a line per system that does not (`search`: VW variants too)."""
+    """The anchors that import here, and a line per system that does not (`search`: VW's and River's
+    variants too)."""
     rows, missing = [], []
-    for system, build in (("Vowpal Wabbit", lambda: _vw(stream, search)), ("River", _river)):
+    for system, build in (("Vowpal Wabbit", lambda: _vw(stream, search)), ("River", lambda: _river(stream, search))):
         try:
             rows += build()
         except ImportError:
@@ -336,8 +386,9 @@ def _result(name: str, scores: np.ndarray, stream: Stream, seconds: float | None
 
 
 # --- the run --------------------------------------------------------------------------------------------
-def load(name: str, args) -> Stream:
-    gen = make_stream(name, args.batches, args.batch_size, args.seed)
+def load(name: str, args, seed: int | None = None) -> Stream:
+    """Stream `name` of `args`' size, seed `seed` (None: ``args.seed``)."""
+    gen = make_stream(name, args.batches, args.batch_size, args.seed if seed is None else seed)
     warm = int(args.batches * args.warmup)
     truth = np.concatenate([gen.probabilities(t) for t in range(warm, args.batches)])
     return Stream(name, list(gen), warm, gen.bayes_auc(warm, args.batches), gen.schema, truth)
@@ -347,9 +398,9 @@ def fmt(v, spec=".4f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def report(stream: Stream, bayes: dict, rows: list[dict], missing: list[str]) -> None:
-    print(f"\n{stream.name}: {len(stream.batches)} batches x {stream.batches[0].features.batch_size}, warm start "
-          f"on {stream.warm}, {len(stream.labels):,} events scored; Bayes AUC {stream.bayes:.4f}; "
+def report(stream: Stream, seed: int, bayes: dict, rows: list[dict], missing: list[str]) -> None:
+    print(f"\n{stream.name}: {len(stream.batches)} batches x {stream.batches[0].features.batch_size}, seed {seed}, "
+          f"warm start on {stream.warm}, {len(stream.labels):,} events scored; Bayes AUC {stream.bayes:.4f}; "
           f"{stream.new_user.mean():.1%} of them by users and {stream.new_item.mean():.1%} on items no earlier "
           f"batch had")
     print("| system | prequential AUC | gap to Bayes | AUC, new users | AUC, known users | events/s |")
@@ -361,38 +412,80 @@ def report(stream: Stream, bayes: dict, rows: list[dict], missing: list[str]) ->
         print(f"- {line}")
 
 
+def family(system: str) -> str:
+    """Which system a row's name belongs to: ``"recstream"``, ``"VW"``, ``"River"`` or ``"Bayes"``."""
+    return system.split(" ")[0]
+
+
+def summarize(name: str, by_seed: dict[int, dict]) -> dict:
+    """Per system, its AUC under every seed, their mean and spread (max - min); per seed, recstream's
+    best row minus VW's and River's best (the anchors' target: ahead on every stream). Printed too."""
+    seeds = list(by_seed)
+    systems = [r["system"] for r in by_seed[seeds[0]]["rows"]]
+    auc = {s: [next(r["auc"] for r in by_seed[k]["rows"] if r["system"] == s) for k in seeds] for s in systems}
+    table = [{"system": s, "aucs": a, "mean": float(np.mean(a)), "spread": max(a) - min(a)} for s, a in auc.items()]
+    margins = {}
+    for anchor in ("VW", "River"):
+        pairs = [(max((v[i] for s, v in auc.items() if family(s) == "recstream"), default=None),
+                  max((v[i] for s, v in auc.items() if family(s) == anchor), default=None)) for i in range(len(seeds))]
+        if all(a is not None and b is not None for a, b in pairs):
+            margins[anchor] = [a - b for a, b in pairs]
+    print(f"\n{name}, seeds {', '.join(map(str, seeds))}: prequential AUC per seed, mean and spread (max - min)")
+    print(f"| system | {' | '.join(f'seed {k}' for k in seeds)} | mean | spread |")
+    print(f"| --- | {' | '.join('---' for _ in seeds)} | --- | --- |")
+    for r in table:
+        print(f"| {r['system']} | {' | '.join(f'{a:.4f}' for a in r['aucs'])} | {r['mean']:.4f} | {r['spread']:.4f} |")
+    for anchor, m in margins.items():
+        print(f"- recstream's best row minus {anchor}'s best, per seed: {', '.join(f'{v:+.4f}' for v in m)}")
+    return {"seeds": seeds, "systems": table, "margins": margins}
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=400)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--warmup", type=float, default=0.2, help="fraction of the batches trained on before scoring")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="the streams' seeds, each a whole run (default 0 1; --quick: 0); the summary gives the spread")
+    p.add_argument("--seed", type=int, default=None, help="one seed: the same as --seeds SEED")
     p.add_argument("--streams", nargs="+", default=["drifting", "coldstart"], choices=["drifting", "coldstart"])
     p.add_argument("--quick", action="store_true", help="30 batches: a smoke run, not a measurement")
-    p.add_argument("--search", action="store_true", help="also SEARCH's recstream configurations and three more of VW")
+    p.add_argument("--search", action="store_true",
+                   help="also SEARCH's recstream configurations, another of VW and River's grid")
     p.add_argument("--no-anchors", action="store_true", help="recstream rows only")
     p.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                    help="recstream rows whose name contains one of these texts only")
     p.add_argument("--crosses", nargs="+", default=None, metavar="A:B",
                    help="the crosses of the 'crosses' rows (features joined by ':'), instead of the stream's CROSSES")
     args = p.parse_args(argv)
+    if args.seed is not None and args.seeds is not None:
+        p.error(f"give --seed or --seeds, not both (got --seed {args.seed} and --seeds {args.seeds})")
+    seeds = [args.seed] if args.seed is not None else args.seeds or ([0] if args.quick else [0, 1])
     if args.quick:
         args.batches = 30
     torch.set_num_threads(1)
     results = {}
     for name in args.streams:
-        stream = load(name, args)
-        found, missing = ([], []) if args.no_anchors else anchors(name, args.search)
-        rows = [run_anchor(a, stream) for a in found]
-        configs = DEFAULTS + BEST + (SEARCH if args.search else [])
-        crosses = None if args.crosses is None else tuple(tuple(c.split(":")) for c in args.crosses)
-        rows += [run_recstream(c, stream, crosses) for c in configs
-                 if args.only is None or any(text in c.name for text in args.only)]
-        bayes = _result("Bayes (the true probabilities)", stream.probabilities, stream, None)
-        report(stream, bayes, rows, missing)
-        results[name] = {"bayes": stream.bayes, "bayes_row": bayes, "new_users": float(stream.new_user.mean()),
-                         "new_items": float(stream.new_item.mean()), "rows": rows, "missing": missing}
+        by_seed = {seed: run_stream(name, seed, args) for seed in seeds}
+        results[name] = {**by_seed[seeds[0]], "by_seed": by_seed}
+        if len(seeds) > 1:
+            results[name]["summary"] = summarize(name, by_seed)
     return results
+
+
+def run_stream(name: str, seed: int, args) -> dict:
+    """Every system on stream `name` of seed `seed`; prints its table."""
+    stream = load(name, args, seed)
+    found, missing = ([], []) if args.no_anchors else anchors(name, args.search)
+    rows = [run_anchor(a, stream) for a in found]
+    configs = DEFAULTS + BEST + (SEARCH if args.search else [])
+    crosses = None if args.crosses is None else tuple(tuple(c.split(":")) for c in args.crosses)
+    rows += [run_recstream(c, stream, crosses) for c in configs
+             if args.only is None or any(text in c.name for text in args.only)]
+    bayes = _result("Bayes (the true probabilities)", stream.probabilities, stream, None)
+    report(stream, seed, bayes, rows, missing)
+    return {"bayes": stream.bayes, "bayes_row": bayes, "new_users": float(stream.new_user.mean()),
+            "new_items": float(stream.new_item.mean()), "rows": rows, "missing": missing}
 
 
 if __name__ == "__main__":

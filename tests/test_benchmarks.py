@@ -245,6 +245,75 @@ def test_the_anchors_benchmarks_crosses_rows_feed_the_streams_crosses_to_the_lin
     assert [r["system"] for r in rows["rows"]] == ["recstream DeepFM, crosses"] and 0.55 < rows["rows"][0]["auc"] < 1
 
 
+def test_the_anchors_benchmark_runs_every_seed_and_states_the_spread(capsys):
+    bench = _load("bench_anchors")
+    res = bench.main(["--quick", "--no-anchors", "--streams", "drifting", "--only", "DeepFM, crosses",
+                      "--seeds", "0", "1"])["drifting"]
+    assert sorted(res["by_seed"]) == [0, 1] and res["rows"] == res["by_seed"][0]["rows"]
+    aucs = [res["by_seed"][k]["rows"][0]["auc"] for k in (0, 1)]
+    assert aucs[0] != aucs[1]  # another seed draws another stream
+    (row,) = res["summary"]["systems"]
+    assert row["aucs"] == aucs and row["spread"] == pytest.approx(abs(aucs[0] - aucs[1]), abs=1e-15)
+    assert row["mean"] == pytest.approx(sum(aucs) / 2, abs=1e-15)
+    out = capsys.readouterr().out
+    assert "drifting: 30 batches x 256, seed 1," in out and "drifting, seeds 0, 1:" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--seed", "0", "--seeds", "1"])
+
+
+def test_the_anchors_summary_gives_recstreams_margin_over_each_anchors_best_per_seed(capsys):
+    bench = _load("bench_anchors")
+
+    def seed(*aucs):
+        names = ["VW a", "VW b", "River c", "recstream d", "recstream e"]
+        return {"rows": [{"system": n, "auc": a} for n, a in zip(names, aucs, strict=True)]}
+    summary = bench.summarize("s", {0: seed(0.70, 0.72, 0.71, 0.73, 0.69), 1: seed(0.71, 0.70, 0.74, 0.72, 0.73)})
+    assert summary["margins"]["VW"] == pytest.approx([0.01, 0.02]) and summary["margins"]["River"] == pytest.approx(
+        [0.02, -0.01])
+    assert "recstream's best row minus River's best, per seed: +0.0200, -0.0100" in capsys.readouterr().out
+
+
+def test_the_anchors_river_rows_get_vws_quadratic_pairs_as_crossed_tokens():
+    bench = _load("bench_anchors")
+    spaces = {"u": ["user=1"], "g": ["genres=4", "genres=5"], "i": ["item=7"]}
+    x = bench.river_dict(spaces, [0.5], (("u", "g"), ("a", "i")))  # no attributes here: no a x i tokens
+    assert x == {"user=1": 1.0, "genres=4": 1.0, "genres=5": 1.0, "item=7": 1.0, "user=1*genres=4": 1.0,
+                 "user=1*genres=5": 1.0, "x0": 0.5}
+    assert bench.river_dict(spaces, []) == {"user=1": 1.0, "genres=4": 1.0, "genres=5": 1.0, "item=7": 1.0}
+
+
+def test_the_cold_start_benchmark_answers_unseen_ids_with_each_mechanism(capsys):
+    bench = _load("bench_cold_start")
+    stream = bench.ba.load("coldstart", argparse.Namespace(batches=6, batch_size=64, warmup=0.5, seed=0))
+    flagged = bench.with_unseen_flags(stream)  # 1 exactly where no earlier batch had the id
+    seen = set()
+    for plain, b in zip(stream.batches, flagged.batches, strict=True):
+        users = plain.features.bag("user")[0].tolist()
+        assert b.features.bag("user_new")[0].tolist() == [int(u not in seen) for u in users]
+        seen.update(users)
+    net = bench.with_mean_answer(bench.DeepFM(stream.schema), init_too=True)
+    table = net.embedding.dynamic.tables["user"]
+    net(stream.batches[0].features)  # training mode: rows admitted
+    with torch.no_grad():  # as if trained: the rows' mean far from zero
+        table.values[bench.table_entries(table.state_dict())["row"]] += 0.5
+    first = table.values.detach().clone()
+    net.eval()
+    net(stream.batches[1].features)  # scoring: unseen keys answer the count-weighted mean of the rows
+    assert torch.allclose(table.default_value, bench.seen_mean(table))
+    assert (table.default_value - 0.5).abs().max() < 0.05
+    e = bench.table_entries(table.state_dict())
+    w = e["counts"].double() * e["admitted"]
+    assert torch.allclose(table.default_value.double(), (e["values"].double() * w[:, None]).sum(0) / w.sum())
+    net.train()
+    net(stream.batches[1].features)  # new users' rows start at the mean (+ their N(0, 0.01^2) draw)
+    new_rows = (table.values.detach() != first).any(1) & (first == 0).all(1)
+    assert new_rows.any() and (table.values.detach()[new_rows].mean(0) - 0.5).abs().max() < 0.05
+    rows = bench.main(["--quick", "--streams", "coldstart", "--models", "WideDeep"])
+    assert [r["mechanism"] for r in rows] == list(bench.MECHANISMS) and rows[0]["delta"] == 0
+    assert all(0.55 < r["auc"] < 1 and r["delta"] is not None for r in rows)
+    assert "| coldstart | 0 | WideDeep | unseen flag |" in capsys.readouterr().out
+
+
 def test_the_freshness_benchmark_runs_the_whole_chain_and_reports_staleness():
     """`bench_freshness.py --quick`: real processes (produce, online, serve) through a directory and the
     in-memory Kafka broker; it reports staleness quantiles and stages, and the served versions advance.
