@@ -284,23 +284,26 @@ def _crossed(config: Config, stream: Stream, pairs=None) -> tuple[Schema, list[B
 
 DEFAULTS = [Config("recstream WideDeep, default_optimizer", WideDeep),
             Config("recstream DeepFM, default_optimizer", DeepFM)]
-# The best found (--search on both streams and a grid of crosses, docs/benchmarks.md "Anchors";
-# default_optimizer's tables lr is 0.1 since): the stream's crosses in the wide/linear part -- a narrower
-# WideDeep with micro-steps of 32 is the best on drifting, DeepFM (one step per batch) on coldstart.
+# The best found (--search on both streams and a grid of crosses, docs/benchmarks.md "Anchors"): the
+# stream's crosses in the wide/linear part and the tables at lr 0.1 (online; default_optimizer's 0.05 is
+# the offline choice) -- a narrower WideDeep with micro-steps of 32 is the best on drifting, DeepFM (one
+# step per batch) on coldstart.
+ONLINE = {"embedding_lr": 0.1}
 BEST = [Config("recstream WideDeep hidden (64, 32), crosses, micro 32", functools.partial(WideDeep, hidden=(64, 32)),
-               {}, 32, True),
-        Config("recstream DeepFM, crosses", DeepFM, {}, None, True)]
+               ONLINE, 32, True),
+        Config("recstream DeepFM, crosses", DeepFM, ONLINE, None, True)]
 SEARCH = [c for c in (Config(f"recstream {m.__name__}, {tag}", m, opt, micro, crosses)
                       for m in (WideDeep, DeepFM)
                       for tag, opt, micro, crosses in (
-                          ("tables lr 0.05", {"embedding_lr": 0.05}, None, False),
+                          ("tables lr 0.1", ONLINE, None, False),
                           ("tables lr 0.2", {"embedding_lr": 0.2}, None, False),
-                          ("dense lr 1e-2", {"lr": 1e-2}, None, False),
-                          ("micro 64", {}, 64, False), ("micro 32", {}, 32, False),
-                          ("crosses", {}, None, True), ("crosses, tables lr 0.05", {"embedding_lr": 0.05}, None, True),
-                          ("crosses, micro 64", {}, 64, True), ("crosses, micro 32", {}, 32, True),
-                          ("crosses, wide lr 0.2", {"wide_lr": 0.2}, None, True),  # FTRL's alpha: WideDeep only
-                          ("crosses, wide lr 0.5", {"wide_lr": 0.5}, None, True)))
+                          ("dense lr 1e-2", {"lr": 1e-2, **ONLINE}, None, False),
+                          ("micro 64", ONLINE, 64, False), ("micro 32", ONLINE, 32, False),
+                          ("crosses", ONLINE, None, True), ("crosses, tables lr 0.05", {}, None, True),
+                          ("crosses, micro 64", ONLINE, 64, True), ("crosses, micro 32", ONLINE, 32, True),
+                          # FTRL's alpha: WideDeep only
+                          ("crosses, wide lr 0.2", {"wide_lr": 0.2, **ONLINE}, None, True),
+                          ("crosses, wide lr 0.5", {"wide_lr": 0.5, **ONLINE}, None, True)))
           if c.name not in {b.name for b in BEST} and not (c.model is DeepFM and "wide lr" in c.name)]
 
 

@@ -36,10 +36,12 @@ from .linear import LinearTerm
 EMBEDDING_OPTIMIZERS = ("lazy_adam", "rowwise_adagrad")
 WIDE_OPTIMIZERS = ("ftrl", "same")
 # RowWiseAdagrad's step is lr / sqrt(accumulated mean g^2): it needs a much larger lr than Adam.
-# 0.1, measured (benchmarks/bench_anchors.py, docs/benchmarks.md "Anchors"): online, one step per batch of
-# 256, against 0.05 it gained +0.0002 to +0.0022 prequential AUC in all four cases (WideDeep and DeepFM on
-# DriftingCTR and ColdStartCTR), and 0.2 lost in all four; it costs nothing (a step size).
-_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.1}
+# 0.05, measured both ways. Offline (benchmarks/bench_boost.py's workload: 26 fields x 100,000 ids, 2^20
+# rows, one epoch, test AUC; CPU and an H200 agree): DeepFM 0.7602 at 0.05 against 0.7355 at 0.1, WideDeep
+# 0.7764 / 0.7763. Online (benchmarks/bench_anchors.py, one step per batch of 256) 0.1 gained +0.0002 to
+# +0.0022 prequential AUC over 0.05 in all four cases (WideDeep and DeepFM on DriftingCTR and ColdStartCTR)
+# and 0.2 lost in all four: an online run may pass embedding_lr=0.1; a default must not cost 0.025 offline.
+_DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
 # FTRL's starting accumulator for the wide part: 1e-6, not FTRL's (TF's) 0.1. With a batch-mean loss a
 # rare id's (or cross's) gradient is ~1/batch_size, so a 0.1 start dominates sqrt(n) and its first steps
 # are ~alpha * g / 0.32: measured, user x genre cross weights stayed below 0.0023 (row-wise Adagrad's, the
@@ -65,8 +67,9 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
             (1e-3 .. 1e-2) against LazyAdam's 0.710 at lr 1e-3 and 0.731 at 1e-2; offline (WideDeep
             on Adult, 3 epochs) both reached a test AUC of 0.912-0.913. And it keeps 4 bytes of
             state per row instead of 2 floats per value.
-        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.1 for RowWiseAdagrad (measured
-            online against 0.05 and 0.2, docs/benchmarks.md "Anchors").
+        embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad (0.1
+            learns a live stream slightly better, docs/benchmarks.md "Anchors", but cost DeepFM 0.025
+            test AUC offline).
         wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).
         wide_lr: FTRL's alpha (paper convention). FTRL starts its accumulators at 1e-6 here (FTRL's
