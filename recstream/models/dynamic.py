@@ -173,7 +173,8 @@ class DynamicTables(nn.Module):
     def forward(self, features: Features) -> dict[str, torch.Tensor]:
         """Pooled vectors of every dynamic feature (`features` must carry ``keys``)."""
         if not host_reads_free(features.values) and not any(t.sharded for t in self.tables.values()):
-            return self._forward_static(features)
+            sizes = features.feature_sizes
+            return self._forward_static(features) if sizes is None else self._forward_sized(features, sizes)
         out = {}
         for key, members in self._members.items():
             bags = [features.bag(self.features[i].name) for i in members]
@@ -182,6 +183,30 @@ class DynamicTables(nn.Module):
             emb = self.tables[key](table_key(keys[0] if len(keys) == 1 else torch.cat(keys)))  # [n, dim]
             for i, (ids, offsets), part in zip(members, bags, emb.split([k.numel() for k in keys]), strict=True):
                 out[self.features[i].name] = self._pool(self.features[i], ids, offsets, part, features.batch_size)
+        return {name: out[name] for name in self.names}  # schema order
+
+    def _forward_sized(self, features: Features, sizes: Sequence[int]) -> dict[str, torch.Tensor]:
+        """`forward` on a device with no host sync when the batch's ids per feature were counted on
+        the host (``Features.feature_sizes``, set as the batch moved there): each table looks up only
+        its features' ids, slices of ``values`` at host-known bounds (`_forward_static`'s masked
+        lookups of the whole batch cost each table the batch's ids, and their padding one hot row)."""
+        values, b = features.values, features.batch_size
+        starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        calls, where = [], {}
+        for key, members in self._members.items():
+            where[key] = [features.position(self.features[i].name) for i in members]
+            ids = [values[starts[f]:starts[f + 1]] for f in where[key]]
+            keys = [x ^ self._salts[i] if self._salts[i] else x for i, x in zip(members, ids, strict=True)]
+            flat = table_key(keys[0] if len(keys) == 1 else torch.cat(keys))
+            calls.append((self.tables[key], flat, torch.ones_like(flat, dtype=torch.bool)))
+        out = {}
+        # every table at once: those whose bounds do not show room read their counters in one read
+        for (key, members), emb in zip(self._members.items(), lookup_masked_many(calls), strict=True):
+            parts = emb.split([sizes[f] for f in where[key]])
+            for i, f, part in zip(members, where[key], parts, strict=True):
+                offsets = features.offsets[f * b:(f + 1) * b + 1] - starts[f]
+                out[self.features[i].name] = self._pool(self.features[i], values[starts[f]:starts[f + 1]],
+                                                        offsets, part, b)
         return {name: out[name] for name in self.names}  # schema order
 
     def _forward_static(self, features: Features) -> dict[str, torch.Tensor]:

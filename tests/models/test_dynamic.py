@@ -276,3 +276,39 @@ def test_dynamic_features_train_on_cuda_and_checkpoints_cross_devices(tmp_path, 
     same_tables(nets["cuda_sink"], restored)
     with torch.no_grad():
         torch.testing.assert_close(restored.eval()(x), nets["cuda_sink"](x.to("cuda")).cpu(), rtol=1e-4, atol=1e-5)
+
+
+def test_on_a_device_a_table_looks_up_only_its_features_ids_when_their_counts_are_known():
+    """Batches moved to a device carry their ids per feature (``feature_sizes``): each table then
+    looks up a slice of its own features' ids (no mask over the whole batch's); the same keys,
+    rows, counts and pooled vectors as the masked lookups, with fewer keys per table (a table's
+    bounds lose its own ids a step, not the batch's)."""
+    import copy
+    import dataclasses
+
+    from recstream.hostpath import device_path
+
+    schema = dynamic_schema()
+    tables = DynamicTables([f for f in schema.categorical if f.dynamic], [4, 4], init_std=0.01)
+    for t in tables.tables.values():
+        t.param_init = "ones"
+    masked_tables = copy.deepcopy(tables)
+    names = tuple(f.name for f in schema.categorical)
+    for step, batch in enumerate(batches(6)):
+        x = dataclasses.replace(batch.features, keys=names).to("cpu")  # `to` counts the ids per feature
+        assert x.feature_sizes is not None
+        if step == 0:
+            for t in [*tables.tables.values(), *masked_tables.tables.values()]:
+                t.record_host()
+        with device_path():
+            sized = tables(x)
+            masked = masked_tables(dataclasses.replace(x, feature_sizes=None))
+        for name in sized:
+            torch.testing.assert_close(sized[name], masked[name])
+        if step == 0:  # the keys a table looked up (its bounds lose that many): its own ids, not the batch's
+            assert tables.tables["user"].recorded_host()[1].n == x.feature_sizes[1] == 32
+            assert masked_tables.tables["user"].recorded_host()[1].n == x.values.numel() > 64
+    for name, t in tables.tables.items():
+        m = masked_tables.tables[name]
+        assert t.export(reset_delta=False)["keys"].tolist() == m.export(reset_delta=False)["keys"].tolist()
+        assert (t.num_rows, t.num_pending) == (m.num_rows, m.num_pending)

@@ -197,8 +197,9 @@ def _single_hot_dynamic(n: int, b: int = 64, device: str = "cuda"):
     """Batches of equal shapes (single-hot features: a graph replays them): huge dynamic user ids
     (300 of them into 1,024 rows, then, from batch 40, 2,000 new ones: the table fills and LRU passes
     run), dynamic items admitted at their second sight, a fixed feature and dense values. Each table
-    looks up the batch's 192 ids (masked to its own): its bounds lose 192 rows a step, so a read
-    comes every few steps (simulated on a CPU: 29 of the 57 steps after the warm-up need none)."""
+    looks up its own 64 ids a step (the batch's ids per feature are counted as it moves): its
+    bounds lose 64 rows a step, so a read comes every dozen steps or so (on a CPU, the same checks
+    find 44 of the 57 steps after the warm-up replayable)."""
     from recstream.data import Batch, CategoricalFeature, Features, Schema
     schema = Schema(["d0", "d1"], [
         CategoricalFeature("user", dynamic=True, capacity=1024, embedding_dim=4),
@@ -239,7 +240,7 @@ def test_dynamic_tables_replay_like_eager_steps_through_reads_and_evictions(name
     graphed, model, graphed_net = run(True)
     assert "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
     step = model.train_network
-    assert step.captured and 10 <= step.replays <= 50, step.replays  # eager steps between replays
+    assert step.captured and 10 <= step.replays <= 54, step.replays  # eager steps between replays
     torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
     for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
