@@ -180,14 +180,20 @@ class CUDAGraphStep(nn.Module):
         self._calls += 1
         for table in self._tables:
             table.record_host()
-        if not side_stream:
-            out = self.step(*inputs, **kwargs)
-        else:  # warm-up on a side stream, as capture requires (no stray work on the capturing stream)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
+        try:
+            if not side_stream:
                 out = self.step(*inputs, **kwargs)
-            torch.cuda.current_stream().wait_stream(stream)
+            else:  # warm-up on a side stream, as capture requires (no stray work on the capturing stream)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    out = self.step(*inputs, **kwargs)
+                torch.cuda.current_stream().wait_stream(stream)
+        except BaseException:  # a partial host side predicts nothing: no capture until a step completes
+            for table in self._tables:
+                table.recorded_host()  # stops recording
+            self._eager_host = None
+            raise
         self._eager_host = [table.recorded_host() for table in self._tables]
         self._eager_sig = signature
         return out
