@@ -177,6 +177,9 @@ def test_what_the_tier_does_not_support_is_refused_naming_it(tmp_path):
         emb.state()
     with pytest.raises(ValueError, match=r"HashEmbedding.load_entries_: a disk-tiered table"):
         emb.load_entries_(16, 0, {}, torch.empty(0, dtype=torch.int64))
+    from recstream.checkpoint import save_sharded  # an in-memory HashEmbedding's sharded checkpoint is fine
+    with pytest.raises(ValueError, match=r"save_sharded: module 'emb' \(HashEmbedding\) keeps state beyond"):
+        save_sharded(tmp_path / "sharded", torch.nn.ModuleDict({"emb": emb}))
     with pytest.raises(ValueError, match=r"hybrid_parallel: disk-tiered tables \['emb'\] train on one process only"):
         hybrid_parallel(torch.nn.ModuleDict({"emb": emb}))
     with pytest.raises(ValueError, match=r"the disk tier .* caches 8 rows, a batch reads 12 distinct admitted keys"):
