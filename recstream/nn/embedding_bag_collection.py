@@ -66,7 +66,6 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
 from .tier_cache import TierCache, TierStats
-from .tier_file import TierFileError
 from .tier_store import TierStore
 
 __all__ = ["EmbeddingBagCollection"]
@@ -626,17 +625,9 @@ class EmbeddingBagCollection(nn.Module):
 
     def _load_tier(self, name: str, key: str, src, error_msgs: list) -> None:
         """Return tiered table `name` to the commit a checkpoint names (``[store uid, generation]``)."""
-        tier = self._tiers[self._table_loc[name][0]]
-        if not isinstance(src, torch.Tensor) or src.shape != (2,) or src.dtype != torch.int64:
-            error_msgs.append(f'While copying "{key}", expected an int64 tensor [store uid, generation], got {src!r}.')
-        elif int(src[0]) != tier.store.uid:
-            error_msgs.append(f'"{key}" is a commit of tier store {int(src[0])}, table {name!r} uses store '
-                              f"{tier.store.uid} in {tier.store.directory}.")
-        else:
-            try:
-                tier.restore(int(src[1]))
-            except (ValueError, TierFileError) as e:
-                error_msgs.append(str(e))
+        error = self._tiers[self._table_loc[name][0]].restore_commit(key, src, f"table {name!r}")
+        if error is not None:
+            error_msgs.append(error)
 
     def _load_table(self, g: int, start: int, src: torch.Tensor) -> None:
         """Copy a full table (rows ``start..`` of group `g`) into the storage this rank holds."""

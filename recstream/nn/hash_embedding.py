@@ -138,7 +138,6 @@ from .tensor_hash_table import (
     TensorHashTable,
     _where,
 )
-from .tier_file import TierFileError
 
 __all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many", "triton_works"]
 log = logging.getLogger(__name__)
@@ -420,16 +419,9 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
             else:
                 tier.import_rows(values)
             return True
-        if not isinstance(src, torch.Tensor) or src.shape != (2,) or src.dtype != torch.int64:
-            error_msgs.append(f'While copying "{key}", expected an int64 tensor [store uid, generation], got {src!r}.')
-        elif int(src[0]) != tier.store.uid:
-            error_msgs.append(f'"{key}" is a commit of tier store {int(src[0])}, this HashEmbedding uses store '
-                              f"{tier.store.uid} in {tier.store.directory}.")
-        else:
-            try:
-                tier.restore(int(src[1]))
-            except (ValueError, TierFileError) as e:
-                error_msgs.append(f"HashEmbedding: {key}: {e}")
+        error = tier.restore_commit(key, src, "this HashEmbedding", context=f"HashEmbedding: {key}: ")
+        if error is not None:
+            error_msgs.append(error)
         return True
 
     def _apply(self, fn, recurse=True):

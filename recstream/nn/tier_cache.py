@@ -408,6 +408,21 @@ class TierCache:
                                  "directory as it was with that checkpoint)") from e
             self._clear()
 
+    def restore_commit(self, key: str, src, user: str, context: str = "") -> str | None:
+        """Return to the commit that checkpoint entry `key` names (`src`: ``[store uid, generation]``);
+        the error message instead when it names none of this store's (`user`: who uses the store, for
+        the message; `context` goes before a failed restore's reason)."""
+        if not isinstance(src, torch.Tensor) or src.shape != (2,) or src.dtype != torch.int64:
+            return f'While copying "{key}", expected an int64 tensor [store uid, generation], got {src!r}.'
+        if int(src[0]) != self.store.uid:
+            return (f'"{key}" is a commit of tier store {int(src[0])}, {user} uses store '
+                    f"{self.store.uid} in {self.store.directory}.")
+        try:
+            self.restore(int(src[1]))
+        except ValueError as e:  # TierFileError included: a torn or corrupt store
+            return f"{context}{e}"
+        return None
+
     def __deepcopy__(self, memo):
         raise TypeError(f"the disk-tiered table {self.name!r} cannot be deep-copied: its rows are a store on disk "
                         f"({self.store.directory}), not memory; copy what gather_tables() returns instead")
