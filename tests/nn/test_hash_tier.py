@@ -305,58 +305,6 @@ def test_import_of_more_rows_than_the_cache_goes_to_the_store(tmp_path):
     assert torch.equal(tiered(few["keys"]).detach(), few["values"])
 
 
-@pytest.mark.e2e
-def test_online_training_killed_at_random_moments_trains_every_event_once_in_a_tiered_hash_table(tmp_path):
-    """The exactly-once kill test with each event's trained-count in a disk-tiered HashEmbedding (a
-    cache of 64 rows for 3,000 keys): after 5 SIGKILLs and restarts from the newest checkpoint, every
-    event's key is in the table and its row says it was trained exactly once."""
-    import random
-    import time
-
-    from .hash_tier_online_worker import HashCountingNet
-    worker = Path(__file__).with_name("hash_tier_online_worker.py")
-    n_events, files = 3000, 5
-    data_dir, ckpt_dir = tmp_path / "data", tmp_path / "ckpt"
-    data_dir.mkdir(), ckpt_dir.mkdir()
-    rng = np.random.default_rng(0)
-    per_file = n_events // files
-    for f in range(files):
-        x = rng.standard_normal((per_file, 2))
-        rows = "".join(f"{int(a > 0)},{i},{a:.4f},{b:.4f}\n"
-                       for i, (a, b) in zip(range(f * per_file, (f + 1) * per_file), x, strict=True))
-        (data_dir / f"part-{f:04d}.csv").write_text(rows)
-
-    def start():
-        env = {**os.environ, "PYTHONPATH": str(WORKER.parents[2])}
-        return subprocess.Popen([sys.executable, str(worker), str(data_dir), str(ckpt_dir), str(n_events)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-    pick = random.Random(7)
-    last = 0
-    for _ in range(5):
-        proc = start()
-        target, step = last + pick.randint(5, 20), last
-        while step < target:
-            line = proc.stdout.readline()
-            assert line.startswith("step"), proc.stderr.read()
-            step = int(line.split()[1])
-        time.sleep(pick.random() * 0.05)  # a random moment inside a step (or a checkpoint's commit)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        last = step
-    proc = start()
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "done" in out, err
-    net = HashCountingNet(n_events, str(ckpt_dir / "tier"))
-    final = sorted(ckpt_dir.glob("*.safetensors"), key=os.path.getmtime)[-1]
-    load_checkpoint(final, net, restore_rng=False)
-    rows = net.counts.export(reset_delta=False)
-    trained = torch.zeros(n_events)
-    trained[rows["keys"]] = rows["values"].squeeze(1)
-    assert (trained == 1).all(), (f"lost: {np.flatnonzero(trained.numpy() == 0)[:10]}, "
-                                  f"duplicated: {np.flatnonzero(trained.numpy() > 1)[:10]}")
-
-
 def test_rows_loaded_after_training_do_not_pin_the_lookups_that_follow(tmp_path):
     emb = HashEmbedding(4, capacity=150, tier=DiskTier(str(tmp_path), cache_rows=14))
     opt = LazyAdam([emb.values], lr=0.05)

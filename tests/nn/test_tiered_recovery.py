@@ -51,23 +51,25 @@ def test_sigkill_mid_training_then_resume_equals_an_uninterrupted_run(tmp_path):
                 f.verify_all()
 
 
-def _online(data_dir, ckpt_dir, n_events):
+def _online(data_dir, ckpt_dir, n_events, table):
     env = {**os.environ, "PYTHONPATH": str(WORKER.parents[2])}
-    return subprocess.Popen([sys.executable, str(ONLINE_WORKER), str(data_dir), str(ckpt_dir), str(n_events)],
+    return subprocess.Popen([sys.executable, str(ONLINE_WORKER), str(data_dir), str(ckpt_dir), str(n_events), table],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 @pytest.mark.e2e
-def test_online_training_killed_at_random_moments_trains_every_event_once_in_the_tier(tmp_path):
+@pytest.mark.parametrize("table", ["ebc", "hash"])
+def test_online_training_killed_at_random_moments_trains_every_event_once_in_the_tier(tmp_path, table):
     """The exactly-once kill test with the trained-count of each event in a disk-tiered table (a cache
-    of 64 rows for 3,000 events): after 5 SIGKILLs and restarts from the newest checkpoint, every
-    event's row says it was trained exactly once."""
+    of 64 rows for 3,000 events; an EmbeddingBagCollection table, or a HashEmbedding keyed by the
+    event id): after 5 SIGKILLs and restarts from the newest checkpoint, every event's row says it
+    was trained exactly once."""
     import random
     import time
 
     import numpy as np
 
-    from .tier_online_worker import TieredCountingNet
+    from .tier_online_worker import NETS
     n_events, files = 3000, 5
     data_dir, ckpt_dir = tmp_path / "data", tmp_path / "ckpt"
     data_dir.mkdir(), ckpt_dir.mkdir()
@@ -81,7 +83,7 @@ def test_online_training_killed_at_random_moments_trains_every_event_once_in_the
     pick = random.Random(7)
     last = 0
     for _ in range(5):
-        proc = _online(data_dir, ckpt_dir, n_events)
+        proc = _online(data_dir, ckpt_dir, n_events, table)
         target, step = last + pick.randint(5, 20), last
         while step < target:
             line = proc.stdout.readline()
@@ -91,12 +93,12 @@ def test_online_training_killed_at_random_moments_trains_every_event_once_in_the
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         last = step
-    proc = _online(data_dir, ckpt_dir, n_events)
+    proc = _online(data_dir, ckpt_dir, n_events, table)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "done" in out, err
-    net = TieredCountingNet(n_events, str(ckpt_dir / "tier"))
+    net = NETS[table](n_events, str(ckpt_dir / "tier"))
     final = sorted(ckpt_dir.glob("*.safetensors"), key=os.path.getmtime)[-1]
     load_checkpoint(final, net, restore_rng=False)
-    trained = net.counts.gather_tables()["count"].squeeze(1).numpy()
+    trained = net.trained().numpy()
     assert (trained == 1).all(), (f"lost: {np.flatnonzero(trained == 0)[:10]}, "
                                   f"duplicated: {np.flatnonzero(trained > 1)[:10]}")
