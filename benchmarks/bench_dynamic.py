@@ -135,15 +135,14 @@ def profile_steps(name: str, step, data, device: torch.device, top: int = 12) ->
             step(x, y)
         _sync(device)
         wall = (time.perf_counter() - t0) / len(data)
+    from profile_step import print_kernels  # beside this file: run as a script, its folder is on sys.path
+
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name, []).append(e.device_time)
     n = len(data)
     print(f"## {name} dynamic: {wall * 1e3:.2f} ms/step wall, {sum(e.device_time for e in kernels) / 1e3 / n:.2f} "
           f"ms/step in kernels, {len(kernels) / n:.0f} kernels/step")
-    for kernel, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
-        print(f"|  {kernel[:80]} | {sum(times) / n:.1f} us/step | {len(times) / n:.1f} calls/step |")
+    if kernels:
+        print_kernels(f"{name} dynamic", kernels, n, top)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=40))
 
 

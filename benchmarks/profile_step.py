@@ -74,14 +74,19 @@ def profile_variant(name: str, gen, batches, args, device) -> None:
           f"syncs {count('Synchronize'):.1f} per step ({graph})")
     print(events.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=48))
     if kernels:  # where the GPU's time goes, kernel by kernel (inside a replayed graph too)
-        by_name: dict[str, list[float]] = {}
-        for e in kernels:
-            by_name.setdefault(e.name, []).append(e.device_time)
-        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:args.top_kernels]
-        print(f"### {name}: the {len(top)} kernels with the most GPU time (of {len(by_name)} distinct)")
-        print("| kernel | us/step | calls/step |\n| --- | --- | --- |")
-        for kernel, times in top:
-            print(f"| {kernel[:90]} | {sum(times) / n:.1f} | {len(times) / n:.1f} |")
+        print_kernels(name, kernels, n, args.top_kernels)
+
+
+def print_kernels(name: str, kernels: list, steps: int, top: int) -> None:
+    """The `top` kernels (profiler device events) with the most GPU time, per step of `steps`."""
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    most = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    print(f"### {name}: the {len(most)} kernels with the most GPU time (of {len(by_name)} distinct)")
+    print("| kernel | us/step | calls/step |\n| --- | --- | --- |")
+    for kernel, times in most:
+        print(f"| {kernel[:90]} | {sum(times) / steps:.1f} | {len(times) / steps:.1f} |")
 
 
 def main(argv=None) -> None:
