@@ -149,7 +149,11 @@ class DynamicTables(nn.Module):
 
     def _keys(self, features: Features, members: list[int]) -> torch.Tensor:
         """The table keys of the ids of features `members` (positions in ``self.features``) of one table."""
-        ids = [features.bag(self.features[i].name)[0] for i in members]
+        return self._table_keys(members, [features.bag(self.features[i].name)[0] for i in members])
+
+    def _table_keys(self, members: list[int], ids: list[torch.Tensor]) -> torch.Tensor:
+        """One table's keys of `ids`, the ids of its features `members` in order (salted where the
+        table is shared), as one tensor."""
         keys = [x ^ self._salts[i] if self._salts[i] else x for i, x in zip(members, ids, strict=True)]
         return table_key(keys[0] if len(keys) == 1 else torch.cat(keys))
 
@@ -178,10 +182,10 @@ class DynamicTables(nn.Module):
         out = {}
         for key, members in self._members.items():
             bags = [features.bag(self.features[i].name) for i in members]
-            keys = [ids ^ self._salts[i] if self._salts[i] else ids for i, (ids, _) in zip(members, bags, strict=True)]
             # one lookup for all the features of the table: its cost is mostly per call, not per key
-            emb = self.tables[key](table_key(keys[0] if len(keys) == 1 else torch.cat(keys)))  # [n, dim]
-            for i, (ids, offsets), part in zip(members, bags, emb.split([k.numel() for k in keys]), strict=True):
+            emb = self.tables[key](self._table_keys(members, [ids for ids, _ in bags]))  # [n, dim]
+            for i, (ids, offsets), part in zip(members, bags, emb.split([ids.numel() for ids, _ in bags]),
+                                               strict=True):
                 out[self.features[i].name] = self._pool(self.features[i], ids, offsets, part, features.batch_size)
         return {name: out[name] for name in self.names}  # schema order
 
@@ -195,9 +199,7 @@ class DynamicTables(nn.Module):
         calls, where = [], {}
         for key, members in self._members.items():
             where[key] = [features.position(self.features[i].name) for i in members]
-            ids = [values[starts[f]:starts[f + 1]] for f in where[key]]
-            keys = [x ^ self._salts[i] if self._salts[i] else x for i, x in zip(members, ids, strict=True)]
-            flat = table_key(keys[0] if len(keys) == 1 else torch.cat(keys))
+            flat = self._table_keys(members, [values[starts[f]:starts[f + 1]] for f in where[key]])
             calls.append((self.tables[key], flat, torch.ones_like(flat, dtype=torch.bool)))
         out = {}
         # every table at once: those whose bounds do not show room read their counters in one read
