@@ -2,11 +2,12 @@
 
 Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose rows were sorted and
 whose runs of equal rows were summed at each run's first entry (``triton_rows._sorted``: one
-``index_add_``, parallel however long a run), or of a dense gradient (``DENSE``: program ``i``
-updates row ``i``, nothing to sum). Program ``i`` takes entry ``i``: only the first entry of a run
-works -- it reads, updates and writes that row of the table and of its state; the other programs
-write nothing. So every row is written once, and no size is data (no host read, capturable in a
-CUDA graph).
+``index_add_``, parallel however long a run), or of a dense gradient (``DENSE``: entry ``i`` is
+row ``i``, nothing to sum). A program takes ``BLOCK_N`` entries as a [BLOCK_N, BLOCK_D] block (one
+program per entry made hundreds of thousands of one-warp programs at batch 16,384, half their lanes
+idle at width 16): only the first entry of a run works -- it reads, updates and writes that row of
+the table and of its state; the other entries write nothing. So every row is written once, and no
+size is data (no host read, capturable in a CUDA graph).
 
 ``found`` (a loss-scaled step's ``found_inf``, when ``HAS_FOUND``) masks every write off where it is
 non-zero: an overflowing step changes nothing, read on the device. ``CAPTURABLE``: the step count
@@ -30,27 +31,29 @@ __all__ = ["lazy_adam", "rowwise_adagrad", "ftrl"]
 if triton is not None:
 
     @triton.jit
-    def _run_sum(rows, values, found, i, n, dim, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr,
-                 DENSE: tl.constexpr):
-        """(row, its summed gradient [BLOCK_D], column offsets, column mask, columns to write: `dim`
-        or 0) for entry `i` of the sorted rows, whose runs were summed at their first entry
-        (`triton_rows._sorted`); `DENSE`: a dense gradient, entry `i` is row `i`."""
+    def _run_sum(rows, values, found, block, n, dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 HAS_FOUND: tl.constexpr, DENSE: tl.constexpr):
+        """(rows [BLOCK_N], their summed gradients [BLOCK_N, BLOCK_D], column offsets [BLOCK_D], column
+        mask, columns to write per entry [BLOCK_N]: `dim` or 0) for the `block`-th BLOCK_N entries of
+        the sorted rows, whose runs were summed at their first entry (`triton_rows._sorted`); `DENSE`: a
+        dense gradient, entry `i` is row `i`. Only a run's first entry is read past its row: the other
+        entries' gradients are zeros, not worth their bandwidth."""
+        i = block * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_D)
         col_ok = cols < dim
         if DENSE:
             row = i.to(tl.int64)
-            grad = tl.load(values + row * dim + cols, mask=col_ok, other=0.0)
             bound = tl.where(i < n, dim, 0)
         else:
-            row = tl.load(rows + i)
-            prev = tl.load(rows + i - 1, mask=i > 0, other=-1)
-            first = row != prev
-            grad = tl.load(values + i.to(tl.int64) * dim + cols, mask=col_ok, other=0.0)
+            row = tl.load(rows + i, mask=i < n, other=-1)
+            prev = tl.load(rows + i - 1, mask=(i > 0) & (i < n), other=-1)
             # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar`
             # an int block, which a mask refuses): all of them for a run's first entry, none elsewhere.
-            bound = tl.where(first, dim, 0)
+            bound = tl.where(i < n, tl.where(row != prev, dim, 0), 0)
         if HAS_FOUND:
             bound = tl.where(tl.load(found) == 0, bound, 0)
+        grad = tl.load(values + i.to(tl.int64)[:, None] * dim + cols[None, :],
+                       mask=cols[None, :] < bound[:, None], other=0.0)
         return row, grad, cols, col_ok, bound
 
     @triton.jit
@@ -64,10 +67,10 @@ if triton is not None:
     @triton.jit
     def lazy_adam(weight, exp_avg, exp_avg_sq, rows, values, found, step_ptr, lr_ptr, n, dim,
                   step_size, bias2_sqrt, lr, one_minus_beta1, beta2, one_minus_beta2, eps, ln_beta1, ln_beta2,
-                  BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
                   CAPTURABLE: tl.constexpr, LR_ON_DEVICE: tl.constexpr):
         row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
-                                                  BLOCK_D, HAS_FOUND, DENSE)
+                                                  BLOCK_N, BLOCK_D, HAS_FOUND, DENSE)
         if CAPTURABLE:
             t = tl.load(step_ptr).to(tl.float64)
             size = _lr(lr, lr_ptr, LR_ON_DEVICE) / (1.0 - tl.exp(t * ln_beta1)).to(tl.float32)
@@ -75,8 +78,8 @@ if triton is not None:
         else:
             size = step_size
             bias2 = bias2_sqrt
-        at = row * dim + cols
-        mask = cols < bound
+        at = row[:, None] * dim + cols[None, :]
+        mask = cols[None, :] < bound[:, None]
         m = tl.load(exp_avg + at, mask=mask, other=0.0)
         v = tl.load(exp_avg_sq + at, mask=mask, other=0.0)
         w = tl.load(weight + at, mask=mask, other=0.0)
@@ -89,17 +92,18 @@ if triton is not None:
 
     @triton.jit
     def rowwise_adagrad(weight, acc, rows, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
-                        BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
                         LR_ON_DEVICE: tl.constexpr):
         row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
-                                                  BLOCK_D, HAS_FOUND, DENSE)
+                                                  BLOCK_N, BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
-        at = row * dim + cols
-        mask = cols < bound
+        at = row[:, None] * dim + cols[None, :]
+        mask = cols[None, :] < bound[:, None]
         w = tl.load(weight + at, mask=mask, other=0.0)
         grad = grad + weight_decay * w
-        total = tl.load(acc + row, mask=bound > 0, other=0.0) + tl.sum(tl.where(col_ok, grad * grad, 0.0), axis=0) / dim
-        w = w - rate * (grad / (tl.sqrt(total) + eps))
+        squares = tl.sum(tl.where(col_ok[None, :], grad * grad, 0.0), axis=1) / dim
+        total = tl.load(acc + row, mask=bound > 0, other=0.0) + squares
+        w = w - rate * (grad / (tl.sqrt(total)[:, None] + eps))
         tl.store(acc + row, total, mask=bound > 0)
         tl.store(weight + at, w, mask=mask)
 
@@ -114,13 +118,13 @@ if triton is not None:
 
     @triton.jit
     def ftrl(weight, accumulator, linear, rows, values, found, lr_ptr, n, dim, lr, power, zero_power,
-             l1, l2, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
+             l1, l2, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
              LR_ON_DEVICE: tl.constexpr, HALF: tl.constexpr):
         row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
-                                                  BLOCK_D, HAS_FOUND, DENSE)
+                                                  BLOCK_N, BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
-        at = row * dim + cols
-        mask = cols < bound
+        at = row[:, None] * dim + cols[None, :]
+        mask = cols[None, :] < bound[:, None]
         acc = tl.load(accumulator + at, mask=mask, other=1.0)  # 1: no 0 / 0 in the unwritten lanes
         z = tl.load(linear + at, mask=mask, other=0.0)
         w = tl.load(weight + at, mask=mask, other=0.0)

@@ -140,21 +140,33 @@ def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor
     rows, order = torch.sort(rows, stable=True)
     first = torch.ones(n, dtype=torch.bool, device=rows.device)
     first[1:] = rows[1:] != rows[:-1]
+    # Each entry's run start, without cummax (a slow non-cub scan on CUDA: 0.29 ms per call at batch
+    # 16,384 on an H100, a quarter of the WideDeep step): a run's number is the count of run starts up
+    # to it, each start writes its position under its run's number, every entry reads its run's back.
+    run = torch.cumsum(first, 0) - 1
     positions = torch.arange(n, device=rows.device)
-    start = torch.cummax(torch.where(first, positions, 0), 0).values  # each entry's run start
-    entries = values.reshape(n, dim).index_select(0, order)
-    summed = torch.zeros_like(entries).index_add_(0, start, entries)
+    starts = torch.empty(n + 1, dtype=positions.dtype, device=rows.device)  # slot n takes the non-starts
+    starts.scatter_(0, torch.where(first, run, n), positions)
+    start = starts.index_select(0, run)
+    # The entries are added from where they are, each to its sorted run's start: an n-long scatter of
+    # positions instead of a gather of the n x dim values into sorted order.
+    # A stable sort keeps a run's entries in their order, so a CPU still sums them in entry order.
+    at = torch.empty_like(start).scatter_(0, order, start)
+    summed = values.new_zeros((n, dim)).index_add_(0, at, values.reshape(n, dim))
     return rows, summed, dim, n
 
 
 def _launch(kernel: Any, n: int, *args: Any, **meta: Any) -> None:
-    """One launch of `kernel` over `n` entries (a separate function: the op-counting tests count it as one op)."""
-    kernel[(n,)](*args, **meta)
+    """One launch of `kernel` over `n` entries, ``BLOCK_N`` a program (a separate function: the
+    op-counting tests count it as one op)."""
+    kernel[(-(-n // meta["BLOCK_N"]),)](*args, **meta)
 
 
 def _block(dim: int) -> dict[str, int]:
+    """A program's block: the row's width rounded up to a power of two, and entries enough for about
+    1,024 values (at least one entry)."""
     block = 1 << max(0, (dim - 1).bit_length())
-    return {"BLOCK_D": block, "num_warps": max(1, min(4, block // 32))}
+    return {"BLOCK_N": max(1, 1024 // block), "BLOCK_D": block, "num_warps": 4}
 
 
 def _lr_args(lr: float | Tensor, like: Tensor) -> tuple[Tensor, float, bool]:

@@ -133,6 +133,16 @@ def test_the_fused_kernel_matches_the_torch_ops_and_the_c_kernels(name):
     assert {i for i, m in enumerate(moved.tolist()) if m} == touched  # untouched rows stay
 
 
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_runs_that_cross_the_programs_blocks_match_the_torch_ops(name):
+    """1,500 entries of 12 rows: a width-3 table's programs take 256 entries each (6 programs, the
+    last one partial, runs of ~125 entries crossing their edges, a padded column), width 1 takes 1,024."""
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 12, (1500,), generator=g), torch.randn(1500, 4, generator=g)) for _ in range(2)]
+    runs = {path: _train(OPTIMIZERS[name], path, batches, dims=(3, 1)) for path in ("torch", "triton")}
+    _assert_same(*runs["torch"], *runs["triton"])
+
+
 @pytest.mark.parametrize("name", ["ftrl", "rowwise_adagrad", "lazy_adam"])
 @pytest.mark.parametrize("capturable", [False, True])
 def test_dense_gradients_take_one_launch_each_and_match_the_other_paths(name, capturable):

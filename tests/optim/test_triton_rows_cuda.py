@@ -56,16 +56,19 @@ def _run(name: str, fused: bool, capturable: bool, steps: int = 4):
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_the_compiled_kernels_match_the_torch_ops_on_cuda(name, capturable):
     (ref, ref_opt), (out, opt) = _run(name, False, capturable), _run(name, True, capturable)
-    # FTRL with a general lr_power takes x ** p as exp(p * log x) in the kernel, with the GPU's
-    # approximate exp/log, and its state `linear` sums (acc_new ** p - acc ** p) * w, a difference of
-    # two near powers: their last bits are amplified there (seen on an H200: 1 of 16,000 entries
-    # 3.4e-6 apart, relative 1.3e-4). The weights themselves stay within the tight bound.
-    state_tol = dict(rtol=5e-4, atol=1e-5) if name == "ftrl_power" else dict(rtol=2e-5, atol=2e-6)
+    # FTRL's state `linear` (z) sums grad - (acc_new ** p - acc ** p) / lr * w each step: its last bits
+    # are amplified there. Two sources differ between the kernel and the torch ops: a general lr_power
+    # takes x ** p as exp(p * log x) in the kernel, with the GPU's approximate exp/log (seen on an H200:
+    # 1 of 16,000 entries 3.4e-6 apart, relative 1.3e-4), and the kernels' duplicate ids have their
+    # gradients summed by atomic adds, in an order that varies (seen on an H100 with lr_power -0.5: 5 of
+    # 16,000 entries 2.1e-5 apart, relative 1.1e-4). The weights and the accumulator keep the tight bound.
+    tight, loose = dict(rtol=2e-5, atol=2e-6), dict(rtol=5e-4, atol=3e-5)
     for a, b in zip(ref, out, strict=True):
-        torch.testing.assert_close(b.detach(), a.detach(), rtol=2e-5, atol=2e-6)
+        torch.testing.assert_close(b.detach(), a.detach(), **tight)
         for key, value in ref_opt.state[a].items():
             if isinstance(value, torch.Tensor):
-                torch.testing.assert_close(opt.state[b][key].to(value.dtype), value, **state_tol)
+                tol = loose if key == "linear" else tight
+                torch.testing.assert_close(opt.state[b][key].to(value.dtype), value, **tol)
 
 
 @pytest.mark.parametrize("name", ["ftrl", "rowwise_adagrad", "lazy_adam"])
