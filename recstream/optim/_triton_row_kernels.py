@@ -1,12 +1,12 @@
 """The Triton kernels of `recstream.optim.triton_rows` (see there); empty where Triton is not installed.
 
-Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose rows were sorted and
-whose runs of equal rows were summed at each run's first entry (``triton_rows._sorted``: one
-``index_add_``, parallel however long a run), or of a dense gradient (``DENSE``: entry ``i`` is
-row ``i``, nothing to sum). A program takes ``BLOCK_N`` entries as a [BLOCK_N, BLOCK_D] block (one
-program per entry made hundreds of thousands of one-warp programs at batch 16,384, half their lanes
-idle at width 16): only the first entry of a run works -- it reads, updates and writes that row of
-the table and of its state; the other entries write nothing. So every row is written once, and no
+Each kernel is one launch over the ``n`` entries of a row-sparse gradient whose entries of a row were
+summed at that row's leader entry (``triton_rows._leaders``: one ``index_add_``, parallel however
+hot a row), or of a dense gradient (``DENSE``: entry ``i`` is row ``i``, nothing to sum). A program
+takes ``BLOCK_N`` entries as a [BLOCK_N, BLOCK_D] block (one program per entry made hundreds of
+thousands of one-warp programs at batch 16,384, half their lanes idle at width 16): only a row's
+leader works -- it reads, updates and writes that row of the table and of its state; the other
+entries write nothing. So every row is written once, and no
 size is data (no host read, capturable in a CUDA graph).
 
 ``found`` (a loss-scaled step's ``found_inf``, when ``HAS_FOUND``) masks every write off where it is
@@ -31,12 +31,12 @@ __all__ = ["lazy_adam", "rowwise_adagrad", "ftrl"]
 if triton is not None:
 
     @triton.jit
-    def _run_sum(rows, values, found, block, n, dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    def _run_sum(rows, lead, values, found, block, n, dim, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  HAS_FOUND: tl.constexpr, DENSE: tl.constexpr):
         """(rows [BLOCK_N], their summed gradients [BLOCK_N, BLOCK_D], column offsets [BLOCK_D], column
-        mask, columns to write per entry [BLOCK_N]: `dim` or 0) for the `block`-th BLOCK_N entries of
-        the sorted rows, whose runs were summed at their first entry (`triton_rows._sorted`); `DENSE`: a
-        dense gradient, entry `i` is row `i`. Only a run's first entry is read past its row: the other
+        mask, columns to write per entry [BLOCK_N]: `dim` or 0) for the `block`-th BLOCK_N entries,
+        whose rows' gradients were summed at each row's leader entry (`triton_rows._leaders`);
+        `DENSE`: a dense gradient, entry `i` is row `i`. Only a leader is read past its row: the other
         entries' gradients are zeros, not worth their bandwidth."""
         i = block * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_D)
@@ -45,11 +45,11 @@ if triton is not None:
             row = i.to(tl.int64)
             bound = tl.where(i < n, dim, 0)
         else:
-            row = tl.load(rows + i, mask=i < n, other=-1)
-            prev = tl.load(rows + i - 1, mask=(i > 0) & (i < n), other=-1)
+            row = tl.load(rows + i, mask=i < n, other=0)
+            leader = tl.load(lead + i, mask=i < n, other=-1)
             # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar`
-            # an int block, which a mask refuses): all of them for a run's first entry, none elsewhere.
-            bound = tl.where(i < n, tl.where(row != prev, dim, 0), 0)
+            # an int block, which a mask refuses): all of them for a row's leader, none elsewhere.
+            bound = tl.where(leader == i, dim, 0)
         if HAS_FOUND:
             bound = tl.where(tl.load(found) == 0, bound, 0)
         grad = tl.load(values + i.to(tl.int64)[:, None] * dim + cols[None, :],
@@ -65,11 +65,11 @@ if triton is not None:
         return rate
 
     @triton.jit
-    def lazy_adam(weight, exp_avg, exp_avg_sq, rows, values, found, step_ptr, lr_ptr, n, dim,
+    def lazy_adam(weight, exp_avg, exp_avg_sq, rows, lead, values, found, step_ptr, lr_ptr, n, dim,
                   step_size, bias2_sqrt, lr, one_minus_beta1, beta2, one_minus_beta2, eps, ln_beta1, ln_beta2,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
                   CAPTURABLE: tl.constexpr, LR_ON_DEVICE: tl.constexpr):
-        row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
+        row, grad, cols, col_ok, bound = _run_sum(rows, lead, values, found, tl.program_id(0), n, dim,
                                                   BLOCK_N, BLOCK_D, HAS_FOUND, DENSE)
         if CAPTURABLE:
             t = tl.load(step_ptr).to(tl.float64)
@@ -91,10 +91,10 @@ if triton is not None:
         tl.store(weight + at, w, mask=mask)
 
     @triton.jit
-    def rowwise_adagrad(weight, acc, rows, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
+    def rowwise_adagrad(weight, acc, rows, lead, values, found, lr_ptr, n, dim, lr, eps, weight_decay,
                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
                         LR_ON_DEVICE: tl.constexpr):
-        row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
+        row, grad, cols, col_ok, bound = _run_sum(rows, lead, values, found, tl.program_id(0), n, dim,
                                                   BLOCK_N, BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row[:, None] * dim + cols[None, :]
@@ -117,10 +117,10 @@ if triton is not None:
         return out
 
     @triton.jit
-    def ftrl(weight, accumulator, linear, rows, values, found, lr_ptr, n, dim, lr, power, zero_power,
+    def ftrl(weight, accumulator, linear, rows, lead, values, found, lr_ptr, n, dim, lr, power, zero_power,
              l1, l2, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FOUND: tl.constexpr, DENSE: tl.constexpr,
              LR_ON_DEVICE: tl.constexpr, HALF: tl.constexpr):
-        row, grad, cols, col_ok, bound = _run_sum(rows, values, found, tl.program_id(0), n, dim,
+        row, grad, cols, col_ok, bound = _run_sum(rows, lead, values, found, tl.program_id(0), n, dim,
                                                   BLOCK_N, BLOCK_D, HAS_FOUND, DENSE)
         rate = _lr(lr, lr_ptr, LR_ON_DEVICE)
         at = row[:, None] * dim + cols[None, :]

@@ -3,11 +3,12 @@
 On CUDA, a step of [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam],
 [`RowWiseAdagrad`][recstream.optim.rowwise_adagrad.RowWiseAdagrad] or [`FTRL`][recstream.optim.ftrl.FTRL]
 on a table's row-sparse gradient, and boost's lazy Adam on a
-[`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is one sort of the gradient's row ids,
-a sum of each run of duplicate ids (a scan and one ``index_add_``: parallel however hot an id) and
-one kernel (`recstream.optim._triton_row_kernels`): each touched row of the table and its state is
-read, updated and written once; a dense gradient
-(a bias) is one launch too, a program per row. The torch-op path it replaces dispatches about 27
+[`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is a choice of one leader entry per
+touched row (a scatter into a scratch word per row, no sort), a sum of each row's entries at its
+leader (one ``index_add_``: parallel however hot an id) and one kernel
+(`recstream.optim._triton_row_kernels`): each touched row of the table and its state is read,
+updated and written once; a dense gradient (a bias) is one launch too. The scratch costs 4 bytes
+a table row on the device. The torch-op path it replaces dispatches about 27
 ops per table (sort, boundary masks, a segment sum, gathers, the arithmetic, scatters; counted on
 a CPU, docs/benchmarks.md). The state (names, shapes, step counts) is the torch-op path's, so
 checkpoints load on either path; capturable mode (a step count and a learning rate on the device,
@@ -123,37 +124,48 @@ def entries_for(weight: Tensor, grad: Tensor, state: list[Tensor]) -> tuple[Tens
     return entries
 
 
-def _sorted(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, int, int]:
-    """(sorted rows, each run of equal rows' summed gradient at the run's first entry [n, dim], values
-    per row, programs to launch); dense (`rows` None): `weight` stands for the unused rows pointer,
-    `values` as they are, a program a row.
+def _leaders(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
+    """(rows, each entry's leader -- the one entry of its row that writes the row [n], int32 --, each
+    leader's row's summed gradient at the leader's position [n, dim], values per row, entries to
+    launch); dense (`rows` None): `weight` stands for the unused rows and leaders pointers, `values`
+    as they are, an entry a row.
 
-    The runs are summed here by one ``index_add_`` into each run's first position, not by the run's
-    first program in the kernel: a hot id repeated thousands of times in a batch made that program
-    a serial loop of thousands of dependent loads (seen on an H200: the row-wise Adagrad kernel took
-    1.0-1.5 ms of a 5 ms step at batch 16,384, and 1.5 ms of 3 ms in a dynamic-id step whose masked
-    lookups pad a batch with one row). On a CPU the sum runs in entry order, as the loop did."""
+    No sort: every entry writes its position into a scratch word of its row (`_scratch`, one int32
+    a table row), so one of a row's entries wins, the leader; every entry reads its row's word
+    back and ``index_add_`` sums the entries at their leader's position, parallel however hot a row
+    (a run summed by its first program in the kernel was a serial loop: 1.0-1.5 ms of a 5 ms step at
+    batch 16,384 on an H200). The sort, run starts and gathers this replaced were a quarter of a
+    WideDeep step at batch 16,384 on an H100 (cummax alone 0.29 ms a call). Which entry leads is
+    up to the device (CUDA: any one); on a CPU the last one, with the sums in entry order."""
     dim = math.prod(weight.shape[1:])
     if rows is None:
-        return weight, values if values.is_contiguous() else values.contiguous(), dim, weight.shape[0]
+        return weight, weight, values if values.is_contiguous() else values.contiguous(), dim, weight.shape[0]
     n = rows.numel()
-    rows, order = torch.sort(rows, stable=True)
-    first = torch.ones(n, dtype=torch.bool, device=rows.device)
-    first[1:] = rows[1:] != rows[:-1]
-    # Each entry's run start, without cummax (a slow non-cub scan on CUDA: 0.29 ms per call at batch
-    # 16,384 on an H100, a quarter of the WideDeep step): a run's number is the count of run starts up
-    # to it, each start writes its position under its run's number, every entry reads its run's back.
-    run = torch.cumsum(first, 0) - 1
-    positions = torch.arange(n, device=rows.device)
-    starts = torch.empty(n + 1, dtype=positions.dtype, device=rows.device)  # slot n takes the non-starts
-    starts.scatter_(0, torch.where(first, run, n), positions)
-    start = starts.index_select(0, run)
-    # The entries are added from where they are, each to its sorted run's start: an n-long scatter of
-    # positions instead of a gather of the n x dim values into sorted order.
-    # A stable sort keeps a run's entries in their order, so a CPU still sums them in entry order.
-    at = torch.empty_like(start).scatter_(0, order, start)
-    summed = values.new_zeros((n, dim)).index_add_(0, at, values.reshape(n, dim))
-    return rows, summed, dim, n
+    word = _scratch(weight)
+    word.scatter_(0, rows, torch.arange(n, dtype=torch.int32, device=rows.device))
+    lead = word.index_select(0, rows)
+    summed = values.new_zeros((n, dim)).index_add_(0, lead, values.reshape(n, dim))
+    return rows, lead, summed, dim, n
+
+
+# One int32 word per row of each table the kernels update (`_leaders`): scratch, not state (written
+# before it is read in every step), kept between steps so a CUDA graph's replays and eager steps
+# reuse it instead of allocating a table's worth each step.
+_scratch_words: Any = None
+
+
+def _scratch(weight: Tensor) -> Tensor:
+    global _scratch_words
+    if _scratch_words is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _scratch_words = WeakIdKeyDictionary()
+    word = _scratch_words.get(weight)
+    if word is None or word.shape[0] != weight.shape[0] or word.device != weight.device:
+        if weight.shape[0] >= 2 ** 31:
+            raise ValueError(f"triton_rows: a table of {weight.shape[0]} rows; the kernels take < 2**31")
+        word = torch.empty(weight.shape[0], dtype=torch.int32, device=weight.device)
+        _scratch_words[weight] = word
+    return word
 
 
 def _launch(kernel: Any, n: int, *args: Any, **meta: Any) -> None:
@@ -183,7 +195,7 @@ def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor 
     `values` are summed; None: every row, `values` the dense gradient) of `weight` and its moments,
     at step `t` (the count after this step; a device tensor in capturable mode, then `lr` may be one
     too). `found_inf` non-zero: nothing is written. The caller advances the step count."""
-    rows, values, dim, n = _sorted(rows, values, weight)
+    rows, lead, values, dim, n = _leaders(rows, values, weight)
     if n == 0:
         return
     capturable = isinstance(t, Tensor)
@@ -194,7 +206,7 @@ def lazy_adam(weight: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, rows: Tensor 
         step_size = float(lr) / (1.0 - beta1 ** t)
         bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
     ln = [math.log(b) if b > 0 else -math.inf for b in (beta1, beta2)]
-    _launch(_triton_kernels().lazy_adam, n, weight, exp_avg, exp_avg_sq, rows, values,
+    _launch(_triton_kernels().lazy_adam, n, weight, exp_avg, exp_avg_sq, rows, lead, values,
             weight if found_inf is None else found_inf, t if capturable else weight, lr_ptr, n, dim,
             step_size, bias2_sqrt, lr_value, 1.0 - beta1, beta2, 1.0 - beta2, eps, ln[0], ln[1],
             HAS_FOUND=found_inf is not None, DENSE=rows is weight, CAPTURABLE=capturable, LR_ON_DEVICE=lr_on_device,
@@ -205,11 +217,11 @@ def rowwise_adagrad(weight: Tensor, acc: Tensor, rows: Tensor | None, values: Te
                     weight_decay: float, found_inf: Tensor | None = None) -> None:
     """Row-wise Adagrad (`recstream.optim.rowwise_adagrad`) of the rows `rows` (duplicates summed; None: all)
     of `weight` and its per-row accumulator `acc`; `found_inf` non-zero: nothing is written."""
-    rows, values, dim, n = _sorted(rows, values, weight)
+    rows, lead, values, dim, n = _leaders(rows, values, weight)
     if n == 0:
         return
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
-    _launch(_triton_kernels().rowwise_adagrad, n, weight, acc, rows, values,
+    _launch(_triton_kernels().rowwise_adagrad, n, weight, acc, rows, lead, values,
             weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, eps, weight_decay,
             HAS_FOUND=found_inf is not None, DENSE=rows is weight, LR_ON_DEVICE=lr_on_device, **_block(dim))
 
@@ -218,12 +230,12 @@ def ftrl(weight: Tensor, accumulator: Tensor, linear: Tensor, rows: Tensor | Non
          lr_power: float, l1: float, l2: float, found_inf: Tensor | None = None) -> None:
     """FTRL-Proximal (`recstream.optim.ftrl`) of the rows `rows` (duplicates summed; None: all) of `weight` and
     its ``n`` / ``z`` state; `found_inf` non-zero: nothing is written."""
-    rows, values, dim, n = _sorted(rows, values, weight)
+    rows, lead, values, dim, n = _leaders(rows, values, weight)
     if n == 0:
         return
     lr_ptr, lr_value, lr_on_device = _lr_args(lr, weight)
     power = -float(lr_power)
-    _launch(_triton_kernels().ftrl, n, weight, accumulator, linear, rows, values,
+    _launch(_triton_kernels().ftrl, n, weight, accumulator, linear, rows, lead, values,
             weight if found_inf is None else found_inf, lr_ptr, n, dim, lr_value, power,
             1.0 if power == 0 else 0.0, l1, l2, HAS_FOUND=found_inf is not None, DENSE=rows is weight,
             LR_ON_DEVICE=lr_on_device, HALF=power == 0.5, **_block(dim))
