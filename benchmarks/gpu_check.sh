@@ -111,7 +111,7 @@ if [ $DEVICE = cuda ]; then
     BOOST_4096=(--batch-size 4096 --rows 1048576 --time-budget 80)
     BOOST_16384=(--batch-size 16384 --rows 2097152 --time-budget 65)
     EMB_ARGS=(--device cuda --threads 4 --reps 20)
-    DYN_ARGS=(--device cuda)
+    DYN_ARGS=(--device cuda --step model)
 else  # wiring only: nothing here is a measurement
     SYNC_ARGS=(--device cpu --steps 3 --warm 2 --batch-size 64 --vocab 100 --hidden 16)
     BOOST_ARGS=(--device cpu --test-rows 2000 --reps 1 --threads 1 --vocab 500 --hidden 16)
