@@ -200,7 +200,7 @@ class DynamicTables(nn.Module):
         for key, members in self._members.items():
             where[key] = [features.position(self.features[i].name) for i in members]
             flat = self._table_keys(members, [values[starts[f]:starts[f + 1]] for f in where[key]])
-            calls.append((self.tables[key], flat, torch.ones_like(flat, dtype=torch.bool)))
+            calls.append((self.tables[key], flat, None))  # every key of the slices: no mask
         out = {}
         # every table at once: those whose bounds do not show room read their counters in one read
         for (key, members), emb in zip(self._members.items(), lookup_masked_many(calls), strict=True):
