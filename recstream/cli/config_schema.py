@@ -302,7 +302,7 @@ class OptimizerSection(Section):
     """Arguments of `recstream.models.default_optimizer`."""
 
     lr: PositiveFloat = 1e-3
-    embedding: Literal["lazy_adam", "rowwise_adagrad"] = "lazy_adam"
+    embedding: Literal["lazy_adam", "rowwise_adagrad"] = "rowwise_adagrad"  # default_optimizer's
     embedding_lr: PositiveFloat | None = None
     wide: Literal["ftrl", "same"] = "ftrl"
     wide_lr: PositiveFloat = 0.05

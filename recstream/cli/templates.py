@@ -37,9 +37,9 @@ model:
   hidden: [64, 32]
   dropout: 0.0
 
-optimizer:                       # recstream.models.default_optimizer: LazyAdam for the tables, Adam for the rest
+optimizer:                       # recstream.models.default_optimizer: row-wise Adagrad for the tables, Adam for the rest
   lr: 0.002
-  embedding: lazy_adam           # lazy_adam | rowwise_adagrad
+  embedding: rowwise_adagrad     # rowwise_adagrad | lazy_adam
 
 train:
   epochs: 2
