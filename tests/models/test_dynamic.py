@@ -2,6 +2,7 @@
 restored; unseen keys read the default vector; reused rows get fresh optimizer state."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recstream import RecModel
 from recstream.callbacks import CheckpointConfig, ModelCheckpoint
@@ -312,3 +313,19 @@ def test_on_a_device_a_table_looks_up_only_its_features_ids_when_their_counts_ar
         m = masked_tables.tables[name]
         assert t.export(reset_delta=False)["keys"].tolist() == m.export(reset_delta=False)["keys"].tolist()
         assert (t.num_rows, t.num_pending) == (m.num_rows, m.num_pending)
+    # A sized table looks up every key of its slice without a mask: one sort fewer per table than the
+    # masked lookup's (which sorts its keys, then the masked-out ones to the end)
+    with device_path(), _Sorts() as sorts:
+        tables(x)
+    with device_path(), _Sorts() as masked_sorts:
+        masked_tables(dataclasses.replace(x, feature_sizes=None))
+    assert masked_sorts.n - sorts.n == len(tables.tables) == 2
+
+
+class _Sorts(TorchDispatchMode):
+    """Counts the sorts dispatched inside it."""
+    n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func.overloadpacket is torch.ops.aten.sort
+        return func(*args, **(kwargs or {}))
