@@ -138,8 +138,8 @@ def _refuse_tiered_tables(owner: str, network: nn.Module) -> None:
               if isinstance(m, HashEmbedding) and m.disk_tier is not None]  # its store holds all the keys' rows
     if owner == "hybrid_parallel":
         if hashed:
-            raise ValueError(f"hybrid_parallel: disk-tiered HashEmbedding modules {hashed} train on one process "
-                             "only (key sharding would need a store of each rank's keys, which is not built); "
+            raise ValueError(f"hybrid_parallel: disk-tiered tables {hashed} train on one process only (HashEmbedding "
+                             "modules: key sharding would need a store of each rank's keys, which is not built); "
                              "train them on one process, or keep them in memory (hybrid_parallel shards their keys), "
                              "or use EmbeddingBagCollection tables with tier=DiskTier(...), which hybrid_parallel "
                              "row-shards over per-rank stores")

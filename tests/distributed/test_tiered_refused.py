@@ -35,7 +35,7 @@ def test_hybrid_parallel_refuses_tables_whose_stores_hold_every_row(tmp_path):
 
 def test_hybrid_parallel_refuses_a_disk_tiered_hash_embedding(tmp_path):
     users = HashEmbedding(4, capacity=64, tier=DiskTier(str(tmp_path), cache_rows=16))
-    with pytest.raises(ValueError, match=r"hybrid_parallel: disk-tiered HashEmbedding modules \['\(the network\)'\] "
-                                         r"train on one process only \(key sharding would need a store of each "
-                                         r"rank's keys, which is not built\)"):
+    with pytest.raises(ValueError, match=r"hybrid_parallel: disk-tiered tables \['\(the network\)'\] train on "
+                                         r"one process only \(HashEmbedding modules: key sharding would need a "
+                                         r"store of each rank's keys, which is not built\)"):
         hybrid_parallel(users)
