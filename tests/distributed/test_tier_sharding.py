@@ -60,6 +60,11 @@ def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
         assert (shard["rank"], shard["world_size"], shard["stop"] - shard["start"]) == (rank, 2, owned)
         assert json.loads((store / "manifest.json").read_text())["files"]["weight"]["rows"] == owned
     assert sorted(os.listdir(tmp_path / "tiers" / "embedding" / "C1")) == ["rank-0-of-2", "rank-1-of-2"]
+    # built on 2 ranks, a tiered table opens no store (the whole table's) until hybrid_parallel shards it
+    assert (tmp_path / "unsharded-1.txt").read_text().startswith(
+        "EmbeddingBagCollection: disk-tiered table 'C1' was built in a process of 2 ranks: each rank keeps a store "
+        f"of its own rows (under {tmp_path}/early/wide/C1), opened when parallel_mode='hybrid_parallel' shards")
+    assert not (tmp_path / "early").exists()
     # one process cannot open the table: its rows are split over two ranks' stores
     with pytest.raises(ValueError, match=r"table 'C1': tier directory .*wide/C1 holds the stores of a table "
                                          r"sharded over ranks \(rank-0-of-2, rank-1-of-2\)"):

@@ -7,7 +7,9 @@ ACTION:
 - ``equal``: an in-memory WideDeep and the same net with features C1 and C2 on disk (a cache of
   `CACHE` rows per rank and table, far fewer than the rows each rank owns), the same initial rows,
   trained on the same batches; writes both gathered states to ``OUT/memory.safetensors`` and
-  ``OUT/tiered.safetensors`` and each rank's tier counters to ``OUT/stats-<rank>.json``;
+  ``OUT/tiered.safetensors`` and each rank's tier counters to ``OUT/stats-<rank>.json`` (and, first,
+  what a tiered table built on 2 ranks says when used before hybrid_parallel shards it:
+  ``OUT/unsharded-<rank>.txt``);
 - ``save``: the tiered net trains batches 0-2, saves ``OUT/ckpt`` (`save_sharded`: every rank's stores
   committed), trains batches 3-5 and writes ``OUT/straight.safetensors``; then loads ``OUT/ckpt``
   back in the same processes, trains batches 3-5 again and writes ``OUT/again.safetensors``;
@@ -66,6 +68,11 @@ def main(out: Path, action: str) -> None:
     set_auto_parallel_context(parallel_mode="hybrid_parallel")
     r = distributed.rank()
     if action == "equal":
+        early = WideDeep(batches()[1], hidden=(4,), disk_tier=TierPlan(str(out / "early"), {"C1": CACHE}))
+        try:
+            early.wide.ebc.tier_stats()
+        except RuntimeError as e:
+            (out / f"unsharded-{r}.txt").write_text(str(e))
         memory, _, memory_model = build(None)
         tiered, _, tiered_model = build(out / "tiers")
         tiered.load_state_dict(memory.state_dict())  # the same rows: each rank imports its own into its stores
