@@ -24,8 +24,9 @@ storage, so they stay readable and survive adding a table of another dim.
 Row sharding (`shard_rows_`): under ``torch.distributed`` each rank can keep only its range of
 every fused table's rows; lookups are then routed to the owning ranks (see `row_sharding`).
 ``state_dict()`` of a sharded collection gathers the full tables, so every rank must call it
-together; ``load_state_dict`` of full tables keeps each rank's rows, whatever the number of
-ranks that wrote them.
+together (a disk-tiered table's entry stays its rank's commit, as a checkpoint's: gathering every row
+of a table larger than memory at each checkpoint would defeat the tier; `gather_tables` reads them);
+``load_state_dict`` of full tables keeps each rank's rows, whatever the number of ranks that wrote them.
 
 Example:
     >>> import torch
@@ -320,10 +321,15 @@ class EmbeddingBagCollection(nn.Module):
         if not self.sharded:
             return {t.name: self.table_weight(t.name).detach().clone() if t.tier is None
                     else self._tiers[self._table_loc[t.name][0]].full_weight() for t in self.tables}
-        full = [rows.gather(getattr(self, name) if tier is None else tier.full_weight())
+        return self._gather(tiered=True)
+
+    def _gather(self, tiered: bool) -> dict[str, torch.Tensor]:
+        """The full tables of a sharded collection (collective); without `tiered`, the in-memory ones only."""
+        full = [None if tier is not None and not tiered else
+                rows.gather(getattr(self, name) if tier is None else tier.full_weight())
                 for rows, name, tier in zip(self._sharding, self._group_param_names, self._tiers, strict=True)]
         return {t.name: full[g][start:start + n].clone() for t in self.tables
-                for g, start, n in [self._table_loc[t.name]]}
+                for g, start, n in [self._table_loc[t.name]] if full[g] is not None}
 
     def _refuse_if_sharded(self, what: str) -> None:
         if self.sharded:
@@ -676,10 +682,12 @@ class EmbeddingBagCollection(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if self.sharded:  # the full tables, gathered from all ranks: a collective, as FSDP's state_dict
-            for name, weight in self.gather_tables().items():
+            # (a tiered table's only for its rows: below, its commit holds this rank's store, not every row)
+            for name, weight in self._gather(tiered=self._tier_state == "rows").items():
                 destination[self._table_key(prefix, name)] = weight
-            return
         for t in self.tables:
+            if self.sharded and (t.tier is None or self._tier_state == "rows"):
+                continue  # gathered above
             if t.tier is not None and self._tier_state == "rows":  # for a server (tier_export): the rows
                 destination[self._table_key(prefix, t.name)] = self._tiers[self._table_loc[t.name][0]].full_weight()
                 continue

@@ -16,7 +16,8 @@ ACTION:
 - ``resume``: fresh processes (the stores reopened, their writes after the last commit undone) load
   ``OUT/ckpt``, train batches 3-5 and write ``OUT/resumed.safetensors``.
 
-The gathered state is the collection's own gather (``state_dict()``: every table's full rows).
+The gathered state is the collections' own gather (``gather_tables()``: every table's full rows; a
+sharded tiered table's ``state_dict()`` holds its rank's commit instead, not every row).
 """
 from __future__ import annotations
 
@@ -57,7 +58,11 @@ def train(model, first: int, stop: int) -> None:
 
 
 def write(path: Path, net) -> None:
-    state = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}  # collective
+    """Every table's full rows and every other tensor of the state (collective)."""
+    state = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items() if not k.endswith(".tier")}
+    for prefix in ("wide.ebc", "embedding.ebc"):
+        state.update({f"{prefix}.tables.{name}.weight": w.contiguous()
+                      for name, w in net.get_submodule(prefix).gather_tables().items()})
     if distributed.rank() == 0:
         save_file(state, path)
 
