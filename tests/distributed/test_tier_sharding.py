@@ -51,6 +51,9 @@ def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
     _torchrun(tmp_path, "equal")
     _assert_same(load_file(tmp_path / "tiered.safetensors"), load_file(tmp_path / "memory.safetensors"), atol=1e-6)
     for rank, owned in ((0, 200), (1, 200)):
+        # a sharded tiered table's state_dict entry is its rank's commit, not every row gathered
+        assert json.loads((tmp_path / f"stats-{rank}.json").read_text())["state_dict"] == [
+            "embedding.ebc.tables.C1.tier", "wide.ebc.tables.C1.tier"]
         stats = json.loads((tmp_path / f"stats-{rank}.json").read_text())["embedding.ebc.C1"]
         assert stats["misses"] + stats["prefetched"] > 2 * CACHE  # rows evicted and read back
         assert stats["bytes_written"] > owned * 4 * 4 and stats["hits"] > 0  # trained rows written back (beyond

@@ -87,6 +87,7 @@ def main(out: Path, action: str) -> None:
         write(out / "tiered.safetensors", tiered)
         stats = {f"{prefix}.{name}": vars(s) for prefix, m in tiered.named_modules() if hasattr(m, "tier_stats")
                  for name, s in m.tier_stats().items()}
+        stats["state_dict"] = sorted(k for k in tiered.state_dict() if ".C1." in k)  # (collective)
         (out / f"stats-{r}.json").write_text(json.dumps(stats))
     elif action == "save":
         net, optimizer, model = build(out / "tiers")
