@@ -5,6 +5,13 @@ A parameter row-sharded by `EmbeddingBagCollection.shard_rows_` (its ``recstream
 ``Shard(0)``: rank r's rows ``[r * chunk, (r + 1) * chunk)`` are exactly the split ``Shard(0)``
 makes, so DCP knows each rank's offset and reshards on load. Optimizer state whose first
 dimension is the parameter's local rows is placed the same way; everything else is replicated.
+
+A disk-tiered table's rows are its store's: each rank commits its store and the checkpoint holds the
+commit, ``<module>.tables.<table>.tier`` = ``[store uid, generation]`` per rank (a ``[ranks, 2]``
+tensor, one row per rank), which loading returns each rank's store to (`restore_tiers`). Its cache
+Parameter (and the cache slots' optimizer state) is the rank's own (placement ``"rank_local"``):
+written and read back per rank. Such a checkpoint loads only into as many ranks as wrote it (each
+store holds its rank's rows; a tier is not resharded): others are refused naming the table.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False) -
             continue
         local = torch.empty_like(p) if empty else p.detach()
         tensors[name] = _placed(local, p, mesh)
+    tensors.update(_tier_tensors(network, mesh, empty))
     skipped = hashed | {id(b) for m in network.modules() if isinstance(m, EmbeddingBagCollection) for b in m.buffers()}
     for prefix, module in network.named_modules():
         for name, b in module.named_buffers(recurse=False):
@@ -39,6 +47,56 @@ def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False) -
                 continue
             tensors[f"{prefix}.{name}" if prefix else name] = torch.empty_like(b) if empty else b.detach()
     return tensors
+
+
+def _tiered(network: nn.Module) -> dict[str, tuple[EmbeddingBagCollection, str]]:
+    """``{checkpoint key: (collection, table)}`` of every disk-tiered table's commit entry."""
+    return {f"{prefix}.tables.{t.name}.tier" if prefix else f"tables.{t.name}.tier": (m, t.name)
+            for prefix, m in network.named_modules() if isinstance(m, EmbeddingBagCollection)
+            for t in m.tables if t.tier is not None}
+
+
+def _tier_tensors(network: nn.Module, mesh, empty: bool) -> dict[str, torch.Tensor]:
+    """Each tiered table's commit (this rank's store committed now), a ``[1, 2]`` row of ``[ranks, 2]``."""
+    out, commits = {}, {}
+    for key, (m, name) in _tiered(network).items():
+        if not empty and id(m) not in commits:
+            commits[id(m)] = m.tier_commits()
+        local = torch.empty(1, 2, dtype=torch.int64) if empty else commits[id(m)][name].view(1, 2)
+        if mesh is None or m.tier_shards == 1:
+            out[key] = local
+            continue
+        from torch.distributed.tensor import DTensor, Shard
+        out[key] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size([m.tier_shards, 2]),
+                                      stride=(2, 1))
+    return out
+
+
+def check_tier_shards(owner: str, directory: str, network: nn.Module, saved) -> None:
+    """Refuse a checkpoint whose tiered tables were written by another number of ranks than hold them now."""
+    for key, (m, name) in _tiered(network).items():
+        meta = saved.get(f"model.{key}")
+        if meta is None:
+            continue  # reported as a missing key
+        ranks = int(meta.size[0])
+        if ranks != m.tier_shards:
+            raise ValueError(f"{owner}: {directory!r}: disk-tiered table {name!r} ({key}) was saved by {ranks} "
+                             f"rank(s), this run holds it on {m.tier_shards} (this is rank {_rank()}): each rank's "
+                             "store holds its rows and a tier is not resharded; load it on as many ranks")
+
+
+def restore_tiers(network: nn.Module, loaded: dict[str, torch.Tensor], directory: str) -> None:
+    """Take the tiered tables' commit entries out of `loaded` (``model.``-less keys) and return each
+    rank's stores to them (a ValueError naming the table and store if one cannot be)."""
+    for key, (m, name) in _tiered(network).items():
+        value = loaded.pop(key)
+        local = value.to_local() if hasattr(value, "to_local") else value
+        m.restore_tier_commits({name: local.reshape(2).clone()}, f"{directory!r}:")
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _refuse_custom_state(owner: str, network: nn.Module) -> None:
@@ -60,7 +118,7 @@ def _refuse_custom_state(owner: str, network: nn.Module) -> None:
 def _sharded_rows(p: torch.Tensor) -> int | None:
     """The full number of rows of a row-sharded parameter, None for a replicated one."""
     layout = getattr(p, "recstream_layout", None)
-    if layout is None or layout.get("placement") not in ("row_sharded", "key_sharded"):
+    if layout is None or layout.get("placement") not in ("row_sharded", "key_sharded", "rank_local"):
         return None
     return int(layout["shape"][0])
 

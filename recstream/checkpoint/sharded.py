@@ -77,10 +77,12 @@ from ._hash_state import (
 )
 from ._sharded_state import (
     assemble_optimizer_state,
+    check_tier_shards,
     network_tensors,
     optimizer_doc,
     optimizer_templates,
     optimizer_tensors,
+    restore_tiers,
 )
 from .file_format import CheckpointError
 
@@ -162,6 +164,7 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
             dcp.CheckpointException) as e:  # CheckpointException (a BaseException): a corrupt shard file
         raise CheckpointError(f"{owner}: {path!r} cannot be loaded: {e}") from e
+    restore_tiers(network, model, path)  # each rank's stores back to the commits saved (before the slots' state)
     _copy_into(network, model)
     moves = load_hash_state(network, state, direct, doc.get("hash", {}), plans)
     if optimizer is not None:
@@ -190,6 +193,7 @@ def _templates(owner: str, path: str, network, optimizer, doc: dict) -> tuple[di
     _, (HuggingFaceStorageReader, _) = _dcp()
     saved = HuggingFaceStorageReader(path).read_metadata().state_dict_metadata  # shapes from the headers
     model = network_tensors(owner, network, _mesh(), empty=True)
+    check_tier_shards(owner, path, network, saved)
     _check_keys(owner, path, "model", sorted(f"model.{k}" for k in model), doc["model"], saved)
     state = {f"model.{k}": v for k, v in model.items()}
     hashed, direct = hash_templates(owner, path, network, doc.get("hash", {}), saved, _mesh())

@@ -22,8 +22,15 @@ key lives on the one rank its hash names, which counts, admits, evicts and expor
 replicates the rest as above. A table then needs 1/N of its memory per rank, and its optimizer
 state stays with its rows.
 
-`data_parallel` refuses `HashEmbedding`: replicas would each admit and evict their own ranks' keys
-and drift apart (broadcasting one rank's table every step would cost the whole table per step).
+A disk-tiered `EmbeddingBagCollection` table (``tier=DiskTier(...)``) is row-sharded the same way:
+each rank keeps a store of only its rows, ``<directory>/rank-<r>-of-<N>`` (`recstream.nn.tier_shard`),
+behind its own cache of ``cache_rows`` slots, and answers the lookups of its rows from that cache. A
+sharded checkpoint (`recstream.checkpoint.save_sharded`) commits every rank's store. The network must
+be built after the process group is joined (each rank then opens its own store, not the whole table's).
+A disk-tiered `HashEmbedding` is refused (its keys' rows are not sharded over per-rank stores yet).
+
+`data_parallel` refuses `HashEmbedding` and disk-tiered tables: replicas would each admit and evict
+their own ranks' keys and drift apart (broadcasting one rank's table every step would cost the whole table per step).
 
 Sparse all-reduce is implemented by gloo (CPU). NCCL has no sparse all-reduce, so under
 data_parallel on NCCL tables must use dense gradients (``sparse=False``) or be sharded.
@@ -69,6 +76,9 @@ def hybrid_parallel(network: nn.Module) -> nn.Module:
     """
     check_module("hybrid_parallel", "network", network)
     _refuse_tiered_tables("hybrid_parallel", network)
+    for name, module in network.named_modules():  # before any collective: every rank refuses alike
+        if isinstance(module, EmbeddingBagCollection):
+            module.check_tiers_shardable(f"hybrid_parallel ({name or 'the network'})")
     sharded, own_buffers = {}, []
     # The lookups' all-to-alls run inside backward, while DDP's bucketed all-reduces start from
     # autograd hooks in an order that depends on timing: on one process group the two could be
@@ -96,6 +106,11 @@ def sharding_plan(network: nn.Module) -> list[str]:
             ranges = ", ".join(f"rank {r}: rows {a}-{b}" for r, (a, b) in zip(layout["ranks"], layout["rows"],
                                                                                   strict=True))
             lines.append(f"{name} {layout['shape']}: row-sharded ({ranges})")
+        elif layout is not None and layout.get("placement") == "rank_local":
+            ranges = ", ".join(f"rank {r}: rows {a}-{b}" for r, (a, b) in zip(layout["ranks"], layout["rows"],
+                                                                                  strict=True))
+            lines.append(f"{name} {layout['shape'][0] // len(layout['ranks'])} slots per rank: cache of a disk-tiered "
+                         f"table, row-sharded ({ranges}; this rank's store {layout['store']})")
         elif layout is not None and layout.get("placement") == "key_sharded":
             rows = layout["rows"][0][1] - layout["rows"][0][0]
             lines.append(f"{name} {layout['shape']}: key-sharded ({rows} rows per rank; key k on rank "
@@ -113,21 +128,30 @@ def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
 
 
 def _refuse_tiered_tables(owner: str, network: nn.Module) -> None:
-    """Disk-tiered tables train on one process only, refused here before any collective runs.
+    """Disk-tiered tables that this mode cannot train, refused here before any collective runs.
 
-    Replicated, each rank's cache would hold other rows in its slots, so an all-reduce of slot
-    gradients would add up different rows. Row-sharded, each rank would need a store of its own rows
-    (and sharded checkpoints of commits): not built yet."""
+    Replicated (data_parallel), each rank's cache would hold other rows in its slots, so an all-reduce
+    of slot gradients would add up different rows. hybrid_parallel shards `EmbeddingBagCollection`
+    tables over per-rank stores; a tiered `HashEmbedding`'s store holds every key's rows, which key
+    sharding would need split per rank: not built."""
+    hashed = [name or "(the network)" for name, m in network.named_modules()
+              if isinstance(m, HashEmbedding) and m.disk_tier is not None]  # its store holds all the keys' rows
+    if owner == "hybrid_parallel":
+        if hashed:
+            raise ValueError(f"hybrid_parallel: disk-tiered tables {hashed} train on one process only (HashEmbedding "
+                             "modules: key sharding would need a store of each rank's keys, which is not built); "
+                             "train them on one process, or keep them in memory (hybrid_parallel shards their keys), "
+                             "or use EmbeddingBagCollection tables with tier=DiskTier(...), which hybrid_parallel "
+                             "row-shards over per-rank stores")
+        return
     tiered = [f"{name}.{t.name}" if name else t.name for name, m in network.named_modules()
               if isinstance(m, EmbeddingBagCollection) for t in m.tables if t.tier is not None]
-    tiered += [name or "(the network)" for name, m in network.named_modules()
-               if isinstance(m, HashEmbedding) and m.disk_tier is not None]  # its store holds all the keys' rows
-    why = ("each rank would cache other rows in the same slots" if owner == "data_parallel" else
-           "row sharding would need a store of its own rows per rank, which is not built yet")
+    tiered += hashed
     if tiered:
-        raise ValueError(f"{owner}: disk-tiered tables {tiered} train on one process only ({why}); train them "
-                         "on one process, or keep them in memory and use parallel_mode='hybrid_parallel', which "
-                         "gives each rank 1/N of every table's rows")
+        raise ValueError(f"{owner}: disk-tiered tables {tiered} train on one process only (each rank would cache "
+                         "other rows in the same slots); train them on one process, or use "
+                         "parallel_mode='hybrid_parallel', which gives each rank a store of its own rows of every "
+                         "EmbeddingBagCollection table (or keep them in memory)")
 
 
 def _replicate(owner: str, network: nn.Module, sharded: dict[str, nn.Parameter], own_buffers: list[str]) -> nn.Module:

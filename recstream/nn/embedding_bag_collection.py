@@ -24,8 +24,9 @@ storage, so they stay readable and survive adding a table of another dim.
 Row sharding (`shard_rows_`): under ``torch.distributed`` each rank can keep only its range of
 every fused table's rows; lookups are then routed to the owning ranks (see `row_sharding`).
 ``state_dict()`` of a sharded collection gathers the full tables, so every rank must call it
-together; ``load_state_dict`` of full tables keeps each rank's rows, whatever the number of
-ranks that wrote them.
+together (a disk-tiered table's entry stays its rank's commit, as a checkpoint's: gathering every row
+of a table larger than memory at each checkpoint would defeat the tier; `gather_tables` reads them);
+``load_state_dict`` of full tables keeps each rank's rows, whatever the number of ranks that wrote them.
 
 Example:
     >>> import torch
@@ -66,6 +67,7 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
 from .tier_cache import TierCache, TierStats
+from .tier_shard import open_rank_store, refuse_rank_stores
 from .tier_store import TierStore
 
 __all__ = ["EmbeddingBagCollection"]
@@ -95,6 +97,7 @@ class _InputLayout(NamedTuple):
 
 def _open_store(t: EmbeddingTableConfig) -> TierStore:
     """The store of tiered table `t`: opened (a crash's uncommitted writes undone) or created."""
+    refuse_rank_stores(t.tier.directory, t.name)
     if TierStore.exists(t.tier.directory):
         store = TierStore.open(t.tier.directory)
         weight = store.files.get("weight")
@@ -108,6 +111,29 @@ def _open_store(t: EmbeddingTableConfig) -> TierStore:
         return torch.empty(b - a, t.embedding_dim).normal_(0.0, t.init_std).numpy()
 
     return TierStore.create(t.tier.directory, {"weight": (t.num_embeddings, t.embedding_dim, fill)})
+
+
+def _ranks() -> int:
+    """The number of ranks of this process's default group (1 without one)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class _UnopenedTier:
+    """The tier of a table built in a process of several ranks: a rank holds a store of its own rows
+    only, opened when ``hybrid_parallel`` shards the table (`EmbeddingBagCollection.shard_rows_`);
+    until then any use is refused, naming the table."""
+
+    def __init__(self, name: str, directory: str, ranks: int) -> None:
+        self._what = (f"{_OWNER}: disk-tiered table {name!r} was built in a process of {ranks} ranks: each rank "
+                      f"keeps a store of its own rows (under {directory}), opened when parallel_mode="
+                      "'hybrid_parallel' shards the table (Model, or recstream.distributed.hybrid_parallel); "
+                      "build it in a single process to use it unsharded")
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise RuntimeError(self._what)
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -168,7 +194,11 @@ class EmbeddingBagCollection(nn.Module):
             name = f"fused_weight_dim{dim}" if g < len(dims) else f"tier_cache_{tiered[g - len(dims)].name}"
             self.register_parameter(name, nn.Parameter(w))
             self._group_param_names.append(name)
-        self._tiers: list[TierCache | None] = [None] * len(dims) + [
+        self._tier_configs: list[EmbeddingTableConfig | None] = [None] * len(dims) + tiered
+        # In a process of several ranks a tiered table's store is this rank's rows: opened by shard_rows_.
+        ranks = _ranks()
+        self._tiers: list[TierCache | _UnopenedTier | None] = [None] * len(dims) + [
+            _UnopenedTier(t.name, t.tier.directory, ranks) if ranks > 1 else
             TierCache(t.name, getattr(self, self._group_param_names[len(dims) + i]), _open_store(t),
                       t.tier.cache_rows) for i, t in enumerate(tiered)]
         self.reset_parameters()
@@ -231,15 +261,19 @@ class EmbeddingBagCollection(nn.Module):
 
         Rank 0's tables are broadcast first, so all ranks shard the same weights. The Parameter
         objects stay the same (an optimizer built on them keeps working; build its state after).
+        A disk-tiered table is not broadcast: each rank opens (or creates) the store of its own rows,
+        ``<directory>/rank-<r>-of-<N>`` (`tier_shard`), and its Parameter stays a cache of
+        ``cache_rows`` slots, over that store.
         """
         if self.sharded:
             raise RuntimeError(f"{_OWNER}: the tables are row-sharded already")
-        if any(t is not None for t in self._tiers):
-            raise ValueError(f"{_OWNER}.shard_rows_: disk-tiered tables are not row-sharded (give each rank "
-                             "its own tables, or keep them in memory)")
+        self.check_tiers_shardable(f"{_OWNER}.shard_rows_")
         sharding = []
-        for name in self._group_param_names:
+        for g, name in enumerate(self._group_param_names):
             weight = getattr(self, name)
+            if self._tier_configs[g] is not None:
+                sharding.append(self._shard_tier(g, weight, group))
+                continue
             torch.distributed.broadcast(weight.data, src=torch.distributed.get_global_rank(group, 0)
                                         if group is not None else 0, group=group)
             rows = RowSharding(weight.shape[0], group)
@@ -253,16 +287,49 @@ class EmbeddingBagCollection(nn.Module):
         self._sharding = sharding
         return self
 
+    def check_tiers_shardable(self, owner: str) -> None:
+        """Refuse (ValueError) to shard disk-tiered tables whose stores hold every row: built in a
+        process without a group of several ranks (checked before any collective)."""
+        whole = [t.name for g, t in enumerate(self._tier_configs)
+                 if t is not None and isinstance(self._tiers[g], TierCache)]
+        if whole:
+            raise ValueError(f"{owner}: disk-tiered tables {whole} were built in a single process, their stores "
+                             "hold every row; build the network after joining the process group (distributed.init"
+                             "()), so that each rank opens a store of its own rows")
+
+    def _shard_tier(self, g: int, weight: nn.Parameter, group) -> RowSharding:
+        """This rank's store of tiered table group `g`'s rows, behind its cache Parameter `weight`."""
+        t = self._tier_configs[g]
+        rows = RowSharding(t.num_embeddings, group)
+        if rows.start >= rows.stop:
+            raise ValueError(f"{_OWNER}: disk-tiered table {t.name!r} has {t.num_embeddings} rows, too few to "
+                             f"give each of {rows.world_size} ranks some")
+        store = open_rank_store(t.tier.directory, t.name, t.num_embeddings, rows.start, rows.stop, t.embedding_dim,
+                                t.init_std, rows.rank, rows.world_size)
+        self._tiers[g] = TierCache(t.name, weight, store, t.tier.cache_rows)
+        rows.scale_gradient(weight)
+        weight.recstream_layout = {  # the slots are this rank's own: saved and loaded per rank
+            "shape": [rows.world_size * weight.shape[0], weight.shape[1]],
+            "dtype": str(weight.dtype).replace("torch.", ""), "device": str(weight.device),
+            "placement": "rank_local", "ranks": list(range(rows.world_size)),
+            "rows": [list(r) for r in rows.ranges()], "store": store.directory}
+        return rows
+
     def gather_tables(self) -> dict[str, torch.Tensor]:
         """``{table name: full weight}`` assembled from all ranks' shards (collective), or the
         local tables when not sharded."""
         if not self.sharded:
             return {t.name: self.table_weight(t.name).detach().clone() if t.tier is None
                     else self._tiers[self._table_loc[t.name][0]].full_weight() for t in self.tables}
-        full = [rows.gather(getattr(self, name)) for rows, name in zip(self._sharding, self._group_param_names,
-                                                                        strict=True)]
+        return self._gather(tiered=True)
+
+    def _gather(self, tiered: bool) -> dict[str, torch.Tensor]:
+        """The full tables of a sharded collection (collective); without `tiered`, the in-memory ones only."""
+        full = [None if tier is not None and not tiered else
+                rows.gather(getattr(self, name) if tier is None else tier.full_weight())
+                for rows, name, tier in zip(self._sharding, self._group_param_names, self._tiers, strict=True)]
         return {t.name: full[g][start:start + n].clone() for t in self.tables
-                for g, start, n in [self._table_loc[t.name]]}
+                for g, start, n in [self._table_loc[t.name]] if full[g] is not None}
 
     def _refuse_if_sharded(self, what: str) -> None:
         if self.sharded:
@@ -418,7 +485,11 @@ class EmbeddingBagCollection(nn.Module):
         outs = []
         for g, pname in enumerate(self._group_param_names):
             w = getattr(self, pname)
-            if self._tiers[g] is not None:  # table rows -> cache slots (the pad row for other groups' ids)
+            if self._tiers[g] is not None and self._sharding is not None:  # slots of the rows' owners
+                train = self.training and torch.is_grad_enabled()
+                pooled = self._pool_sharded(g, w, ids, fid, offsets, psw, layout, nf * B,
+                                            slots=lambda local, g=g, train=train: self._tiers[g].map_ids(local, train))
+            elif self._tiers[g] is not None:  # table rows -> cache slots (the pad row for other groups' ids)
                 ids_g = self._tier_slots(g, w, values, fid, layout)
                 pooled = F.embedding(ids_g, w, sparse=self.sparse) if single else F.embedding_bag(
                     ids_g, w, offsets, mode="sum", sparse=self.sparse, per_sample_weights=psw,
@@ -464,6 +535,36 @@ class EmbeddingBagCollection(nn.Module):
         """``{table: TierStats}`` of the disk-tiered tables (hits, misses, bytes read and written)."""
         return {t.name: self._tiers[self._table_loc[t.name][0]].stats for t in self.tables if t.tier is not None}
 
+    @property
+    def tier_shards(self) -> int:
+        """How many stores each disk-tiered table's rows are split over: the ranks once sharded, else 1."""
+        return 1 if self._sharding is None else self._sharding[0].world_size
+
+    def tier_commits(self) -> dict[str, torch.Tensor]:
+        """Commit every disk-tiered table's store (this rank's, when sharded): ``{table: [store uid,
+        generation]}``, what a checkpoint holds of the table (sharded checkpoints, `save_sharded`)."""
+        out = {}
+        for t in self.tables:
+            if t.tier is not None:
+                tier = self._tiers[self._table_loc[t.name][0]]
+                generation = tier.commit()
+                out[t.name] = torch.tensor([tier.store.uid, generation])
+        return out
+
+    def restore_tier_commits(self, commits: dict[str, torch.Tensor], where: str) -> None:
+        """Return each disk-tiered table's store to the commit `commits` names (`tier_commits` of a
+        checkpoint; `where` names it in errors): a ValueError if one names another store or a commit
+        it cannot return to."""
+        for name, src in commits.items():
+            error = self._tiers[self._table_loc[name][0]].restore_commit(
+                f"{where} tables.{name}.tier", src, f"table {name!r} (tier store {self.tier_store_directory(name)})")
+            if error is not None:
+                raise ValueError(error)
+
+    def tier_store_directory(self, name: str) -> str:
+        """The directory of tiered table `name`'s store (this rank's, when sharded)."""
+        return self._tiers[self._table_loc[name][0]].store.directory
+
     def prefetch(self, features: Features) -> None:
         """Bring the rows a future batch reads into the tiered tables' caches (thread-safe: call it from
         the thread that prepares batches while the current step trains). A no-op without tiers."""
@@ -471,14 +572,22 @@ class EmbeddingBagCollection(nn.Module):
             return
         values, offsets, batch_size, layout = self._inputs(features, None, None)
         if not self._pad:  # one group, the tiered table's: every id is its own (no per-id feature needed)
-            next(t for t in self._tiers if t is not None).prefetch(values)
+            self._prefetch_tier(0, values)
             return
         nf = layout.shift.numel()
         f_len = offsets[1:].reshape(nf, batch_size)[:, -1] - offsets[:-1].reshape(nf, batch_size)[:, 0]
         fid = torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=values.numel())
         for g, tier in enumerate(self._tiers):
             if tier is not None:
-                tier.prefetch(values[layout.group[fid] == g])
+                self._prefetch_tier(g, values[layout.group[fid] == g])
+
+    def _prefetch_tier(self, g: int, rows: torch.Tensor) -> None:
+        """Prefetch table rows `rows` of tiered group `g`; sharded, those this rank owns (the batch's others
+        are read by their owners when asked)."""
+        if self._sharding is not None:
+            own = self._sharding[g]
+            rows = rows[(rows >= own.start) & (rows < own.stop)] - own.start
+        self._tiers[g].prefetch(rows)
 
     def batch_prefetcher(self):
         """For a pipeline that has batches ready ahead of their steps (`recstream.train.sink.batch_prefetch`):
@@ -511,15 +620,16 @@ class EmbeddingBagCollection(nn.Module):
         return torch.equal(offsets, torch.arange(num_bags + 1))
 
     def _pool_sharded(self, g: int, w: torch.Tensor, ids: torch.Tensor, fid: torch.Tensor, offsets: torch.Tensor,
-                      psw: torch.Tensor | None, layout: _InputLayout, num_bags: int) -> torch.Tensor:
-        """Group `g`'s bags, looked up on the ranks that own their rows."""
+                      psw: torch.Tensor | None, layout: _InputLayout, num_bags: int, slots=None) -> torch.Tensor:
+        """Group `g`'s bags, looked up on the ranks that own their rows (`slots`: a tiered group's
+        mapping of the owner's rows to cache slots, see `RowSharding.pool`)."""
         bag_of_id = torch.repeat_interleave(torch.arange(num_bags, device=ids.device), offsets[1:] - offsets[:-1],
                                             output_size=ids.numel())
         if self._pad or layout.owned is not None:  # only this group's ids (boolean selection: a host sync)
             keep = layout.group[fid] == g
             ids, bag_of_id = ids[keep], bag_of_id[keep]
             psw = None if psw is None else psw[keep]
-        return self._sharding[g].pool(w, ids, bag_of_id, num_bags, psw, self.sparse)
+        return self._sharding[g].pool(w, ids, bag_of_id, num_bags, psw, self.sparse, slots)
 
     @staticmethod
     def _check_offsets(offsets: torch.Tensor, n: int) -> None:
@@ -572,10 +682,12 @@ class EmbeddingBagCollection(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if self.sharded:  # the full tables, gathered from all ranks: a collective, as FSDP's state_dict
-            for name, weight in self.gather_tables().items():
+            # (a tiered table's only for its rows: below, its commit holds this rank's store, not every row)
+            for name, weight in self._gather(tiered=self._tier_state == "rows").items():
                 destination[self._table_key(prefix, name)] = weight
-            return
         for t in self.tables:
+            if self.sharded and (t.tier is None or self._tier_state == "rows"):
+                continue  # gathered above
             if t.tier is not None and self._tier_state == "rows":  # for a server (tier_export): the rows
                 destination[self._table_key(prefix, t.name)] = self._tiers[self._table_loc[t.name][0]].full_weight()
                 continue
@@ -616,8 +728,9 @@ class EmbeddingBagCollection(nn.Module):
             elif tuple(src.shape) != shape:
                 error_msgs.append(f"size mismatch for {key}: copying a param with shape "
                                   f"{tuple(src.shape)}, the shape in current model is {shape}.")
-            elif self._tiers[g] is not None:  # an in-memory table's rows into the store
-                self._tiers[g].import_rows(src)
+            elif self._tiers[g] is not None:  # an in-memory table's rows into the store (sharded: ours)
+                own = None if self._sharding is None else self._sharding[g]
+                self._tiers[g].import_rows(src if own is None else src[own.start:own.stop])
             else:
                 self._load_table(g, start, src)
         if strict:

@@ -61,11 +61,13 @@ class RowSharding:
         shard.register_post_accumulate_grad_hook(_DivideGrad(self.world_size))
 
     def pool(self, shard: torch.Tensor, ids: torch.Tensor, bag_of_id: torch.Tensor, num_bags: int,
-             weights: torch.Tensor | None, sparse: bool) -> torch.Tensor:
+             weights: torch.Tensor | None, sparse: bool, slots=None) -> torch.Tensor:
         """``[num_bags, dim]``: for each bag, the (weighted) sum of the rows of its ids.
 
         `ids` are row numbers of the whole table, `bag_of_id` the bag each belongs to. Every rank
-        must call this the same number of times per step (it runs collectives).
+        must call this the same number of times per step (it runs collectives). `slots`: for a
+        shard that is a cache (a disk-tiered table), maps the owner's local row numbers to rows of
+        `shard` (loading them), called once per call on the rows this rank was asked for.
         """
         owner = torch.div(ids, self.chunk, rounding_mode="floor")
         order = torch.argsort(owner, stable=True)
@@ -75,7 +77,8 @@ class RowSharding:
         send, recv = send_counts.tolist(), recv_counts.tolist()  # the one host sync: sizes the transfers
         asked = ids.new_empty(sum(recv))
         dist.all_to_all_single(asked, ids[order], recv, send, group=self.group)
-        rows = torch.nn.functional.embedding(asked - self.start, shard, sparse=sparse)
+        local = asked - self.start
+        rows = torch.nn.functional.embedding(local if slots is None else slots(local), shard, sparse=sparse)
         answered = _AllToAll.apply(rows, send, recv, self.group)
         by_id = torch.zeros_like(answered).index_copy(0, order, answered)  # back to the ids' order
         if weights is not None:

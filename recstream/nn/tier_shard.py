@@ -1,0 +1,128 @@
+"""The per-rank store of a row-sharded disk-tiered table: `open_rank_store`.
+
+Under ``hybrid_parallel`` each rank owns a contiguous range of a table's rows (`row_sharding`); for a
+disk-tiered table it keeps only those rows, in a `TierStore` of its own under the tier's directory,
+``<directory>/rank-<r>-of-<N>``, beside a ``shard.json`` that says which rows of which table it holds.
+A store is opened only by the rank, world size and rows it was made for: one of another world size
+(rows split differently), of another rank, or the store of the whole table that one process made
+there is refused with a ValueError naming the path, the rank and the world size -- never read as if
+it held this rank's rows. Resharding a tier (another number of ranks) is not supported: train on the
+number of ranks that made it, or start a new directory (loading an in-memory checkpoint's full table
+fills the new stores).
+
+Example:
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> store = open_rank_store(d, "item", rows=10, start=5, stop=10, dim=4, init_std=0.01, rank=1, world_size=2)
+    >>> store.files["weight"].rows, os.path.basename(store.directory)
+    (5, 'rank-1-of-2')
+    >>> store.close()
+    >>> open_rank_store(d, "item", rows=10, start=4, stop=8, dim=4, init_std=0.01, rank=1, world_size=3)
+    Traceback (most recent call last):
+    ...
+    ValueError: ...holds the stores of 2 ranks (rank-1-of-2); this is rank 1 of 3...
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import torch
+
+from ..atomic import atomic_write, fsync_dir
+from .tier_store import TierStore
+
+__all__ = ["open_rank_store", "rank_directory", "refuse_rank_stores"]
+
+_OWNER = "EmbeddingBagCollection"
+_RANK_DIR = re.compile(r"rank-(\d+)-of-(\d+)$")
+_META = "shard.json"
+
+
+def rank_directory(directory: str, rank: int, world_size: int) -> str:
+    """Where rank `rank` of `world_size` keeps its rows of the table tiered in `directory`."""
+    return os.path.join(directory, f"rank-{rank}-of-{world_size}")
+
+
+def _rank_dirs(directory: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(directory) if _RANK_DIR.match(n))
+    except FileNotFoundError:
+        return []
+
+
+def refuse_rank_stores(directory: str, table: str) -> None:
+    """One process opens the store of a whole table: refuse a directory of rank stores (their rows are
+    split over ranks; a new whole store beside them would start the table afresh, silently)."""
+    found = _rank_dirs(directory)
+    if found:
+        raise ValueError(f"{_OWNER}: table {table!r}: tier directory {directory} holds the stores of a table "
+                         f"sharded over ranks ({', '.join(found)}), not one process's; train it under "
+                         "hybrid_parallel with that many ranks, or give the table another directory")
+
+
+def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float,
+                    rank: int, world_size: int) -> TierStore:
+    """The store of rows ``[start, stop)`` of `table` (`rows` rows in all) for rank `rank` of
+    `world_size`: opened (a crash's uncommitted writes undone) if that rank made it, else created
+    with rows drawn from ``N(0, init_std**2)`` (torch's generator, as an in-memory table's)."""
+    where = f"tier directory {directory} (table {table!r}, this is rank {rank} of {world_size})"
+    if TierStore.exists(directory):
+        raise ValueError(f"{_OWNER}: {where} holds the store of the whole table, made by one process; a table "
+                         f"sharded over ranks keeps each rank's rows in {rank_directory(directory, '<r>', world_size)}"
+                         ": give it another directory")
+    others = sorted({int(m.group(2)) for n in _rank_dirs(directory) for m in [_RANK_DIR.match(n)]} - {world_size})
+    if others:
+        found = ", ".join(n for n in _rank_dirs(directory) if not n.endswith(f"-of-{world_size}"))
+        raise ValueError(f"{_OWNER}: {where} holds the stores of {' and '.join(map(str, others))} ranks ({found}); "
+                         f"this is rank {rank} of {world_size}: a tier is trained on the number of ranks that made "
+                         "it (its rows are split by it), or give the table another directory")
+    path = rank_directory(directory, rank, world_size)
+    want = {"table": table, "rows": rows, "start": start, "stop": stop, "dim": dim, "rank": rank,
+            "world_size": world_size}
+    meta = os.path.join(path, _META)
+    if os.path.exists(meta):
+        _check_meta(meta, want, rank, world_size)
+        if TierStore.exists(path):
+            store = TierStore.open(path)
+            weight = store.files.get("weight")
+            if weight is None or (weight.rows, weight.cols) != (stop - start, dim):
+                store.close()
+                held = None if weight is None else (weight.rows, weight.cols)
+                raise ValueError(f"{_OWNER}: tier store {path} holds {held} rows x cols, rank {rank} of "
+                                 f"{world_size} owns {(stop - start, dim)} of table {table!r}; "
+                                 "give the table another directory")
+            return store
+    elif os.path.isdir(path) and os.listdir(path):
+        raise ValueError(f"{_OWNER}: {path} has no {_META}: it is not a rank store of table {table!r} (rank {rank} "
+                         f"of {world_size}); give the table another directory")
+    os.makedirs(path, exist_ok=True)
+    _write_meta(meta, want)  # first: a store found later is known to be this rank's
+
+    def fill(a: int, b: int):
+        return torch.empty(b - a, dim).normal_(0.0, init_std).numpy()
+
+    return TierStore.create(path, {"weight": (stop - start, dim, fill)})
+
+
+def _check_meta(meta: str, want: dict, rank: int, world_size: int) -> None:
+    try:
+        with open(meta, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{_OWNER}: cannot read {meta} (rank {rank} of {world_size}): {e}") from e
+    if found != want:
+        diff = {k: (found.get(k) if isinstance(found, dict) else None, v) for k, v in want.items()
+                if not isinstance(found, dict) or found.get(k) != v}
+        raise ValueError(f"{_OWNER}: {meta} describes another shard than rank {rank} of {world_size} needs "
+                         f"(field: (stored, needed) {diff}); give the table another directory")
+
+
+def _write_meta(meta: str, doc: dict) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f)
+
+    atomic_write(meta, write)
+    fsync_dir(os.path.dirname(meta))
