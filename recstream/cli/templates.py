@@ -37,7 +37,7 @@ model:
   hidden: [64, 32]
   dropout: 0.0
 
-optimizer:                       # recstream.models.default_optimizer: row-wise Adagrad for the tables, Adam for the rest
+optimizer:                       # recstream.models.default_optimizer: row-wise Adagrad tables, Adam for the rest
   lr: 0.002
   embedding: rowwise_adagrad     # rowwise_adagrad | lazy_adam
 
