@@ -203,7 +203,8 @@ class DynamicTables(nn.Module):
             calls.append((self.tables[key], flat, None))  # every key of the slices: no mask
         out = {}
         # every table at once: those whose bounds do not show room read their counters in one read
-        for (key, members), emb in zip(self._members.items(), lookup_masked_many(calls), strict=True):
+        looked_up = lookup_masked_many(calls, reserved_free=True)  # keys through table_key: none reserved
+        for (key, members), emb in zip(self._members.items(), looked_up, strict=True):
             parts = emb.split([sizes[f] for f in where[key]])
             for i, f, part in zip(members, where[key], parts, strict=True):
                 offsets = features.offsets[f * b:(f + 1) * b + 1] - starts[f]
@@ -232,7 +233,8 @@ class DynamicTables(nn.Module):
             calls.append((self.tables[key], table_key(keys), mask))
         out = {}
         # every table at once: those whose bounds do not show room read their counters in one read
-        for (key, members), emb in zip(self._members.items(), lookup_masked_many(calls), strict=True):
+        looked_up = lookup_masked_many(calls, reserved_free=True)  # keys through table_key: none reserved
+        for (key, members), emb in zip(self._members.items(), looked_up, strict=True):
             for i, f in zip(members, where[key], strict=True):
                 pooled = F.embedding_bag(positions, emb, offsets, mode=self.features[i].pooling,
                                          include_last_offset=True)

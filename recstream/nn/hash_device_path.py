@@ -98,16 +98,21 @@ class DevicePath:
         t.last_seen.masked_fill_(stale, NEVER_SEEN)
         self._stale = t._stale = True  # the bounds hold: free rows only grow, pending keys only shrink
 
-    def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | DeviceCall:
-        """`lookup_masked` up to the host read (see `lookup_masked_many`; `mask` None: every key):
-        its result, or on a device the call to finish."""
+    def _begin_masked(self, keys: torch.Tensor, mask: torch.Tensor | None,
+                      reserved_free: bool = False) -> torch.Tensor | DeviceCall:
+        """`lookup_masked` up to the host read (see `lookup_masked_many`; `mask` None: every key;
+        `reserved_free`: no key is a reserved marker): its result, or on a device the call to finish."""
         backend = self._backend_for(keys)
         if backend is HOST:
             if mask is None:
                 return self(keys)
             out = self.default_value.expand(keys.numel(), -1).clone()
             return out.index_put((mask,), self(keys[mask]))
-        keys = self._check_keys("HashEmbedding", keys if mask is None else torch.where(mask, keys, 0))
+        keys = keys if mask is None else torch.where(mask, keys, 0)
+        if reserved_free and self.key_dtype == torch.int64:  # nothing left to check: 5 ops a step fewer
+            keys = keys.to(torch.int64)
+        else:
+            keys = self._check_keys("HashEmbedding", keys)
         mutate = self.training and not torch.is_inference_mode_enabled()
         if mutate and self.auto_step:
             self.step()
@@ -334,11 +339,14 @@ class DevicePath:
         renormed.put(self.dirty, self.dirty.index_select(0, safe) | (norm > self.max_norm))
 
 
-def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Tensor | None]]) -> list[torch.Tensor]:
+def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Tensor | None]],
+                       reserved_free: bool = False) -> list[torch.Tensor]:
     """`HashEmbedding.lookup_masked` of several distinct tables ``(table, keys, mask)``, with at
     most ONE host read for all of them on a device (the tables whose bounds do not show room for
     their batch read their counters together; see the module doc). A mask of None looks up every
     key (as an all-true mask, with fewer ops: no second sort of the keys, no masked result).
+`reserved_free`: the caller guarantees that no key is one of the table's reserved markers (-1, -2;
+e.g. keys through `recstream.models.dynamic.table_key`), so an int64-keyed table skips that check.
 
     >>> from recstream.nn import HashEmbedding
     >>> a, b = HashEmbedding(2, capacity=8, param_init="ones"), HashEmbedding(3, capacity=8)
@@ -351,13 +359,13 @@ def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Ten
         owner = "HashEmbedding.lookup_masked"
         keys = check_int_tensor(owner, "keys", keys, ndim=1)
         if mask is None:  # every key: no masked sort, no masking of the result
-            started.append(table._begin_masked(keys, None))
+            started.append(table._begin_masked(keys, None, reserved_free))
             continue
         check_type(owner, "mask", mask, torch.Tensor)
         if mask.dtype != torch.bool or mask.shape != keys.shape:
             raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
                              f"got {mask.dtype} {tuple(mask.shape)}")
-        started.append(table._begin_masked(keys, mask))
+        started.append(table._begin_masked(keys, mask, reserved_free))
     reading = [(table, call) for (table, _, _), call in zip(calls, started, strict=True)
                if isinstance(call, DeviceCall) and call.read]
     values: dict[int, list[int]] = {}

@@ -254,3 +254,32 @@ def test_pending_keys_over_budget_are_dropped_alike_with_one_read_a_step(capacit
         assert max(syncs) == 1, syncs
     else:  # churn fills the slots with tombstones: one step rebuilds the table (the host path's step)
         assert sorted(syncs)[-2] == 1 and sorted(syncs)[-1] > 1, syncs
+
+
+def test_keys_free_of_reserved_markers_skip_that_check_but_not_the_int32_range():
+    """`lookup_masked_many(..., reserved_free=True)` (keys through `table_key`): an int64-keyed table
+    dispatches no check of its keys (the same vectors), an int32-keyed one still refuses a key
+    outside int32, on the device path as without the flag."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from recstream.nn.hash_device_path import lookup_masked_many
+
+    class Asserts(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func.overloadpacket is torch.ops.aten._assert_async
+            return func(*args, **(kwargs or {}))
+
+    keys = torch.tensor([5, 7, 5, 2 ** 40])
+    a, b = (HashEmbedding(4, capacity=16, param_init="ones") for _ in range(2))
+    with device_path():
+        with Asserts() as checked:
+            plain = lookup_masked_many([(a, keys, None)])[0]
+        with Asserts() as trusted:
+            free = lookup_masked_many([(b, keys, None)], reserved_free=True)[0]
+        torch.testing.assert_close(free, plain)
+        assert checked.n - trusted.n == 1  # the reserved-marker check's device assert
+        narrow = HashEmbedding(4, capacity=16, key_dtype=torch.int32)
+        with pytest.raises(RuntimeError, match="must fit in int32"):
+            lookup_masked_many([(narrow, keys, None)], reserved_free=True)
