@@ -121,14 +121,14 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, tag,
+def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, tag, back,
              FIRST: tl.constexpr, BLOCK: tl.constexpr):
     """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
     slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
     it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
     host path's rule: the first in call order), on every GPU alike. ``base`` grows with the round
     counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared."""
-    base = ((tl.load(tag) + 1) << 32) - 1
+    base = ((tl.load(tag) - back + 1) << 32) - 1
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
@@ -154,10 +154,10 @@ def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot
     tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
 
 
-def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, BLOCK: tl.constexpr):
+def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, back, BLOCK: tl.constexpr):
     """One claim round, its second half: the winner of each wanted slot writes its key there (a
     compare-and-swap of the free marker); the others stay active for the next round."""
-    base = ((tl.load(tag) + 1) << 32) - 1
+    base = ((tl.load(tag) - back + 1) << 32) - 1
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
@@ -360,11 +360,12 @@ class TritonBackend(StaticBackend):
         want = torch.empty(n, dtype=torch.int64, device=dev)
         active = p.new.to(torch.int8)
         want_k, take_k = _kernels()[1]
+        tag.add_(CLAIM_ROUNDS)  # round r bids at tag - (CLAIM_ROUNDS - 1 - r): each outranks every earlier one
         for r in range(CLAIM_ROUNDS):
-            tag.add_(1)  # each round's bids outrank every earlier one's
+            back = CLAIM_ROUNDS - 1 - r
             _launch(want_k, n, t.keys, owner, p.uniq, active, want, deleted, p.free, n, t.num_slots - 1,
-                    t.max_rounds, _M32, tag, FIRST=r == 0)
-            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag)
+                    t.max_rounds, _M32, tag, back, FIRST=r == 0)
+            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag, back)
         return placed, deleted
 
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
