@@ -94,13 +94,16 @@ def static_unique(values: torch.Tensor, mask: torch.Tensor | None = None
         first = torch.ones(n, dtype=torch.bool, device=dev)
         first[1:] = ordered[1:] != ordered[:-1]
         first &= ~kept
-    run = (first.cumsum(0) - 1).clamp(min=0)
+    run = first.cumsum(0) - 1
+    if mask is not None:  # with every entry masked out no run starts: -1 -> 0 (a valid index)
+        run = run.clamp(min=0)
     inverse = torch.empty_like(run).index_copy_(0, order, run)
     runs = first.sum()
-    uniq = ordered.index_select(0, torch.searchsorted(run, torch.arange(n, device=dev)).clamp(max=n - 1))
+    index = torch.arange(n, device=dev)
+    uniq = ordered.index_select(0, torch.searchsorted(run, index).clamp(max=n - 1))
     ones = first.new_ones(n, dtype=torch.int64) if mask is None else (~kept).to(torch.int64)
     counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, run, ones)
-    return uniq, inverse, counts, torch.arange(n, device=dev) < runs
+    return uniq, inverse, counts, index < runs
 
 
 def window(table, keys: torch.Tensor) -> torch.Tensor:
