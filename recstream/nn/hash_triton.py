@@ -74,8 +74,8 @@ def _start_fn(key, m32, slot_mask):
     h = ((h ^ (h >> 13)) * 374761393) & m32
     return (h ^ (h >> 16)) & slot_mask
 
-def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_stuck,
-          n, slot_mask, max_rounds, m32, BLOCK: tl.constexpr):
+def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_stuck, flags,
+          n, slot_mask, max_rounds, m32, permit, BLOCK: tl.constexpr, FLAGS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     key = tl.load(uniq + i, mask=inb, other=0)
@@ -95,11 +95,21 @@ def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_r
     found = slot >= 0
     safe = tl.where(found, slot, 0)
     c = tl.load(cnt + i, mask=inb, other=0)
+    free = tl.where(found, -1, free)
+    row = tl.where(found, tl.load(trows + safe, mask=inb & found, other=-1), -1)
+    total = tl.where(found, tl.load(tcounts + safe, mask=inb & found, other=0) + c, c)
     tl.store(out_slot + i, slot, mask=inb)
-    tl.store(out_free + i, tl.where(found, -1, free), mask=inb)
-    tl.store(out_row + i, tl.where(found, tl.load(trows + safe, mask=inb & found, other=-1), -1), mask=inb)
-    tl.store(out_total + i, tl.where(found, tl.load(tcounts + safe, mask=inb & found, other=0) + c, c), mask=inb)
+    tl.store(out_free + i, free, mask=inb)
+    tl.store(out_row + i, row, mask=inb)
+    tl.store(out_total + i, total, mask=inb)
     tl.store(out_stuck + i, act.to(tl.int8), mask=inb)
+    if FLAGS:  # the plan's masks (`TritonBackend.plan`), rows of `flags` [5, n], here rather than 10 ops
+        new = free >= 0
+        tl.store(flags + i, found.to(tl.int8), mask=inb)
+        tl.store(flags + n + i, new.to(tl.int8), mask=inb)
+        tl.store(flags + 2 * n + i, (found & (row < 0) & (total >= permit)).to(tl.int8), mask=inb)
+        tl.store(flags + 3 * n + i, (new & (c >= permit)).to(tl.int8), mask=inb)
+        tl.store(flags + 4 * n + i, (new & (c < permit)).to(tl.int8), mask=inb)
 
 def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
     """Each `act` lane's key into the first free slot of its sequence it wins by compare-and-swap:
@@ -326,24 +336,27 @@ class TritonBackend(StaticBackend):
     name = "triton"
     rebuilds = True
 
-    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor):
-        """``(slot, free, row, total)`` of each key (one launch; see ``probe``)."""
+    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
+               flags: torch.Tensor | None = None):
+        """``(slot, free, row, total)`` of each key (one launch; see ``probe``); with `flags` (bool
+        [5, n]) also the plan's found / new / ripe / new_admit / new_pending masks, written there."""
         t, n = emb.table, uniq.numel()
         slot, free, row, total = (torch.empty(n, dtype=torch.int64, device=uniq.device) for _ in range(4))
         stuck = torch.empty(n, dtype=torch.int8, device=uniq.device)
         _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, stuck,
-                n, t.num_slots - 1, t.max_rounds, _M32)
+                stuck if flags is None else _u8(flags), n, t.num_slots - 1, t.max_rounds, _M32,
+                emb.permit_filter_value, FLAGS=flags is not None)
         device_assert(~stuck.bool().any(), f"HashEmbedding: a key's probe sequence passed max_rounds="
                                            f"{t.max_rounds} slots without an empty one (hash table too full)")
         return slot, free, row, total
 
     def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
-        permit = emb.permit_filter_value
-        slots, free, row, total = self._probe(emb, uniq, counts, valid)
-        found, new = slots >= 0, free >= 0
+        flags = torch.empty((5, uniq.numel()), dtype=torch.bool, device=uniq.device)
+        slots, free, row, total = self._probe(emb, uniq, counts, valid, flags)
+        found, new, ripe, new_admit, new_pending = flags.unbind(0)
         return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
-                          ripe=found & (row < 0) & (total >= permit), new_admit=new & (counts >= permit),
-                          new_pending=new & (counts < permit), valid=valid, pos=None, pad_ok=True)
+                          ripe=ripe, new_admit=new_admit, new_pending=new_pending, valid=valid, pos=None,
+                          pad_ok=True)
 
     def _insert(self, emb, p: DevicePlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
