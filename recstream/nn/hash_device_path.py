@@ -171,8 +171,9 @@ class DevicePath:
         """`rows` with the entries that have none (`has` false) set to the first row there is (or
         `fallback` ``[1]``): a gather of static shape whose sparse gradient names only rows that
         get one anyway (zeros added to a row's gradient change nothing)."""
-        first = rows.index_select(0, has.to(torch.uint8).argmax().reshape(1))
-        return torch.where(has, rows, torch.where(has.any(), first, fallback))
+        # The first entry with a row, or `fallback` where none has one (argmax of all-false is 0).
+        first = torch.where(has, rows, fallback).index_select(0, has.to(torch.uint8).argmax().reshape(1))
+        return torch.where(has, rows, first)
 
     def _probe_plan(self, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
         """Probe `uniq`: which keys are found, new, admitted now or pending (no write)."""
@@ -318,13 +319,16 @@ class DevicePath:
         looked_up.put(self.row_last_seen, step.expand(rows.shape))
         return self._train_vectors(rows, has, inverse)
 
-    def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor,
+                       top: torch.Tensor | None = None) -> torch.Tensor:
         """The vectors of a training step's unique keys' `rows` (`has`: the key has one; renormalised
         in place with ``max_norm``) for ``uniq[inverse]``; ``default_value`` for keys without a row.
-        Every device backend ends its step here."""
+        `top`: the free stack's top row [1] now, when the caller has it. Every device backend ends
+        its step here."""
         if self.max_norm is not None:
             self._renorm_masked(rows, has)
-        top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
+        if top is None:
+            top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
         emb = F.embedding(self._padded(rows, has, top).index_select(0, inverse), self.values, sparse=self.sparse)
         return torch.where(has.index_select(0, inverse).unsqueeze(1), emb, self.default_value.to(emb.dtype))
 

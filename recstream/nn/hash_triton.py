@@ -399,10 +399,11 @@ class TritonBackend(StaticBackend):
                 _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
                 t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
                 _u8(p.new_pending), rows, n, dim, emb.global_step_t, DIM=max(16, min(64, 1 << (dim - 1).bit_length())))
+        # the free stack's top: the padding of the rows to reset and of the step's vectors
+        top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
-            top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
             emb._reset_parts.append(emb._padded(rows, adm, top))
-        return emb._train_vectors(rows, rows >= 0, inverse)
+        return emb._train_vectors(rows, rows >= 0, inverse, top)
 
     def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask
