@@ -12,7 +12,6 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from recstream.metrics import sparse_counts
 from recstream.metrics._inputs import (
     binary_labels,
     binary_scores,
@@ -21,6 +20,8 @@ from recstream.metrics._inputs import (
     to_tensor,
 )
 from recstream.metrics.base import Metric, _copy
+from recstream.metrics.sparse_counts import compact as _compact_counts
+from recstream.metrics.sparse_counts import expand as _expand_counts
 from recstream.validation import check_bool, check_int
 
 
@@ -196,14 +197,15 @@ class AUC(Metric):
         >>> again.eval() == metric.eval()
         True
         """
-        hist = None if self._hist is None else sparse_counts.compact(self._hist)
-        return {"hist": hist, "invalid": _copy(self._invalid)}
+        if self._hist is None or self._hist.is_meta:  # meta tensors have no values to find the bins in:
+            return super().state_dict()  # the dense form (shape only), which load_state_dict reads too
+        return {"hist": _compact_counts(self._hist), "invalid": _copy(self._invalid)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict`: the compact form, or the dense histogram tensor of older checkpoints."""
         if isinstance(state, dict) and isinstance(state.get("hist"), Mapping):
             where = f"AUC.load_state_dict (num_bins={self.num_bins}): state['hist']"
-            state = {**state, "hist": sparse_counts.expand(state["hist"], 2 * self.num_bins, where)}
+            state = {**state, "hist": _expand_counts(state["hist"], 2 * self.num_bins, where)}
         super().load_state_dict(state)
 
     def _check_state(self, state: dict) -> None:
@@ -216,7 +218,7 @@ class AUC(Metric):
             )
         if hist is not None and hist.dtype != torch.int64:
             raise ValueError(f"AUC.load_state_dict: state['hist'] must hold int64 counts, got {hist.dtype}.")
-        if hist is not None and bool((hist < 0).any()):
+        if hist is not None and not hist.is_meta and bool((hist < 0).any()):
             raise ValueError("AUC.load_state_dict: state['hist'] holds a negative count.")
 
 def exact_auc(scores, labels) -> float:
