@@ -87,12 +87,12 @@ def expand(state, length: int, where: str) -> torch.Tensor:
 
 def merge(a, b, where: str) -> dict:
     """The compact sum of two compact count vectors of one length (e.g. two ranks' histograms)."""
-    length = a.get("length") if isinstance(a, Mapping) else None
     index_a, count_a = _check(a, where)
     _check(b, where)
-    index_b, count_b = b["index"].to(index_a.device), b["count"].to(index_a.device)
+    length = a["length"]
     if b["length"] != length:
         raise ValueError(f"{where}: the histograms have {length} and {b['length']} bins; they cannot be added")
+    index_b, count_b = b["index"].to(index_a.device), b["count"].to(index_a.device)
     index, slot = torch.unique(torch.cat([index_a, index_b]), sorted=True, return_inverse=True)
     count = torch.zeros(len(index), dtype=torch.int64, device=index.device)
     count.index_add_(0, slot, torch.cat([count_a, count_b]))
