@@ -22,7 +22,7 @@ Labels must be 0/1 for the AUC (it is None while the window holds one class only
 
 Restarts: `state_dict` / `load_state_dict` (a `PrequentialState`) carry the counters, the window
 and the whole-stream metrics. `ModelCheckpoint` saves them with every checkpoint (its tensors:
-the streaming AUC's histograms are 16 MB at the defaults) and `RecModel.restore` + `online_train`
+the streaming AUC's non-zero histogram bins, 16 bytes per bin in use) and `RecModel.restore` + `online_train`
 load them, so after a resume ``events``, ``auc_total`` and ``logloss_total`` go on from the
 checkpoint: they describe exactly the events up to the checkpoint's stream position, and the
 events after it, trained again, are counted once.

@@ -4,11 +4,13 @@ A recstream metric keeps sums (counts, sums of losses, AUC's score histogram, cl
 the metric of the union of the ranks' data is the metric of the summed accumulators: AUC over all
 ranks' predictions, not an average of per-rank AUCs. `all_reduce_metrics` gathers each metric's
 `state_dict()` from every rank, merges them and loads the result on every rank, once per
-evaluation (a few MB at most: AUC's histogram), so every rank reports the same values.
+evaluation (small: AUC's histogram travels as its non-zero bins), so every rank reports the same
+values.
 
 Merging rules, per state entry: tensors, arrays and numbers are added; ``None`` (a rank that saw
-no data) takes the other side; dicts (the invalid-value records) merge by key, adding counts;
-anything else (e.g. a label layout) must be equal on every rank that has one.
+no data) takes the other side; compact count vectors (`recstream.metrics.sparse_counts`, e.g.
+AUC's histogram) add their counts bin by bin; other dicts (the invalid-value records) merge by
+key, adding counts; anything else (e.g. a label layout) must be equal on every rank that has one.
 
 >>> from recstream.metrics import AUC
 >>> a, b, whole = AUC(), AUC(), AUC()
@@ -28,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.transfer import map_tensors
-from ..metrics import Metric
+from ..metrics import Metric, sparse_counts
 from .context import is_distributed, world_size
 
 
@@ -62,6 +64,8 @@ def _merge(a, b, owner: str, key: str = "state"):
         return a + b
     if isinstance(a, Number) and isinstance(b, Number) and not isinstance(a, bool):
         return a + b
+    if sparse_counts.is_compact(a) and sparse_counts.is_compact(b):  # not by key: index + index means nothing
+        return sparse_counts.merge(a, b, f"{owner}: {key!r}")
     if isinstance(a, dict) and isinstance(b, dict):
         if key == "invalid":  # {rule key: (count, example, rule)}: counts add up
             out = dict(a)

@@ -12,7 +12,7 @@ from recstream.callbacks.base import CallbackList, CallbackParams, RunContext
 from recstream.callbacks.checkpointed import CHECKPOINT_ENTRY, callback_states, load_callback_states
 from recstream.callbacks.prequential import PrequentialMonitor, PrequentialState, _Window
 from recstream.checkpoint import load_checkpoint, save_checkpoint
-from recstream.metrics import AUC, exact_auc
+from recstream.metrics import AUC, Metric, exact_auc
 
 
 class Memorizer(nn.Module):
@@ -245,15 +245,35 @@ def test_a_state_goes_through_a_checkpoint_file_with_its_histogram_among_the_ten
     mon = PrequentialMonitor(window=30, verbose=False)
     score(mon, net, batches)
     path = save_checkpoint(tmp_path / "c.safetensors", net, extra={CHECKPOINT_ENTRY: callback_states([mon])})
-    with safe_open(path, "pt") as f:
-        hist = f.get_tensor("extra.callbacks.prequential.auc.hist")
-        assert hist.dtype == torch.int64 and hist.numel() == 2 * AUC().num_bins and int(hist.sum()) == 5 * 16
-        assert len(f.metadata()["meta"]) < 10_000  # the 16 MB histogram is no JSON
+    with safe_open(path, "pt") as f:  # the histograms' non-zero bins only: 80 events fill at most 80
+        index = f.get_tensor("extra.callbacks.prequential.auc.hist.index")
+        count = f.get_tensor("extra.callbacks.prequential.auc.hist.count")
+        assert index.dtype == count.dtype == torch.int64 and 0 < index.numel() == count.numel() <= 5 * 16
+        assert int(count.sum()) == 5 * 16 and int(index.max()) < 2 * AUC().num_bins
+        assert len(f.metadata()["meta"]) < 10_000  # the bins are no JSON
+    assert (tmp_path / "c.safetensors").stat().st_size < 40_000  # was 16 MB: the dense histograms
     again = PrequentialMonitor(window=30, verbose=False)
     load_callback_states([again], load_checkpoint(path, restore_rng=False)[CHECKPOINT_ENTRY], str(path), step=5)
     assert again.compute() == mon.compute()
     assert again.state_dict().batches == 5
 
+
+
+def test_a_checkpoint_of_the_dense_format_still_loads_to_the_same_figures(tmp_path):
+    """Checkpoints written before the compact state hold the whole histograms as one tensor."""
+    torch.manual_seed(8)
+    net, batches = nn.Linear(3, 1), random_batches(6)
+    mon = PrequentialMonitor(window=30, verbose=False)
+    score(mon, net, batches[:4])
+    states = callback_states([mon])
+    states["prequential"]["auc"] = Metric.state_dict(mon._total_auc)  # the former AUC.state_dict
+    assert states["prequential"]["auc"]["hist"].numel() == 2 * AUC().num_bins
+    path = save_checkpoint(tmp_path / "old.safetensors", net, extra={CHECKPOINT_ENTRY: states})
+    again = PrequentialMonitor(window=30, verbose=False)
+    load_callback_states([again], load_checkpoint(path, restore_rng=False)[CHECKPOINT_ENTRY], path, step=4)
+    score(mon, net, batches[4:])
+    score(again, net, batches[4:])
+    assert again.compute() == mon.compute() and again.compute()["events"] == 6 * 16
 
 def test_a_smaller_window_keeps_the_newest_events_of_the_saved_one():
     torch.manual_seed(6)

@@ -79,9 +79,11 @@ def test_bad_states():
         Accuracy().load_state_dict(state)
     small = AUC(num_bins=100)
     small.update([0.1, 0.9], [0, 1])
-    with pytest.raises(ValueError, match=r"state\['hist'\] must be None or a tensor of shape \(63490,\) "
-                                         r"for num_bins=31745.*got \(126,\)"):
+    with pytest.raises(ValueError, match=r"\(num_bins=31745\): state\['hist'\]\['length'\] is 126, expected 63490"):
         AUC(num_bins=2**15).load_state_dict(small.state_dict())
+    with pytest.raises(ValueError, match=r"state\['hist'\] must be None, a dict of the non-zero bins or a tensor "
+                                         r"of shape \(63490,\) for num_bins=31745.*got \(126,\)"):
+        AUC(num_bins=2**15).load_state_dict({**small.state_dict(), "hist": small._hist})  # the dense form
     with pytest.raises(TypeError, match=r"state\['rows'\] must be a list, got int"):
         state = Precision().state_dict()
         state["rows"] = 0
