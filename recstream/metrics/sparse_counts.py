@@ -42,7 +42,7 @@ def is_compact(state) -> bool:
     return isinstance(state, Mapping) and set(state) == KEYS
 
 
-def _check(state, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _checked_parts(state, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     if not is_compact(state):
         got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
         raise ValueError(f"{where} must be a dict with the keys {sorted(KEYS)}, got {got}")
@@ -67,7 +67,7 @@ def expand(state, length: int, where: str) -> torch.Tensor:
         length: the length the caller's histogram has; the state's ``length`` must equal it.
         where: the entry's name for error messages, e.g. ``"AUC.load_state_dict: state['hist']"``.
     """
-    index, count = _check(state, where)
+    index, count = _checked_parts(state, where)
     saved = state["length"]
     if isinstance(saved, bool) or not isinstance(saved, int) or saved != length:
         raise ValueError(f"{where}['length'] is {saved!r}, expected {length} (the histogram it loads into)")
@@ -87,8 +87,8 @@ def expand(state, length: int, where: str) -> torch.Tensor:
 
 def merge(a, b, where: str) -> dict:
     """The compact sum of two compact count vectors of one length (e.g. two ranks' histograms)."""
-    index_a, count_a = _check(a, where)
-    _check(b, where)
+    index_a, count_a = _checked_parts(a, where)
+    _checked_parts(b, where)
     length = a["length"]
     if b["length"] != length:
         raise ValueError(f"{where}: the histograms have {length} and {b['length']} bins; they cannot be added")
