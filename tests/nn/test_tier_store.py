@@ -390,3 +390,18 @@ def test_a_large_scattered_write_keeps_the_mapped_pages_bounded_with_its_undo_lo
     store.rollback()  # the undo log holds every row's committed bytes
     assert (store.read("weight", rows) == 1.0).all()
     store.close()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 9, 4000])
+def test_row_bits_are_set_and_cleared_as_one_row_at_a_time_would(n):
+    """The store's bit-per-row sets (rows logged, rows still at their value) are updated by a sort and
+    a reduceat, not ``ufunc.at``: same bits, repeats and rows sharing a byte included."""
+    from recstream.nn.tier_store import _bits, _clear_bits, _set_bits
+    rows = np.random.default_rng(n).integers(0, 3000, n)
+    rows = np.concatenate([rows, rows[: n // 2]])  # repeats
+    bits = np.zeros(375, np.uint8)
+    _set_bits(bits, rows)
+    assert np.array_equal(np.flatnonzero(_bits(bits, np.arange(3000))), np.unique(rows))
+    cleared = rows[: n // 3]
+    _clear_bits(bits, cleared)
+    assert np.array_equal(np.flatnonzero(_bits(bits, np.arange(3000))), np.setdiff1d(rows, cleared))
