@@ -34,6 +34,7 @@ import fcntl
 import json
 import os
 import struct
+import weakref
 import zlib
 from collections.abc import Callable
 
@@ -58,6 +59,7 @@ _CRC, _ROWS, _CRCS, _FILL = 0, 1, 2, 3
 _LOG_ENTRY_BYTES = 4 << 20  # an entry's bytes at most: a rollback reads an entry whole
 FORMAT = "recstream-tier"
 _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the stores open in this process (see TierStore._measuring)
 
 Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
@@ -144,8 +146,23 @@ class TierStore:
         self.bytes_written = 0
         # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
         # (and its lock) alive after its table is dropped.
-        self._pages = PageBudget(lambda: _release(files),
-                                 release_limit(sum(f.rows * f.cols * 4 for f in files.values()), RELEASE_BYTES))
+        self._pages = PageBudget(lambda: _release(files), 0)
+        self._file_bytes = 0  # of this store's files while it is open (0 once closed)
+        self._sized()
+        _OPEN.add(self)
+
+    def _sized(self) -> None:
+        """The files' bytes and the release limit that goes with them (again after `add`)."""
+        self._file_bytes = sum(f.rows * f.cols * 4 for f in self.files.values())
+        self._pages.limit = release_limit(self._file_bytes, RELEASE_BYTES)
+
+    def _measuring(self) -> bool:
+        """Whether the pages a read or write maps must be measured as it goes (`PageBudget`): only while
+        the files of the stores open in this process could map past this store's limit. Below it
+        nothing can need releasing, and a read or write touches its rows in one call per array, not one
+        per `_CHUNK` rows with a fault count (getrusage) after each: a cache-full step of a 4M-row table
+        made ~90 such chunks, 1,141 Python calls in all (cProfile)."""
+        return sum(s._file_bytes for s in list(_OPEN)) > self._pages.limit
 
     # ----- create / open -----
     @classmethod
@@ -189,6 +206,7 @@ class TierStore:
         f = TierFile.create(os.path.join(self.directory, f"{name}.tier"), rows, cols, fill)
         f.set_generation(self.generation)
         self.files[name] = f
+        self._sized()
         self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
         self._logged_rows[name] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
         self._mark_fresh(name, fill)
@@ -202,6 +220,7 @@ class TierStore:
         for f in self.files.values():
             f.close()
         self._lock.close()
+        self._file_bytes = 0
 
     # ----- rows -----
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
@@ -220,9 +239,12 @@ class TierStore:
 
     def _read_stored(self, f: TierFile, rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.size, f.cols), dtype=np.float32)
-        for a in range(0, rows.size, _CHUNK):
-            out[a:a + _CHUNK] = f.read_rows(rows[a:a + _CHUNK])
-            self._pages.spent(min(_CHUNK, rows.size - a))
+        measuring = self._measuring()
+        chunk = _CHUNK if measuring else max(1, rows.size)
+        for a in range(0, rows.size, chunk):
+            out[a:a + chunk] = f.read_rows(rows[a:a + chunk])
+            if measuring:
+                self._pages.spent(min(chunk, rows.size - a))
         self.bytes_read += out.nbytes
         return out
 
@@ -245,12 +267,15 @@ class TierStore:
         for name, rows, _ in writes:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
         self._log_preimages(writes, ahead or [])
+        measuring = self._measuring()
         for name, rows, values in writes:
             if name in self._fresh:  # no longer (known to be) at the array's value
                 _clear_bits(self._fresh[name][1], rows)
-            for a in range(0, rows.size, _CHUNK):  # chunks: the pages they map are measured as they go
-                self.files[name].write_rows(rows[a:a + _CHUNK], values[a:a + _CHUNK], checked=True)
-                self._pages.spent(min(_CHUNK, rows.size - a))
+            chunk = _CHUNK if measuring else max(1, rows.size)
+            for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
+                self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True)
+                if measuring:
+                    self._pages.spent(min(chunk, rows.size - a))
             self.bytes_written += values.nbytes
 
     def logged(self, name: str, rows: np.ndarray) -> bool:
@@ -405,6 +430,7 @@ class TierStore:
         commit; what they cover is appended to `logged`, to be marked once the log is durable."""
         names = list(self.files)
         parts: list = []
+        measuring = self._measuring()
         for name, rows in rows_of:
             f, index = self.files[name], names.index(name)
             blocks = f.blocks_of(rows)
@@ -413,7 +439,8 @@ class TierStore:
                 blocks = distinct(blocks)
                 f.check_blocks(blocks)
                 parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
-                self._pages.spent(blocks.size)  # blocks not yet verified are read for their checksums
+                if measuring:  # blocks not yet verified are read for their checksums
+                    self._pages.spent(blocks.size)
             new = rows[~_bits(self._logged_rows[name], rows)]
             stored = new
             fresh = self._fresh.get(name)
@@ -428,9 +455,11 @@ class TierStore:
             for a in range(0, stored.size, per):
                 part = stored[a:a + per]
                 pre = np.empty((part.size, f.cols), dtype=np.float32)
-                for b in range(0, part.size, _CHUNK):  # chunks: the pages the pre-images map are measured
-                    pre[b:b + _CHUNK] = f.data[part[b:b + _CHUNK]]
-                    self._pages.spent(min(_CHUNK, part.size - b))
+                chunk = _CHUNK if measuring else max(1, part.size)
+                for b in range(0, part.size, chunk):  # chunks: the pages the pre-images map are measured
+                    pre[b:b + chunk] = f.data[part[b:b + chunk]]
+                    if measuring:
+                        self._pages.spent(min(chunk, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)
             logged.append((name, blocks, new))
         return parts
