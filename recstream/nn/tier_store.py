@@ -34,6 +34,7 @@ import fcntl
 import json
 import os
 import struct
+import threading
 import weakref
 import zlib
 from collections.abc import Callable
@@ -60,6 +61,7 @@ _LOG_ENTRY_BYTES = 4 << 20  # an entry's bytes at most: a rollback reads an entr
 FORMAT = "recstream-tier"
 _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # the stores open in this process (see TierStore._measuring)
+_OPEN_LOCK = threading.Lock()  # a store made on one thread while another's prefetch sums their files
 
 Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
@@ -149,7 +151,8 @@ class TierStore:
         self._pages = PageBudget(lambda: _release(files), 0)
         self._file_bytes = 0  # of this store's files while it is open (0 once closed)
         self._sized()
-        _OPEN.add(self)
+        with _OPEN_LOCK:
+            _OPEN.add(self)
 
     def _sized(self) -> None:
         """The files' bytes and the release limit that goes with them (again after `add`)."""
@@ -162,7 +165,9 @@ class TierStore:
         nothing can need releasing, and a read or write touches its rows in one call per array, not one
         per `_CHUNK` rows with a fault count (getrusage) after each: a cache-full step of a 4M-row table
         made ~90 such chunks, 1,141 Python calls in all (cProfile)."""
-        return sum(s._file_bytes for s in list(_OPEN)) > self._pages.limit
+        with _OPEN_LOCK:
+            stores = list(_OPEN)
+        return sum(s._file_bytes for s in stores) > self._pages.limit
 
     # ----- create / open -----
     @classmethod
