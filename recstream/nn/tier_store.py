@@ -60,6 +60,9 @@ _CRC, _ROWS, _CRCS, _FILL = 0, 1, 2, 3
 _LOG_ENTRY_BYTES = 4 << 20  # an entry's bytes at most: a rollback reads an entry whole
 FORMAT = "recstream-tier"
 _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (PageBudget)
+# Rows a read or write touches in one call when nothing is measured (TierStore._measuring): its copy
+# of them is a few MiB at most, whatever the call's size (a reload of a whole cache's state is one).
+_UNMEASURED_CHUNK = 1 << 16
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # the stores open in this process (see TierStore._measuring)
 _OPEN_LOCK = threading.Lock()  # a store made on one thread while another's prefetch sums their files
 
@@ -246,7 +249,7 @@ class TierStore:
     def _read_stored(self, f: TierFile, rows: np.ndarray) -> np.ndarray:
         out = np.empty((rows.size, f.cols), dtype=np.float32)
         measuring = self._measuring()
-        chunk = _CHUNK if measuring else max(1, rows.size)
+        chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
         for a in range(0, rows.size, chunk):
             out[a:a + chunk] = f.read_rows(rows[a:a + chunk])
             if measuring:
@@ -277,7 +280,7 @@ class TierStore:
         for name, rows, values in writes:
             if name in self._fresh:  # no longer (known to be) at the array's value
                 _clear_bits(self._fresh[name][1], rows)
-            chunk = _CHUNK if measuring else max(1, rows.size)
+            chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
             for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
                 self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True)
                 if measuring:
@@ -461,7 +464,7 @@ class TierStore:
             for a in range(0, stored.size, per):
                 part = stored[a:a + per]
                 pre = np.empty((part.size, f.cols), dtype=np.float32)
-                chunk = _CHUNK if measuring else max(1, part.size)
+                chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
                 for b in range(0, part.size, chunk):  # chunks: the pages the pre-images map are measured
                     pre[b:b + chunk] = f.data[part[b:b + chunk]]
                     if measuring:
