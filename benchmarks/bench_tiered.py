@@ -52,6 +52,14 @@ def _status(field: str) -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
 
 
+def _faults() -> int:
+    """Page faults of this process so far (every thread's): a write to a store page that is clean
+    since the store's creation or its last commit is one, so their count per step tells the steps
+    just after those (every page first written again) from the rest."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
 def _io() -> tuple[int, int]:
     """Bytes this process read from and wrote to storage (/proc/self/io; zeros where unreadable)."""
     try:
@@ -110,7 +118,7 @@ def run(args, variant: str, directory: str) -> dict:
     stats0 = net.ebc.tier_stats().get("t")
     counts0 = (stats0.hits, stats0.misses, stats0.bytes_read, stats0.bytes_written, stats0.prefetched) \
         if stats0 else None
-    io0 = _io()
+    io0, faults0 = _io(), _faults()
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
         x, y = batches[i]
@@ -121,13 +129,14 @@ def run(args, variant: str, directory: str) -> dict:
         if ahead is not None:
             ahead.join()
     seconds = time.perf_counter() - t0
-    io1 = _io()
+    io1, faults1 = _io(), _faults()
     result = {"variant": variant, "rows": args.rows, "dim": args.dim, "batch": args.batch, "fields": args.fields,
               "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
               "ms_per_step": 1000 * seconds / args.steps, "build_s": built_s,
               "rss_anon_mib": _status("RssAnon"), "rss_file_mib": _status("RssFile"), **_memory(),
               "os_read_bytes_per_step": (io1[0] - io0[0]) / args.steps,
-              "os_write_bytes_per_step": (io1[1] - io0[1]) / args.steps}
+              "os_write_bytes_per_step": (io1[1] - io0[1]) / args.steps,
+              "page_faults_per_step": (faults1 - faults0) / args.steps}
     if tier is not None:
         s = net.ebc.tier_stats()["t"]
         hits, misses = s.hits - counts0[0], s.misses - counts0[1]

@@ -180,6 +180,7 @@ def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restor
     assert 0 < tiered["hit_rate"] < 1  # a tiny cache on Zipf ids: hits and misses
     assert tiered["tier_read_bytes_per_step"] > 0 and tiered["tier_written_bytes_per_step"] > 0
     assert tiered["rows_read_per_step"] > 0
+    assert tiered["page_faults_per_step"] >= 0 and memory["page_faults_per_step"] >= 0
     assert tiered["checkpoint_s"] > 0 and tiered["restore_s"] > 0  # the restore is checked against the commit
     assert tiered["restore_equal"] and tiered["rows_checked"] > 0 and tiered["store_disk_bytes"] > 0
     assert 0 < tiered["peak_rss_anon_mib"] <= tiered["peak_rss_mib"]

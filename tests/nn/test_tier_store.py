@@ -390,3 +390,54 @@ def test_a_large_scattered_write_keeps_the_mapped_pages_bounded_with_its_undo_lo
     store.rollback()  # the undo log holds every row's committed bytes
     assert (store.read("weight", rows) == 1.0).all()
     store.close()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 9, 4000])
+def test_row_bits_are_set_and_cleared_as_one_row_at_a_time_would(n):
+    """The store's bit-per-row sets (rows logged, rows still at their value) are updated by a sort and
+    a reduceat, not ``ufunc.at``: same bits, repeats and rows sharing a byte included."""
+    from recstream.nn.tier_store import _bits, _clear_bits, _set_bits
+    rows = np.random.default_rng(n).integers(0, 3000, n)
+    rows = np.concatenate([rows, rows[: n // 2]])  # repeats
+    bits = np.zeros(375, np.uint8)
+    _set_bits(bits, rows)
+    assert np.array_equal(np.flatnonzero(_bits(bits, np.arange(3000))), np.unique(rows))
+    cleared = rows[: n // 3]
+    _clear_bits(bits, cleared)
+    assert np.array_equal(np.flatnonzero(_bits(bits, np.arange(3000))), np.setdiff1d(rows, cleared))
+
+
+def _counting(monkeypatch, owner, name):
+    calls = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_stores_within_the_page_budget_touch_rows_in_one_call_without_measuring(tmp_path, monkeypatch):
+    """The files of the open stores cannot map more than they hold: while that is within a store's
+    budget, a read or write of 4,096 scattered rows is one file call per array and counts no page
+    faults (before: 16 calls of 256 rows, a getrusage after each, and as many for the pre-images).
+    Once another store takes the open files past the budget, they are measured as they go again."""
+    import gc
+
+    from recstream.nn import tier_file, tier_store
+    gc.collect()  # stores of earlier tests, unreachable, are not open
+    monkeypatch.setattr(tier_store, "RELEASE_BYTES", 6 << 20)
+    a = TierStore.create(str(tmp_path / "a"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 4 MiB
+    faults = _counting(monkeypatch, tier_file, "page_faults")
+    reads = _counting(monkeypatch, TierFile, "read_rows")
+    writes = _counting(monkeypatch, TierFile, "write_rows")
+    rows = np.arange(0, 1 << 16, 16)  # 4,096 rows, one in four of a page's
+    assert (a.read("weight", rows) == 1.0).all()
+    a.write("weight", rows, np.full((rows.size, 16), 2.0, np.float32))  # pre-images logged first
+    assert (len(reads), len(writes), len(faults)) == (1, 1, 0)
+    b = TierStore.create(str(tmp_path / "b"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 8 MiB open now
+    reads.clear(), faults.clear()
+    assert (a.read("weight", rows) == 2.0).all()
+    assert len(reads) == 16 and len(faults) == 16
+    b.close()  # back within the budget
+    a.rollback()
+    faults.clear()
+    assert (a.read("weight", rows) == 1.0).all() and not faults
+    a.close()
