@@ -134,9 +134,10 @@ def _leaders(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tenso
     a table row), so one of a row's entries wins, the leader; every entry reads its row's word
     back and ``index_add_`` sums the entries at their leader's position, parallel however hot a row
     (a run summed by its first program in the kernel was a serial loop: 1.0-1.5 ms of a 5 ms step at
-    batch 16,384 on an H200). The run starts this replaced took a cummax, 27% of a WideDeep step's
-    kernel time at batch 4,096 on an H100, then a sort and a gather. Which entry leads is
-    up to the device (CUDA: any one); on a CPU the last one, with the sums in entry order."""
+    batch 16,384 on an H200). It replaces a sort of the rows, a cummax for the run starts (27% of a
+    WideDeep step's kernel time at batch 4,096 on an H100) and a gather into sorted order. Which
+    entry leads is up to the device (CUDA: any one); on a CPU the last one, with the sums in entry
+    order."""
     dim = math.prod(weight.shape[1:])
     if rows is None:
         return weight, weight, values if values.is_contiguous() else values.contiguous(), dim, weight.shape[0]
