@@ -67,17 +67,11 @@ class HashTier(TierCache):
     """`TierCache` with the row operations of a hash table's life cycle (see the module doc). Rows are
     int64 numpy arrays of distinct row numbers; every method takes the cache's lock."""
 
-    _stepped = True  # the optimizer stepped since the last training lookup: its rows may go
-
     def __init__(self, name: str, weight: nn.Parameter, store: TierStore, cache_rows: int) -> None:
         super().__init__(name, weight, store, cache_rows)
         # Held by the table's lookups and age evictions, which change the hash table, and by a prefetch
         # on another thread while it finds its keys' rows there (`HashEmbedding.prefetch`).
         self.table_lock = threading.Lock()
-
-    def bind(self, optimizer: torch.optim.Optimizer, row_state: dict[str, float]) -> None:
-        self._stepped = True  # called before each step of the optimizer: the step's gradients are spent
-        super().bind(optimizer, row_state)
 
     def _map(self, rows: torch.Tensor, train: bool, lookup: bool = True) -> torch.Tensor:
         """`map_ids`, pinning the rows of every lookup since the optimizer's last step that followed a

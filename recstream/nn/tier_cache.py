@@ -160,6 +160,7 @@ class TierCache:
         self._in_flight = 0  # prefetches between _plan and _install (0 or 1): they hold the store
         self.stats = TierStats()
         self._opt: weakref.ref | None = None
+        self._stepped = True  # the optimizer stepped since the last training lookup: its rows may go
         self._row_state: dict[str, float] = {}
         self._reload = False  # the optimizer loaded a state dict: the cached rows' state is stale
         self.unknown: str | None = None  # an optimizer without a row-state adapter stepped this table
@@ -174,6 +175,7 @@ class TierCache:
         The first time an optimizer is seen: a fresh one (no state yet) starts every row's state at
         its initial value, so stored state of an earlier optimizer is reset; one holding state (a
         restored one) gets the cached rows' stored state. After its ``load_state_dict`` too."""
+        self._stepped = True  # called before each step of the optimizer: the step's gradients are spent
         if self._opt is not None and self._opt() is optimizer and not self._reload:
             return  # every step but the first: without the lock, which a prefetch may hold
         with self.lock:
@@ -216,10 +218,16 @@ class TierCache:
                 self.store.write(key, rows, np.full((rows.size, f.cols), value, np.float32))
 
     # ----- slots -----
-    def map_ids(self, rows: torch.Tensor, train: bool, advance: bool = True) -> torch.Tensor:
+    def map_ids(self, rows: torch.Tensor, train: bool, advance: bool | None = None) -> torch.Tensor:
         """Slots of table rows `rows` (int64, any shape), loading missing rows; with `train`, the slots
         are marked to be written back when evicted. Without `advance` the rows join those of the last
-        call, which stay pinned too (several lookups before one optimizer step: `hash_tier`)."""
+        call, which stay pinned too. None (the default): the rows of every lookup since the
+        optimizer's last step that followed a training lookup stay pinned -- several lookups before
+        one step (gradient accumulation) each keep their rows in their slots until the step spends
+        their gradients, which a later lookup evicting them would leave on slots holding other rows."""
+        automatic = advance is None
+        if automatic:
+            advance = self._opt is None or self._stepped
         ids = rows.detach().cpu().numpy()
         unique = _distinct(ids)  # sorted (before the lock: a prefetch waits on it meanwhile)
         if unique.size and (unique[0] < 0 or unique[-1] >= self.rows):  # numpy would wrap a negative index
@@ -233,12 +241,19 @@ class TierCache:
             if advance:
                 self.recency.advance()
             if not self._ensure(unique):
+                if advance:
+                    raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "
+                                     f"{self.cache_rows} rows, a batch reads {unique.size} distinct ones; raise "
+                                     "DiskTier.cache_rows above the distinct rows of a batch")
                 raise ValueError(f"EmbeddingBagCollection: the disk tier of table {self.name!r} caches "
-                                 f"{self.cache_rows} rows, a batch reads {unique.size} distinct ones; raise "
-                                 "DiskTier.cache_rows above the distinct rows of a batch")
+                                 f"{self.cache_rows} rows, fewer than the distinct rows looked up since the "
+                                 f"optimizer's last step (this lookup: {unique.size}), which stay cached until "
+                                 "it; raise DiskTier.cache_rows above them, or step more often")
             slots = self.row2slot[ids]
             if train:
                 self.dirty[slots] = True
+                if automatic:
+                    self._stepped = False
         return torch.from_numpy(slots.astype(np.int64)).to(rows.device)
 
     def prefetch(self, rows: torch.Tensor | np.ndarray) -> int:
