@@ -53,7 +53,8 @@ _WIDE_INITIAL_ACCUMULATOR = 1e-6
 
 
 def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "rowwise_adagrad",
-                      embedding_lr: float | None = None, wide: str = "ftrl", wide_lr: float = 0.05,
+                      embedding_lr: float | None = None, embedding_initial_accumulator: float = 0.0,
+                      wide: str = "ftrl", wide_lr: float = 0.05,
                       wide_l1: float = 0.0, wide_l2: float = 0.0, weight_decay: float = 0.0) -> CombinedOptimizer:
     """A [`CombinedOptimizer`][recstream.optim.combined.CombinedOptimizer] for `model` (see the module doc).
 
@@ -70,6 +71,11 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
         embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad (0.1
             learns a live stream slightly better, docs/benchmarks.md "Anchors", but cost DeepFM 0.025
             test AUC offline).
+        embedding_initial_accumulator: RowWiseAdagrad's starting accumulator per row (>= 0, default
+            0.0), also the value a reused hash-table row is reset to: with 0 a fresh row's first step
+            moves it by about ``embedding_lr`` whatever its gradient's size; a positive value damps the
+            first steps of new ids (docs/online.md "Cold start for unseen ids"). Only with
+            ``embedding="rowwise_adagrad"``: LazyAdam has no accumulator.
         wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).
         wide_lr: FTRL's alpha (paper convention). FTRL starts its accumulators at 1e-6 here (FTRL's
@@ -86,6 +92,11 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
     if embedding_lr is None:
         embedding_lr = _DEFAULT_EMBEDDING_LR[embedding] or lr
     embedding_lr = check_number(owner, "embedding_lr", embedding_lr, minimum=0.0)
+    embedding_initial_accumulator = check_number(owner, "embedding_initial_accumulator",
+                                                 embedding_initial_accumulator, minimum=0.0)
+    if embedding_initial_accumulator and embedding != "rowwise_adagrad":
+        raise ValueError(f"{owner}: embedding_initial_accumulator={embedding_initial_accumulator!r} needs "
+                         f"embedding='rowwise_adagrad' (got embedding={embedding!r}: LazyAdam has no accumulator)")
     wide_lr = check_number(owner, "wide_lr", wide_lr, minimum=0.0, min_open=True)  # FTRL divides by it
     wide_l1 = check_number(owner, "wide_l1", wide_l1, minimum=0.0)
     wide_l2 = check_number(owner, "wide_l2", wide_l2, minimum=0.0)
@@ -107,8 +118,11 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
         children["wide"] = FTRL(wide_params, lr=wide_lr, l1=wide_l1, l2=wide_l2,
                                 initial_accumulator_value=_WIDE_INITIAL_ACCUMULATOR)
     if sparse:
-        cls = LazyAdam if embedding == "lazy_adam" else RowWiseAdagrad
-        children["embedding"] = cls(sparse, lr=embedding_lr)
+        if embedding == "lazy_adam":
+            children["embedding"] = LazyAdam(sparse, lr=embedding_lr)
+        else:
+            children["embedding"] = RowWiseAdagrad(sparse, lr=embedding_lr,
+                                                   initial_accumulator_value=embedding_initial_accumulator)
     if dense:
         # torch's fused Adam kernel: one pass over all the dense parameters instead of a chain of ops
         # per tensor (CPU step of WideDeep/DLRM with a (256, 128) MLP: 6-10% less; on CUDA fewer
