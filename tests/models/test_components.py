@@ -136,6 +136,7 @@ def test_default_optimizer_partitions_every_parameter(name):
     assert sum(len(g) for g in groups.values()) == len(everything)  # disjoint
     assert groups["embedding"] >= _ids(net.embedding.parameters())
     assert isinstance(opt.optimizers["embedding"], RowWiseAdagrad)  # the measured default
+    assert all(g["initial_accumulator_value"] == 1e-6 for g in opt.optimizers["embedding"].param_groups)
     assert isinstance(opt.optimizers["dense"], torch.optim.Adam)
     if name == "widedeep":
         assert isinstance(opt.optimizers["wide"], FTRL) and groups["wide"] == _ids(net.wide.parameters())
