@@ -52,8 +52,8 @@ _DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
 _WIDE_INITIAL_ACCUMULATOR = 1e-6
 # RowWiseAdagrad's starting accumulator for the tables: 1e-6, not 0. From 0 a fresh row's first step is
 # ~lr whatever its gradient (the step is normalised by that gradient alone): a new id's first, noisiest
-# gradient moves its row fully. 1e-6 is about one event's mean squared row gradient in a batch of 256
-# (batch-mean loss), and below most rows' own sums after training (DeepFM with crosses, ColdStartCTR, seed
+# gradient moves its row fully. With a batch-mean loss a row's gradient is ~1/batch_size: 1e-6 is below
+# most rows' own sums after training (DeepFM with crosses, ColdStartCTR, seed
 # 0, from 0: users' rows end at 2.1e-6 / 7.7e-6 / 2.2e-5, 10/50/90%; items' 4.0e-5 median): first steps
 # scale with the gradient, later ones barely change. Measured (docs/online.md "Cold start for unseen
 # ids"; bench_anchors streams, seeds 0 and 1; WideDeep and DeepFM, with and without crosses, tables lr
@@ -85,9 +85,9 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
             test AUC offline).
         embedding_initial_accumulator: RowWiseAdagrad's starting accumulator per row (>= 0), also the
             value a reused hash-table row is reset to; None: 1e-6. From 0 a fresh row's first step
-            moves it by about ``embedding_lr`` whatever its gradient's size; from 1e-6 (about one
-            event's mean squared gradient in a batch of 256) a small first gradient takes a
-            proportionally small step. Measured better online and offline (docs/online.md "Cold
+            moves it by about ``embedding_lr`` whatever its gradient's size; from 1e-6 (below most
+            rows' own sums after training, with batches of 256) a small first gradient takes a
+            proportionally smaller step. Measured better online and offline (docs/online.md "Cold
             start for unseen ids"); 1e-4 and above slow every row and cost AUC. Only with
             ``embedding="rowwise_adagrad"``: LazyAdam has no accumulator.
         wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
