@@ -304,6 +304,7 @@ class OptimizerSection(Section):
     lr: PositiveFloat = 1e-3
     embedding: Literal["lazy_adam", "rowwise_adagrad"] = "rowwise_adagrad"  # default_optimizer's
     embedding_lr: PositiveFloat | None = None
+    embedding_initial_accumulator: NonNegativeFloat | None = None  # None: default_optimizer's (1e-6)
     wide: Literal["ftrl", "same"] = "ftrl"
     wide_lr: PositiveFloat = 0.05
     wide_l1: NonNegativeFloat = 0.0

@@ -50,10 +50,23 @@ _DEFAULT_EMBEDDING_LR = {"lazy_adam": None, "rowwise_adagrad": 0.05}
 # 0.7215 / 0.7217 / 0.7220 / 0.7220) and ColdStartCTR 0.7082 / 0.7083 / 0.7084 / 0.7085 (with its crosses
 # 0.7128 / 0.7171 / 0.7231 / 0.7241).
 _WIDE_INITIAL_ACCUMULATOR = 1e-6
+# RowWiseAdagrad's starting accumulator for the tables: 1e-6, not 0. From 0 a fresh row's first step is
+# ~lr whatever its gradient (the step is normalised by that gradient alone): a new id's first, noisiest
+# gradient moves its row fully. With a batch-mean loss a row's gradient is ~1/batch_size: 1e-6 is below
+# most rows' own sums after training (DeepFM with crosses, ColdStartCTR, seed
+# 0, from 0: users' rows end at 2.1e-6 / 7.7e-6 / 2.2e-5, 10/50/90%; items' 4.0e-5 median): first steps
+# scale with the gradient, later ones barely change. Measured (docs/online.md "Cold start for unseen
+# ids"; bench_anchors streams, seeds 0 and 1; WideDeep and DeepFM, with and without crosses, tables lr
+# 0.05 and 0.1): prequential AUC +0.0002 to +0.0024 in 15 of 16 cases, -0.0001 in one (DeepFM, tables lr
+# 0.05, no crosses, ColdStartCTR seed 1: 0.70598 -> 0.70583); offline (bench_boost's data, 2^18 rows, one
+# epoch, test AUC) DeepFM 0.7507 -> 0.7674, WideDeep 0.7711 -> 0.7727. 1e-5 is already mixed, 1e-4 and
+# above damp every row's whole life (the sums above) and lost everywhere, 0.1 by 0.04 to 0.16.
+_EMBEDDING_INITIAL_ACCUMULATOR = 1e-6
 
 
 def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "rowwise_adagrad",
-                      embedding_lr: float | None = None, wide: str = "ftrl", wide_lr: float = 0.05,
+                      embedding_lr: float | None = None, embedding_initial_accumulator: float | None = None,
+                      wide: str = "ftrl", wide_lr: float = 0.05,
                       wide_l1: float = 0.0, wide_l2: float = 0.0, weight_decay: float = 0.0) -> CombinedOptimizer:
     """A [`CombinedOptimizer`][recstream.optim.combined.CombinedOptimizer] for `model` (see the module doc).
 
@@ -70,6 +83,13 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
         embedding_lr: their learning rate; None: ``lr`` for LazyAdam, 0.05 for RowWiseAdagrad (0.1
             learns a live stream slightly better, docs/benchmarks.md "Anchors", but cost DeepFM 0.025
             test AUC offline).
+        embedding_initial_accumulator: RowWiseAdagrad's starting accumulator per row (>= 0), also the
+            value a reused hash-table row is reset to; None: 1e-6. From 0 a fresh row's first step
+            moves it by about ``embedding_lr`` whatever its gradient's size; from 1e-6 (below most
+            rows' own sums after training, with batches of 256) a small first gradient takes a
+            proportionally smaller step. Measured better online and offline (docs/online.md "Cold
+            start for unseen ids"); 1e-4 and above slow every row and cost AUC. Only with
+            ``embedding="rowwise_adagrad"``: LazyAdam has no accumulator.
         wide: "ftrl" trains a ``model.wide`` `LinearTerm` (WideDeep) with FTRL;
             "same" trains it like the rest (tables with ``embedding``, weights with Adam).
         wide_lr: FTRL's alpha (paper convention). FTRL starts its accumulators at 1e-6 here (FTRL's
@@ -86,6 +106,13 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
     if embedding_lr is None:
         embedding_lr = _DEFAULT_EMBEDDING_LR[embedding] or lr
     embedding_lr = check_number(owner, "embedding_lr", embedding_lr, minimum=0.0)
+    if embedding_initial_accumulator is not None and embedding != "rowwise_adagrad":
+        raise ValueError(f"{owner}: embedding_initial_accumulator={embedding_initial_accumulator!r} needs "
+                         f"embedding='rowwise_adagrad' (got embedding={embedding!r}: LazyAdam has no accumulator)")
+    if embedding_initial_accumulator is None:
+        embedding_initial_accumulator = _EMBEDDING_INITIAL_ACCUMULATOR
+    embedding_initial_accumulator = check_number(owner, "embedding_initial_accumulator",
+                                                 embedding_initial_accumulator, minimum=0.0)
     wide_lr = check_number(owner, "wide_lr", wide_lr, minimum=0.0, min_open=True)  # FTRL divides by it
     wide_l1 = check_number(owner, "wide_l1", wide_l1, minimum=0.0)
     wide_l2 = check_number(owner, "wide_l2", wide_l2, minimum=0.0)
@@ -107,8 +134,11 @@ def default_optimizer(model: nn.Module, *, lr: float = 1e-3, embedding: str = "r
         children["wide"] = FTRL(wide_params, lr=wide_lr, l1=wide_l1, l2=wide_l2,
                                 initial_accumulator_value=_WIDE_INITIAL_ACCUMULATOR)
     if sparse:
-        cls = LazyAdam if embedding == "lazy_adam" else RowWiseAdagrad
-        children["embedding"] = cls(sparse, lr=embedding_lr)
+        if embedding == "lazy_adam":
+            children["embedding"] = LazyAdam(sparse, lr=embedding_lr)
+        else:
+            children["embedding"] = RowWiseAdagrad(sparse, lr=embedding_lr,
+                                                   initial_accumulator_value=embedding_initial_accumulator)
     if dense:
         # torch's fused Adam kernel: one pass over all the dense parameters instead of a chain of ops
         # per tensor (CPU step of WideDeep/DLRM with a (256, 128) MLP: 6-10% less; on CUDA fewer

@@ -158,6 +158,14 @@ def test_levels_match_the_library():
     assert config.DCNv2Args.model_fields["structure"].annotation.__args__ == STRUCTURES
 
 
+def test_the_optimizer_section_has_every_default_optimizer_keyword():
+    import inspect
+
+    from recstream.models import default_optimizer
+    keywords = [n for n, p in inspect.signature(default_optimizer).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    assert sorted(config.OptimizerSection.model_fields) == sorted(keywords)
+
+
 # --- hostile documents: linear to read, refused as config mistakes ----------------------------
 def alias_bomb(levels: int) -> str:
     """9 aliases of 9 aliases of ...: 9**levels values once expanded, a few hundred bytes written."""

@@ -136,6 +136,7 @@ def test_default_optimizer_partitions_every_parameter(name):
     assert sum(len(g) for g in groups.values()) == len(everything)  # disjoint
     assert groups["embedding"] >= _ids(net.embedding.parameters())
     assert isinstance(opt.optimizers["embedding"], RowWiseAdagrad)  # the measured default
+    assert all(g["initial_accumulator_value"] == 1e-6 for g in opt.optimizers["embedding"].param_groups)
     assert isinstance(opt.optimizers["dense"], torch.optim.Adam)
     if name == "widedeep":
         assert isinstance(opt.optimizers["wide"], FTRL) and groups["wide"] == _ids(net.wide.parameters())
@@ -157,6 +158,11 @@ def test_default_optimizer_options():
         (dict(lr=-1.0), ValueError, "'lr' must be a finite number >= 0.0, got -1.0"),
         (dict(wide_lr=0.0), ValueError, "'wide_lr' must be a finite number > 0.0, got 0.0"),
         (dict(embedding_lr="high"), TypeError, "'embedding_lr' must be a finite number"),
+        (dict(embedding_initial_accumulator=-0.1), ValueError,
+         "'embedding_initial_accumulator' must be a finite number >= 0.0, got -0.1"),
+        (dict(embedding_initial_accumulator="0.1"), TypeError, "'embedding_initial_accumulator' must be a finite"),
+        (dict(embedding_initial_accumulator=0.1, embedding="lazy_adam"), ValueError,
+         "embedding_initial_accumulator=0.1 needs embedding='rowwise_adagrad'"),
     ]:
         with pytest.raises(exc, match=match):
             default_optimizer(net, **kwargs)
@@ -181,6 +187,33 @@ def test_default_optimizer_keeps_adams_fused_kernel_across_a_load():
     assert all(g["fused"] is True for g in dense.param_groups)
     first = next(iter(opt.optimizers["dense"].state.values()))
     assert torch.equal(next(iter(dense.state.values()))["exp_avg"], first["exp_avg"])
+
+
+def test_default_optimizers_initial_accumulator_damps_a_fresh_rows_first_step():
+    """From 0 a fresh row's first row-wise Adagrad step is ~lr whatever its gradient; from
+    embedding_initial_accumulator=a it is lr * g / sqrt(a + mean(g^2)): smaller for a small gradient."""
+    from recstream.data import CategoricalFeature, Schema
+    from recstream.features import Features
+    ids = torch.ones(256, dtype=torch.int64)
+    ids[0] = 7  # the rare id: one event of 256, a gradient of ~1/256
+    features = Features.from_lengths(torch.zeros(256, 0), ids, torch.ones(1, 256, dtype=torch.int64))
+    moved, sums = {}, {}
+    for acc in (0.0, 0.1):
+        torch.manual_seed(0)
+        net = DeepFM(Schema([], [CategoricalFeature("c", vocab_size=1000)]), hidden=(4,), embedding_dim=4)
+        opt = default_optimizer(net, embedding_initial_accumulator=acc)
+        emb = opt.optimizers["embedding"]
+        assert all(g["initial_accumulator_value"] == acc for g in emb.param_groups)
+        table = net.embedding.ebc.table_weight("c")
+        before = table[7].detach().clone()
+        opt.zero_grad()
+        nn.BCEWithLogitsLoss()(net(features), torch.ones(256)).backward()
+        opt.step()
+        moved[acc] = float((table[7].detach() - before).abs().max())
+        sums[acc] = torch.stack([s["sum"] for s in emb.state.values()])
+    assert moved[0.0] > 0.02  # ~lr (0.05)
+    assert 0 < moved[0.1] < moved[0.0] / 20
+    assert float(sums[0.1].min()) >= 0.1  # every row starts at the value, touched ones above it
 
 
 def test_default_optimizers_ftrl_moves_a_rare_wide_weight_by_a_step_not_a_gradient():

@@ -329,3 +329,29 @@ class _Sorts(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.n += func.overloadpacket is torch.ops.aten.sort
         return func(*args, **(kwargs or {}))
+
+
+def test_default_optimizer_resets_a_reused_row_to_the_initial_accumulator():
+    """embedding_initial_accumulator is where every new id starts, a reused hash-table row included."""
+    schema = Schema([], [CategoricalFeature("u", dynamic=True, capacity=2, embedding_dim=2, evict_filter_value=None)])
+    net = WideDeep(schema, hidden=(2,))
+    opt = default_optimizer(net, embedding_initial_accumulator=0.5)
+    table = net.embedding.dynamic.tables["u"]
+    acc = opt.optimizers["embedding"].state
+
+    def step(keys):
+        x = Features.from_lengths(torch.zeros(len(keys), 0), torch.tensor(keys), torch.ones(1, len(keys)))
+        opt.zero_grad()
+        net(x).sum().backward()
+        opt.step()
+        return {k: int(table.table.rows[table.table.find(torch.tensor([k]))]) for k in keys}
+
+    row1 = step([1, 2])[1]
+    for _ in range(5):
+        step([1])
+    grown = float(acc[table.values]["sum"][row1])
+    step([2])
+    row3 = step([3])[3]  # evicts 1 (least recently seen): 3 reuses its row
+    assert row3 == row1
+    first = float(acc[table.values]["sum"][row3]) - 0.5  # this row's one step since its reset: mean(g^2)
+    assert 0 < first < (grown - 0.5) / 3  # from 0.5, not from 1's accumulator (6 steps) nor from 0
