@@ -221,6 +221,7 @@ class AUC(Metric):
         if hist is not None and not hist.is_meta and bool((hist < 0).any()):
             raise ValueError("AUC.load_state_dict: state['hist'] holds a negative count.")
 
+
 def exact_auc(scores, labels) -> float:
     """Exact ROC AUC of binary ``labels`` given ``scores``; tied scores count 1/2.
 
