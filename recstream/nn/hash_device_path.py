@@ -349,8 +349,9 @@ def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Ten
     most ONE host read for all of them on a device (the tables whose bounds do not show room for
     their batch read their counters together; see the module doc). A mask of None looks up every
     key (as an all-true mask, with fewer ops: no second sort of the keys, no masked result).
-`reserved_free`: the caller guarantees that no key is one of the table's reserved markers (-1, -2;
-e.g. keys through `recstream.models.dynamic.table_key`), so an int64-keyed table skips that check.
+    `reserved_free`: the caller guarantees that no key is one of the table's reserved markers (-1,
+    -2; e.g. keys through `recstream.models.dynamic.table_key`), so an int64-keyed table skips that
+    check.
 
     >>> from recstream.nn import HashEmbedding
     >>> a, b = HashEmbedding(2, capacity=8, param_init="ones"), HashEmbedding(3, capacity=8)
