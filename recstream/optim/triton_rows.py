@@ -142,6 +142,8 @@ def _leaders(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tenso
     if rows is None:
         return weight, weight, values if values.is_contiguous() else values.contiguous(), dim, weight.shape[0]
     n = rows.numel()
+    if n >= 2 ** 31:  # the words hold an entry's position as int32
+        raise ValueError(f"triton_rows: a gradient of {n} entries; the kernels take fewer than 2**31 a step")
     word = _scratch(weight)
     word.scatter_(0, rows, torch.arange(n, dtype=torch.int32, device=rows.device))
     lead = word.index_select(0, rows)
@@ -162,9 +164,7 @@ def _scratch(weight: Tensor) -> Tensor:
         _scratch_words = WeakIdKeyDictionary()
     word = _scratch_words.get(weight)
     if word is None or word.shape[0] != weight.shape[0] or word.device != weight.device:
-        if weight.shape[0] >= 2 ** 31:
-            raise ValueError(f"triton_rows: a table of {weight.shape[0]} rows; the kernels take < 2**31")
-        word = torch.empty(weight.shape[0], dtype=torch.int32, device=weight.device)
+        word = torch.empty(weight.shape[0], dtype=torch.int32, device=weight.device)  # entry positions: int32
         _scratch_words[weight] = word
     return word
 
