@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..distributed import rank
 from ..nn import EmbeddingBagCollection, HashEmbedding
 from ..optim import CombinedOptimizer
 
@@ -81,7 +82,7 @@ def check_tier_shards(owner: str, directory: str, network: nn.Module, saved) -> 
         ranks = int(meta.size[0])
         if ranks != m.tier_shards:
             raise ValueError(f"{owner}: {directory!r}: disk-tiered table {name!r} ({key}) was saved by {ranks} "
-                             f"rank(s), this run holds it on {m.tier_shards} (this is rank {_rank()}): each rank's "
+                             f"rank(s), this run holds it on {m.tier_shards} (this is rank {rank()}): each rank's "
                              "store holds its rows and a tier is not resharded; load it on as many ranks")
 
 
@@ -92,11 +93,6 @@ def restore_tiers(network: nn.Module, loaded: dict[str, torch.Tensor], directory
         value = loaded.pop(key)
         local = value.to_local() if hasattr(value, "to_local") else value
         m.restore_tier_commits({name: local.reshape(2).clone()}, f"{directory!r}:")
-
-
-def _rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _refuse_custom_state(owner: str, network: nn.Module) -> None:

@@ -102,13 +102,12 @@ def sharding_plan(network: nn.Module) -> list[str]:
     lines = []
     for name, p in network.named_parameters():
         layout = getattr(p, "recstream_layout", None)
-        if layout is not None and layout.get("placement") == "row_sharded":
+        if layout is not None and layout.get("placement") in ("row_sharded", "rank_local"):
             ranges = ", ".join(f"rank {r}: rows {a}-{b}" for r, (a, b) in zip(layout["ranks"], layout["rows"],
                                                                                   strict=True))
+        if layout is not None and layout.get("placement") == "row_sharded":
             lines.append(f"{name} {layout['shape']}: row-sharded ({ranges})")
         elif layout is not None and layout.get("placement") == "rank_local":
-            ranges = ", ".join(f"rank {r}: rows {a}-{b}" for r, (a, b) in zip(layout["ranks"], layout["rows"],
-                                                                                  strict=True))
             lines.append(f"{name} {layout['shape'][0] // len(layout['ranks'])} slots per rank: cache of a disk-tiered "
                          f"table, row-sharded ({ranges}; this rank's store {layout['store']})")
         elif layout is not None and layout.get("placement") == "key_sharded":
