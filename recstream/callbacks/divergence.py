@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from ..distributed.context import flagged_ranks
+
 ROLLBACK = ("the newest checkpoint on disk is the last good one (a non-finite state is never written): "
             "restore it and lower the learning rate")
 
@@ -77,12 +79,38 @@ def _optimizer_tensors(optimizer) -> dict[str, object]:
             for k, v in state.items()}
 
 
-def check_finite_model(network: nn.Module, optimizer=None, *, what: str) -> None:
+def check_finite_model(network: nn.Module, optimizer=None, *, what: str, sharded: bool = False) -> None:
     """Raise `DivergenceError` unless every floating tensor of `network`'s state (and of
-    `optimizer`'s state) is finite; `what` names what was about to be written."""
-    state = dict(network.state_dict(keep_vars=False))
-    state.update(_optimizer_tensors(optimizer))
-    check_finite_tensors(state, what=what)
+    `optimizer`'s state) is finite; `what` names what was about to be written.
+
+    `sharded` (a network whose tables are split over the ranks, hybrid_parallel; collective): each
+    rank checks the tensors it holds, its own rows, and the ranks agree, so every rank raises if any
+    holds a non-finite value. ``state_dict()`` would gather every sharded table on every rank, a
+    whole table's memory per rank at each checkpoint, which is what sharding the table avoids.
+    """
+    if not sharded:
+        state = dict(network.state_dict(keep_vars=False))
+        state.update(_optimizer_tensors(optimizer))
+        check_finite_tensors(state, what=what)
+        return
+    local = dict(_local_tensors(network))
+    local.update(_optimizer_tensors(optimizer))
+    bad = nonfinite_names(local)
+    ranks = flagged_ranks(bool(bad))  # every rank joins, whatever it found: the save after this is a collective
+    if bad:
+        check_finite_tensors(local, what=what)
+    if ranks:
+        raise DivergenceError(f"training diverged: non-finite values (NaN or inf) in the tensors of rank(s) {ranks}; "
+                              f"refusing to write {what}; {ROLLBACK}")
+
+
+def _local_tensors(network: nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """The parameters and persistent buffers `network` holds on this rank (no gather)."""
+    yield from network.named_parameters()
+    for prefix, module in network.named_modules():
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and name not in module._non_persistent_buffers_set:
+                yield (f"{prefix}.{name}" if prefix else name), b
 
 
 def check_finite_tensors(tensors: Mapping[str, object], *, what: str) -> None:

@@ -232,7 +232,7 @@ class ModelCheckpoint(Callback):
         # Divergence guard, last line: never write a state that diverged (the loss flag, then the weights).
         if p.get("loss_watch") is not None:
             p.loss_watch.check()
-        check_finite_model(network, optimizer, what=f"checkpoint {path!r}")
+        check_finite_model(network, optimizer, what=f"checkpoint {path!r}", sharded=_sharded())
         if _sharded():  # every rank writes its rows and its own extra (e.g. its stream position)
             save_sharded(path, network, optimizer, extra=extra)
         else:
