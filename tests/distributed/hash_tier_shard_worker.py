@@ -14,7 +14,10 @@ ACTION:
 - ``save``: the tiered net trains batches 0-5, saves ``OUT/ckpt`` (`save_sharded`), trains 6-11 and writes
   ``OUT/straight-<rank>.safetensors``; then loads ``OUT/ckpt`` in the same processes, trains 6-11 again
   and writes ``OUT/again-<rank>.safetensors``;
-- ``resume``: fresh processes load ``OUT/ckpt``, train 6-11 and write ``OUT/resumed-<rank>.safetensors``.
+- ``resume``: fresh processes load ``OUT/ckpt``, train 6-11 and write ``OUT/resumed-<rank>.safetensors``;
+- ``model``: a WideDeep whose dynamic feature ``user`` is in memory, then on disk (24 slots per rank), trained
+  by ``Model.train`` (which prefetches the batches' keys); each rank writes the table's keys and rows,
+  ``OUT/model-<kind>-<rank>.safetensors``, and the tier's counters, ``OUT/model-<rank>.json``.
 """
 from __future__ import annotations
 
@@ -117,9 +120,36 @@ def resume(out: Path, r: int) -> None:
     save_file(rows_by_key(net, optimizer), out / f"resumed-{r}.safetensors")
 
 
+def model(out: Path, r: int) -> None:
+    from recstream.data import Batch, CategoricalFeature, Features, Schema
+    from recstream.models import WideDeep
+    from recstream.nn import TierPlan
+
+    schema = Schema(["x"], [CategoricalFeature("user", dynamic=True, capacity=300, embedding_dim=4),
+                            CategoricalFeature("item", vocab_size=50, embedding_dim=4)])
+    data = []
+    for step in range(30):
+        g = torch.Generator().manual_seed(step)
+        users = (torch.rand(16, generator=g) ** 4 * 10 ** 4).long()  # a few hot users, many rare ones
+        values = torch.cat([users, torch.randint(0, 50, (16,), generator=g)])
+        x = Features.from_lengths(torch.randn(16, 1, generator=g), values, torch.ones(2, 16, dtype=torch.int64),
+                                  keys=("user", "item"))
+        data.append(Batch(x, torch.randint(0, 2, (16,), generator=g).float()))
+    for kind, plan in (("memory", None), ("tiered", TierPlan(str(out / "model"), {"user": 24}))):
+        torch.manual_seed(0)
+        net = WideDeep(schema, hidden=(8,), disk_tier=plan)
+        Model(net, torch.nn.BCEWithLogitsLoss(), LazyAdam(net.parameters(), lr=0.05), progress_bar=False).train(
+            1, distributed.shard(data))
+        table = net.embedding.dynamic.tables["user"]
+        rows = table.export(reset_delta=False)
+        order = torch.argsort(rows["keys"])
+        save_file({k: v[order].contiguous() for k, v in rows.items()}, out / f"model-{kind}-{r}.safetensors")
+    (out / f"model-{r}.json").write_text(json.dumps(vars(table.tier_stats())))
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     distributed.init()
     set_auto_parallel_context(parallel_mode="hybrid_parallel")
-    {"equal": equal, "save": save, "resume": resume}[sys.argv[2]](Path(sys.argv[1]), distributed.rank())
+    {"equal": equal, "save": save, "resume": resume, "model": model}[sys.argv[2]](Path(sys.argv[1]), distributed.rank())
     distributed.shutdown()

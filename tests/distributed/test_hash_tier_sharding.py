@@ -1,7 +1,8 @@
 """A disk-tiered HashEmbedding under hybrid_parallel: keys sharded as in memory, each rank keeping its keys'
 rows in a store of its own (``<directory>/rank-<r>-of-<N>``) behind a cache of its own. Two gloo ranks train
 as the in-memory table does (same keys, rows and LazyAdam moments, bit for bit, with a cache smaller than
-a rank's keys: rows evicted and read back), and publish the same versions; a sharded checkpoint commits
+a rank's keys: rows evicted and read back), and publish the same versions (so does a model's tiered
+dynamic feature trained by Model.train, which prefetches the batches' keys); a sharded checkpoint commits
 every rank's store and training resumed from it, in the same processes or fresh ones, goes on identically;
 stores of another rank or world size, a checkpoint of two ranks loaded into one process (a tier is not
 resharded) and a tiered table's checkpoint loaded into an in-memory one are refused, naming them."""
@@ -69,6 +70,19 @@ def test_two_ranks_train_a_tiered_hash_embedding_as_in_memory_and_publish_the_sa
     with pytest.raises(ValueError, match=r"HashEmbedding: table 'emb': tier directory .*/tiers/emb holds the stores "
                                          r"of a table sharded over ranks \(rank-0-of-2, rank-1-of-2\)"):
         HashEmbedding(4, capacity=CAPACITY, tier=DiskTier(str(tmp_path / "tiers" / "emb"), cache_rows=CACHE))
+
+
+@pytest.mark.e2e
+def test_a_models_tiered_dynamic_feature_trains_on_two_ranks_as_in_memory_with_prefetch(tmp_path):
+    _torchrun(tmp_path, "model")
+    for rank in (0, 1):
+        memory = load_file(tmp_path / f"model-memory-{rank}.safetensors")
+        _same(load_file(tmp_path / f"model-tiered-{rank}.safetensors"), memory)
+        assert memory["keys"].numel() > 2 * 24 and (owner_of(memory["keys"], 2) == rank).all()
+        stats = json.loads((tmp_path / f"model-{rank}.json").read_text())
+        assert stats["prefetched"] > 0 and stats["misses"] > 24  # the batches' keys read ahead; rows evicted
+    shard = json.loads((tmp_path / "model" / "embedding" / "user" / "rank-1-of-2" / "shard.json").read_text())
+    assert (shard["rank"], shard["world_size"], shard["rows"]) == (1, 2, 300)
 
 
 @pytest.mark.e2e
