@@ -207,7 +207,8 @@ class HashEmbeddingState:
     """One shard of a `HashEmbedding` (`HashEmbedding.state()`), as a checkpoint stores it.
 
     `tensors`: every persistent tensor by its ``state_dict`` name (rows, slots, free list, 0-d
-    counters, ``default_value``) but the eviction log, which is `evicted_keys` (its length varies).
+    counters, ``default_value``) but the eviction log, which is `evicted_keys` (its length varies);
+    a disk-tiered table's rows are not among them: ``tier`` is the commit of its store that `state` made.
     The geometry (`shards`, `capacity`, `pending_capacity`, `num_slots`) says whether another
     module can load the tensors as they are (`HashEmbedding.load_state`) or must rebuild its table
     from the keys (`table_entries` + `HashEmbedding.load_entries_`).
