@@ -11,7 +11,14 @@ dim 0, so every rank writes only its part; one process writes one part):
 - per-shard scalars (``num_free_t``, ``table.num_live_t``, ...) as one entry per shard;
 - the eviction log, padded with the EMPTY sentinel to the longest rank's;
 - ``default_value`` once. The JSON part records, per module, the number of shards and each
-  shard's capacity, pending capacity and slot count.
+  shard's capacity, pending capacity and slot count, and whether it is disk-tiered.
+
+A disk-tiered table's rows are its stores' (one per rank, `recstream.nn.hash_tier`): instead of
+``values`` each rank commits its store and writes the commit, ``tier`` = ``[store uid, generation]``
+(a ``[shards, 2]`` entry), which loading returns the store to; the optimizer's state of ``values`` is
+that of the rank's cache slots (placement ``"rank_local"``). Such a table loads back only into as
+many shards of the same geometry, each rank its own (a tier is not resharded: every other case,
+and a tiered table loaded into an in-memory one or the reverse, is refused naming the module).
 
 Loading: when this run has the same number of shards of the same size, each rank reads back
 exactly its own table (bit for bit: slots, free list and all). Otherwise -- a different number of
@@ -26,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..distributed import is_distributed
+from ..distributed import is_distributed, rank
 from ..nn import HashEmbedding
 from ..nn.hash_embedding import HashEmbeddingState, table_entries
 from ..nn.tensor_hash_table import EMPTY
@@ -34,7 +41,8 @@ from ..nn.tensor_hash_table import EMPTY
 __all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "plan_hash_loads", "load_hash_state",
            "remap_optimizer_rows", "full_optimizer_templates"]
 
-_PER_ROW = ("values", "row_slots", "free_rows", "dirty", "reset_mask")
+_ROW_META = ("row_slots", "free_rows", "dirty", "reset_mask")
+_PER_ROW = ("values", *_ROW_META)
 _PER_SLOT = ("table.keys", "table.rows", "table.counts", "table.last_seen")
 _SCALARS = ("num_free_t", "num_pending_t", "global_step_t", "track_evictions_t", "table.num_used_t",
             "table.num_live_t")
@@ -57,19 +65,26 @@ def hash_doc(network: nn.Module) -> dict:
         if is_distributed():
             dist.all_reduce(longest, op=dist.ReduceOp.MAX)
         doc[name] = {"shards": m.shards, "capacity": m.capacity, "pending_capacity": m.pending_capacity,
-                     "num_slots": m.num_slots, "evicted": int(longest)}
+                     "num_slots": m.num_slots, "evicted": int(longest), "tier": m.disk_tier is not None}
     return doc
 
 
 def _local(m: HashEmbedding, evicted: int) -> dict[str, torch.Tensor]:
     """This shard's tensors, each with a first dimension that is the same on every rank."""
-    state = m.state()
-    out = {n: state.tensors[n] for n in (*_PER_ROW, *_PER_SLOT)}
+    state = m.state()  # a tiered table: its store committed
+    out = {n: state.tensors[n] for n in (*_per_row(m), *_PER_SLOT)}
     out.update({n: state.tensors[n].reshape(1) for n in _SCALARS})
+    if m.disk_tier is not None:
+        out["tier"] = state.tensors["tier"].reshape(1, 2)
     log = torch.full((evicted,), EMPTY, dtype=state.evicted_keys.dtype, device=state.evicted_keys.device)
     log[: state.evicted_keys.numel()] = state.evicted_keys
     out["evicted_keys"] = log
     return out
+
+
+def _per_row(m: HashEmbedding) -> tuple[str, ...]:
+    """The per-row tensors of `m`'s state: a tiered table's rows are in its store, not in ``values``."""
+    return _PER_ROW if m.disk_tier is None else _ROW_META
 
 
 def _placed(local: torch.Tensor, shards: int, mesh) -> torch.Tensor:
@@ -106,6 +121,7 @@ def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, sa
                          f"{sorted(modules)}")
     templates, direct = {}, {}
     for name, m in modules.items():
+        _check_tier(owner, directory, name, m, doc[name])
         direct[name] = _same_geometry(m, doc[name])
         if direct[name]:  # this shard only, placed as it was written
             for tensor, local in _local(m, doc[name]["evicted"]).items():
@@ -119,11 +135,32 @@ def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, sa
     return templates, direct
 
 
+def _check_tier(owner: str, directory: str, name: str, m: HashEmbedding, saved: dict) -> None:
+    """Refuse what a disk-tiered table cannot load: another geometry (shards, capacity, slots: the stores
+    hold each rank's rows by its table's rows), or a checkpoint of the other kind (rows vs commits)."""
+    tiered, was = m.disk_tier is not None, bool(saved.get("tier", False))
+    if not tiered and not was:
+        return
+    if tiered != was:
+        kinds = {True: "disk-tiered (commits of its stores)", False: "in memory (its rows)"}
+        raise ValueError(f"{owner}: {directory!r}: HashEmbedding {name!r} was saved {kinds[was]}, this network "
+                         f"holds it {kinds[tiered]}; load it into a network that holds it as it was saved")
+    if not _same_geometry(m, saved):
+        mine = (m.shards, m.capacity, m.pending_capacity, m.num_slots)
+        theirs = tuple(saved[k] for k in ("shards", "capacity", "pending_capacity", "num_slots"))
+        raise ValueError(f"{owner}: {directory!r}: disk-tiered HashEmbedding {name!r} was saved by {saved['shards']} "
+                         f"rank(s), this run holds it on {m.shards} (this is rank {rank()}; (shards, capacity, "
+                         f"pending_capacity, num_slots) saved {theirs}, here {mine}): each rank's store holds the rows "
+                         "of its keys and a tier is not resharded; load it on as many ranks, with the same table")
+
+
 def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict) -> dict:
     """For each module that reshards: the entries it will own, their saved rows and its eviction
     log, checked to fit its capacity (ValueError) -- before any module changes."""
     plans = {}
     for name, m in hash_modules(network).items():
+        if direct[name] and m.disk_tier is not None:
+            _check_store(name, m, _local_part(loaded[_key(name, "tier")]))
         if direct[name]:
             continue
         get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
@@ -135,6 +172,15 @@ def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], d
                              f"in capacity={m.capacity} and pending_capacity={m.pending_capacity}")
         plans[name] = (entries, old_rows, log)
     return plans
+
+
+def _check_store(name: str, m: HashEmbedding, tier: torch.Tensor) -> None:
+    """A tiered table's commit entry must name this rank's store (checked before anything changes)."""
+    store, uid = m.tier_store, int(tier.reshape(-1)[0])
+    if uid != store.uid:
+        raise ValueError(f"HashEmbedding {name!r}: the checkpoint holds a commit of tier store {uid}, this rank "
+                         f"(rank {rank()}) uses store {store.uid} in {store.directory}; load it with the tier "
+                         "directory it was saved with")
 
 
 def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict, plans: dict
@@ -162,8 +208,10 @@ def _local_part(t: torch.Tensor) -> torch.Tensor:
 
 
 def _load_direct(m: HashEmbedding, get, saved: dict) -> None:
-    tensors = {n: get(n) for n in (*_PER_ROW, *_PER_SLOT, "default_value")}
+    tensors = {n: get(n) for n in (*_per_row(m), *_PER_SLOT, "default_value")}
     tensors.update({n: get(n).reshape(()) for n in _SCALARS})
+    if m.disk_tier is not None:  # load_state returns the store to this commit
+        tensors["tier"] = get("tier").reshape(2).clone()
     log = get("evicted_keys")
     m.load_state(HashEmbeddingState(
         tensors, log[log != EMPTY].clone(), saved["shards"], saved["capacity"], saved["pending_capacity"],

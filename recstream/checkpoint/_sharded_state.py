@@ -101,8 +101,8 @@ def _refuse_custom_state(owner: str, network: nn.Module) -> None:
     for name, module in network.named_modules():
         if isinstance(module, EmbeddingBagCollection):
             continue  # its lookup buffers derive from its configuration
-        if isinstance(module, HashEmbedding) and module.disk_tier is None:
-            continue  # its own save adds only a disk tier's commit; in memory its state is its tensors
+        if isinstance(module, HashEmbedding):
+            continue  # its tensors, and a disk tier's commit, go through _hash_state
         custom = type(module)._save_to_state_dict is not nn.Module._save_to_state_dict or \
             type(module).get_extra_state is not nn.Module.get_extra_state
         if custom:

@@ -18,6 +18,7 @@ What is written, in the directory:
   stored as 0-d tensors;
 - every `HashEmbedding`'s tables (``hash.<module>.<tensor>``): each rank writes its key shard
   whole; loading into other ranks or one process rebuilds the tables by key (`recstream.checkpoint._hash_state`);
+  a disk-tiered one holds each rank's store commit instead of its rows, and loads only into as many ranks;
 - ``recstream_checkpoint.json``, written by rank 0 last: the optimizer's hyper-parameters and
   parameter groups, and every rank's `extra` (JSON values: step counters, stream positions), in
   rank order.

@@ -27,7 +27,9 @@ each rank keeps a store of only its rows, ``<directory>/rank-<r>-of-<N>`` (`recs
 behind its own cache of ``cache_rows`` slots, and answers the lookups of its rows from that cache. A
 sharded checkpoint (`recstream.checkpoint.save_sharded`) commits every rank's store. The network must
 be built after the process group is joined (each rank then opens its own store, not the whole table's).
-A disk-tiered `HashEmbedding` is refused (its keys' rows are not sharded over per-rank stores yet).
+A disk-tiered `HashEmbedding` is key-sharded like an in-memory one, and each rank keeps the rows of its
+own keys in a store of its own, ``<directory>/rank-<r>-of-<N>`` (`recstream.nn.hash_tier`), behind its
+own cache; sharded checkpoints commit every rank's store, and load back into as many ranks.
 
 `data_parallel` refuses `HashEmbedding` and disk-tiered tables: replicas would each admit and evict
 their own ranks' keys and drift apart (broadcasting one rank's table every step would cost the whole table per step).
@@ -75,9 +77,8 @@ def hybrid_parallel(network: nn.Module) -> nn.Module:
     built on them works on the shards); everything else is replicated as in `data_parallel`.
     """
     check_module("hybrid_parallel", "network", network)
-    _refuse_tiered_tables("hybrid_parallel", network)
     for name, module in network.named_modules():  # before any collective: every rank refuses alike
-        if isinstance(module, EmbeddingBagCollection):
+        if isinstance(module, (EmbeddingBagCollection, HashEmbedding)):
             module.check_tiers_shardable(f"hybrid_parallel ({name or 'the network'})")
     sharded, own_buffers = {}, []
     # The lookups' all-to-alls run inside backward, while DDP's bucketed all-reduces start from
@@ -107,14 +108,21 @@ def sharding_plan(network: nn.Module) -> list[str]:
                                                                                   strict=True))
         if layout is not None and layout.get("placement") == "row_sharded":
             lines.append(f"{name} {layout['shape']}: row-sharded ({ranges})")
+        elif layout is not None and layout.get("placement") == "rank_local" and "keys" in layout:
+            lines.append(f"{name} {layout['shape'][0] // len(layout['ranks'])} slots per rank: cache of a disk-tiered "
+                         f"table, key-sharded ({_keys(layout)}; this rank's store {layout['store']})")
         elif layout is not None and layout.get("placement") == "rank_local":
             lines.append(f"{name} {layout['shape'][0] // len(layout['ranks'])} slots per rank: cache of a disk-tiered "
                          f"table, row-sharded ({ranges}; this rank's store {layout['store']})")
         elif layout is not None and layout.get("placement") == "key_sharded":
-            rows = layout["rows"][0][1] - layout["rows"][0][0]
-            lines.append(f"{name} {layout['shape']}: key-sharded ({rows} rows per rank; key k on rank "
-                         f"recstream.nn.key_sharding.owner_of(k, {len(layout['ranks'])}))")
+            lines.append(f"{name} {layout['shape']}: key-sharded ({_keys(layout)})")
     return lines
+
+
+def _keys(layout: dict) -> str:
+    """Where a key-sharded table's keys live, from its layout."""
+    rows = layout["rows"][0][1] - layout["rows"][0][0]
+    return f"{rows} rows per rank; key k on rank recstream.nn.key_sharding.owner_of(k, {len(layout['ranks'])})"
 
 
 def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
@@ -127,25 +135,11 @@ def _refuse_hash_embeddings(owner: str, network: nn.Module) -> None:
 
 
 def _refuse_tiered_tables(owner: str, network: nn.Module) -> None:
-    """Disk-tiered tables that this mode cannot train, refused here before any collective runs.
-
-    Replicated (data_parallel), each rank's cache would hold other rows in its slots, so an all-reduce
-    of slot gradients would add up different rows. hybrid_parallel shards `EmbeddingBagCollection`
-    tables over per-rank stores; a tiered `HashEmbedding`'s store holds every key's rows, which key
-    sharding would need split per rank: not built."""
-    hashed = [name or "(the network)" for name, m in network.named_modules()
-              if isinstance(m, HashEmbedding) and m.disk_tier is not None]  # its store holds all the keys' rows
-    if owner == "hybrid_parallel":
-        if hashed:
-            raise ValueError(f"hybrid_parallel: disk-tiered tables {hashed} train on one process only (HashEmbedding "
-                             "modules: key sharding would need a store of each rank's keys, which is not built); "
-                             "train them on one process, or keep them in memory (hybrid_parallel shards their keys), "
-                             "or use EmbeddingBagCollection tables with tier=DiskTier(...), which hybrid_parallel "
-                             "row-shards over per-rank stores")
-        return
+    """Disk-tiered tables, which a replicated mode cannot train, refused before any collective runs:
+    each rank's cache would hold other rows in its slots, so an all-reduce of slot gradients would add
+    up different rows (tiered `HashEmbedding` s are refused with every `HashEmbedding` before)."""
     tiered = [f"{name}.{t.name}" if name else t.name for name, m in network.named_modules()
               if isinstance(m, EmbeddingBagCollection) for t in m.tables if t.tier is not None]
-    tiered += hashed
     if tiered:
         raise ValueError(f"{owner}: disk-tiered tables {tiered} train on one process only (each rank would cache "
                          "other rows in the same slots); train them on one process, or use "

@@ -67,7 +67,7 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
 from .tier_cache import TierCache, TierStats
-from .tier_shard import open_rank_store, refuse_rank_stores
+from .tier_shard import UnopenedTier, open_rank_store, process_ranks, refuse_rank_stores
 from .tier_store import TierStore
 
 __all__ = ["EmbeddingBagCollection"]
@@ -111,29 +111,6 @@ def _open_store(t: EmbeddingTableConfig) -> TierStore:
         return torch.empty(b - a, t.embedding_dim).normal_(0.0, t.init_std).numpy()
 
     return TierStore.create(t.tier.directory, {"weight": (t.num_embeddings, t.embedding_dim, fill)})
-
-
-def _ranks() -> int:
-    """The number of ranks of this process's default group (1 without one)."""
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-class _UnopenedTier:
-    """The tier of a table built in a process of several ranks: a rank holds a store of its own rows
-    only, opened when ``hybrid_parallel`` shards the table (`EmbeddingBagCollection.shard_rows_`);
-    until then any use is refused, naming the table."""
-
-    def __init__(self, name: str, directory: str, ranks: int) -> None:
-        self._what = (f"{_OWNER}: disk-tiered table {name!r} was built in a process of {ranks} ranks: each rank "
-                      f"keeps a store of its own rows (under {directory}), opened when parallel_mode="
-                      "'hybrid_parallel' shards the table (Model, or recstream.distributed.hybrid_parallel); "
-                      "build it in a single process to use it unsharded")
-
-    def __getattr__(self, attr: str):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise RuntimeError(self._what)
 
 
 class EmbeddingBagCollection(nn.Module):
@@ -196,9 +173,9 @@ class EmbeddingBagCollection(nn.Module):
             self._group_param_names.append(name)
         self._tier_configs: list[EmbeddingTableConfig | None] = [None] * len(dims) + tiered
         # In a process of several ranks a tiered table's store is this rank's rows: opened by shard_rows_.
-        ranks = _ranks()
-        self._tiers: list[TierCache | _UnopenedTier | None] = [None] * len(dims) + [
-            _UnopenedTier(t.name, t.tier.directory, ranks) if ranks > 1 else
+        ranks = process_ranks()
+        self._tiers: list[TierCache | UnopenedTier | None] = [None] * len(dims) + [
+            UnopenedTier(t.name, t.tier.directory, ranks) if ranks > 1 else
             TierCache(t.name, getattr(self, self._group_param_names[len(dims) + i]), _open_store(t),
                       t.tier.cache_rows) for i, t in enumerate(tiered)]
         self.reset_parameters()

@@ -78,6 +78,10 @@ would; capacity-driven LRU eviction is per shard. ``export``, ``export_delta``,
 ``state_dict`` and ``memory_bytes`` are this rank's shard (the union over the
 ranks is the table); ``load_rows`` / ``import_`` keep the keys this rank owns.
 Sharded checkpoints: ``recstream.checkpoint.save_sharded`` (through `HashEmbedding.state`).
+A disk-tiered table is key-sharded the same way, each rank's rows in a store of its own
+(``<directory>/rank-<r>-of-<N>``, `recstream.nn.hash_tier`) behind its own cache; build it after
+joining the process group (it opens that store when sharded). Its state is the rank's hash table
+and a commit of the rank's store, so it loads back only into as many ranks (not resharded).
 
 Export
 ------
@@ -129,7 +133,7 @@ from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
 from .hash_device_path import STATIC, DevicePath, lookup_masked_many
 from .hash_host_path import HostPath
 from .hash_replay import GraphReplay, HostEvent
-from .hash_tier import HashTier, open_hash_tier
+from .hash_tier import HashTier, open_hash_tier, open_rank_hash_tier, unopened_hash_tier
 from .key_sharding import KeySharding
 from .tensor_hash_table import (
     DELETED,
@@ -138,6 +142,7 @@ from .tensor_hash_table import (
     TensorHashTable,
     _where,
 )
+from .tier_shard import UnopenedTier
 
 __all__ = ["HashEmbedding", "HashEmbeddingState", "table_entries", "lookup_masked_many", "triton_works"]
 log = logging.getLogger(__name__)
@@ -202,7 +207,8 @@ class HashEmbeddingState:
     """One shard of a `HashEmbedding` (`HashEmbedding.state()`), as a checkpoint stores it.
 
     `tensors`: every persistent tensor by its ``state_dict`` name (rows, slots, free list, 0-d
-    counters, ``default_value``) but the eviction log, which is `evicted_keys` (its length varies).
+    counters, ``default_value``) but the eviction log, which is `evicted_keys` (its length varies);
+    a disk-tiered table's rows are not among them: ``tier`` is the commit of its store that `state` made.
     The geometry (`shards`, `capacity`, `pending_capacity`, `num_slots`) says whether another
     module can load the tensors as they are (`HashEmbedding.load_state`) or must rebuild its table
     from the keys (`table_entries` + `HashEmbedding.load_entries_`).
@@ -257,8 +263,9 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
             once full).
         tier: a `DiskTier` to keep the rows and their optimizer state on local disk, ``cache_rows``
             of them in memory (`recstream.nn.hash_tier`); ``None``: in memory. The hash table (keys,
-            counts, free list: a few dozen bytes a key) stays in memory. CPU, unsharded, ``sparse=True``
-            and a row-sparse optimizer only.
+            counts, free list: a few dozen bytes a key) stays in memory. CPU, ``sparse=True`` and a
+            row-sparse optimizer only; key-sharded (``hybrid_parallel``), each rank keeps its keys' rows
+            in a store of its own, ``<directory>/rank-<r>-of-<N>``.
 
     Attributes:
         values: the trainable rows, ``Parameter [capacity, embedding_size]``,
@@ -295,7 +302,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self.evict_low_watermark = check_number(owner, "evict_low_watermark", evict_low_watermark,
                                                 minimum=0.0, maximum=1.0)
         self._tier_config = _check_tier(tier, self.sparse, device)
-        self._tier: HashTier | None = None  # opened below, once `values` has its cache's shape
+        self._tier: HashTier | UnopenedTier | None = None  # opened below, once `values` has its cache's shape
         self._tier_state = "commit"  # what state_dict holds of a tiered table (see tier_export)
 
         self.values = nn.Parameter(torch.zeros(0, self.embedding_size, device=device))
@@ -311,8 +318,9 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self._stale = False
         self._sharding: KeySharding | None = None  # set by shard_keys_
         self._allocate(self.capacity, self.pending_capacity)
-        if self._tier_config is not None:
-            self._tier = open_hash_tier(self._tier_config, self.capacity, self.embedding_size, self.values)
+        if self._tier_config is not None:  # on several ranks: each opens its keys' store once sharded
+            self._tier = unopened_hash_tier(self._tier_config) or open_hash_tier(
+                self._tier_config, self.capacity, self.embedding_size, self.values)
         # A module-level function (not a lambda) keeps the module picklable.
         self.register_load_state_dict_post_hook(_after_load)
 
@@ -443,6 +451,11 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         """The `DiskTier` the rows live in (None: in memory)."""
         return self._tier_config
 
+    @property
+    def tier_store(self):
+        """The `TierStore` holding the rows (this rank's keys' rows, when key-sharded); None in memory."""
+        return None if self._tier is None else self._tier.store
+
     def tier_stats(self):
         """The disk tier's `TierStats` (hits, misses, bytes read and written); None in memory."""
         return None if self._tier is None else self._tier.stats
@@ -525,7 +538,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         if self._sharding is not None:  # keys routed to their owners; every rank takes part
             self._log_host(HostEvent("other"))
             uniq, inverse, counts = unique(flat, return_inverse=True, return_counts=True)
-            out = self._sharding.lookup(uniq, counts, lambda k, c, inv: self._lookup_unique(k, c, mutate, inv))
+            out = self._sharding.lookup(uniq, counts, self._owner_lookup(mutate))
             return out.index_select(0, inverse).view(*keys.shape, self.embedding_size)
         backend = self._backend_for(flat)
         if mutate and backend is HOST:
@@ -533,6 +546,13 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         with self._table_writes():
             out = backend.lookup(self, flat, mutate)  # hash_backend: host, torch ops or Triton
         return out.view(*keys.shape, self.embedding_size)
+
+    def _owner_lookup(self, mutate: bool):
+        """What a key-sharded table's owner runs on the keys asked of it (`KeySharding.lookup`)."""
+        def local(keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+            with self._table_writes():
+                return self._lookup_unique(keys, counts, mutate, inverse)
+        return local
 
     def _table_writes(self):
         """Held while a lookup or an age eviction changes the table: a tiered table's `prefetch` reads
@@ -712,25 +732,31 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         Rank 0's table is broadcast first, so all ranks start from the same keys. Each rank then
         holds ``ceil(capacity / world_size)`` rows and ``ceil(pending_capacity / world_size)``
         pending keys; forwards route keys to their owners (`recstream.nn.key_sharding`). The
-        ``values`` Parameter stays the same object: build the optimizer's state after.
+        ``values`` Parameter stays the same object: build the optimizer's state after. A disk-tiered
+        table (built in the process of its rank, so it holds no keys yet) opens the store of this rank's
+        keys' rows, ``<directory>/rank-<r>-of-<N>`` (`hash_tier.open_rank_hash_tier`).
         """
         if self.sharded:
             raise RuntimeError("HashEmbedding.shard_keys_: the keys are sharded already")
-        self._refuse_tier("shard_keys_", "sharding (hybrid_parallel)")
+        self.check_tiers_shardable("HashEmbedding.shard_keys_")
         src = dist.get_global_rank(group, 0) if group is not None else 0
         size = torch.tensor([self.evicted_keys.numel()], device=self.evicted_keys.device)
         dist.broadcast(size, src=src, group=group)
         self.evicted_keys = self.evicted_keys.new_empty(int(size))
-        for tensor in self.state_dict(keep_vars=True).values():
+        # A tiered table's state_dict would commit its store (not opened yet): its buffers are the table.
+        for tensor in self.state_dict(keep_vars=True).values() if self._tier is None else list(self.buffers()):
             dist.broadcast(tensor.data, src=src, group=group)
         self._sync_mirrors()
         sharding = KeySharding(group)
-        entries = self._entries()
-        keep = sharding.owned(entries["keys"])
-        entries = {k: v[keep] for k, v in entries.items()}
-        evicted = self.evicted_keys[sharding.owned(self.evicted_keys)]
         w = sharding.world_size
-        self.load_entries_(-(-self.capacity // w), -(-self.pending_capacity // w), entries, evicted)
+        capacity, pending = -(-self.capacity // w), -(-self.pending_capacity // w)
+        evicted = self.evicted_keys[sharding.owned(self.evicted_keys)]
+        if self._tier is None:
+            entries = self._entries()
+            keep = sharding.owned(entries["keys"])
+            self.load_entries_(capacity, pending, {k: v[keep] for k, v in entries.items()}, evicted)
+        else:
+            self._shard_tier(capacity, pending, evicted, sharding)
         self._sharding = sharding
         sharding.scale_gradient(self.values)
         self.values.recstream_layout = {  # read by Model.infer_train_layout and sharded checkpoints
@@ -738,7 +764,30 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
             "device": str(self.values.device), "placement": "key_sharded", "ranks": list(range(w)),
             "rows": [[r * self.capacity, (r + 1) * self.capacity] for r in range(w)],
             "keys": f"recstream.nn.key_sharding.owner_of(key, {w}) == rank"}
+        if self._tier is not None:  # the Parameter is this rank's cache: saved and loaded per rank
+            self.values.recstream_layout.update(shape=[w * self.values.shape[0], self.embedding_size],
+                                                placement="rank_local", store=self._tier.store.directory)
         return self
+
+    def check_tiers_shardable(self, owner: str) -> None:
+        """Refuse (ValueError) to key-shard a disk-tiered table whose store holds every key's rows: built
+        in a process without a group of several ranks (checked before any collective)."""
+        if isinstance(self._tier, HashTier):
+            raise ValueError(f"{owner}: the disk-tiered HashEmbedding (tier={self._tier_config}) was built in a "
+                             "single process, its store holds every key's rows; build the network after joining the "
+                             "process group (distributed.init()), so that each rank opens a store of its own keys' "
+                             "rows")
+
+    def _shard_tier(self, capacity: int, pending: int, evicted: torch.Tensor, sharding: KeySharding) -> None:
+        """A tiered table's shard: `capacity` rows in this rank's store. Built on several ranks, the table
+        opened no store before, so it cannot hold keys (their rows would be nowhere)."""
+        if self.num_rows or self.num_pending:
+            raise RuntimeError(f"HashEmbedding.shard_keys_: a disk-tiered table without a store holds {self.num_rows} "
+                               f"admitted and {self.num_pending} pending keys")
+        self._allocate(capacity, pending)
+        self.evicted_keys = evicted
+        self._tier = open_rank_hash_tier(self._tier_config, capacity, self.embedding_size, self.values,
+                                         sharding.rank, sharding.world_size)
 
     @property
     def shards(self) -> int:
@@ -764,7 +813,6 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         >>> torch.equal(other(torch.tensor([7])), m(torch.tensor([7])))
         True
         """
-        self._refuse_tier("state", "sharded checkpoints (save_sharded); its checkpoint is state_dict()")
         tensors = {n: t.detach() for n, t in self.state_dict(keep_vars=True).items() if n != "evicted_keys"}
         return HashEmbeddingState(tensors, self.evicted_keys.detach(), self.shards, self.capacity,
                                   self.pending_capacity, self.num_slots, self.global_step,

@@ -20,6 +20,11 @@ step pre-hook, ends the step): a table looked up several times before one step (
 gradient accumulation) keeps the slots its earlier outputs' gradients will update. Their union must
 fit in the cache, or the lookup is refused.
 
+Under ``hybrid_parallel`` the table is key-sharded (`recstream.nn.key_sharding`) and each rank keeps the
+rows of its own keys in a store of its own, ``<directory>/rank-<r>-of-<N>`` (`open_rank_hash_tier`; the
+conventions and refusals of `recstream.nn.tier_shard`), behind its own cache. Built in a process of
+several ranks, a tiered table opens no store until then (`unopened_hash_tier`).
+
 Example:
     >>> import tempfile, torch
     >>> from recstream.nn import DiskTier, HashEmbedding
@@ -32,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -40,16 +46,37 @@ from torch import nn
 
 from .embedding_config import DiskTier
 from .tier_cache import TierCache
+from .tier_shard import UnopenedTier, open_rank_store, process_ranks, refuse_rank_stores
 from .tier_store import TierStore
 
-__all__ = ["HashTier", "open_hash_tier"]
+__all__ = ["HashTier", "open_hash_tier", "open_rank_hash_tier", "unopened_hash_tier"]
 
 _OWNER = "HashEmbedding"
+_TABLE = "HashEmbedding"  # the ``table`` of a rank store's shard.json: the rows of a HashEmbedding's keys
+
+
+def unopened_hash_tier(tier: DiskTier) -> UnopenedTier | None:
+    """In a process of several ranks: the tier, unopened until ``hybrid_parallel`` key-shards the table
+    (each rank then opens a store of its own keys' rows); None in a single process."""
+    ranks = process_ranks()
+    return UnopenedTier(os.path.basename(tier.directory), tier.directory, ranks, _OWNER) if ranks > 1 else None
+
+
+def open_rank_hash_tier(tier: DiskTier, capacity: int, embedding_size: int, weight: nn.Parameter, rank: int,
+                        world_size: int) -> HashTier:
+    """The tier of rank `rank` of `world_size`'s key shard of `capacity` rows: its store
+    ``<directory>/rank-<rank>-of-<world_size>`` opened, or created of zeros (`tier_shard.open_rank_store`;
+    another rank's or world size's store is refused, naming path, rank and world size)."""
+    store = open_rank_store(tier.directory, _TABLE, world_size * capacity, rank * capacity, (rank + 1) * capacity,
+                            embedding_size, None, rank, world_size, owner=_OWNER)
+    return HashTier(store.directory, weight, store, tier.cache_rows)
 
 
 def open_hash_tier(tier: DiskTier, capacity: int, embedding_size: int, weight: nn.Parameter) -> HashTier:
     """The tier of a table of `capacity` rows: its store opened (a crash's uncommitted writes undone)
-    or created (rows of zeros: a sparse file, nothing written; a row gets values when a key gets it)."""
+    or created (rows of zeros: a sparse file, nothing written; a row gets values when a key gets it).
+    A directory of rank stores (a key-sharded table's) is refused."""
+    refuse_rank_stores(tier.directory, os.path.basename(tier.directory), _OWNER)
     if TierStore.exists(tier.directory):
         store = TierStore.open(tier.directory)
         held = store.files.get("weight")

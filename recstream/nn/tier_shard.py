@@ -6,7 +6,9 @@ disk-tiered table it keeps only those rows, in a `TierStore` of its own under th
 A store is opened only by the rank, world size and rows it was made for: one of another world size
 (rows split differently), of another rank, or the store of the whole table that one process made
 there is refused with a ValueError naming the path, the rank and the world size -- never read as if
-it held this rank's rows. Resharding a tier (another number of ranks) is not supported: train on the
+it held this rank's rows. A key-sharded disk-tiered `HashEmbedding` keeps the rows of each rank's keys the
+same way (`open_rank_store` with ``init_std=None``: a store of zeros, a row gets values when a key gets it).
+Resharding a tier (another number of ranks) is not supported: train on the
 number of ranks that made it, or start a new directory (loading an in-memory checkpoint's full table
 fills the new stores).
 
@@ -33,7 +35,7 @@ import torch
 from ..atomic import atomic_write, fsync_dir
 from .tier_store import TierStore
 
-__all__ = ["open_rank_store", "rank_directory", "refuse_rank_stores"]
+__all__ = ["UnopenedTier", "open_rank_store", "process_ranks", "rank_directory", "refuse_rank_stores"]
 
 _OWNER = "EmbeddingBagCollection"
 _RANK_DIR = re.compile(r"rank-(\d+)-of-(\d+)$")
@@ -52,30 +54,53 @@ def _rank_dirs(directory: str) -> list[str]:
         return []
 
 
-def refuse_rank_stores(directory: str, table: str) -> None:
+def process_ranks() -> int:
+    """The number of ranks of this process's default group (1 without one)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class UnopenedTier:
+    """The tier of a table built in a process of several ranks: a rank holds a store of its own rows
+    only, opened when ``hybrid_parallel`` shards the table; until then any use is refused, naming it."""
+
+    def __init__(self, name: str, directory: str, ranks: int, owner: str = _OWNER) -> None:
+        self._what = (f"{owner}: disk-tiered table {name!r} was built in a process of {ranks} ranks: each rank "
+                      f"keeps a store of its own rows (under {directory}), opened when parallel_mode="
+                      "'hybrid_parallel' shards the table (Model, or recstream.distributed.hybrid_parallel); "
+                      "build it in a single process to use it unsharded")
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        raise RuntimeError(self._what)
+
+
+def refuse_rank_stores(directory: str, table: str, owner: str = _OWNER) -> None:
     """One process opens the store of a whole table: refuse a directory of rank stores (their rows are
     split over ranks; a new whole store beside them would start the table afresh, silently)."""
     found = _rank_dirs(directory)
     if found:
-        raise ValueError(f"{_OWNER}: table {table!r}: tier directory {directory} holds the stores of a table "
+        raise ValueError(f"{owner}: table {table!r}: tier directory {directory} holds the stores of a table "
                          f"sharded over ranks ({', '.join(found)}), not one process's; train it under "
                          "hybrid_parallel with that many ranks, or give the table another directory")
 
 
-def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float,
-                    rank: int, world_size: int) -> TierStore:
+def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float | None,
+                    rank: int, world_size: int, owner: str = _OWNER) -> TierStore:
     """The store of rows ``[start, stop)`` of `table` (`rows` rows in all) for rank `rank` of
     `world_size`: opened (a crash's uncommitted writes undone) if that rank made it, else created
-    with rows drawn from ``N(0, init_std**2)`` (torch's generator, as an in-memory table's)."""
+    with rows drawn from ``N(0, init_std**2)`` (torch's generator, as an in-memory table's); with
+    `init_std` None, of zeros (a sparse file: nothing written). `owner` begins the error messages."""
     where = f"tier directory {directory} (table {table!r}, this is rank {rank} of {world_size})"
     if TierStore.exists(directory):
-        raise ValueError(f"{_OWNER}: {where} holds the store of the whole table, made by one process; a table "
+        raise ValueError(f"{owner}: {where} holds the store of the whole table, made by one process; a table "
                          f"sharded over ranks keeps each rank's rows in {rank_directory(directory, '<r>', world_size)}"
                          ": give it another directory")
     others = sorted({int(m.group(2)) for n in _rank_dirs(directory) for m in [_RANK_DIR.match(n)]} - {world_size})
     if others:
         found = ", ".join(n for n in _rank_dirs(directory) if not n.endswith(f"-of-{world_size}"))
-        raise ValueError(f"{_OWNER}: {where} holds the stores of {' and '.join(map(str, others))} ranks ({found}); "
+        raise ValueError(f"{owner}: {where} holds the stores of {' and '.join(map(str, others))} ranks ({found}); "
                          f"this is rank {rank} of {world_size}: a tier is trained on the number of ranks that made "
                          "it (its rows are split by it), or give the table another directory")
     path = rank_directory(directory, rank, world_size)
@@ -83,19 +108,19 @@ def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int
             "world_size": world_size}
     meta = os.path.join(path, _META)
     if os.path.exists(meta):
-        _check_meta(meta, want, rank, world_size)
+        _check_meta(meta, want, rank, world_size, owner)
         if TierStore.exists(path):
             store = TierStore.open(path)
             weight = store.files.get("weight")
             if weight is None or (weight.rows, weight.cols) != (stop - start, dim):
                 store.close()
                 held = None if weight is None else (weight.rows, weight.cols)
-                raise ValueError(f"{_OWNER}: tier store {path} holds {held} rows x cols, rank {rank} of "
+                raise ValueError(f"{owner}: tier store {path} holds {held} rows x cols, rank {rank} of "
                                  f"{world_size} owns {(stop - start, dim)} of table {table!r}; "
                                  "give the table another directory")
             return store
     elif os.path.isdir(path) and os.listdir(path):
-        raise ValueError(f"{_OWNER}: {path} has no {_META}: it is not a rank store of table {table!r} (rank {rank} "
+        raise ValueError(f"{owner}: {path} has no {_META}: it is not a rank store of table {table!r} (rank {rank} "
                          f"of {world_size}); give the table another directory")
     os.makedirs(path, exist_ok=True)
     _write_meta(meta, want)  # first: a store found later is known to be this rank's
@@ -103,19 +128,19 @@ def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int
     def fill(a: int, b: int):
         return torch.empty(b - a, dim).normal_(0.0, init_std).numpy()
 
-    return TierStore.create(path, {"weight": (stop - start, dim, fill)})
+    return TierStore.create(path, {"weight": (stop - start, dim, 0.0 if init_std is None else fill)})
 
 
-def _check_meta(meta: str, want: dict, rank: int, world_size: int) -> None:
+def _check_meta(meta: str, want: dict, rank: int, world_size: int, owner: str) -> None:
     try:
         with open(meta, encoding="utf-8") as f:
             found = json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"{_OWNER}: cannot read {meta} (rank {rank} of {world_size}): {e}") from e
+        raise ValueError(f"{owner}: cannot read {meta} (rank {rank} of {world_size}): {e}") from e
     if found != want:
         diff = {k: (found.get(k) if isinstance(found, dict) else None, v) for k, v in want.items()
                 if not isinstance(found, dict) or found.get(k) != v}
-        raise ValueError(f"{_OWNER}: {meta} describes another shard than rank {rank} of {world_size} needs "
+        raise ValueError(f"{owner}: {meta} describes another shard than rank {rank} of {world_size} needs "
                          f"(field: (stored, needed) {diff}); give the table another directory")
 
 

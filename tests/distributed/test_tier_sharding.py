@@ -7,8 +7,6 @@ checkpoint of two ranks' stores loaded into one process, are refused naming path
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,18 +19,14 @@ from recstream.models import WideDeep, default_optimizer
 from recstream.nn import TierPlan
 from recstream.nn.tier_shard import open_rank_store
 
+from .launch import torchrun
 from .tier_shard_worker import CACHE, GLOBAL_BATCH, VOCAB
 
 WORKER = Path(__file__).with_name("tier_shard_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _torchrun(out: Path, action: str) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(WORKER),
-           str(out), action]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    torchrun(WORKER, out, action)
 
 
 def _assert_same(got: dict, want: dict, atol: float) -> None:
