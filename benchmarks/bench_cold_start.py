@@ -6,8 +6,8 @@ first training step that sees it. Test-then-train scores every new user's first 
 with that answer. This benchmark compares it with the mechanisms issue 25 proposed, on
 `bench_anchors`'s protocol and streams (the same events, warm start on the first 20%, every event
 scored before any update from its batch; prequential AUC, exact and deterministic on a CPU with
-one thread), for recstream's DeepFM with the stream's crosses (the best on ``coldstart``) and its
-default WideDeep:
+one thread), for recstream's DeepFM with the stream's crosses and the tables at lr 0.1 (the best on
+``coldstart``) and its default WideDeep:
 
 - ``zeros``: the default (``default_value`` zeros, new rows N(0, 0.01^2));
 - ``mean``: every dynamic table answers unseen keys with the mean of its rows, weighted by how
@@ -20,7 +20,20 @@ default WideDeep:
 - ``unseen flag``: zeros, plus a learned per-feature "unseen" indicator fed to the model: two
   fixed-vocabulary features ``user_new`` and ``item_new`` (1 for an event whose id no earlier batch
   had -- exactly the keys the table has no row for when the batch is scored; in training, the keys
-  admitted in that step), with their own embeddings and first-order weights.
+  admitted in that step), with their own embeddings and first-order weights;
+- ``attr backoff``: the table's answer for a key it has not admitted is generated from the event's
+  attributes of that entity (``ColdStartCTR``: the user's age, gender and occupation embeddings,
+  the item's pooled genres; ``DriftingCTR``: the item's category -- its users have none): a learned
+  linear map of their concatenated embeddings into the table's row space (its first-order column
+  included), zero at the start, trained on the events of keys the step admits (their vector is the
+  fresh row plus the generated one) -- the "meta-embedding" generator of Pan et al. (2019);
+- ``attr backoff + start``: the same answer, and the row a training step admits starts at the
+  generated vector (plus its usual N(0, 0.01^2) draw): a per-id generated start instead of
+  ``mean init``'s shared one;
+- ``attr backoff, fading``: the generated vector is added to young rows too, weighted by
+  ``max(0, 1 - sightings / 16)`` (the key's count before the lookup; 1 for a key without a row): a
+  new user's answer moves from the generated vector to its own row over its first 16 events
+  (about its first session on ``ColdStartCTR``) instead of at its first step.
 
 Per stream it also prints how well any first answer could do: the AUC, on the events of users no
 earlier batch had, of the truth's logit without the user's own terms (``ColdStartCTR``: ``b_u``
@@ -41,15 +54,20 @@ from collections.abc import Callable
 import bench_anchors as ba
 import numpy as np
 import torch
+from torch import nn
 
 from recstream.data import Batch, CategoricalFeature, ColdStartCTR, Schema, roc_auc
 from recstream.features import Features
 from recstream.models import DeepFM, WideDeep
+from recstream.models.dynamic import table_key
+from recstream.models.embedding import with_keys
 from recstream.nn import HashEmbedding
 from recstream.nn.hash_embedding import table_entries
 
-MECHANISMS = ("zeros", "mean", "mean init", "unseen flag")
-CONFIGS = {"DeepFM, crosses": ba.Config("recstream DeepFM, crosses", DeepFM, {}, None, True),
+MECHANISMS = ("zeros", "mean", "mean init", "unseen flag", "attr backoff", "attr backoff + start",
+              "attr backoff, fading")
+FADE = 16  # sightings over which "attr backoff, fading" hands a key over to its own row
+CONFIGS = {"DeepFM, crosses": ba.Config("recstream DeepFM, crosses", DeepFM, ba.ONLINE, None, True),
            "WideDeep": ba.Config("recstream WideDeep, default_optimizer", WideDeep)}
 
 
@@ -106,6 +124,87 @@ def with_unseen_flags(stream: ba.Stream) -> ba.Stream:
     return ba.Stream(stream.name, batches, stream.warm, stream.bayes, schema, stream.probabilities)
 
 
+# The entity features the tables back off to, per stream: {dynamic feature: its attributes in the event}.
+BACKOFF = {"coldstart": {"user": ("age", "gender", "occupation"), "item": ("genres",)},
+           "drifting": {"item": ("category",)}}
+
+
+class AttributeBackoff(nn.Module):
+    """`net` (a model with a `FeatureEmbedding` ``embedding`` whose dynamic tables have a first-order
+    column) whose dynamic features of `backoff` ({feature: attribute features}) answer, for an event
+    whose key the feature's table has not admitted before the lookup, their (pending: zero) row plus
+    ``generators[feature](concatenated attribute embeddings)``, a learned linear map into the table's
+    row space (zero at the start). In training those are the keys the step admits (with
+    ``permit_filter_value=1``): the generator learns from the events of new keys. `start`: a row
+    the step admits starts at the generated vector (the mean over the key's events in the step).
+    `fade`: the generated vector is added to admitted rows too, weighted by ``max(0, 1 - count / fade)``."""
+
+    def __init__(self, net: nn.Module, backoff: dict[str, tuple[str, ...]], start: bool,
+                 fade: int | None = None) -> None:
+        super().__init__()
+        self.net, self.schema, self.start, self.fade = net, net.schema, start, fade
+        emb = net.embedding
+        bounds = np.concatenate([[0], np.cumsum(emb.dims)]).tolist()
+        self._slices = {n: (bounds[i], bounds[i + 1]) for i, n in enumerate(emb._names)}
+        self.backoff = {f: tuple(a) for f, a in backoff.items()}
+        self.generators = nn.ModuleDict()
+        for f, attrs in self.backoff.items():
+            table = emb.dynamic.table_of(f)
+            g = nn.Linear(sum(emb.dims[emb._names.index(a)] for a in attrs), table.embedding_size)
+            nn.init.zeros_(g.weight)
+            nn.init.zeros_(g.bias)
+            self.generators[f] = g
+        inner = emb.with_first_order
+        emb.with_first_order = lambda features: self._with_backoff(inner, features)
+
+    def forward(self, features: Features) -> torch.Tensor:
+        return self.net(features)
+
+    def _with_backoff(self, inner, features: Features):
+        emb = self.net.embedding
+        features = with_keys(features, emb._names) if features.keys is None else features
+        fresh = {}
+        for f in self.backoff:
+            ids, offsets = features.bag(f)
+            if ids.numel() != features.batch_size:
+                raise ValueError(f"AttributeBackoff: feature {f!r} must have one id per event")
+            keys = table_key(ids)
+            t = emb.dynamic.table_of(f).table
+            slots = t.find(keys)
+            admitted = (slots >= 0) & (t.rows[slots.clamp(min=0)] >= 0)
+            weight = (~admitted).to(torch.get_default_dtype())
+            if self.fade is not None:
+                count = t.counts[slots.clamp(min=0)].to(weight.dtype)
+                weight = torch.where(admitted, (1 - count / self.fade).clamp(min=0), weight)
+            fresh[f] = (keys, ~admitted, weight)
+        out, first = inner(features)
+        add = torch.zeros_like(out)
+        for f, attrs in self.backoff.items():
+            keys, mask, weight = fresh[f]
+            if not bool((weight > 0).any()):
+                continue
+            x = torch.cat([out[:, slice(*self._slices[a])] for a in attrs], dim=1)
+            g = self.generators[f](x) * weight.to(out.dtype).unsqueeze(1)  # [B, 1 + dim]
+            lo, hi = self._slices[f]
+            add[:, lo:hi] = g[:, 1:]
+            first = g[:, 0] if first is None else first + g[:, 0]
+            if self.start and self.net.training:
+                self._start_rows(emb.dynamic.table_of(f), keys[mask], g[mask].detach())
+        return out + add, first
+
+    @staticmethod
+    @torch.no_grad()
+    def _start_rows(table, keys: torch.Tensor, generated: torch.Tensor) -> None:
+        """Adds to the rows just admitted for `keys` the mean of their events' `generated` vectors."""
+        uniq, inverse = torch.unique(keys, return_inverse=True)
+        sums = torch.zeros(len(uniq), generated.shape[1], dtype=generated.dtype).index_add_(0, inverse, generated)
+        counts = torch.zeros(len(uniq), dtype=generated.dtype).index_add_(0, inverse, torch.ones_like(inverse,
+                                                                                                      dtype=generated.dtype))
+        rows = table.table.rows[table.table.find(uniq)]
+        admitted = rows >= 0  # a pending key (permit_filter_value > 1) has no row to start
+        table.values[rows[admitted]] += (sums / counts.unsqueeze(1))[admitted]
+
+
 def _own_user_terms(gen, t: int) -> tuple[np.ndarray, np.ndarray]:
     """(the truth's logits of batch `t` without the terms of the user's own, labels): the generators'
     formulas (module docs of ColdStartCTR and DriftingCTR), user terms only."""
@@ -141,6 +240,12 @@ def run(config: ba.Config, mechanism: str, stream: ba.Stream) -> dict:
     """`config` with `mechanism` on `stream`: bench_anchors' `run_recstream` result."""
     if mechanism == "unseen flag":
         return ba.run_recstream(config, with_unseen_flags(stream))
+    if mechanism.startswith("attr backoff"):
+        model = config.model
+        backoff, start = BACKOFF[stream.name], mechanism.endswith("start")
+        fade = FADE if mechanism.endswith("fading") else None
+        config = dataclasses.replace(config, model=lambda schema: AttributeBackoff(model(schema), backoff, start, fade))
+        return ba.run_recstream(config, stream)
     if mechanism in ("mean", "mean init"):
         model: Callable = config.model
         config = dataclasses.replace(config, model=lambda schema: with_mean_answer(model(schema),

@@ -315,6 +315,62 @@ def test_the_cold_start_benchmark_answers_unseen_ids_with_each_mechanism(capsys)
     assert "| coldstart | 0 | WideDeep | unseen flag |" in capsys.readouterr().out
 
 
+def _raw_and_backed_off(net, features):
+    """(the embedding's own output, the AttributeBackoff's) of `features`, in eval mode."""
+    emb = net.net.embedding
+    with torch.no_grad():
+        return type(emb).with_first_order(emb, features), emb.with_first_order(features)
+
+
+def test_the_cold_start_benchmark_backs_unseen_ids_off_to_their_attributes():
+    bench = _load("bench_cold_start")
+    stream = bench.ba.load("coldstart", argparse.Namespace(batches=6, batch_size=64, warmup=0.5, seed=0))
+    attrs = ("age", "gender", "occupation")
+    f0, f1 = stream.batches[0].features, stream.batches[1].features
+    users0 = set(f0.bag("user")[0].tolist())
+    unseen = torch.tensor([u not in users0 for u in f1.bag("user")[0].tolist()])
+    assert unseen.any() and (~unseen).any()
+
+    def backed_off(**kw):
+        torch.manual_seed(0)
+        net = bench.AttributeBackoff(bench.DeepFM(stream.schema), {"user": attrs}, **kw)
+        with torch.no_grad():  # a generator far from its zero start
+            net.generators["user"].weight.normal_(0, 1.0)
+            net.generators["user"].bias.fill_(0.3)
+        net(f0)  # training: batch 0's users get rows
+        net.eval()
+        return net, net.net.embedding.dynamic.tables["user"]
+
+    def generated(net, out):
+        return net.generators["user"](torch.cat([out[:, slice(*net._slices[a])] for a in attrs], dim=1))
+
+    lo, hi = (0, 8)  # the user's slice of the embedding's output (the schema's first feature, width 8)
+    net, table = backed_off(start=False)
+    (raw, raw_first), (out, first) = _raw_and_backed_off(net, f1)
+    g = generated(net, raw).detach()
+    assert raw[unseen, lo:hi].abs().max() == 0  # the table's own answer for an unseen user: zeros
+    assert torch.allclose(out[unseen, lo:hi], g[unseen, 1:])
+    assert torch.allclose(first[unseen], raw_first[unseen] + g[unseen, 0])
+    assert torch.equal(out[~unseen], raw[~unseen]) and torch.equal(first[~unseen], raw_first[~unseen])
+    assert torch.equal(out[:, hi:], raw[:, hi:])  # the other features' vectors as they were
+
+    net, table = backed_off(start=True)  # batch 0's rows started at their user's generated vector
+    raw0 = _raw_and_backed_off(net, f0)[0][0]
+    keys = f0.bag("user")[0]
+    rows = table.values.detach()[table.table.rows[table.table.find(keys)]]
+    draw = rows - generated(net, raw0).detach()  # what is left: the row's N(0, 0.01^2) draw
+    assert 0 < draw.abs().max() < 0.05 and generated(net, raw0).abs().mean() > 0.2
+
+    net, table = backed_off(start=False, fade=16)  # known users: the generated vector, fading with sightings
+    (raw, raw_first), (out, first) = _raw_and_backed_off(net, f1)
+    g = generated(net, raw).detach()
+    count = table.table.counts[table.table.find(f1.bag("user")[0])].double()
+    weight = torch.where(unseen, torch.ones_like(count), (1 - count / 16).clamp(min=0)).float()
+    assert torch.allclose(out[:, lo:hi], raw[:, lo:hi] + weight[:, None] * g[:, 1:], atol=1e-6)
+    assert torch.allclose(first, raw_first + weight * g[:, 0], atol=1e-6)
+    assert ((weight > 0) & (weight < 1)).any()
+
+
 def test_the_freshness_benchmark_runs_the_whole_chain_and_reports_staleness():
     """`bench_freshness.py --quick`: real processes (produce, online, serve) through a directory and the
     in-memory Kafka broker; it reports staleness quantiles and stages, and the served versions advance.
