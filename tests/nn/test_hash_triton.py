@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():  # the interpreter must be on before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -237,6 +238,43 @@ def test_an_eval_read_on_triton_changes_nothing_and_syncs_nothing():
         emb(torch.tensor([5, 2 ** 40]))
     assert counter.syncs == 0
     assert all(torch.equal(before[k], v) for k, v in emb.state_dict().items())
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the non-view torch ops dispatched inside it (what a GPU runs as kernels; the Triton
+    backend's launches run outside any dispatch mode), by the innermost recstream function."""
+
+    def __init__(self):
+        super().__init__()
+        self.by = {}
+
+    @property
+    def n(self) -> int:
+        return sum(self.by.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket is not torch.ops.aten.detach:
+            import traceback
+            frames = [f.name for f in traceback.extract_stack(limit=30) if "/recstream/" in f.filename]
+            self.by[frames[-1] if frames else "?"] = self.by.get(frames[-1] if frames else "?", 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@interpreted
+def test_a_triton_training_lookup_leaves_ranks_padding_and_scratch_to_its_kernels():
+    """The carry-out kernel ranks the admitted keys (per-program counts of the last claim round, no
+    cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
+    own buffers: a steady lookup with room dispatches 34 torch ops, not 73 (20 of them ranks and
+    counters, 10 the paddings), the same 10 launches."""
+    emb = HashEmbedding(4, capacity=512, param_init="ones")
+    emb.table_backend = "triton"
+    for keys in _stream(3, 16, 40):
+        before = hash_triton.launches
+        with device_path(), _Ops() as ops:
+            emb(keys)
+        assert hash_triton.launches - before == 10
+    assert ops.by.get("carry_out", 0) <= 2 and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
+    assert ops.n <= 34, ops.by
 
 
 def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_with_the_fix(monkeypatch):
