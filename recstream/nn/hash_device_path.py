@@ -36,6 +36,11 @@ class StaticBackend(TableBackend):
     def lookup(self, emb, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
         return emb._device_lookup(flat, mutate, self)
 
+    def unique(self, flat: torch.Tensor, mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`static_unique` of a training lookup's keys (the first step of `DevicePath._begin_device`)."""
+        return static_unique(flat, mask)
+
     def evict_stale(self, emb, stale: torch.Tensor) -> None:
         emb._evict_stale(stale)
 
@@ -135,7 +140,7 @@ class DevicePath:
         the probed batch (`DeviceCall`), by `backend`'s ops."""
         if not mutate:
             return backend.read(self, flat, mask)
-        uniq, inverse, counts, valid = static_unique(flat, mask)
+        uniq, inverse, counts, valid = backend.unique(flat, mask)
         plan = backend.plan(self, uniq, counts, valid)
         return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan), backend=backend)
 

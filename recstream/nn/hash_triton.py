@@ -7,8 +7,9 @@ pending keys over budget, and a rebuild when tombstones pass the used-slot bound
 step only while evictions are logged or a batch brings more new keys than there are keys to
 evict). What runs on the device per step:
 
-* `static_unique` (a sort, torch ops): every key of the batch once, so each key is found or
-  inserted by exactly one kernel lane -- no two lanes ever insert the same key;
+* ``unique`` (a sort, then three launches: `hash_triton_unique`; `static_unique`'s torch ops for a
+  masked lookup): every key of the batch once, so each key is found or inserted by exactly one
+  kernel lane -- no two lanes ever insert the same key;
 * ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
@@ -50,6 +51,7 @@ import torch
 from ..hostpath import device_assert
 from .hash_device_path import StaticBackend
 from .hash_static import CLAIM_ROUNDS, DevicePlan
+from .hash_triton_unique import triton_unique
 from .lru_select import oldest_static
 from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
 
@@ -441,6 +443,14 @@ class TritonBackend(StaticBackend):
         return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=ripe, new_admit=new_admit, new_pending=new_pending, valid=valid, pos=None,
                           pad_ok=True)
+
+    def unique(self, flat: torch.Tensor, mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`static_unique` by a sort and three launches (`hash_triton_unique`) for a lookup of every
+        key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
+        if mask is not None or flat.dtype != torch.int64:
+            return super().unique(flat, mask)
+        return triton_unique(flat, _launch)
 
     def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair

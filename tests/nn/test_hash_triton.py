@@ -91,8 +91,9 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
     syncs = [s.syncs for s in triton[2].per_step]
     if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
         assert syncs == [0] * len(stream), syncs
-        # a step: probe, 4 claim rounds of 2, carry out; age eviction one more; far fewer ops than the torch path
-        assert hash_triton.launches - before == len(stream) * (10 if evict_after is None else 11)
+        # a step: 3 for the unique keys, probe, 4 claim rounds of 2, carry out; age eviction one more; far
+        # fewer ops than the torch path
+        assert hash_triton.launches - before == len(stream) * (13 if evict_after is None else 14)
         assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
     else:  # full: the step reads the counters once, then the LRU pass
         assert max(syncs) == 1, syncs
@@ -261,20 +262,37 @@ class _Ops(TorchDispatchMode):
 
 
 @interpreted
-def test_a_triton_training_lookup_leaves_ranks_padding_and_scratch_to_its_kernels():
+def test_a_triton_training_lookup_leaves_ranks_padding_scratch_and_unique_keys_to_its_kernels():
     """The carry-out kernel ranks the admitted keys (per-program counts of the last claim round, no
     cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
-    own buffers: a steady lookup with room dispatches 34 torch ops, not 73 (20 of them ranks and
-    counters, 10 the paddings), the same 10 launches."""
+    own buffers; the unique keys are a sort and three launches: a steady lookup with room dispatches
+    20 torch ops, not 73 (20 of them ranks and counters, 10 the paddings, 17 `static_unique`'s)."""
     emb = HashEmbedding(4, capacity=512, param_init="ones")
     emb.table_backend = "triton"
     for keys in _stream(3, 16, 40):
         before = hash_triton.launches
         with device_path(), _Ops() as ops:
             emb(keys)
-        assert hash_triton.launches - before == 10
+        assert hash_triton.launches - before == 13
     assert ops.by.get("carry_out", 0) <= 2 and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
-    assert ops.n <= 34, ops.by
+    assert "static_unique" not in ops.by and ops.by["triton_unique"] == 3, ops.by  # sort, two allocations
+    assert ops.n <= 20, ops.by
+
+
+@interpreted
+@pytest.mark.parametrize("n", [1, 2, 255, 256, 257, 700])
+@pytest.mark.parametrize("span", [1, 3, 40, 10 ** 6])
+def test_the_triton_unique_matches_static_unique_padding_included(n, span):
+    """A sort and three launches give `static_unique`'s four tensors exactly: runs across program
+    blocks, one key throughout, all keys distinct, padding past the distinct keys."""
+    from recstream.nn.hash_static import static_unique
+    from recstream.nn.hash_triton_unique import triton_unique
+
+    g = torch.Generator().manual_seed(n * 31 + span)
+    keys = torch.randint(-span, span, (n,), generator=g) * 7919 + 2 ** 40
+    for ours, theirs, name in zip(triton_unique(keys, hash_triton._launch), static_unique(keys),
+                                  ("uniq", "inverse", "counts", "valid"), strict=True):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
 
 
 def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_with_the_fix(monkeypatch):
