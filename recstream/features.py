@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .hostpath import host_reads_free
+from .hostpath import host_reads_free, once_per_step
 from .validation import check_int, check_str, check_type
 
 __all__ = ["Features"]
@@ -245,8 +245,10 @@ class Features:
         elif on_cpu:
             values, offsets = _take_bags(_host(self.values), _host(self.offsets), nf, b, indices, slice(None))
             values, offsets = _like(values, self.values), _like(offsets, self.offsets)
-        else:
-            values, offsets = self._permute_on_device(indices, sorted(indices) == list(range(nf)), sizes)
+        else:  # a step's modules reading these features in one order share one reordering (hostpath.one_step)
+            complete = sorted(indices) == list(range(nf))
+            values, offsets = once_per_step(("Features.permute", tuple(indices), sizes), (self.values, self.offsets),
+                                            lambda: self._permute_on_device(indices, complete, sizes))
         return Features(self.dense, values, offsets, b, len(indices), keys, sizes)
 
     def _permute_on_device(self, indices: list[int], complete: bool,

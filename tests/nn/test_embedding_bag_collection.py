@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recstream.features import Features
 from recstream.nn import EmbeddingBagCollection, EmbeddingTableConfig
@@ -360,3 +361,45 @@ def test_device_asserts_fit_cuda_whatever_the_tables(monkeypatch):
         out = ebc(values, offsets, 1)
     assert out.shape == (1, 26 * 4)
     assert len(messages) == 2 and max(len(m.encode()) for m in messages) <= 254, messages
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the non-view torch ops dispatched inside it."""
+    n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += not func.is_view and func.overloadpacket is not torch.ops.aten.detach
+        return func(*args, **(kwargs or {}))
+
+
+def test_collections_reading_one_batch_in_a_step_reorder_and_check_it_once():
+    """A wide and a deep collection of one schema (WideDeep's) read the same batch: within a step
+    (`hostpath.one_step`, entered by the training cell) its features are reordered and its offsets and
+    ids checked once, by the first; a batch written in place since is reordered and checked again."""
+    from recstream.hostpath import device_path, one_step
+
+    tables = [EmbeddingTableConfig("a", 10, 4), EmbeddingTableConfig("d", 5, 4, pooling="mean")]
+    deep, wide = EmbeddingBagCollection(tables), EmbeddingBagCollection([
+        EmbeddingTableConfig("a", 10, 1), EmbeddingTableConfig("d", 5, 1, pooling="mean")])
+    # a feature the collections do not read sits between theirs: each needs the batch reordered
+    batch = Features.from_lengths(torch.zeros(3, 0), torch.tensor([1, 7, 3, 50, 60, 70, 0, 4, 4, 2]),
+                                  torch.tensor([[1, 1, 1], [1, 1, 1], [2, 1, 1]]), keys=["a", "dyn", "d"]).to("cpu")
+    expected = deep(batch), wide(batch)
+    with device_path():
+        alone = []
+        for ebc in (deep, wide):
+            with _Ops() as ops:
+                ebc(batch)
+            alone.append(ops.n)
+        with one_step():
+            with _Ops() as first:
+                out_deep = deep(batch)
+            with _Ops() as second:
+                out_wide = wide(batch)
+            batch.values.add_(0)  # written in place: nothing derived from it before is reused
+            with _Ops() as again:
+                wide(batch)
+    assert torch.equal(out_deep, expected[0]) and torch.equal(out_wide, expected[1])
+    assert first.n == alone[0] and again.n == alone[1]
+    # the reordering (a dozen ops), the offsets' check (7) and the ids' check (6) are not run again
+    assert second.n <= alone[1] - 24, (alone, second.n)
