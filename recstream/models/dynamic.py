@@ -196,10 +196,14 @@ class DynamicTables(nn.Module):
         lookups of the whole batch cost each table the batch's ids, and their padding one hot row)."""
         values, b = features.values, features.batch_size
         starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        # table_key is elementwise: once over the batch for every unsalted feature, whose keys are slices of it
+        keyed = table_key(values) if not all(self._salts) else None
         calls, where = [], {}
         for key, members in self._members.items():
             where[key] = [features.position(self.features[i].name) for i in members]
-            flat = self._table_keys(members, [values[starts[f]:starts[f + 1]] for f in where[key]])
+            parts = [table_key(values[starts[f]:starts[f + 1]] ^ self._salts[i]) if self._salts[i]
+                     else keyed[starts[f]:starts[f + 1]] for i, f in zip(members, where[key], strict=True)]
+            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
             calls.append((self.tables[key], flat, None))  # every key of the slices: no mask
         out = {}
         # every table at once: those whose bounds do not show room read their counters in one read

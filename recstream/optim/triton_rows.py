@@ -108,9 +108,12 @@ def gradient_entries(grad: Tensor) -> tuple[Tensor | None, Tensor] | None:
     path checks and refuses it)."""
     if grad.layout == torch.strided:
         return None, grad if grad.dim() > 0 else grad.reshape(1)
-    if grad.layout != torch.sparse_coo or grad.sparse_dim() != 1:
+    if grad.layout != torch.sparse_coo:
         return None
-    return grad._indices()[0], grad._values()
+    indices = grad._indices()  # [sparse_dim, n]: its shape says what sparse_dim() would (one op fewer)
+    if indices.shape[0] != 1:
+        return None
+    return indices[0], grad._values()
 
 
 def entries_for(weight: Tensor, grad: Tensor, state: list[Tensor]) -> tuple[Tensor | None, Tensor] | None:

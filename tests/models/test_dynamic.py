@@ -1,5 +1,8 @@
 """Dynamic-id (HashEmbedding) features in every model: mixed with fixed tables, trained, checkpointed,
 restored; unseen keys read the default vector; reused rows get fresh optimizer state."""
+import copy
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -320,6 +323,32 @@ def test_on_a_device_a_table_looks_up_only_its_features_ids_when_their_counts_ar
     with device_path(), _Sorts() as masked_sorts:
         masked_tables(dataclasses.replace(x, feature_sizes=None))
     assert masked_sorts.n - sorts.n == len(tables.tables) == 2
+
+
+def test_a_sized_lookup_moves_the_reserved_keys_of_the_whole_batch_once(monkeypatch):
+    """`table_key` is elementwise: on the device path a sized lookup applies it once to the batch's
+    ids and gives each unsalted table a slice (4 ops a step, not 4 per table); a salted shared
+    table still keys its own ids, and the tables look up what they did."""
+    from recstream.hostpath import device_path
+    from recstream.models import dynamic
+
+    calls = []
+    monkeypatch.setattr(dynamic, "table_key", lambda keys: calls.append(keys.numel()) or table_key(keys))
+    features = [f for f in dynamic_schema().categorical if f.dynamic]
+    shared = [dataclasses.replace(f, table="ids") for f in features]
+    names = tuple(f.name for f in dynamic_schema().categorical)
+    x = dataclasses.replace(batches(1)[0].features, keys=names).to("cpu")
+    for feats, expected in ((features, [x.values.numel()]), (shared, list(x.feature_sizes[1:3]))):
+        tables = DynamicTables(feats, [4, 4], init_std=0.01)
+        for t in tables.tables.values():
+            t.param_init = "ones"
+        host = copy.deepcopy(tables)
+        calls.clear()
+        with device_path():
+            out = tables(x)
+        assert calls == expected
+        for name, pooled in host(x).items():
+            torch.testing.assert_close(out[name], pooled)
 
 
 class _Sorts(TorchDispatchMode):

@@ -481,3 +481,15 @@ def test_a_device_takes_the_kernels_only_where_they_step_like_the_torch_ops(monk
         assert "row kernels failed on cpu (RuntimeError: PassManager::run failed)" in caplog.text
         assert triton_rows.ENABLED
         check.cache_clear()
+
+
+def test_gradient_entries_read_a_coo_gradient_in_views_alone_and_refuse_other_sparse_dims():
+    """The entries of a row-sparse gradient are its indices and values (no ``sparse_dim`` query:
+    the indices' shape says it); a gradient sparse in two dims is not one (None)."""
+    grad = torch.sparse_coo_tensor(torch.tensor([[2, 0, 2]]), torch.ones(3, 4), (5, 4), check_invariants=True)
+    with SyncCounter() as counter:
+        rows, values = triton_rows.gradient_entries(grad)
+    assert counter.ops == 5  # _indices, its row, _values and two detaches: views; a sparse_dim query made 6
+    assert rows.tolist() == [2, 0, 2] and values.shape == (3, 4)
+    assert triton_rows.gradient_entries(grad.to_dense().to_sparse(2)) is None
+    assert triton_rows.gradient_entries(torch.zeros(5, 4))[0] is None
