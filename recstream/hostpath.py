@@ -96,11 +96,12 @@ def one_step() -> Iterator[None]:
 def once_per_step(what, tensors: tuple[torch.Tensor, ...], make):
     """``make()`` the first time `what` is asked of `tensors` as they are now within a `one_step`
     block, its result again after that (`tensors` written in place since -- their version counters --
-    make it anew); outside a block, or while torch.compile or torch.export trace, ``make()`` every
-    time. A `make` that raises leaves nothing behind. The memo holds `tensors`, so their identities
-    stay theirs while it lives."""
+    make it anew); outside a block, while torch.compile or torch.export trace, or for inference-mode
+    tensors, ``make()`` every time. A `make` that raises leaves nothing behind. The memo holds
+    `tensors`, so their identities stay theirs while it lives."""
     memo = getattr(_memo, "d", None)
-    if memo is None or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    if memo is None or torch.compiler.is_compiling() or torch.compiler.is_exporting() or any(
+            t.is_inference() for t in tensors):  # an inference tensor has no version counter to tell a write
         return make()
     key = (what, *((id(t), t._version) for t in tensors))
     hit = memo.get(key)

@@ -403,3 +403,18 @@ def test_collections_reading_one_batch_in_a_step_reorder_and_check_it_once():
     assert first.n == alone[0] and again.n == alone[1]
     # the reordering (a dozen ops), the offsets' check (7) and the ids' check (6) are not run again
     assert second.n <= alone[1] - 24, (alone, second.n)
+
+
+def test_a_step_in_inference_mode_reads_its_batch_without_a_memo():
+    """Inference tensors keep no version counter: a step in inference mode reorders and checks its
+    batch every time, with the results of a step outside it."""
+    from recstream.hostpath import device_path, one_step
+
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("a", 10, 4), EmbeddingTableConfig("d", 5, 4)])
+    with torch.inference_mode():
+        batch = Features.from_lengths(torch.zeros(2, 0), torch.tensor([1, 3, 50, 60, 4]),
+                                      torch.tensor([[1, 1], [1, 1], [0, 1]]), keys=["a", "dyn", "d"]).to("cpu")
+        with device_path(), one_step():
+            twice = [ebc(batch), ebc(batch)]
+    expected = ebc(batch)
+    assert all(torch.equal(out, expected) for out in twice)
