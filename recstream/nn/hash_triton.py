@@ -58,6 +58,13 @@ from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
 __all__ = ["TritonBackend", "TRITON", "launches"]
 
 BLOCK = 128  # keys (slots) per program
+PBLOCK_MAX = 1024  # per-program counts a program sums at a time (more programs: a loop)
+
+
+def per_program_block(nprog: int) -> int:
+    """The block in which a kernel sums `nprog` programs' counts: a power of two, 16 to ``PBLOCK_MAX``."""
+    return max(16, min(PBLOCK_MAX, 1 << (nprog - 1).bit_length()))
+
 launches = 0
 """Kernels launched by this backend so far (what a step costs in launches; tests read it)."""
 
@@ -450,7 +457,7 @@ class TritonBackend(StaticBackend):
         key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
         if mask is not None or flat.dtype != torch.int64:
             return super().unique(flat, mask)
-        return triton_unique(flat, _launch)
+        return triton_unique(flat, _launch, per_program_block)
 
     def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair
@@ -497,7 +504,7 @@ class TritonBackend(StaticBackend):
                 t.num_live_t, emb.num_free_t, tag, words[0], bytes_[1], p.slots, p.total, p.row, _u8(p.ripe),
                 _u8(p.new_admit), _u8(p.new_pending), words[2:4], rows, reset, has, n, dim, emb.capacity, nprog,
                 CLAIM_ROUNDS, emb.global_step_t, DIM=max(16, min(64, 1 << (dim - 1).bit_length())),
-                PBLOCK=max(16, min(1024, 1 << (nprog - 1).bit_length())))
+                PBLOCK=per_program_block(nprog))
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             emb._reset_parts.append(reset)
         has = has.view(torch.bool)

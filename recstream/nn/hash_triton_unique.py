@@ -85,9 +85,11 @@ def _kernels():
     return triton.jit(_starts_fn), triton.jit(_runs_fn), triton.jit(_counts_fn)
 
 
-def triton_unique(values: torch.Tensor, launch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def triton_unique(values: torch.Tensor, launch,
+                  pblock) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`static_unique` of the int64 1-D `values` (no mask), the same four tensors, by a sort and three
-    launches through ``launch(kernel, n, *args, **meta)`` (`hash_triton._launch`)."""
+    launches through ``launch(kernel, n, *args, **meta)`` (`hash_triton._launch`); ``pblock(nprog)``:
+    the block in which a program sums the per-program counts (`hash_triton.per_program_block`)."""
     n, dev = values.numel(), values.device
     if n == 0:
         from .hash_static import static_unique
@@ -101,6 +103,6 @@ def triton_unique(values: torch.Tensor, launch) -> tuple[torch.Tensor, torch.Ten
     starts_k, runs_k, counts_k = _kernels()
     launch(starts_k, n, ordered, block_counts, n, BLOCK=BLOCK)
     launch(runs_k, n, ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK=BLOCK,
-           PBLOCK=max(16, min(1024, 1 << (nprog - 1).bit_length())))
+           PBLOCK=pblock(nprog))
     launch(counts_k, n, ends, counts, valid, n, BLOCK=BLOCK)
     return uniq, inverse, counts, valid.view(torch.bool)

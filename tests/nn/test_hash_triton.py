@@ -99,6 +99,25 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
         assert max(syncs) == 1, syncs
 
 
+@interpreted
+@pytest.mark.parametrize("permit,capacity", [(2, 1024), (1, 120)])
+def test_keys_spread_over_many_programs_get_the_host_paths_rows(monkeypatch, permit, capacity):
+    """Tiny blocks (8 keys a program, counts summed 16 programs at a time) put a step's ~150 keys in
+    about 20 programs and the per-program count sums in a loop: ranks of admitted keys across
+    programs, the paddings' first key with a row, the unique keys' runs across blocks, and an LRU
+    pass (capacity 120) give what the host path gives."""
+    from recstream.nn import hash_triton_unique
+
+    monkeypatch.setattr(hash_triton, "BLOCK", 8)
+    monkeypatch.setattr(hash_triton, "PBLOCK_MAX", 16)
+    monkeypatch.setattr(hash_triton_unique, "BLOCK", 8)
+    stream = _stream(3, 60, 90, seed=5)  # 180 ids a step, ~150 distinct, half seen before
+    emb = HashEmbedding(4, capacity=capacity, permit_filter_value=permit, param_init="ones")
+    host = _train(copy.deepcopy(emb), stream, "host")
+    _assert_same(host, _train(emb, stream, "triton"))
+    assert emb.num_rows == host[1]["keys"].numel() > 100
+
+
 def _churn(steps: int) -> list[torch.Tensor]:
     """Many more distinct keys than rows: evictions leave tombstones until the table is rebuilt."""
     g = torch.Generator().manual_seed(3)
@@ -290,7 +309,8 @@ def test_the_triton_unique_matches_static_unique_padding_included(n, span):
 
     g = torch.Generator().manual_seed(n * 31 + span)
     keys = torch.randint(-span, span, (n,), generator=g) * 7919 + 2 ** 40
-    for ours, theirs, name in zip(triton_unique(keys, hash_triton._launch), static_unique(keys),
+    for ours, theirs, name in zip(triton_unique(keys, hash_triton._launch, hash_triton.per_program_block),
+                                  static_unique(keys),
                                   ("uniq", "inverse", "counts", "valid"), strict=True):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
 
