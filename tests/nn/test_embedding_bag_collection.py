@@ -374,13 +374,15 @@ class _Ops(TorchDispatchMode):
 
 def test_collections_reading_one_batch_in_a_step_reorder_and_check_it_once():
     """A wide and a deep collection of one schema (WideDeep's) read the same batch: within a step
-    (`hostpath.one_step`, entered by the training cell) its features are reordered and its offsets and
-    ids checked once, by the first; a batch written in place since is reordered and checked again."""
+    (`hostpath.one_step`, entered by the training cell) its features are reordered, its offsets and
+    ids checked and its ids mapped to fused rows once, by the first; a batch written in place since
+    is reordered and checked again."""
     from recstream.hostpath import device_path, one_step
 
     tables = [EmbeddingTableConfig("a", 10, 4), EmbeddingTableConfig("d", 5, 4, pooling="mean")]
     deep, wide = EmbeddingBagCollection(tables), EmbeddingBagCollection([
         EmbeddingTableConfig("a", 10, 1), EmbeddingTableConfig("d", 5, 1, pooling="mean")])
+    other = EmbeddingBagCollection([EmbeddingTableConfig("d", 5, 4, pooling="mean"), EmbeddingTableConfig("a", 10, 4)])
     # a feature the collections do not read sits between theirs: each needs the batch reordered
     batch = Features.from_lengths(torch.zeros(3, 0), torch.tensor([1, 7, 3, 50, 60, 70, 0, 4, 4, 2]),
                                   torch.tensor([[1, 1, 1], [1, 1, 1], [2, 1, 1]]), keys=["a", "dyn", "d"]).to("cpu")
@@ -396,13 +398,16 @@ def test_collections_reading_one_batch_in_a_step_reorder_and_check_it_once():
                 out_deep = deep(batch)
             with _Ops() as second:
                 out_wide = wide(batch)
+            out_other = other(batch)  # its tables' rows lie elsewhere: its own fused rows
             batch.values.add_(0)  # written in place: nothing derived from it before is reused
             with _Ops() as again:
                 wide(batch)
     assert torch.equal(out_deep, expected[0]) and torch.equal(out_wide, expected[1])
+    assert torch.equal(out_other, other(batch))
     assert first.n == alone[0] and again.n == alone[1]
-    # the reordering (a dozen ops), the offsets' check (7) and the ids' check (6) are not run again
-    assert second.n <= alone[1] - 24, (alone, second.n)
+    # the reordering (a dozen ops), the offsets' check (7), the ids' check (6) and each id's feature and
+    # fused row (6: the tables' rows line up in both collections) are not made again
+    assert second.n <= alone[1] - 30, (alone, second.n)
 
 
 def test_a_step_in_inference_mode_reads_its_batch_without_a_memo():
