@@ -418,6 +418,13 @@ def _check_interpreter(kernel) -> None:
                            "TRITON_INTERPRET=1 before triton is imported (or use 'torch' on a CPU)")
 
 
+def scratch(n: int, words: int, bytes_: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[words, n]`` and int8 ``[bytes_, n]`` scratch for a step's kernels, views of ONE
+    allocation (each allocation is an op of the step)."""
+    buf = torch.empty(words * n + -(-(bytes_ * n) // 8), dtype=torch.int64, device=device)
+    return buf[:words * n].view(words, n), buf[words * n:].view(torch.int8)[:bytes_ * n].view(bytes_, n)
+
+
 def _u8(t: torch.Tensor) -> torch.Tensor:
     """A bool tensor as the bytes a kernel reads and writes."""
     return t.view(torch.uint8) if t.dtype == torch.bool else t
@@ -435,8 +442,7 @@ class TritonBackend(StaticBackend):
         the first five rows of `flags` (int8 [6, n]) are the plan's found / new / ripe / new_admit /
         new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert."""
         t, n = emb.table, uniq.numel()
-        out = torch.empty((4, n), dtype=torch.int64, device=uniq.device)  # one allocation for the four
-        flags = torch.empty((6, n), dtype=torch.int8, device=uniq.device)
+        out, flags = scratch(n, 4, 6, uniq.device)
         slot, free, row, total = out.unbind(0)
         _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, flags[5],
                 flags, n, t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan)
@@ -457,7 +463,7 @@ class TritonBackend(StaticBackend):
         key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
         if mask is not None or flat.dtype != torch.int64:
             return super().unique(flat, mask)
-        return triton_unique(flat, _launch, per_program_block)
+        return triton_unique(flat)
 
     def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair
@@ -490,10 +496,9 @@ class TritonBackend(StaticBackend):
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
         nprog = max(1, -(-n // BLOCK))
-        # scratch of the step, two allocations: placed slots, wanted slots, the last round's counts per
+        # scratch of the step, one allocation: placed slots, wanted slots, the last round's counts per
         # program (2 rows), the rows looked up (padded), the rows to reset; active, deleted, has
-        words = torch.empty((6, n), dtype=torch.int64, device=dev)
-        bytes_ = torch.empty((3, n), dtype=torch.int8, device=dev)
+        words, bytes_ = scratch(n, 6, 3, dev)
         owner, tag = self._claim_words(emb, dev)
         self._insert(emb, p, words, bytes_, owner, tag)
         init = emb._init_rows(n)  # as the torch ops draw: key i's initial row is init[i] on both

@@ -85,20 +85,22 @@ def _kernels():
     return triton.jit(_starts_fn), triton.jit(_runs_fn), triton.jit(_counts_fn)
 
 
-def triton_unique(values: torch.Tensor, launch,
-                  pblock) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def triton_unique(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`static_unique` of the int64 1-D `values` (no mask), the same four tensors, by a sort and three
-    launches through ``launch(kernel, n, *args, **meta)`` (`hash_triton._launch`); ``pblock(nprog)``:
-    the block in which a program sums the per-program counts (`hash_triton.per_program_block`)."""
+    launches (`hash_triton`'s launcher, count block and scratch)."""
+    from . import hash_triton  # here: it imports this module
+
+    launch, pblock, scratch = hash_triton._launch, hash_triton.per_program_block, hash_triton.scratch
+
     n, dev = values.numel(), values.device
     if n == 0:
         from .hash_static import static_unique
         return static_unique(values)
     ordered, order = torch.sort(values, stable=True)
     nprog = -(-n // BLOCK)
-    # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words)
-    words = torch.empty((5, n), dtype=torch.int64, device=dev)
-    valid = torch.empty(n, dtype=torch.int8, device=dev)
+    # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words); valid
+    words, valid = scratch(n, 5, 1, dev)
+    valid = valid[0]
     inverse, uniq, ends, counts, block_counts = words.unbind(0)
     starts_k, runs_k, counts_k = _kernels()
     launch(starts_k, n, ordered, block_counts, n, BLOCK=BLOCK)
