@@ -49,9 +49,9 @@ import functools
 import torch
 
 from ..hostpath import device_assert
+from . import hash_triton_unique
 from .hash_device_path import StaticBackend
 from .hash_static import CLAIM_ROUNDS, DevicePlan
-from .hash_triton_unique import triton_unique
 from .lru_select import oldest_static
 from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
 
@@ -461,9 +461,21 @@ class TritonBackend(StaticBackend):
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`static_unique` by a sort and three launches (`hash_triton_unique`) for a lookup of every
         key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
-        if mask is not None or flat.dtype != torch.int64:
+        n, dev = flat.numel(), flat.device
+        if mask is not None or flat.dtype != torch.int64 or n == 0:
             return super().unique(flat, mask)
-        return triton_unique(flat)
+        ordered, order = torch.sort(flat, stable=True)
+        block = hash_triton_unique.BLOCK
+        nprog = -(-n // block)
+        # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words); valid
+        words, valid = scratch(n, 5, 1, dev)
+        inverse, uniq, ends, counts, block_counts = words.unbind(0)
+        starts_k, runs_k, counts_k = hash_triton_unique.kernels()
+        _launch(starts_k, n, ordered, block_counts, n, BLOCK=block)
+        _launch(runs_k, n, ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK=block,
+                PBLOCK=per_program_block(nprog))
+        _launch(counts_k, n, ends, counts, valid[0], n, BLOCK=block)
+        return uniq, inverse, counts, valid[0].view(torch.bool)
 
     def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair

@@ -1,5 +1,6 @@
-"""`hash_static.static_unique` of a batch's keys (no mask) as a sort and three Triton launches: the
-first step of the Triton backend's training lookup (`hash_triton`), 17 torch ops on the torch path.
+"""The kernels of `hash_static.static_unique` of a batch's keys (no mask) as a sort and three Triton
+launches: the first step of the Triton backend's training lookup (``TritonBackend.unique`` in
+`hash_triton`, which launches them), 17 torch ops on the torch path.
 
 After ``torch.sort`` (stable, as `static_unique`'s):
 
@@ -21,9 +22,7 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
-__all__ = ["triton_unique"]
+__all__ = ["BLOCK", "kernels"]
 
 BLOCK = 256  # sorted entries per program
 tl = None  # triton.language, set by `_kernels` (triton is optional: this module imports without it)
@@ -75,7 +74,7 @@ def _counts_fn(ends, counts, valid, n, BLOCK: tl.constexpr):
 
 
 @functools.cache
-def _kernels():
+def kernels():
     """``(starts, runs, counts)`` as Triton kernels, built on first use."""
     global tl
     import triton
@@ -83,28 +82,3 @@ def _kernels():
 
     tl = triton.language
     return triton.jit(_starts_fn), triton.jit(_runs_fn), triton.jit(_counts_fn)
-
-
-def triton_unique(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`static_unique` of the int64 1-D `values` (no mask), the same four tensors, by a sort and three
-    launches (`hash_triton`'s launcher, count block and scratch)."""
-    from . import hash_triton  # here: it imports this module
-
-    launch, pblock, scratch = hash_triton._launch, hash_triton.per_program_block, hash_triton.scratch
-
-    n, dev = values.numel(), values.device
-    if n == 0:
-        from .hash_static import static_unique
-        return static_unique(values)
-    ordered, order = torch.sort(values, stable=True)
-    nprog = -(-n // BLOCK)
-    # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words); valid
-    words, valid = scratch(n, 5, 1, dev)
-    valid = valid[0]
-    inverse, uniq, ends, counts, block_counts = words.unbind(0)
-    starts_k, runs_k, counts_k = _kernels()
-    launch(starts_k, n, ordered, block_counts, n, BLOCK=BLOCK)
-    launch(runs_k, n, ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK=BLOCK,
-           PBLOCK=pblock(nprog))
-    launch(counts_k, n, ends, counts, valid, n, BLOCK=BLOCK)
-    return uniq, inverse, counts, valid.view(torch.bool)

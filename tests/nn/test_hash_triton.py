@@ -295,7 +295,7 @@ def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_ke
             emb(keys)
         assert hash_triton.launches - before == 13
     assert ops.by.get("carry_out", 0) <= 2 and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
-    assert "static_unique" not in ops.by and ops.by["triton_unique"] == 1, ops.by  # the sort
+    assert "static_unique" not in ops.by and ops.by["unique"] == 1, ops.by  # the sort
     assert ops.by["scratch"] == 3, ops.by  # unique, probe, carry-out: one allocation each
     assert ops.n <= 17, ops.by
 
@@ -307,11 +307,10 @@ def test_the_triton_unique_matches_static_unique_padding_included(n, span):
     """A sort and three launches give `static_unique`'s four tensors exactly: runs across program
     blocks, one key throughout, all keys distinct, padding past the distinct keys."""
     from recstream.nn.hash_static import static_unique
-    from recstream.nn.hash_triton_unique import triton_unique
 
     g = torch.Generator().manual_seed(n * 31 + span)
     keys = torch.randint(-span, span, (n,), generator=g) * 7919 + 2 ** 40
-    for ours, theirs, name in zip(triton_unique(keys), static_unique(keys),
+    for ours, theirs, name in zip(hash_triton.TRITON.unique(keys, None), static_unique(keys),
                                   ("uniq", "inverse", "counts", "valid"), strict=True):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
 
