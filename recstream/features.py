@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .hostpath import host_reads_free, once_per_step
+from .hostpath import host_reads_free, once_per_step, positions
 from .validation import check_int, check_str, check_type
 
 __all__ = ["Features"]
@@ -273,7 +273,7 @@ class Features:
             torch._check(total >= 0)
             torch._check(total <= self.values.numel())
         idx = torch.repeat_interleave(starts - offsets[:-1], lens, output_size=total)
-        idx += torch.arange(total, dtype=torch.int64, device=device)
+        idx += torch.arange(total, dtype=torch.int64, device=device) if tracing else positions(total, device)
         return self.values[idx], offsets
 
     # --- row operations (used by re-batching and shuffling) -------------------------------

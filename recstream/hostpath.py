@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["host_reads_free", "device_path", "device_assert", "one_step", "once_per_step"]
+__all__ = ["host_reads_free", "device_path", "device_assert", "one_step", "once_per_step", "positions"]
 
 _forced = threading.local()
 _memo = threading.local()
@@ -108,3 +108,25 @@ def once_per_step(what, tensors: tuple[torch.Tensor, ...], make):
     if hit is None:
         hit = memo[key] = (make(), tensors)
     return hit[0]
+
+
+_aranges: dict = {}  # (device, dtype) -> the longest arange made so far
+
+
+def positions(n: int, device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``torch.arange(n)`` on `device`: a view of one kept arange (made again, twice as long, when a
+    longer one is asked for), so a step's index vector is no op of the step. Not kept while a CUDA
+    graph is captured (its values would exist only once the graph runs): then a new one, an op.
+
+    >>> positions(4, "cpu").tolist(), positions(2, "cpu").data_ptr() == positions(3, "cpu").data_ptr()
+    ([0, 1, 2, 3], True)
+    """
+    key = (torch.device(device), dtype)
+    kept = _aranges.get(key)
+    if kept is not None and kept.numel() >= n:
+        return kept[:n]
+    if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.arange(n, dtype=dtype, device=device)
+    kept = _aranges[key] = torch.arange(max(n, 2 * (0 if kept is None else kept.numel()), 1024), dtype=dtype,
+                                        device=device)
+    return kept[:n]

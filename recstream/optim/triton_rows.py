@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..hostpath import positions
+
 __all__ = ["ENABLED", "applies", "interpreted", "kernels_work", "lazy_adam", "rowwise_adagrad", "ftrl",
            "gradient_entries", "entries_for"]
 
@@ -148,7 +150,7 @@ def _leaders(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tenso
     if n >= 2 ** 31:  # the words hold an entry's position as int32
         raise ValueError(f"triton_rows: a gradient of {n} entries; the kernels take fewer than 2**31 a step")
     word = _scratch(weight)
-    word.scatter_(0, rows, torch.arange(n, dtype=torch.int32, device=rows.device))
+    word.scatter_(0, rows, positions(n, rows.device, torch.int32))  # a kept arange: no op a step
     lead = word.index_select(0, rows)
     summed = values.new_zeros((n, dim)).index_add_(0, lead, values.reshape(n, dim))
     return rows, lead, summed, dim, n
