@@ -221,7 +221,8 @@ def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, rnd, ripe_in,
 def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
                   num_pending, num_used, num_live, num_free, tag, placed_in, deleted_in, slots_in, total_in, row_in,
                   ripe_in, admit_in, pending_in, block_counts, out_rows, out_reset, out_has, n, dim, cap, nprog,
-                  rounds, step_ptr, BLOCK: tl.constexpr, DIM: tl.constexpr, PBLOCK: tl.constexpr):
+                  rounds, step_ptr, init_scale, BLOCK: tl.constexpr, DIM: tl.constexpr, PBLOCK: tl.constexpr,
+                  INIT: tl.constexpr):
     """Count, admit and look up the batch's keys after the claim rounds (see the module doc).
 
     Race-free: a program writes only its own keys' slots and rows (distinct keys: distinct slots;
@@ -272,8 +273,14 @@ def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free
     for d in range(0, dim, DIM):
         c = d + cols
         m2 = adm[:, None] & (c < dim)[None, :]
-        v = tl.load(init + i[:, None] * dim + c[None, :], mask=m2, other=0.0)
-        tl.store(values + row[:, None] * dim + c[None, :], v, mask=m2)
+        if INIT == 2:  # a constant (zeros, ones)
+            v = tl.zeros([BLOCK, DIM], tl.float32) + init_scale
+        else:  # `_init_rows`' float32 arithmetic on the same draw: the same values
+            v = tl.load(init + i[:, None] * dim + c[None, :], mask=m2, other=0.0)
+            if INIT == 1:
+                v = v * 2.0 - 1.0  # uniform: exact doubling, then one rounding, as torch's two ops
+            v = v * init_scale
+        tl.store(values + row[:, None] * dim + c[None, :], v.to(values.dtype.element_ty), mask=m2)
     rows = tl.where(adm, row, tl.load(row_in + i, mask=inb, other=-1))
     has = inb & (rows >= 0)
     tl.store(dirty + rows, tl.full([BLOCK], 1, tl.int8), mask=has)
@@ -513,15 +520,18 @@ class TritonBackend(StaticBackend):
         words, bytes_ = scratch(n, 6, 3, dev)
         owner, tag = self._claim_words(emb, dev)
         self._insert(emb, p, words, bytes_, owner, tag)
-        init = emb._init_rows(n)  # as the torch ops draw: key i's initial row is init[i] on both
+        # as the torch ops draw: key i's initial row comes of draw[i] on both; the kernel scales it
+        draw, init_scale = emb._init_draw(n)
+        init_mode = 2 if draw is None else 0 if emb.param_init == "normal" else 1
         dim = emb.embedding_size
         rows, reset, has = words[4], words[5], bytes_[2]
         _launch(_kernels()[2], n, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen, _u8(emb.dirty),
-                _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
+                _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), emb.values.detach() if draw is None else draw,
+                emb.num_pending_t, t.num_used_t,
                 t.num_live_t, emb.num_free_t, tag, words[0], bytes_[1], p.slots, p.total, p.row, _u8(p.ripe),
                 _u8(p.new_admit), _u8(p.new_pending), words[2:4], rows, reset, has, n, dim, emb.capacity, nprog,
-                CLAIM_ROUNDS, emb.global_step_t, DIM=max(16, min(64, 1 << (dim - 1).bit_length())),
-                PBLOCK=per_program_block(nprog))
+                CLAIM_ROUNDS, emb.global_step_t, float(init_scale), DIM=max(16, min(64, 1 << (dim - 1).bit_length())),
+                PBLOCK=per_program_block(nprog), INIT=init_mode)
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             emb._reset_parts.append(reset)
         has = has.view(torch.bool)
