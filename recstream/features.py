@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .hostpath import host_reads_free
+from .hostpath import host_reads_free, once_per_step, positions
 from .validation import check_int, check_str, check_type
 
 __all__ = ["Features"]
@@ -245,9 +245,24 @@ class Features:
         elif on_cpu:
             values, offsets = _take_bags(_host(self.values), _host(self.offsets), nf, b, indices, slice(None))
             values, offsets = _like(values, self.values), _like(offsets, self.offsets)
-        else:
-            values, offsets = self._permute_on_device(indices, sorted(indices) == list(range(nf)), sizes)
+        else:  # a step's modules reading these features in one order share one reordering (hostpath.one_step)
+            complete = sorted(indices) == list(range(nf))
+            values, offsets = once_per_step(("Features.permute", tuple(indices), sizes), (self.values, self.offsets),
+                                            lambda: self._permute_on_device(indices, complete, sizes))
         return Features(self.dense, values, offsets, b, len(indices), keys, sizes)
+
+    def _permute_sized(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_permute_on_device` where every feature's size is known on the host (``feature_sizes``): each
+        feature's ids and offsets are slices at host-known bounds, its offsets moved by a host int --
+        a concatenation of each, a subtraction per moved feature (no index built on the device)."""
+        b, starts = self.batch_size, np.concatenate([[0], np.cumsum(self.feature_sizes)]).tolist()
+        values, offsets, at = [], [], 0
+        for j, f in enumerate(indices):
+            values.append(self.values[starts[f]:starts[f + 1]])
+            part = self.offsets[f * b:(f + 1) * b + (j == len(indices) - 1)]  # the last one keeps its end
+            offsets.append(part if starts[f] == at else part - (starts[f] - at))
+            at += starts[f + 1] - starts[f]
+        return tuple(parts[0] if len(parts) == 1 else torch.cat(parts) for parts in (values, offsets))
 
     def _permute_on_device(self, indices: list[int], complete: bool,
                            sizes: tuple[int, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,6 +270,8 @@ class Features:
         # A tensor made from host data is a copy to the device: once per layout (cached), never in a
         # step a CUDA graph records; a trace makes its own.
         tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+        if self.feature_sizes is not None and indices and b and not tracing:
+            return self._permute_sized(indices)
         index = (torch.tensor(indices, dtype=torch.int64, device=device) if tracing
                  else _device_index(tuple(indices), device))
         starts = self.offsets[:-1].view(nf, b).index_select(0, index).reshape(-1)
@@ -271,7 +288,7 @@ class Features:
             torch._check(total >= 0)
             torch._check(total <= self.values.numel())
         idx = torch.repeat_interleave(starts - offsets[:-1], lens, output_size=total)
-        idx += torch.arange(total, dtype=torch.int64, device=device)
+        idx += torch.arange(total, dtype=torch.int64, device=device) if tracing else positions(total, device)
         return self.values[idx], offsets
 
     # --- row operations (used by re-batching and shuffling) -------------------------------

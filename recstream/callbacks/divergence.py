@@ -138,7 +138,9 @@ class LossWatch:
         loss = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else outputs
         if not isinstance(loss, torch.Tensor) or not loss.is_floating_point():
             return
-        bad = ~torch.isfinite(loss.detach()).all()
+        # x * 0 is NaN exactly where x is inf or NaN: two elementwise ops (isfinite dispatches six)
+        bad = loss.detach() * 0 != 0
+        bad = bad.any() if bad.dim() else bad
         if isinstance(outputs, (tuple, list)) and len(outputs) == 3 and isinstance(outputs[1], torch.Tensor) \
                 and outputs[1].dtype == torch.bool and outputs[1].numel() == 1:
             bad = bad & ~outputs[1].reshape(())  # an overflow step the cell skipped
@@ -146,8 +148,8 @@ class LossWatch:
             self._first_step = torch.full((), -1, dtype=torch.int64, device=bad.device)
             self._first_epoch = torch.full((), -1, dtype=torch.int64, device=bad.device)
         new = bad & (self._first_step < 0)
-        self._first_step = torch.where(new, step, self._first_step)
-        self._first_epoch = torch.where(new, -1 if epoch is None else epoch, self._first_epoch)
+        self._first_step.masked_fill_(new, step)  # in place: no scalar tensor made per step
+        self._first_epoch.masked_fill_(new, -1 if epoch is None else epoch)
 
     def check(self) -> None:
         """Raise `DivergenceError` if any observed loss was non-finite (one host read)."""

@@ -40,7 +40,7 @@ from torch import nn
 from ..data.hashing import hash_strings
 from ..data.schema import CategoricalFeature
 from ..features import Features
-from ..hostpath import host_reads_free
+from ..hostpath import host_reads_free, positions
 from ..nn import HashEmbedding
 from ..nn.hash_device_path import lookup_masked_many
 from ..validation import check_number
@@ -196,10 +196,14 @@ class DynamicTables(nn.Module):
         lookups of the whole batch cost each table the batch's ids, and their padding one hot row)."""
         values, b = features.values, features.batch_size
         starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        # table_key is elementwise: once over the batch for every unsalted feature, whose keys are slices of it
+        keyed = table_key(values) if not all(self._salts) else None
         calls, where = [], {}
         for key, members in self._members.items():
             where[key] = [features.position(self.features[i].name) for i in members]
-            flat = self._table_keys(members, [values[starts[f]:starts[f + 1]] for f in where[key]])
+            parts = [table_key(values[starts[f]:starts[f + 1]] ^ self._salts[i]) if self._salts[i]
+                     else keyed[starts[f]:starts[f + 1]] for i, f in zip(members, where[key], strict=True)]
+            flat = parts[0] if len(parts) == 1 else torch.cat(parts)
             calls.append((self.tables[key], flat, None))  # every key of the slices: no mask
         out = {}
         # every table at once: those whose bounds do not show room read their counters in one read
@@ -207,6 +211,9 @@ class DynamicTables(nn.Module):
         for (key, members), emb in zip(self._members.items(), looked_up, strict=True):
             parts = emb.split([sizes[f] for f in where[key]])
             for i, f, part in zip(members, where[key], parts, strict=True):
+                if self._one_per_bag(self.features[i], sizes[f], b):  # nothing to pool: no offsets made
+                    out[self.features[i].name] = part
+                    continue
                 offsets = features.offsets[f * b:(f + 1) * b + 1] - starts[f]
                 out[self.features[i].name] = self._pool(self.features[i], values[starts[f]:starts[f + 1]],
                                                         offsets, part, b)
@@ -242,10 +249,15 @@ class DynamicTables(nn.Module):
         return {name: out[name] for name in self.names}
 
     @staticmethod
+    def _one_per_bag(f: CategoricalFeature, n: int, batch_size: int) -> bool:
+        """Whether `n` ids of feature `f` are one per bag of a batch: its looked-up rows are its vectors."""
+        return not f.multi_hot and n == batch_size
+
+    @staticmethod
     def _pool(f: CategoricalFeature, ids: torch.Tensor, offsets: torch.Tensor, emb: torch.Tensor,
               batch_size: int) -> torch.Tensor:
-        if not f.multi_hot and ids.numel() == batch_size:  # one id per bag: nothing to pool
+        if DynamicTables._one_per_bag(f, ids.numel(), batch_size):  # one id per bag: nothing to pool
             return emb
         # pool the looked-up rows per bag (empty bags give zeros)
-        return F.embedding_bag(torch.arange(ids.numel(), device=ids.device), emb, offsets, mode=f.pooling,
+        return F.embedding_bag(positions(ids.numel(), ids.device), emb, offsets, mode=f.pooling,
                                include_last_offset=True)

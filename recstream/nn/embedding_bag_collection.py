@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..features import Features
-from ..hostpath import device_assert, host_reads_free
+from ..hostpath import device_assert, host_reads_free, once_per_step
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_type
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
@@ -198,6 +198,8 @@ class EmbeddingBagCollection(nn.Module):
         f_group = [self._table_loc[t.name][0] for _, t in feats]
         self._buf("_f_shift", [self._table_loc[t.name][1] for _, t in feats], device)
         self._buf("_f_rows", [t.num_embeddings for _, t in feats], device)
+        self._rows_host = {f: t.num_embeddings for f, t in feats}  # `_f_rows` on the host (`_id_bounds`)
+        self._shift_host = {f: self._table_loc[t.name][:2] for f, t in feats}  # group, shift (`_id_shifts`)
         self._buf("_f_group", f_group, device)
         self.register_buffer("_f_mean", torch.tensor([t.pooling == "mean" for _, t in feats],
                                                      device=device), persistent=False)
@@ -440,16 +442,25 @@ class EmbeddingBagCollection(nn.Module):
         nf = layout.shift.numel()
         n = values.numel()
         if check:  # before repeat_interleave, which would fail obscurely on bad offsets
-            self._check_offsets(offsets, n)
+            # once a step for one batch's offsets, however many collections read them (hostpath.one_step)
+            once_per_step(("EmbeddingBagCollection._check_offsets", n), (offsets,),
+                          lambda: self._check_offsets(offsets, n) or True)
         # Values per feature (feature-major => each feature is one contiguous run). Read through
         # [nf, B] views rather than strided slices: torch.export cannot prove that a slice with a
         # symbolic step B has nf entries, and would then fix the batch size of an export.
-        f_len = offsets[1:].reshape(nf, B)[:, -1] - offsets[:-1].reshape(nf, B)[:, 0]
-        # output_size keeps repeat_interleave free of a device->host sync.
-        fid = torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=n)
-        if check:
-            self._check_ids(values, fid, layout)
-        ids = values + layout.shift[fid]
+        def feature_of_id() -> torch.Tensor:
+            f_len = offsets[1:].reshape(nf, B)[:, -1] - offsets[:-1].reshape(nf, B)[:, 0]
+            # output_size keeps repeat_interleave free of a device->host sync.
+            return torch.repeat_interleave(torch.arange(nf, device=values.device), f_len, output_size=n)
+
+        # Each id's feature and fused row: once a step for collections that read one batch with the same
+        # tables' rows (a wide and a deep part of one schema; hostpath.one_step)
+        fid = once_per_step(("EmbeddingBagCollection.fid", nf, B, n), (offsets,), feature_of_id)
+        if check:  # once a step per batch and id bounds
+            once_per_step(("EmbeddingBagCollection._check_ids", self._id_bounds(layout)), (values, offsets),
+                          lambda: self._check_ids(values, fid, layout) or True)
+        ids = once_per_step(("EmbeddingBagCollection.ids", self._id_shifts(layout)), (values, offsets),
+                            lambda: values + layout.shift[fid])
         single = self._one_id_per_bag(values, offsets, nf * B)
         psw = None
         if self._any_mean and not single:
@@ -621,6 +632,16 @@ class EmbeddingBagCollection(nn.Module):
                 f"{_OWNER}: offsets must start at 0, be non-decreasing and end at len(values)={n}, "
                 f"got offsets[0]={int(offsets[0])}, offsets[-1]={int(offsets[-1])}"
             )
+
+    def _id_bounds(self, layout: _InputLayout) -> tuple:
+        """What `_check_ids` checks of an input of `layout`, on the host: each input feature's name and
+        row bound (None: a feature the collection does not read)."""
+        return tuple((name, self._rows_host.get(name)) for name in layout.names)
+
+    def _id_shifts(self, layout: _InputLayout) -> tuple:
+        """What ``values + layout.shift[fid]`` adds to an input of `layout`'s ids, on the host: each input
+        feature's name, dim group and first fused row (None: a feature the collection does not read)."""
+        return tuple((name, self._shift_host.get(name)) for name in layout.names)
 
     def _check_ids(self, values: torch.Tensor, fid: torch.Tensor, layout: _InputLayout) -> None:
         limit = layout.rows[fid]

@@ -36,6 +36,11 @@ class StaticBackend(TableBackend):
     def lookup(self, emb, flat: torch.Tensor, mutate: bool) -> torch.Tensor:
         return emb._device_lookup(flat, mutate, self)
 
+    def unique(self, flat: torch.Tensor, mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`static_unique` of a training lookup's keys (the first step of `DevicePath._begin_device`)."""
+        return static_unique(flat, mask)
+
     def evict_stale(self, emb, stale: torch.Tensor) -> None:
         emb._evict_stale(stale)
 
@@ -135,7 +140,7 @@ class DevicePath:
         the probed batch (`DeviceCall`), by `backend`'s ops."""
         if not mutate:
             return backend.read(self, flat, mask)
-        uniq, inverse, counts, valid = static_unique(flat, mask)
+        uniq, inverse, counts, valid = backend.unique(flat, mask)
         plan = backend.plan(self, uniq, counts, valid)
         return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan), backend=backend)
 
@@ -320,16 +325,17 @@ class DevicePath:
         return self._train_vectors(rows, has, inverse)
 
     def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor,
-                       top: torch.Tensor | None = None) -> torch.Tensor:
+                       padded: torch.Tensor | None = None) -> torch.Tensor:
         """The vectors of a training step's unique keys' `rows` (`has`: the key has one; renormalised
         in place with ``max_norm``) for ``uniq[inverse]``; ``default_value`` for keys without a row.
-        `top`: the free stack's top row [1] now, when the caller has it. Every device backend ends
-        its step here."""
+        `padded`: `_padded` of `rows` with the free stack's top as fallback, when the caller has it
+        (the Triton backend's kernel writes it). Every device backend ends its step here."""
         if self.max_norm is not None:
             self._renorm_masked(rows, has)
-        if top is None:
+        if padded is None:
             top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
-        emb = F.embedding(self._padded(rows, has, top).index_select(0, inverse), self.values, sparse=self.sparse)
+            padded = self._padded(rows, has, top)
+        emb = F.embedding(padded.index_select(0, inverse), self.values, sparse=self.sparse)
         return torch.where(has.index_select(0, inverse).unsqueeze(1), emb, self.default_value.to(emb.dtype))
 
     @torch.no_grad()

@@ -487,12 +487,20 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         return rows
 
     def _init_rows(self, n: int) -> torch.Tensor:
+        draw, scale = self._init_draw(n)
+        if draw is None:
+            return torch.full((n, self.embedding_size), scale, dtype=self.values.dtype, device=self.values.device)
+        return draw * scale if self.param_init == "normal" else (draw * 2 - 1) * scale
+
+    def _init_draw(self, n: int) -> tuple[torch.Tensor | None, float]:
+        """`_init_rows`' draw from the generator (``randn`` for "normal", ``rand`` for "uniform") and its
+        scale, or (None, the constant): a kernel may do the arithmetic itself (``hash_triton``)."""
         shape, kw = (n, self.embedding_size), dict(dtype=self.values.dtype, device=self.values.device)
         if self.param_init == "normal":
-            return torch.randn(shape, **kw) * _INIT_SCALE["normal"]
+            return torch.randn(shape, **kw), _INIT_SCALE["normal"]
         if self.param_init == "uniform":
-            return (torch.rand(shape, **kw) * 2 - 1) * _INIT_SCALE["uniform"]
-        return torch.full(shape, 0.0 if self.param_init == "zeros" else 1.0, **kw)
+            return torch.rand(shape, **kw), _INIT_SCALE["uniform"]
+        return None, 0.0 if self.param_init == "zeros" else 1.0
 
     def _check_keys(self, owner: str, keys) -> torch.Tensor:
         """`keys` as int64, after rejecting the table's reserved sentinel values."""

@@ -7,8 +7,9 @@ pending keys over budget, and a rebuild when tombstones pass the used-slot bound
 step only while evictions are logged or a batch brings more new keys than there are keys to
 evict). What runs on the device per step:
 
-* `static_unique` (a sort, torch ops): every key of the batch once, so each key is found or
-  inserted by exactly one kernel lane -- no two lanes ever insert the same key;
+* ``unique`` (a sort, then three launches: `hash_triton_unique`; `static_unique`'s torch ops for a
+  masked lookup): every key of the batch once, so each key is found or inserted by exactly one
+  kernel lane -- no two lanes ever insert the same key;
 * ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
@@ -20,9 +21,11 @@ evict). What runs on the device per step:
   left out of the step, as on the torch path;
 * ``carry_out`` (one launch): counts and last-seen steps are written; a key admitted now takes the
   row at its place from the top of the device free stack (its rank among the admitted keys, ripe
-  pending ones first, then new ones in key order: a cumsum, so every backend gives a key the same
-  row and the stack's counter moves once), gets its initial values, and its row is marked seen,
-  dirty and to reset; slot and pending counters move by one ``atomic_add`` per program;
+  pending ones first, then new ones in key order -- the admitted keys of earlier programs, which
+  the last claim round counted per program, plus a cumsum within the block --, so every backend
+  gives a key the same row), gets its initial values, and its row is marked seen, dirty and to
+  reset; it also writes the rows looked up and the rows to reset, padded (`DevicePath._padded`'s
+  rule) with no torch op; slot and pending counters move by one ``atomic_add`` per program;
 * ``evict_stale`` (one launch): the age eviction of ``step()`` -- every stale slot becomes a
   tombstone and its row goes back onto the free stack (in slot order, as on the host path);
 * after the one read of a full step: ``mark`` + `oldest_static` (torch ops) + ``evict_chosen`` for
@@ -46,6 +49,7 @@ import functools
 import torch
 
 from ..hostpath import device_assert
+from . import hash_triton_unique
 from .hash_device_path import StaticBackend
 from .hash_static import CLAIM_ROUNDS, DevicePlan
 from .lru_select import oldest_static
@@ -54,6 +58,13 @@ from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
 __all__ = ["TritonBackend", "TRITON", "launches"]
 
 BLOCK = 128  # keys (slots) per program
+PBLOCK_MAX = 1024  # per-program counts a program sums at a time (more programs: a loop)
+
+
+def per_program_block(nprog: int) -> int:
+    """The block in which a kernel sums `nprog` programs' counts: a power of two, 16 to ``PBLOCK_MAX``."""
+    return max(16, min(PBLOCK_MAX, 1 << (nprog - 1).bit_length()))
+
 launches = 0
 """Kernels launched by this backend so far (what a step costs in launches; tests read it)."""
 
@@ -74,7 +85,7 @@ def _start_fn(key, m32, slot_mask):
     h = ((h ^ (h >> 13)) * 374761393) & m32
     return (h ^ (h >> 16)) & slot_mask
 
-def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_stuck, flags,
+def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_ok, flags,
           n, slot_mask, max_rounds, m32, permit, BLOCK: tl.constexpr, FLAGS: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
@@ -102,7 +113,7 @@ def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_r
     tl.store(out_free + i, free, mask=inb)
     tl.store(out_row + i, row, mask=inb)
     tl.store(out_total + i, total, mask=inb)
-    tl.store(out_stuck + i, act.to(tl.int8), mask=inb)
+    tl.store(out_ok + i, (~act).to(tl.int8), mask=inb)  # 0: the probe passed max_rounds (a device assert)
     if FLAGS:  # the plan's masks (`TritonBackend.plan`), rows of `flags` [5, n], here rather than 10 ops
         new = free >= 0
         tl.store(flags + i, found.to(tl.int8), mask=inb)
@@ -131,20 +142,28 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot_mask, max_rounds, m32, tag, back,
-             FIRST: tl.constexpr, BLOCK: tl.constexpr):
+def _want_fn(tkeys, owner, uniq, new_in, active, want_buf, deleted_buf, placed, free_in, n, slot_mask, max_rounds,
+             m32, tag, rnd, FIRST: tl.constexpr, BLOCK: tl.constexpr):
     """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
     slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
     it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
     host path's rule: the first in call order), on every GPU alike. ``base`` grows with the round
-    counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared."""
-    base = ((tl.load(tag) - back + 1) << 32) - 1
+    counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared:
+    round `rnd` bids at ``tag + rnd + 1`` and `carry_out` moves `tag` on by ``CLAIM_ROUNDS`` after the
+    last round. The first round (`FIRST`) also sets its lanes' `active` (the plan's new keys),
+    `placed` (-1) and `deleted_buf` (0): each lane writes only its own entries, so no program reads
+    another's, and later rounds are later launches."""
+    base = ((tl.load(tag) + rnd + 1) << 32) - 1
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
-    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
-    if FIRST:
+    if FIRST:  # the round's buffers start here, each lane its own entries (no fill launched before)
+        act = inb & (tl.load(new_in + i, mask=inb, other=0) != 0)
+        tl.store(active + i, act.to(tl.int8), mask=inb)
+        tl.store(placed + i, tl.full([BLOCK], -1, tl.int64), mask=inb)
+        tl.store(deleted_buf + i, tl.full([BLOCK], 0, tl.int8), mask=inb)
         want = tl.load(free_in + i, mask=act, other=-1)
     else:
+        act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
         key = tl.load(uniq + i, mask=act, other=0)
         h = _start(key, m32, slot_mask)
         want = tl.full([BLOCK], -1, tl.int64)
@@ -164,10 +183,18 @@ def _want_fn(tkeys, owner, uniq, active, want_buf, deleted_buf, free_in, n, slot
     tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
 
 
-def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, back, BLOCK: tl.constexpr):
+def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, rnd, ripe_in, admit_in, block_counts, num_free,
+             LAST: tl.constexpr, BLOCK: tl.constexpr):
     """One claim round, its second half: the winner of each wanted slot writes its key there (a
-    compare-and-swap of the free marker); the others stay active for the next round."""
-    base = ((tl.load(tag) - back + 1) << 32) - 1
+    compare-and-swap of the free marker); the others stay active for the next round.
+
+    The `LAST` round also counts, per program, its lanes' keys admitted in this step -- ripe pending
+    ones (``block_counts[pid]``) and new ones placed with an admitting count (``block_counts[n +
+    pid]``) -- for `carry_out`'s ranks, and moves the free-row counter down by them: every key's
+    placement is final once its own lane has run this round, each program writes only its own count
+    word, and integer ``atomic_add`` s commute (the same counter whatever order programs run in;
+    `carry_out`, a later launch, is its only reader)."""
+    base = ((tl.load(tag) + rnd + 1) << 32) - 1
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
@@ -178,17 +205,50 @@ def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, back, BLOCK: 
     cur = tl.load(tkeys + safe, mask=inb, other=-1)
     key = tl.load(uniq + i, mask=won, other=0).to(cur.dtype)
     tl.atomic_cas(tkeys + safe, cur, tl.where(won, key, cur))  # a lane that did not win swaps a value for itself
+    if LAST:
+        before = tl.load(placed + i, mask=inb, other=-1)  # earlier rounds' placements (earlier launches)
+        ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
+        adm_new = inb & (tl.load(admit_in + i, mask=inb, other=0) != 0) & ((before >= 0) | won)
+        n_ripe, n_new = tl.sum(ripe.to(tl.int64), 0), tl.sum(adm_new.to(tl.int64), 0)
+        pid = tl.program_id(0)
+        tl.store(block_counts + pid, n_ripe)
+        tl.store(block_counts + n + pid, n_new)  # the second row of [2, n] words
+        tl.atomic_add(num_free, -(n_ripe + n_new))
     tl.store(placed + i, want, mask=won)
     tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
 
 
 def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
-                  num_pending, num_used, num_live, placed_in, deleted_in, stack_in, slots_in, total_in, row_in,
-                  ripe_in, admit_in, pending_in, out_rows, n, dim, step_ptr, BLOCK: tl.constexpr,
-                  DIM: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                  num_pending, num_used, num_live, num_free, tag, placed_in, deleted_in, slots_in, total_in, row_in,
+                  ripe_in, admit_in, pending_in, block_counts, out_rows, out_reset, out_has, n, dim, cap, nprog,
+                  rounds, step_ptr, init_scale, BLOCK: tl.constexpr, DIM: tl.constexpr, PBLOCK: tl.constexpr,
+                  INIT: tl.constexpr):
+    """Count, admit and look up the batch's keys after the claim rounds (see the module doc).
+
+    Race-free: a program writes only its own keys' slots and rows (distinct keys: distinct slots;
+    admitted keys: distinct stack positions, so distinct rows), reads of shared words (the claim
+    rounds' per-program counts, `num_free`, the free stack, the plan) are of values no program of
+    this launch writes, and counters move by commuting integer ``atomic_add`` s. Every program
+    computes the same sums of `block_counts` (the same loads, the same order) and the same padding
+    row, so the result does not depend on the order programs run in."""
+    pid = tl.program_id(0)
+    i = pid * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     step = tl.load(step_ptr)  # the table's step count on the device: a replayed CUDA graph reads the current one
+    # The keys admitted by earlier programs (ripe ones, new ones) and by all: the ranks' offsets.
+    zero = tl.sum(tl.zeros([PBLOCK], tl.int64), 0)
+    ripe_before, new_before, ripe_all, new_all = zero, zero, zero, zero
+    for p0 in range(0, nprog, PBLOCK):
+        q = p0 + tl.arange(0, PBLOCK)
+        qm = q < nprog
+        r = tl.load(block_counts + q, mask=qm, other=0)
+        a = tl.load(block_counts + n + q, mask=qm, other=0)
+        ripe_all += tl.sum(r, 0)
+        new_all += tl.sum(a, 0)
+        ripe_before += tl.sum(tl.where(q < pid, r, 0), 0)
+        new_before += tl.sum(tl.where(q < pid, a, 0), 0)
+    num_free_now = tl.load(num_free)  # the last claim round took the step's admissions off already
+    free_old = num_free_now + ripe_all + new_all
     placed = tl.load(placed_in + i, mask=inb, other=-1)
     placed_new = inb & (placed >= 0)
     was_deleted = tl.load(deleted_in + i, mask=inb, other=0) != 0
@@ -198,8 +258,14 @@ def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free
     tl.store(tcounts + slot, tl.load(total_in + i, mask=inb, other=0), mask=seen)
     tl.store(tlast + slot, tl.full([BLOCK], 0, tl.int64) + step, mask=seen)
     ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
-    adm = ripe | (placed_new & (tl.load(admit_in + i, mask=inb, other=0) != 0))
-    row = tl.load(free_rows + tl.load(stack_in + i, mask=adm, other=0), mask=adm, other=-1)
+    admit_new = placed_new & (tl.load(admit_in + i, mask=inb, other=0) != 0)
+    adm = ripe | admit_new
+    # Rows from the top of the free stack: ripe pending keys first, then new ones, in key order (the
+    # host path's order, so every backend gives a key the same row).
+    rank = tl.where(ripe, ripe_before + tl.cumsum(ripe.to(tl.int64), 0) - 1,
+                    ripe_all + new_before + tl.cumsum(admit_new.to(tl.int64), 0) - 1)
+    stack = tl.minimum(tl.maximum(free_old - 1 - rank, 0), cap - 1)
+    row = tl.load(free_rows + stack, mask=adm, other=-1)
     tl.store(trows + slot, row, mask=adm | placed_new)  # -1: a new pending key
     tl.store(row_slots + row, slot, mask=adm)
     tl.store(reset + row, tl.full([BLOCK], 1, tl.int8), mask=adm)
@@ -207,17 +273,51 @@ def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free
     for d in range(0, dim, DIM):
         c = d + cols
         m2 = adm[:, None] & (c < dim)[None, :]
-        v = tl.load(init + i[:, None] * dim + c[None, :], mask=m2, other=0.0)
-        tl.store(values + row[:, None] * dim + c[None, :], v, mask=m2)
+        if INIT == 2:  # a constant (zeros, ones)
+            v = tl.zeros([BLOCK, DIM], tl.float32) + init_scale
+        else:  # `_init_rows`' float32 arithmetic on the same draw: the same values
+            v = tl.load(init + i[:, None] * dim + c[None, :], mask=m2, other=0.0)
+            if INIT == 1:
+                v = v * 2.0 - 1.0  # uniform: exact doubling, then one rounding, as torch's two ops
+            v = v * init_scale
+        tl.store(values + row[:, None] * dim + c[None, :], v.to(values.dtype.element_ty), mask=m2)
     rows = tl.where(adm, row, tl.load(row_in + i, mask=inb, other=-1))
     has = inb & (rows >= 0)
     tl.store(dirty + rows, tl.full([BLOCK], 1, tl.int8), mask=has)
     tl.store(row_last + rows, tl.full([BLOCK], 0, tl.int64) + step, mask=has)
-    tl.store(out_rows + i, tl.where(has, rows, -1), mask=inb)
+    # The rows to reset: the admitted ones, padded with rank 0's row (admitted, when any key is; else
+    # the free stack's top, whose optimizer state is stale): the set `_padded` gives.
+    top_old = tl.load(free_rows + tl.minimum(tl.maximum(free_old - 1, 0), cap - 1))
+    tl.store(out_reset + i, tl.where(adm, row, top_old), mask=inb)
+    # The rows looked up, padded with the row of the first key (in key order) that has one -- a row
+    # the step's gradient names anyway (`DevicePath._padded`) --, else the free stack's top. Each
+    # program finds that key itself (a scan from key 0, which stops at the first block with one).
+    first = tl.sum(tl.zeros([BLOCK], tl.int64), 0) + n
+    b = 0
+    while (first == n) & (b < n):
+        j = b + tl.arange(0, BLOCK)
+        jm = j < n
+        had = tl.load(row_in + j, mask=jm, other=-1) >= 0
+        gets = (tl.load(ripe_in + j, mask=jm, other=0) != 0) | (
+            (tl.load(admit_in + j, mask=jm, other=0) != 0) & (tl.load(placed_in + j, mask=jm, other=-1) >= 0))
+        first = tl.min(tl.where(jm & (had | gets), j.to(tl.int64), n), 0)
+        b += BLOCK
+    safe_first = tl.minimum(first, n - 1)
+    first_row = tl.load(row_in + safe_first)
+    first_ripe = tl.load(ripe_in + safe_first) != 0
+    # an admitted first key is rank 0 (ripe) or the first new one (rank ripe_all): no key before it has a row
+    first_stack = tl.minimum(tl.maximum(free_old - 1 - tl.where(first_ripe, 0, ripe_all), 0), cap - 1)
+    first_row = tl.where(first_row >= 0, first_row, tl.load(free_rows + first_stack))
+    top = tl.load(free_rows + tl.maximum(num_free_now - 1, 0))
+    pad = tl.where(first < n, first_row, top)
+    tl.store(out_rows + i, tl.where(has, rows, pad), mask=inb)
+    tl.store(out_has + i, has.to(tl.int8), mask=inb)
     pend = placed_new & (tl.load(pending_in + i, mask=inb, other=0) != 0)
     tl.atomic_add(num_used, tl.sum((placed_new & ~was_deleted).to(tl.int64), 0))
     tl.atomic_add(num_live, tl.sum(placed_new.to(tl.int64), 0))
     tl.atomic_add(num_pending, tl.sum(pend.to(tl.int64), 0) - tl.sum(ripe.to(tl.int64), 0))
+    if pid == 0:  # the claim rounds' counter moves on (no program of this launch reads it)
+        tl.store(tag, tl.load(tag) + rounds)
 
 def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in, stack_in,
                     num_pending, num_live, n, never, BLOCK: tl.constexpr):
@@ -325,6 +425,13 @@ def _check_interpreter(kernel) -> None:
                            "TRITON_INTERPRET=1 before triton is imported (or use 'torch' on a CPU)")
 
 
+def scratch(n: int, words: int, bytes_: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``[words, n]`` and int8 ``[bytes_, n]`` scratch for a step's kernels, views of ONE
+    allocation (each allocation is an op of the step)."""
+    buf = torch.empty(words * n + -(-(bytes_ * n) // 8), dtype=torch.int64, device=device)
+    return buf[:words * n].view(words, n), buf[words * n:].view(torch.int8)[:bytes_ * n].view(bytes_, n)
+
+
 def _u8(t: torch.Tensor) -> torch.Tensor:
     """A bool tensor as the bytes a kernel reads and writes."""
     return t.view(torch.uint8) if t.dtype == torch.bool else t
@@ -337,77 +444,102 @@ class TritonBackend(StaticBackend):
     rebuilds = True
 
     def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
-               flags: torch.Tensor | None = None):
-        """``(slot, free, row, total)`` of each key (one launch; see ``probe``); with `flags` (bool
-        [5, n]) also the plan's found / new / ripe / new_admit / new_pending masks, written there."""
+               plan: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(slot, free, row, total, flags)`` of each key (one launch; see ``probe``); with `plan`
+        the first five rows of `flags` (int8 [6, n]) are the plan's found / new / ripe / new_admit /
+        new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert."""
         t, n = emb.table, uniq.numel()
-        slot, free, row, total = (torch.empty(n, dtype=torch.int64, device=uniq.device) for _ in range(4))
-        stuck = torch.empty(n, dtype=torch.int8, device=uniq.device)
-        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, stuck,
-                stuck if flags is None else _u8(flags), n, t.num_slots - 1, t.max_rounds, _M32,
-                emb.permit_filter_value, FLAGS=flags is not None)
-        device_assert(~stuck.bool().any(), f"HashEmbedding: a key's probe sequence passed max_rounds="
-                                           f"{t.max_rounds} slots without an empty one (hash table too full)")
-        return slot, free, row, total
+        out, flags = scratch(n, 4, 6, uniq.device)
+        slot, free, row, total = out.unbind(0)
+        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, flags[5],
+                flags, n, t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan)
+        device_assert(flags[5].view(torch.bool).all(), f"HashEmbedding: a key's probe sequence passed "
+                      f"max_rounds={t.max_rounds} slots without an empty one (hash table too full)")
+        return slot, free, row, total, flags
 
     def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
-        flags = torch.empty((5, uniq.numel()), dtype=torch.bool, device=uniq.device)
-        slots, free, row, total = self._probe(emb, uniq, counts, valid, flags)
-        found, new, ripe, new_admit, new_pending = flags.unbind(0)
+        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True)
+        found, new, ripe, new_admit, new_pending = flags.view(torch.bool).unbind(0)[:5]
         return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=ripe, new_admit=new_admit, new_pending=new_pending, valid=valid, pos=None,
                           pad_ok=True)
 
-    def _insert(self, emb, p: DevicePlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
-        then the winners' writes; `hash_static.claim`'s rule: of the keys wanting one slot the first
-        takes it, the others their next free one): ``(slot or -1, whether it was a tombstone)``. A
-        key still without a slot after the last round is left out of the step, as on the torch path."""
-        t, n, dev = emb.table, p.uniq.numel(), p.uniq.device
+    def unique(self, flat: torch.Tensor, mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`static_unique` by a sort and three launches (`hash_triton_unique`) for a lookup of every
+        key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
+        n, dev = flat.numel(), flat.device
+        if mask is not None or flat.dtype != torch.int64 or n == 0:
+            return super().unique(flat, mask)
+        ordered, order = torch.sort(flat, stable=True)
+        block = hash_triton_unique.BLOCK
+        nprog = -(-n // block)
+        # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words); valid
+        words, valid = scratch(n, 5, 1, dev)
+        inverse, uniq, ends, counts, block_counts = words.unbind(0)
+        starts_k, runs_k, counts_k = hash_triton_unique.kernels()
+        _launch(starts_k, n, ordered, block_counts, n, BLOCK=block)
+        _launch(runs_k, n, ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK=block,
+                PBLOCK=per_program_block(nprog))
+        _launch(counts_k, n, ends, counts, valid[0], n, BLOCK=block)
+        return uniq, inverse, counts, valid[0].view(torch.bool)
+
+    def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair
+        works as well; kept so that steps and a CUDA graph's replays reuse them)."""
+        t = emb.table
         owner, tag = emb.__dict__.get("_claim_words", (None, None))
         if owner is None or owner.shape != t.keys.shape or owner.device != dev:  # new, rebuilt or moved
             owner, tag = torch.zeros_like(t.keys, dtype=torch.int64), torch.zeros((), dtype=torch.int64, device=dev)
-            emb.__dict__["_claim_words"] = (owner, tag)  # scratch, not state: a new one works as well
-        placed = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        deleted = torch.zeros(n, dtype=torch.int8, device=dev)
-        want = torch.empty(n, dtype=torch.int64, device=dev)
-        active = p.new.to(torch.int8)
+            emb.__dict__["_claim_words"] = (owner, tag)
+        return owner, tag
+
+    def _insert(self, emb, p: DevicePlan, words: torch.Tensor, bytes_: torch.Tensor, owner: torch.Tensor,
+                tag: torch.Tensor) -> None:
+        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
+        then the winners' writes; `hash_static.claim`'s rule: of the keys wanting one slot the first
+        takes it, the others their next free one), into ``words[0]`` (slot or -1) and ``bytes_[1]``
+        (whether it was a tombstone). A key still without a slot after the last round is left out of
+        the step, as on the torch path. The last round counts the keys admitted per program into
+        ``words[2:4]`` (see `_take_fn`); `carry_out` moves `tag` on."""
+        t, n = emb.table, p.uniq.numel()
+        placed, want, block_counts = words[0], words[1], words[2:4]
+        active, deleted = bytes_[0], bytes_[1]
         want_k, take_k = _kernels()[1]
-        tag.add_(CLAIM_ROUNDS)  # round r bids at tag - (CLAIM_ROUNDS - 1 - r): each outranks every earlier one
         for r in range(CLAIM_ROUNDS):
-            back = CLAIM_ROUNDS - 1 - r
-            _launch(want_k, n, t.keys, owner, p.uniq, active, want, deleted, p.free, n, t.num_slots - 1,
-                    t.max_rounds, _M32, tag, back, FIRST=r == 0)
-            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag, back)
-        return placed, deleted
+            _launch(want_k, n, t.keys, owner, p.uniq, _u8(p.new), active, want, deleted, placed, p.free, n,
+                    t.num_slots - 1, t.max_rounds, _M32, tag, r, FIRST=r == 0)
+            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag, r, _u8(p.ripe),
+                    _u8(p.new_admit), block_counts, emb.num_free_t, LAST=r == CLAIM_ROUNDS - 1)
 
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
-        placed, deleted = self._insert(emb, p)
-        # Rows from the top of the free stack: ripe pending keys first, then new ones, in key order (the
-        # host path's order, so both give every key the same row); a key insert left out gets none.
-        admit_new = p.new_admit & (placed >= 0)
-        adm = p.ripe | admit_new
-        n_ripe = p.ripe.sum()
-        rank = torch.where(p.ripe, p.ripe.cumsum(0) - 1, n_ripe + admit_new.cumsum(0) - 1)
-        stack = (emb.num_free_t - 1 - rank).clamp(0, emb.capacity - 1)
-        emb.num_free_t.sub_(adm.sum())
-        rows = torch.empty(n, dtype=torch.int64, device=dev)
-        init = emb._init_rows(n)  # as the torch ops draw: key i's initial row is init[i] on both
+        nprog = max(1, -(-n // BLOCK))
+        # scratch of the step, one allocation: placed slots, wanted slots, the last round's counts per
+        # program (2 rows), the rows looked up (padded), the rows to reset; active, deleted, has
+        words, bytes_ = scratch(n, 6, 3, dev)
+        owner, tag = self._claim_words(emb, dev)
+        self._insert(emb, p, words, bytes_, owner, tag)
+        # as the torch ops draw: key i's initial row comes of draw[i] on both; the kernel scales it
+        draw, init_scale = emb._init_draw(n)
+        init_mode = 2 if draw is None else 0 if emb.param_init == "normal" else 1
         dim = emb.embedding_size
+        rows, reset, has = words[4], words[5], bytes_[2]
         _launch(_kernels()[2], n, t.rows, t.counts, t.last_seen, emb.row_slots, emb.row_last_seen, _u8(emb.dirty),
-                _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), init, emb.num_pending_t, t.num_used_t,
-                t.num_live_t, placed, deleted, stack, p.slots, p.total, p.row, _u8(p.ripe), _u8(admit_new),
-                _u8(p.new_pending), rows, n, dim, emb.global_step_t, DIM=max(16, min(64, 1 << (dim - 1).bit_length())))
-        # the free stack's top: the padding of the rows to reset and of the step's vectors
-        top = emb.free_rows.index_select(0, (emb.num_free_t - 1).clamp(min=0).reshape(1))
+                _u8(emb.reset_mask), emb.free_rows, emb.values.detach(), emb.values.detach() if draw is None else draw,
+                emb.num_pending_t, t.num_used_t,
+                t.num_live_t, emb.num_free_t, tag, words[0], bytes_[1], p.slots, p.total, p.row, _u8(p.ripe),
+                _u8(p.new_admit), _u8(p.new_pending), words[2:4], rows, reset, has, n, dim, emb.capacity, nprog,
+                CLAIM_ROUNDS, emb.global_step_t, float(init_scale), DIM=max(16, min(64, 1 << (dim - 1).bit_length())),
+                PBLOCK=per_program_block(nprog), INIT=init_mode)
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
-            emb._reset_parts.append(emb._padded(rows, adm, top))
-        return emb._train_vectors(rows, rows >= 0, inverse, top)
+            emb._reset_parts.append(reset)
+        has = has.view(torch.bool)
+        return emb._train_vectors(rows, has, inverse, padded=rows)
 
     def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask
-        _, _, rows, _ = self._probe(emb, flat, torch.zeros_like(flat), valid)
+        rows = self._probe(emb, flat, torch.zeros_like(flat), valid)[2]
         return emb._device_read(flat, mask, rows)
 
     def evict_stale(self, emb, stale: torch.Tensor) -> None:
@@ -460,7 +592,7 @@ class TritonBackend(StaticBackend):
         t.set_mirrors(live, live)
 
     def reprobe(self, emb, plan: DevicePlan) -> None:
-        plan.slots, plan.free, _, _ = self._probe(emb, plan.uniq, torch.zeros_like(plan.uniq), plan.valid)
+        plan.slots, plan.free = self._probe(emb, plan.uniq, torch.zeros_like(plan.uniq), plan.valid)[:2]
 
 
 TRITON = TritonBackend()

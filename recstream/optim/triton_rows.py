@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..hostpath import positions
+
 __all__ = ["ENABLED", "applies", "interpreted", "kernels_work", "lazy_adam", "rowwise_adagrad", "ftrl",
            "gradient_entries", "entries_for"]
 
@@ -108,9 +110,12 @@ def gradient_entries(grad: Tensor) -> tuple[Tensor | None, Tensor] | None:
     path checks and refuses it)."""
     if grad.layout == torch.strided:
         return None, grad if grad.dim() > 0 else grad.reshape(1)
-    if grad.layout != torch.sparse_coo or grad.sparse_dim() != 1:
+    if grad.layout != torch.sparse_coo:
         return None
-    return grad._indices()[0], grad._values()
+    indices = grad._indices()  # [sparse_dim, n]: its shape says what sparse_dim() would (one op fewer)
+    if indices.shape[0] != 1:
+        return None
+    return indices[0], grad._values()
 
 
 def entries_for(weight: Tensor, grad: Tensor, state: list[Tensor]) -> tuple[Tensor | None, Tensor] | None:
@@ -145,7 +150,7 @@ def _leaders(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tenso
     if n >= 2 ** 31:  # the words hold an entry's position as int32
         raise ValueError(f"triton_rows: a gradient of {n} entries; the kernels take fewer than 2**31 a step")
     word = _scratch(weight)
-    word.scatter_(0, rows, torch.arange(n, dtype=torch.int32, device=rows.device))
+    word.scatter_(0, rows, positions(n, rows.device, torch.int32))  # a kept arange: no op a step
     lead = word.index_select(0, rows)
     summed = values.new_zeros((n, dim)).index_add_(0, lead, values.reshape(n, dim))
     return rows, lead, summed, dim, n

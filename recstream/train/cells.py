@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..data.protocol import split_label
+from ..hostpath import one_step
 from ..validation import check_callable, check_module, check_type
 
 
@@ -88,7 +89,7 @@ class TrainOneStepCell(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
+        with self.autocast(), one_step():  # modules reading one batch share its reorderings and checks
             loss = self.network(*inputs, **kwargs)
         self.backward(loss)
         self.optimizer.step()
@@ -109,7 +110,8 @@ class WithEvalCell(nn.Module):
 
     def forward(self, *inputs, **kwargs):
         data, kwargs, label = split_label(inputs, kwargs)
-        outputs = self._network(*data, **kwargs)
+        with one_step():  # modules reading one batch share its reorderings and checks
+            outputs = self._network(*data, **kwargs)
         if self.add_cast_fp32:
             outputs = outputs.float() if isinstance(outputs, torch.Tensor) and outputs.is_floating_point() else outputs
             label = label.float() if isinstance(label, torch.Tensor) and label.is_floating_point() else label

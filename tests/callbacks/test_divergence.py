@@ -101,3 +101,33 @@ def test_the_guard_reads_the_host_once_per_epoch_not_per_step():
             m.train(2, batches(n))
         counts.append(c.reads)
     assert counts[0] == counts[1], counts  # 24 more steps, not one more host read
+
+
+def test_the_watch_flags_inf_and_nan_losses_in_a_few_ops_a_step():
+    """``x * 0 != 0`` is the non-finite test (2 ops where ``isfinite`` dispatched 6), and the first bad
+    step is written in place (no scalar tensors): 6 ops a step for a scalar loss, not 12; the first
+    bad step and epoch are kept, a vector loss with one bad entry counts, a finite one does not."""
+    from recstream.callbacks.divergence import LossWatch
+
+    class Ops(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += not func.is_view and func.overloadpacket is not torch.ops.aten.detach
+            return func(*args, **(kwargs or {}))
+
+    watch = LossWatch()
+    watch.observe(torch.tensor(0.5), 0, 1)  # the first call makes the two counters
+    with Ops() as ops:
+        watch.observe(torch.tensor(0.25), 1, 1)
+    assert ops.n <= 6, ops.n
+    watch.check()
+    watch.observe(torch.tensor([1.0, 2.0]), 2, 1)
+    watch.check()
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        w = LossWatch()
+        w.observe(torch.tensor(1.0), 4, 2)
+        w.observe(torch.tensor([0.0, bad]), 5, 2)
+        w.observe(torch.tensor(bad), 6, 3)  # a later bad step: the first one is reported
+        with pytest.raises(DivergenceError, match=r"step 5 \(epoch 2\)"):
+            w.check()

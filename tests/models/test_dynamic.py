@@ -1,5 +1,8 @@
 """Dynamic-id (HashEmbedding) features in every model: mixed with fixed tables, trained, checkpointed,
 restored; unseen keys read the default vector; reused rows get fresh optimizer state."""
+import copy
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -322,6 +325,50 @@ def test_on_a_device_a_table_looks_up_only_its_features_ids_when_their_counts_ar
     assert masked_sorts.n - sorts.n == len(tables.tables) == 2
 
 
+def test_a_sized_lookup_pools_multi_hot_features_alone_with_no_index_vector_a_step():
+    """A single-hot feature's looked-up rows are its vectors: no offsets are made for it; a multi-hot
+    one pools over a kept arange (`hostpath.positions`): one offsets op, no arange, a step."""
+    from recstream.hostpath import device_path
+
+    schema = dynamic_schema()
+    tables = DynamicTables([f for f in schema.categorical if f.dynamic], [4, 4], init_std=0.01)
+    names = tuple(f.name for f in schema.categorical)
+    xs = [dataclasses.replace(b.features, keys=names).to("cpu") for b in batches(2)]
+    ops = []
+    for x in xs:
+        with device_path(), _Named() as named:
+            tables(x)
+        ops.append(named.counts)
+    multi_hot = sum(f.multi_hot for f in tables.features)
+    assert ops[-1].get("arange", 0) == 0 and ops[-1].get("sub", 0) == multi_hot == 1, ops[-1]
+
+
+def test_a_sized_lookup_moves_the_reserved_keys_of_the_whole_batch_once(monkeypatch):
+    """`table_key` is elementwise: on the device path a sized lookup applies it once to the batch's
+    ids and gives each unsalted table a slice (4 ops a step, not 4 per table); a salted shared
+    table still keys its own ids, and the tables look up what they did."""
+    from recstream.hostpath import device_path
+    from recstream.models import dynamic
+
+    calls = []
+    monkeypatch.setattr(dynamic, "table_key", lambda keys: calls.append(keys.numel()) or table_key(keys))
+    features = [f for f in dynamic_schema().categorical if f.dynamic]
+    shared = [dataclasses.replace(f, table="ids") for f in features]
+    names = tuple(f.name for f in dynamic_schema().categorical)
+    x = dataclasses.replace(batches(1)[0].features, keys=names).to("cpu")
+    for feats, expected in ((features, [x.values.numel()]), (shared, list(x.feature_sizes[1:3]))):
+        tables = DynamicTables(feats, [4, 4], init_std=0.01)
+        for t in tables.tables.values():
+            t.param_init = "ones"
+        host = copy.deepcopy(tables)
+        calls.clear()
+        with device_path():
+            out = tables(x)
+        assert calls == expected
+        for name, pooled in host(x).items():
+            torch.testing.assert_close(out[name], pooled)
+
+
 class _Sorts(TorchDispatchMode):
     """Counts the sorts dispatched inside it."""
     n = 0
@@ -355,3 +402,21 @@ def test_default_optimizer_resets_a_reused_row_to_the_initial_accumulator():
     assert row3 == row1
     first = float(acc[table.values]["sum"][row3]) - 0.5  # this row's one step since its reset: mean(g^2)
     assert 0 < first < (grown - 0.5) / 3  # from 0.5, not from 1's accumulator (6 steps) nor from 0
+
+
+class _Named(TorchDispatchMode):
+    """Counts by name the ops that recstream/models/dynamic.py itself dispatches inside it (not the
+    tables' own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import traceback
+
+        frames = [f.filename for f in traceback.extract_stack(limit=30) if "/recstream/" in f.filename]
+        if frames and frames[-1].endswith("models/dynamic.py"):
+            name = func.overloadpacket.__name__
+            self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recstream.features import Features
 from recstream.nn import EmbeddingBagCollection, EmbeddingTableConfig
@@ -360,3 +361,65 @@ def test_device_asserts_fit_cuda_whatever_the_tables(monkeypatch):
         out = ebc(values, offsets, 1)
     assert out.shape == (1, 26 * 4)
     assert len(messages) == 2 and max(len(m.encode()) for m in messages) <= 254, messages
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the non-view torch ops dispatched inside it."""
+    n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += not func.is_view and func.overloadpacket is not torch.ops.aten.detach
+        return func(*args, **(kwargs or {}))
+
+
+def test_collections_reading_one_batch_in_a_step_reorder_and_check_it_once():
+    """A wide and a deep collection of one schema (WideDeep's) read the same batch: within a step
+    (`hostpath.one_step`, entered by the training cell) its features are reordered, its offsets and
+    ids checked and its ids mapped to fused rows once, by the first; a batch written in place since
+    is reordered and checked again."""
+    from recstream.hostpath import device_path, one_step
+
+    tables = [EmbeddingTableConfig("a", 10, 4), EmbeddingTableConfig("d", 5, 4, pooling="mean")]
+    deep, wide = EmbeddingBagCollection(tables), EmbeddingBagCollection([
+        EmbeddingTableConfig("a", 10, 1), EmbeddingTableConfig("d", 5, 1, pooling="mean")])
+    other = EmbeddingBagCollection([EmbeddingTableConfig("d", 5, 4, pooling="mean"), EmbeddingTableConfig("a", 10, 4)])
+    # a feature the collections do not read sits between theirs: each needs the batch reordered
+    batch = Features.from_lengths(torch.zeros(3, 0), torch.tensor([1, 7, 3, 50, 60, 70, 0, 4, 4, 2]),
+                                  torch.tensor([[1, 1, 1], [1, 1, 1], [2, 1, 1]]), keys=["a", "dyn", "d"]).to("cpu")
+    expected = deep(batch), wide(batch)
+    with device_path():
+        alone = []
+        for ebc in (deep, wide):
+            with _Ops() as ops:
+                ebc(batch)
+            alone.append(ops.n)
+        with one_step():
+            with _Ops() as first:
+                out_deep = deep(batch)
+            with _Ops() as second:
+                out_wide = wide(batch)
+            out_other = other(batch)  # its tables' rows lie elsewhere: its own fused rows
+            batch.values.add_(0)  # written in place: nothing derived from it before is reused
+            with _Ops() as again:
+                wide(batch)
+    assert torch.equal(out_deep, expected[0]) and torch.equal(out_wide, expected[1])
+    assert torch.equal(out_other, other(batch))
+    assert first.n == alone[0] and again.n == alone[1]
+    # the reordering (3 ops: a sized batch's slices), the offsets' check (7), the ids' check (6) and each
+    # id's feature and fused row (6: the tables' rows line up in both collections) are not made again
+    assert second.n <= alone[1] - 22, (alone, second.n)
+
+
+def test_a_step_in_inference_mode_reads_its_batch_without_a_memo():
+    """Inference tensors keep no version counter: a step in inference mode reorders and checks its
+    batch every time, with the results of a step outside it."""
+    from recstream.hostpath import device_path, one_step
+
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("a", 10, 4), EmbeddingTableConfig("d", 5, 4)])
+    with torch.inference_mode():
+        batch = Features.from_lengths(torch.zeros(2, 0), torch.tensor([1, 3, 50, 60, 4]),
+                                      torch.tensor([[1, 1], [1, 1], [0, 1]]), keys=["a", "dyn", "d"]).to("cpu")
+        with device_path(), one_step():
+            twice = [ebc(batch), ebc(batch)]
+    expected = ebc(batch)
+    assert all(torch.equal(out, expected) for out in twice)

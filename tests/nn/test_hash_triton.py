@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 if not torch.cuda.is_available():  # the interpreter must be on before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -90,11 +91,52 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
     syncs = [s.syncs for s in triton[2].per_step]
     if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
         assert syncs == [0] * len(stream), syncs
-        # a step: probe, 4 claim rounds of 2, carry out; age eviction one more; far fewer ops than the torch path
-        assert hash_triton.launches - before == len(stream) * (10 if evict_after is None else 11)
+        # a step: 3 for the unique keys, probe, 4 claim rounds of 2, carry out; age eviction one more; far
+        # fewer ops than the torch path
+        assert hash_triton.launches - before == len(stream) * (13 if evict_after is None else 14)
         assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
     else:  # full: the step reads the counters once, then the LRU pass
         assert max(syncs) == 1, syncs
+
+
+@interpreted
+@pytest.mark.parametrize("permit,capacity", [(2, 1024), (1, 120)])
+def test_keys_spread_over_many_programs_get_the_host_paths_rows(monkeypatch, permit, capacity):
+    """Tiny blocks (8 keys a program, counts summed 16 programs at a time) put a step's ~150 keys in
+    about 20 programs and the per-program count sums in a loop: ranks of admitted keys across
+    programs, the paddings' first key with a row, the unique keys' runs across blocks, and an LRU
+    pass (capacity 120) give what the host path gives."""
+    from recstream.nn import hash_triton_unique
+
+    monkeypatch.setattr(hash_triton, "BLOCK", 8)
+    monkeypatch.setattr(hash_triton, "PBLOCK_MAX", 16)
+    monkeypatch.setattr(hash_triton_unique, "BLOCK", 8)
+    stream = _stream(3, 60, 90, seed=5)  # 180 ids a step, ~150 distinct, half seen before
+    emb = HashEmbedding(4, capacity=capacity, permit_filter_value=permit, param_init="ones")
+    host = _train(copy.deepcopy(emb), stream, "host")
+    _assert_same(host, _train(emb, stream, "triton"))
+    assert emb.num_rows == host[1]["keys"].numel() > 100
+
+
+@interpreted
+@pytest.mark.parametrize("param_init", ["normal", "uniform", "zeros", "ones"])
+def test_the_carry_out_kernel_scales_the_same_draws_into_the_same_initial_rows(param_init):
+    """The kernel does `_init_rows`' float32 arithmetic on the generator's draw itself (one op a
+    table fewer): with one seed the Triton and torch-op tables start every admitted row bit for bit
+    alike, for each ``param_init``."""
+    stream = _stream(2, 16, 40, seed=7)
+    tables = {}
+    for backend in ("torch", "triton"):
+        torch.manual_seed(11)
+        emb = HashEmbedding(4, capacity=512, param_init=param_init)
+        emb.table_backend = backend
+        with device_path(), torch.no_grad():
+            for keys in stream:
+                emb(keys)
+        tables[backend] = _by_key(emb)
+    assert torch.equal(tables["torch"]["keys"], tables["triton"]["keys"])
+    assert torch.equal(tables["torch"]["values"], tables["triton"]["values"])
+    assert tables["triton"]["values"].abs().sum() > 0 or param_init == "zeros"
 
 
 def _churn(steps: int) -> list[torch.Tensor]:
@@ -237,6 +279,62 @@ def test_an_eval_read_on_triton_changes_nothing_and_syncs_nothing():
         emb(torch.tensor([5, 2 ** 40]))
     assert counter.syncs == 0
     assert all(torch.equal(before[k], v) for k, v in emb.state_dict().items())
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the non-view torch ops dispatched inside it (what a GPU runs as kernels; the Triton
+    backend's launches run outside any dispatch mode), by the innermost recstream function."""
+
+    def __init__(self):
+        super().__init__()
+        self.by = {}
+
+    @property
+    def n(self) -> int:
+        return sum(self.by.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket is not torch.ops.aten.detach:
+            import traceback
+            frames = [f.name for f in traceback.extract_stack(limit=30) if "/recstream/" in f.filename]
+            self.by[frames[-1] if frames else "?"] = self.by.get(frames[-1] if frames else "?", 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@interpreted
+def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_kernels():
+    """The carry-out kernel ranks the admitted keys (per-program counts of the last claim round, no
+    cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
+    own buffers; the unique keys are a sort and three launches; each kernel family's buffers are one
+    allocation; the kernel writes the initial rows: a steady lookup with room dispatches 16 torch ops,
+    not 73 (20 of them ranks and counters, 10 the paddings, 17 `static_unique`'s)."""
+    emb = HashEmbedding(4, capacity=512, param_init="ones")
+    emb.table_backend = "triton"
+    for keys in _stream(3, 16, 40):
+        before = hash_triton.launches
+        with device_path(), _Ops() as ops:
+            emb(keys)
+        assert hash_triton.launches - before == 13
+    assert "carry_out" not in ops.by and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
+    assert "_init_rows" not in ops.by, ops.by  # ones: the kernel writes them
+    assert "static_unique" not in ops.by and ops.by["unique"] == 1, ops.by  # the sort
+    assert ops.by["scratch"] == 3, ops.by  # unique, probe, carry-out: one allocation each
+    assert ops.n <= 16, ops.by
+
+
+@interpreted
+@pytest.mark.parametrize("n", [1, 2, 255, 256, 257, 700])
+@pytest.mark.parametrize("span", [1, 3, 40, 10 ** 6])
+def test_the_triton_unique_matches_static_unique_padding_included(n, span):
+    """A sort and three launches give `static_unique`'s four tensors exactly: runs across program
+    blocks, one key throughout, all keys distinct, padding past the distinct keys."""
+    from recstream.nn.hash_static import static_unique
+
+    g = torch.Generator().manual_seed(n * 31 + span)
+    keys = torch.randint(-span, span, (n,), generator=g) * 7919 + 2 ** 40
+    for ours, theirs, name in zip(hash_triton.TRITON.unique(keys, None), static_unique(keys),
+                                  ("uniq", "inverse", "counts", "valid"), strict=True):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
 
 
 def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_with_the_fix(monkeypatch):

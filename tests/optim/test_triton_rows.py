@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Before the kernels are first imported (they are decorated then); only where there is no GPU: on a
 # GPU machine the whole suite runs in one process, and the compiled kernels are what its CUDA tests
@@ -481,3 +482,38 @@ def test_a_device_takes_the_kernels_only_where_they_step_like_the_torch_ops(monk
         assert "row kernels failed on cpu (RuntimeError: PassManager::run failed)" in caplog.text
         assert triton_rows.ENABLED
         check.cache_clear()
+
+
+def test_gradient_entries_read_a_coo_gradient_in_views_alone_and_refuse_other_sparse_dims():
+    """The entries of a row-sparse gradient are its indices and values (no ``sparse_dim`` query:
+    the indices' shape says it); a gradient sparse in two dims is not one (None)."""
+    grad = torch.sparse_coo_tensor(torch.tensor([[2, 0, 2]]), torch.ones(3, 4), (5, 4), check_invariants=True)
+    with SyncCounter() as counter:
+        rows, values = triton_rows.gradient_entries(grad)
+    assert counter.ops == 5  # _indices, its row, _values and two detaches: views; a sparse_dim query made 6
+    assert rows.tolist() == [2, 0, 2] and values.shape == (3, 4)
+    assert triton_rows.gradient_entries(grad.to_dense().to_sparse(2)) is None
+    assert triton_rows.gradient_entries(torch.zeros(5, 4))[0] is None
+
+
+def test_a_steps_leaders_take_a_kept_arange_not_a_new_one():
+    """The entries' positions that `_leaders` scatters are a view of a kept arange
+    (`hostpath.positions`): no arange op a step once one long enough exists."""
+    weight = torch.zeros(10, 4)
+    grads = [torch.sparse_coo_tensor(torch.tensor([[2, 0, 2, 9]]), torch.ones(4, 4), (10, 4), check_invariants=True),
+             torch.sparse_coo_tensor(torch.tensor([[1, 1, 5]]), torch.ones(3, 4), (10, 4), check_invariants=True)]
+    names = []
+
+    class Named(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    for grad in grads:
+        rows, values = triton_rows.gradient_entries(grad)
+        names.clear()
+        with Named():
+            _, lead, summed, _, _ = triton_rows._leaders(rows, values, weight)
+        assert "arange" not in names, names
+        assert torch.equal(rows.index_select(0, lead), rows)  # every entry's leader is an entry of its row
+        assert torch.equal(summed.index_select(0, lead.unique()).sum(0), values.sum(0))
