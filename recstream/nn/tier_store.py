@@ -466,7 +466,7 @@ class TierStore:
                 pre = np.empty((part.size, f.cols), dtype=np.float32)
                 chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
                 for b in range(0, part.size, chunk):  # chunks: the pages the pre-images map are measured
-                    pre[b:b + chunk] = f.data[part[b:b + chunk]]
+                    pre[b:b + chunk] = np.take(f.data, part[b:b + chunk], axis=0)  # (see TierFile.read_rows)
                     if measuring:
                         self._pages.spent(min(chunk, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)
