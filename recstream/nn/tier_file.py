@@ -236,9 +236,15 @@ class TierFile:
 
     def _create_constant(self, value: float) -> TierFile:
         """Every value `value`. Zeros (Adam's moments, FTRL's linear term) are what the new sparse file
-        reads as: nothing is written, the file takes disk only for the pages training writes. Every
-        full block then holds the same bytes: one checksum, computed once, for all of them."""
-        if value != 0.0:
+        reads as: in a file the page cache cannot hold (`large_file`) nothing is written, the file takes
+        disk only for the pages training writes. A smaller one is written once, in sequence: the first
+        write of training to a hole allocates its page in a fault of its own (380 of them a step, most
+        of the write-back's system time, on a cache-full 4M-row table with LazyAdam until every page
+        was written, steps 100-200), and a Zipf tail writes every page of it within a few hundred
+        steps anyway. Every full block holds the same bytes: one checksum, computed once, for all."""
+        if value == 0.0 and not large_file(self._map.size()):
+            self._write_zeros()
+        elif value != 0.0:
             chunk = self.block_rows * 4096
             for a in range(0, self.rows, chunk):
                 self._rows[a:min(self.rows, a + chunk)] = value
@@ -252,6 +258,17 @@ class TierFile:
         self.set_generation(0)
         self.release()
         return self
+
+    def _write_zeros(self) -> None:
+        """The rows' bytes written as zeros, by ``pwrite`` (no page of the file is mapped)."""
+        start, end = HEADER_BYTES + _pad(4 * self.blocks), self._map.size()
+        zeros = bytes(min(16 << 20, end - start))
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            for offset in range(start, end, len(zeros)):
+                os.pwrite(fd, zeros[:end - offset], offset)
+        finally:
+            os.close(fd)
 
     @classmethod
     def open(cls, path: str) -> TierFile:
