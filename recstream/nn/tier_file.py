@@ -14,8 +14,11 @@ so a corrupt or torn block raises `TierFileError` naming the file and the block 
 being read. (Blocks written in between are the process's own and are trusted until the next flush.)
 
 A shared memory map gives the page cache the work of moving rows between memory and disk: a read of a
-few rows touches their pages only. Pages a process touched count in its resident set until dropped,
-so `TierFile.release` drops them (written pages stay in the page cache, to be written back).
+few rows touches their pages only. Two maps of the file, in fact: rows are read through a read-only
+one (``TierFile.data``) and written through the other, so a write never meets a page that a read
+mapped read-only (a write-protect fault per page). Pages a process touched count in its resident
+set until dropped, so `TierFile.release` drops them (written pages stay in the page cache, to be
+written back).
 
 Example:
     >>> import os, tempfile, numpy as np
