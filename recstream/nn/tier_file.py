@@ -14,9 +14,9 @@ so a corrupt or torn block raises `TierFileError` naming the file and the block 
 being read. (Blocks written in between are the process's own and are trusted until the next flush.)
 
 A shared memory map gives the page cache the work of moving rows between memory and disk: a read of a
-few rows touches their pages only. Two maps of the file, in fact: rows are read through a read-only
-one (``TierFile.data``) and written through the other, so a write never meets a page that a read
-mapped read-only (a write-protect fault per page). Pages a process touched count in its resident
+few rows touches their pages only. Two maps of a file the page cache can hold, in fact: rows are read
+through a read-only one (``TierFile.data``) and written through the other, so a write never meets a
+page that a read mapped read-only (a write-protect fault per page). Pages a process touched count in its resident
 set until dropped, so `TierFile.release` drops them (written pages stay in the page cache, to be
 written back).
 
@@ -179,12 +179,15 @@ class TierFile:
         # each such page then takes a write-protect fault (the filesystem's page_mkwrite) of its own: a
         # cache-full step of a 4M-row table read and then wrote back ~600 such pages, the most costly
         # part of the step (sys time, on the prefetch thread). A write to a page the write map has not
-        # mapped maps the page-cache folio around it at once: ~20 faults for the same rows.
+        # mapped maps the page-cache folio around it at once: ~20 faults for the same rows. Not in a file
+        # the page cache cannot hold (`large_file`): there a fault reads its page from disk whatever the
+        # map, and a page read and written would count twice against the resident-set budget.
         fd = os.open(path, os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             self._map = mmap.mmap(fd, size)  # MAP_SHARED, read and write: header, checksums, row writes
-            self._read_map = mmap.mmap(fd, size, prot=mmap.PROT_READ)  # MAP_SHARED: row reads
+            # MAP_SHARED: row reads
+            self._read_map = None if large_file(size) else mmap.mmap(fd, size, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         # Rows are read at random. In a file the page cache cannot hold, a fault must read its page only,
@@ -194,16 +197,16 @@ class TierFile:
         advices = ("MADV_NOHUGEPAGE", "MADV_RANDOM") if large_file(self._map.size()) else ("MADV_NOHUGEPAGE",)
         for advice in advices:
             if hasattr(mmap, advice):
-                self._map.madvise(getattr(mmap, advice))
-                self._read_map.madvise(getattr(mmap, advice))
+                for m in self._maps():
+                    m.madvise(getattr(mmap, advice))
         mm = self._mm = np.frombuffer(self._map, dtype=np.uint8)
         crc_end = HEADER_BYTES + 4 * self.blocks
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
         data = HEADER_BYTES + _pad(4 * self.blocks)
         self._rows = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)  # written
         # the rows as read (read-only: a write through it raises rather than faulting pages read-mapped)
-        self.data = np.frombuffer(self._read_map, dtype=np.uint8)[data:data + rows * cols * 4].view(
-            np.float32).reshape(rows, cols)
+        self.data = self._rows if self._read_map is None else np.frombuffer(self._read_map, dtype=np.uint8)[
+            data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
         self.verified = np.zeros(self.blocks, dtype=bool)  # checked against its checksum since open
         self.dirty = np.zeros(self.blocks, dtype=bool)  # written since the last flush
 
@@ -300,15 +303,18 @@ class TierFile:
     def close(self) -> None:
         self._map.flush()
         del self.data, self._rows, self._crc, self._mm  # the views first: a map with views cannot close
-        self._map.close()
-        self._read_map.close()
+        for m in self._maps():
+            m.close()
+
+    def _maps(self) -> list[mmap.mmap]:
+        return [self._map] if self._read_map is None else [self._map, self._read_map]
 
     def release(self) -> None:
         """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
         on disk): the table's disk tier then costs the cache, not the pages it went through."""
         if hasattr(mmap, "MADV_DONTNEED"):
-            self._map.madvise(mmap.MADV_DONTNEED)
-            self._read_map.madvise(mmap.MADV_DONTNEED)
+            for m in self._maps():
+                m.madvise(mmap.MADV_DONTNEED)
 
     # ----- rows -----
     def block_range(self, b: int) -> tuple[int, int]:

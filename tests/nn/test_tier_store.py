@@ -113,7 +113,11 @@ def test_a_torn_or_foreign_file_is_refused(tmp_path, damage):
         TierFile.open(path)
 
 
-def test_uncommitted_writes_are_rolled_back_and_committed_ones_kept(tmp_path):
+@pytest.mark.parametrize("large", [False, True])
+def test_uncommitted_writes_are_rolled_back_and_committed_ones_kept(tmp_path, large, monkeypatch):
+    if large:  # a file the page cache cannot hold: one map, read and written, sparse zeros
+        from recstream.nn import tier_file
+        monkeypatch.setattr(tier_file, "large_file", lambda nbytes: True)
     store = TierStore.create(str(tmp_path), {"weight": (3000, 4, _fill(4)), "sum": (3000, 1, _fill(1, 0.5))})
     store.write_many([("weight", np.array([1, 2999]), np.full((2, 4), 9.0, np.float32)),
                       ("sum", np.array([1]), np.full((1, 1), 2.0, np.float32))])
