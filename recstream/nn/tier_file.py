@@ -306,6 +306,16 @@ class TierFile:
         for m in self._maps():
             m.close()
 
+    def one_map(self) -> None:
+        """Read rows through the write map from now on, the read map's pages dropped: a page read and
+        written is mapped once, counted once against a resident-set budget that is measured
+        (`TierStore._measuring`). There, a release drops the pages of both maps; refilling the write
+        map costs a fault per page, and with two maps the budget fills twice as fast."""
+        if self.data is not self._rows:
+            self.data = self._rows
+            if self._read_map is not None and hasattr(mmap, "MADV_DONTNEED"):
+                self._read_map.madvise(mmap.MADV_DONTNEED)  # (closed with the file: a view may be in use)
+
     def _maps(self) -> list[mmap.mmap]:
         return [self._map] if self._read_map is None else [self._map, self._read_map]
 

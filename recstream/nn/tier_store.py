@@ -153,6 +153,7 @@ class TierStore:
         # (and its lock) alive after its table is dropped.
         self._pages = PageBudget(lambda: _release(files), 0)
         self._file_bytes = 0  # of this store's files while it is open (0 once closed)
+        self._one_map = False  # its files read through their write maps (once measured: see _measuring)
         self._sized()
         with _OPEN_LOCK:
             _OPEN.add(self)
@@ -168,10 +169,19 @@ class TierStore:
         nothing can need releasing, and a read or write touches its rows in one call per array, not one
         per `_CHUNK` rows with a fault count (getrusage) after each: a cache-full prefetch of a 4M-row
         table (768 MB of files) made 66 file calls and 76 fault counts, 933 Python calls in all; now 6,
-        0 and 521 (cProfile)."""
+        0 and 521 (cProfile).
+
+        Below the limit a file is read through a map of its own (`TierFile`), so its file pages count up
+        to twice in the resident set (the same page-cache pages); once measured, a store's files are
+        read through their write maps (`TierFile.one_map`): the limit then holds as before."""
         with _OPEN_LOCK:
             stores = list(_OPEN)
-        return sum(s._file_bytes for s in stores) > self._pages.limit
+        measuring = sum(s._file_bytes for s in stores) > self._pages.limit
+        if measuring and not self._one_map:
+            self._one_map = True
+            for f in self.files.values():
+                f.one_map()
+        return measuring
 
     # ----- create / open -----
     @classmethod
@@ -214,6 +224,8 @@ class TierStore:
             raise ValueError(f"TierStore: {self.directory} has an array {name!r} already")
         f = TierFile.create(os.path.join(self.directory, f"{name}.tier"), rows, cols, fill)
         f.set_generation(self.generation)
+        if self._one_map:
+            f.one_map()
         self.files[name] = f
         self._sized()
         self._preimaged[name] = np.zeros(f.blocks, dtype=bool)

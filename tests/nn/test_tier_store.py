@@ -369,6 +369,33 @@ def test_rows_are_read_through_a_map_of_their_own_so_writes_fault_folios_not_pag
     assert TierFile.open(path).read_rows(rows[[0, -1]])[:, 0].tolist() == [2.0, 2.0]
 
 
+def test_a_store_measured_against_its_page_budget_reads_through_one_map(tmp_path, monkeypatch):
+    """Two maps count a page read and written twice against the budget: a measured store's release
+    would come twice as often (and refilling its write map costs a fault per page), so once measured
+    its files read through their write maps, the read maps' pages dropped."""
+    import gc
+
+    from recstream.nn import tier_store
+    gc.collect()  # stores of earlier tests, unreachable, are not open
+    monkeypatch.setattr(tier_store, "RELEASE_BYTES", 6 << 20)
+    a = TierStore.create(str(tmp_path / "a"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 4 MiB: unmeasured
+    rows = np.arange(0, 1 << 16, 64)
+    assert (a.read("weight", rows) == 1.0).all()
+    f = a.files["weight"]
+    assert f.data is not getattr(f, "_rows", None) and _mapped_mib(f.data) > 3  # its own read map
+    b = TierStore.create(str(tmp_path / "b"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 8 MiB open now
+    a.write("weight", rows, np.full((rows.size, 16), 2.0, np.float32))
+    assert f.data is f._rows  # one map: reads and writes
+    assert (a.read("weight", rows) == 2.0).all() and a.read("weight", np.array([1]))[0, 0] == 1.0
+    a.add("sum", 1 << 16, 1, 0.5)  # an array added once measured is read through one map too
+    assert a.files["sum"].data is a.files["sum"]._rows and (a.read("sum", rows) == 0.5).all()
+    a.commit()
+    a.close(), b.close()
+    reopened = TierStore.open(str(tmp_path / "a"))
+    assert (reopened.read("weight", rows) == 2.0).all()
+    reopened.close()
+
+
 def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp_path, monkeypatch):
     """A read of rows spread over the whole file maps a page (or, on kernels mapping large page-cache
     folios, far more) per row: the store measures the pages mapped as it goes and drops them past its
