@@ -97,15 +97,30 @@ def _row_masks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return byte[starts], np.bitwise_or.reduceat(bits, starts) if rows.size else bits
 
 
-def _set_bits(bits: np.ndarray, rows: np.ndarray) -> None:
-    """Set the bit of each of `rows` in `bits`."""
-    at, masks = _row_masks(rows)
+class _SharedMasks:
+    """`_row_masks` of the rows last asked for, kept for the next array written with the same rows (a
+    cache writes a row's weights and state arrays together: one sort of a step's ~3,800 rows, not
+    one per array)."""
+
+    def __init__(self) -> None:
+        self._rows: np.ndarray | None = None
+        self._masks: tuple[np.ndarray, np.ndarray] | None = None
+
+    def of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._rows is None or not np.array_equal(self._rows, rows):
+            self._rows, self._masks = rows, _row_masks(rows)
+        return self._masks
+
+
+def _set_bits(bits: np.ndarray, rows: np.ndarray, row_masks: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Set the bit of each of `rows` in `bits` (`row_masks`: their `_row_masks`, if known)."""
+    at, masks = _row_masks(rows) if row_masks is None else row_masks
     bits[at] |= masks
 
 
-def _clear_bits(bits: np.ndarray, rows: np.ndarray) -> None:
-    """Clear the bit of each of `rows` in `bits`."""
-    at, masks = _row_masks(rows)
+def _clear_bits(bits: np.ndarray, rows: np.ndarray, row_masks: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Clear the bit of each of `rows` in `bits` (`row_masks`: their `_row_masks`, if known)."""
+    at, masks = _row_masks(rows) if row_masks is None else row_masks
     bits[at] &= ~masks
 
 
@@ -289,9 +304,10 @@ class TierStore:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
         self._log_preimages(writes, ahead or [])
         measuring = self._measuring()
+        masks = _SharedMasks()
         for name, rows, values in writes:
             if name in self._fresh:  # no longer (known to be) at the array's value
-                _clear_bits(self._fresh[name][1], rows)
+                _clear_bits(self._fresh[name][1], rows, masks.of(rows))
             chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
             for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
                 self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True)
@@ -442,9 +458,10 @@ class TierStore:
                 log.write(part)
             log.flush()
             os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+        masks = _SharedMasks()
         for name, blocks, new in logged:
             self._preimaged[name][blocks] = True
-            _set_bits(self._logged_rows[name], new)
+            _set_bits(self._logged_rows[name], new, masks.of(new))
 
     def _preimage_parts(self, rows_of: list[tuple[str, np.ndarray]], logged: list) -> list:
         """The undo entries (as parts to write) of `rows_of` ``(array, rows)`` not logged since the

@@ -528,3 +528,27 @@ def test_stores_within_the_page_budget_touch_rows_in_one_call_without_measuring(
     faults.clear()
     assert (a.read("weight", rows) == 1.0).all() and not faults
     a.close()
+
+
+def test_state_arrays_written_with_the_same_rows_clear_their_initial_value_bits_with_one_sort(tmp_path, monkeypatch):
+    """A cache writes a row's arrays together: their rows are sorted into bit masks once for the undo
+    log's bits and once for the initial-value bits, not once per array (a sort of the ~3,800 rows a
+    cache-full step writes back); rows differing per array still set and clear each array's own."""
+    from recstream.nn import tier_store
+    store = TierStore.create(str(tmp_path), {"weight": (5000, 2, _fill(2)), "m": (5000, 2, 0.0),
+                                             "v": (5000, 2, 0.0)})
+    sorts = _counting(monkeypatch, tier_store, "_row_masks")
+    rows = np.array([4000, 7, 9])
+    store.write_many([(name, rows, np.ones((3, 2), np.float32)) for name in ("weight", "m", "v")])
+    assert len(sorts) == 2
+    store.write_many([("m", np.array([1]), np.full((1, 2), 2.0, np.float32)),
+                      ("v", np.array([2]), np.full((1, 2), 3.0, np.float32))])
+    assert store.read("m", np.array([1, 2, 7, 8])).tolist() == [[2.0] * 2, [0.0] * 2, [1.0] * 2, [0.0] * 2]
+    assert store.read("v", np.array([1, 2, 9])).tolist() == [[0.0] * 2, [3.0] * 2, [1.0] * 2]
+    assert store.logged("m", np.array([1, 4000])) and not store.logged("m", np.array([2]))
+    assert store.logged("v", np.array([2, 9])) and not store.logged("v", np.array([1]))
+    store.rollback()  # every write undone: the logged rows were set per array
+    assert store.read("m", np.array([1, 7])).tolist() == [[0.0] * 2] * 2
+    assert store.read("v", np.array([2, 9])).tolist() == [[0.0] * 2] * 2
+    assert store.read("weight", np.array([7]))[0].tolist() == [14.0, 15.0]
+    store.close()
