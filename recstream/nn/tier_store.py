@@ -97,15 +97,30 @@ def _row_masks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return byte[starts], np.bitwise_or.reduceat(bits, starts) if rows.size else bits
 
 
-def _set_bits(bits: np.ndarray, rows: np.ndarray) -> None:
-    """Set the bit of each of `rows` in `bits`."""
-    at, masks = _row_masks(rows)
+class _SharedMasks:
+    """`_row_masks` of the rows last asked for, kept for the next array written with the same rows (a
+    cache writes a row's weights and state arrays together: one sort of a step's ~3,800 rows, not
+    one per array)."""
+
+    def __init__(self) -> None:
+        self._rows: np.ndarray | None = None
+        self._masks: tuple[np.ndarray, np.ndarray] | None = None
+
+    def of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._rows is None or not np.array_equal(self._rows, rows):
+            self._rows, self._masks = rows, _row_masks(rows)
+        return self._masks
+
+
+def _set_bits(bits: np.ndarray, rows: np.ndarray, row_masks: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Set the bit of each of `rows` in `bits` (`row_masks`: their `_row_masks`, if known)."""
+    at, masks = _row_masks(rows) if row_masks is None else row_masks
     bits[at] |= masks
 
 
-def _clear_bits(bits: np.ndarray, rows: np.ndarray) -> None:
-    """Clear the bit of each of `rows` in `bits`."""
-    at, masks = _row_masks(rows)
+def _clear_bits(bits: np.ndarray, rows: np.ndarray, row_masks: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Clear the bit of each of `rows` in `bits` (`row_masks`: their `_row_masks`, if known)."""
+    at, masks = _row_masks(rows) if row_masks is None else row_masks
     bits[at] &= ~masks
 
 
@@ -153,6 +168,7 @@ class TierStore:
         # (and its lock) alive after its table is dropped.
         self._pages = PageBudget(lambda: _release(files), 0)
         self._file_bytes = 0  # of this store's files while it is open (0 once closed)
+        self._one_map = False  # its files read through their write maps (once measured: see _measuring)
         self._sized()
         with _OPEN_LOCK:
             _OPEN.add(self)
@@ -168,10 +184,19 @@ class TierStore:
         nothing can need releasing, and a read or write touches its rows in one call per array, not one
         per `_CHUNK` rows with a fault count (getrusage) after each: a cache-full prefetch of a 4M-row
         table (768 MB of files) made 66 file calls and 76 fault counts, 933 Python calls in all; now 6,
-        0 and 521 (cProfile)."""
+        0 and 521 (cProfile).
+
+        Below the limit a file is read through a map of its own (`TierFile`), so its file pages count up
+        to twice in the resident set (the same page-cache pages); once measured, a store's files are
+        read through their write maps (`TierFile.one_map`): the limit then holds as before."""
         with _OPEN_LOCK:
             stores = list(_OPEN)
-        return sum(s._file_bytes for s in stores) > self._pages.limit
+        measuring = sum(s._file_bytes for s in stores) > self._pages.limit
+        if measuring and not self._one_map:
+            self._one_map = True
+            for f in self.files.values():
+                f.one_map()
+        return measuring
 
     # ----- create / open -----
     @classmethod
@@ -214,6 +239,8 @@ class TierStore:
             raise ValueError(f"TierStore: {self.directory} has an array {name!r} already")
         f = TierFile.create(os.path.join(self.directory, f"{name}.tier"), rows, cols, fill)
         f.set_generation(self.generation)
+        if self._one_map:
+            f.one_map()
         self.files[name] = f
         self._sized()
         self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
@@ -277,9 +304,10 @@ class TierStore:
             self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
         self._log_preimages(writes, ahead or [])
         measuring = self._measuring()
+        masks = _SharedMasks()
         for name, rows, values in writes:
             if name in self._fresh:  # no longer (known to be) at the array's value
-                _clear_bits(self._fresh[name][1], rows)
+                _clear_bits(self._fresh[name][1], rows, masks.of(rows))
             chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
             for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
                 self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True)
@@ -430,9 +458,10 @@ class TierStore:
                 log.write(part)
             log.flush()
             os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+        masks = _SharedMasks()
         for name, blocks, new in logged:
             self._preimaged[name][blocks] = True
-            _set_bits(self._logged_rows[name], new)
+            _set_bits(self._logged_rows[name], new, masks.of(new))
 
     def _preimage_parts(self, rows_of: list[tuple[str, np.ndarray]], logged: list) -> list:
         """The undo entries (as parts to write) of `rows_of` ``(array, rows)`` not logged since the
@@ -466,7 +495,7 @@ class TierStore:
                 pre = np.empty((part.size, f.cols), dtype=np.float32)
                 chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
                 for b in range(0, part.size, chunk):  # chunks: the pages the pre-images map are measured
-                    pre[b:b + chunk] = f.data[part[b:b + chunk]]
+                    pre[b:b + chunk] = np.take(f.data, part[b:b + chunk], axis=0)  # (see TierFile.read_rows)
                     if measuring:
                         self._pages.spent(min(chunk, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)
