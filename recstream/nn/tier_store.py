@@ -168,7 +168,7 @@ class TierStore:
         # (and its lock) alive after its table is dropped.
         self._pages = PageBudget(lambda: _release(files), 0)
         self._file_bytes = 0  # of this store's files while it is open (0 once closed)
-        self._one_map = False  # its files read through their write maps (once measured: see _measuring)
+        self._one_map = False  # its files read through their write maps (see _measuring)
         self._sized()
         with _OPEN_LOCK:
             _OPEN.add(self)
@@ -186,17 +186,18 @@ class TierStore:
         table (768 MB of files) made 66 file calls and 76 fault counts, 933 Python calls in all; now 6,
         0 and 521 (cProfile).
 
-        Below the limit a file is read through a map of its own (`TierFile`), so its file pages count up
-        to twice in the resident set (the same page-cache pages); once measured, a store's files are
-        read through their write maps (`TierFile.one_map`): the limit then holds as before."""
+        While twice the open stores' files fit under the limit, a file is read through a map of its own
+        (`TierFile`), so its file pages count up to twice in the resident set (the same page-cache
+        pages); past that, a store's files are read through their write maps (`TierFile.one_map`), so
+        the pages its maps hold stay within the limit, as the resident-set bound promises."""
         with _OPEN_LOCK:
             stores = list(_OPEN)
-        measuring = sum(s._file_bytes for s in stores) > self._pages.limit
-        if measuring and not self._one_map:
+        total = sum(s._file_bytes for s in stores)
+        if 2 * total > self._pages.limit and not self._one_map:
             self._one_map = True
             for f in self.files.values():
                 f.one_map()
-        return measuring
+        return total > self._pages.limit
 
     # ----- create / open -----
     @classmethod
