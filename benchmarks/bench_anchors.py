@@ -287,7 +287,8 @@ DEFAULTS = [Config("recstream WideDeep, default_optimizer", WideDeep),
 # The best found (--search on both streams and a grid of crosses, docs/benchmarks.md "Anchors"): the
 # stream's crosses in the wide/linear part and the tables at lr 0.1 (online; default_optimizer's 0.05 is
 # the offline choice) -- a narrower WideDeep with micro-steps of 32 is the best on drifting, DeepFM (one
-# step per batch) on coldstart.
+# step per batch) on coldstart. (That search ran with the tables' accumulators from 0; from today's 1e-6,
+# one-step WideDeep at tables lr 0.1 is level with or ahead of every micro-step row: docs/online.md.)
 ONLINE = {"embedding_lr": 0.1}
 BEST = [Config("recstream WideDeep hidden (64, 32), crosses, micro 32", functools.partial(WideDeep, hidden=(64, 32)),
                ONLINE, 32, True),
