@@ -246,6 +246,21 @@ def test_the_anchors_benchmarks_crosses_rows_feed_the_streams_crosses_to_the_lin
     assert [r["system"] for r in rows["rows"]] == ["recstream DeepFM, crosses"] and 0.55 < rows["rows"][0]["auc"] < 1
 
 
+def test_the_anchors_benchmarks_exact_only_selects_whole_rows():
+    bench = _load("bench_anchors")
+    names = [c.name for c in bench.DEFAULTS + bench.BEST + bench.SEARCH]
+    assert "recstream WideDeep, crosses, micro 16" in names and "recstream DeepFM, crosses, micro 16" not in names
+    only = ["WideDeep, crosses", "DeepFM, crosses, micro 64"]
+    assert [n for n in names if bench.selected(n, only, exact=True)] == [
+        "recstream WideDeep, crosses", "recstream DeepFM, crosses, micro 64"]
+    substring = [n for n in names if bench.selected(n, only)]  # without --exact: every row containing a text
+    assert "recstream WideDeep, crosses, micro 16" in substring and len(substring) > 2
+    assert all(bench.selected(n, None) for n in names)
+    rows = bench.main(["--quick", "--no-anchors", "--search", "--exact", "--streams", "drifting",
+                       "--only", "WideDeep, crosses, micro 16"])["drifting"]["rows"]
+    assert [r["system"] for r in rows] == ["recstream WideDeep, crosses, micro 16"] and 0.55 < rows[0]["auc"] < 1
+
+
 def test_the_anchors_benchmark_runs_every_seed_and_states_the_spread(capsys):
     bench = _load("bench_anchors")
     res = bench.main(["--quick", "--no-anchors", "--streams", "drifting", "--only", "DeepFM, crosses",
