@@ -282,7 +282,7 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"{_OWNER}: disk-tiered table {t.name!r} has {t.num_embeddings} rows, too few to "
                              f"give each of {rows.world_size} ranks some")
         store = open_rank_store(t.tier.directory, t.name, t.num_embeddings, rows.start, rows.stop, t.embedding_dim,
-                                t.init_std, rows.rank, rows.world_size)
+                                t.init_std, rows.rank, rows.world_size, group=group)
         self._tiers[g] = TierCache(t.name, weight, store, t.tier.cache_rows)
         rows.scale_gradient(weight)
         weight.recstream_layout = {  # the slots are this rank's own: saved and loaded per rank

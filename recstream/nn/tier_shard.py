@@ -87,11 +87,45 @@ def refuse_rank_stores(directory: str, table: str, owner: str = _OWNER) -> None:
 
 
 def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float | None,
-                    rank: int, world_size: int, owner: str = _OWNER) -> TierStore:
+                    rank: int, world_size: int, owner: str = _OWNER, group=None) -> TierStore:
     """The store of rows ``[start, stop)`` of `table` (`rows` rows in all) for rank `rank` of
     `world_size`: opened (a crash's uncommitted writes undone) if that rank made it, else created
     with rows drawn from ``N(0, init_std**2)`` (torch's generator, as an in-memory table's); with
-    `init_std` None, of zeros (a sparse file: nothing written). `owner` begins the error messages."""
+    `init_std` None, of zeros (a sparse file: nothing written). `owner` begins the error messages.
+
+    In a process group (`group`, the default one if None) the ranks agree before they return
+    (collective: one all-reduce): a rank whose store fails to open raises its error, and every other
+    rank a ValueError naming it, instead of going on into collectives that rank never joins."""
+    try:
+        store, error = _open_rank_store(directory, table, rows, start, stop, dim, init_std, rank, world_size,
+                                        owner), None
+    except Exception as e:  # noqa: BLE001 -- re-raised below, after the ranks agreed
+        store, error = None, e
+    failed = _failed_ranks(error is not None, group)
+    if error is not None:
+        raise error
+    if failed:
+        store.close()
+        raise ValueError(f"{owner}: table {table!r}: rank(s) {failed} of {world_size} could not open their tier "
+                         f"stores under {directory} (their errors say why); this is rank {rank}, whose store "
+                         "opened, but the table cannot train without every rank's rows")
+    return store
+
+
+def _failed_ranks(failed: bool, group) -> list[int]:
+    """The ranks of `group` whose `failed` is set (one all-reduce); none outside a process group."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return []
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL reduces device tensors only
+    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    flags[dist.get_rank(group)] = int(failed)
+    dist.all_reduce(flags, group=group)
+    return [r for r, f in enumerate(flags.tolist()) if f]
+
+
+def _open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float | None,
+                     rank: int, world_size: int, owner: str) -> TierStore:
     where = f"tier directory {directory} (table {table!r}, this is rank {rank} of {world_size})"
     if TierStore.exists(directory):
         raise ValueError(f"{owner}: {where} holds the store of the whole table, made by one process; a table "

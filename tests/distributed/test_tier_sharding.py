@@ -145,3 +145,19 @@ def test_a_sharded_checkpoint_of_one_process_commits_and_restores_its_stores(tmp
     _steps(net, optimizer, data[3:])
     _assert_same(_rows(net), straight, atol=0)
     assert net.embedding.ebc.tier_stats()["C1"].misses > CACHE  # the cache was too small for the run's rows
+
+
+@pytest.mark.e2e
+def test_every_rank_raises_when_one_cannot_open_its_store(tmp_path):
+    # rank 1 alone failed to open its store (here a torn shard.json) and raised, while rank 0 went on into
+    # the collectives of sharding and training, waiting for it (until a timeout, or torchrun's teardown)
+    torn = tmp_path / "tiers" / "wide" / "C1" / "rank-1-of-2"
+    torn.mkdir(parents=True)
+    (torn / "shard.json").write_text('{"table": "C1", "ro')
+    torchrun(WORKER, tmp_path, "torn", timeout=120)
+    assert (tmp_path / "error-1.txt").read_text().startswith(f"EmbeddingBagCollection: cannot read {torn}/shard.json "
+                                                             "(rank 1 of 2)")
+    assert (tmp_path / "error-0.txt").read_text() == (
+        f"EmbeddingBagCollection: table 'C1': rank(s) [1] of 2 could not open their tier stores under "
+        f"{tmp_path}/tiers/wide/C1 (their errors say why); this is rank 0, whose store opened, but the table "
+        "cannot train without every rank's rows")
