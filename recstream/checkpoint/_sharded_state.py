@@ -91,17 +91,17 @@ def tier_reshards(network: nn.Module, saved) -> dict[str, int]:
     return out
 
 
-def resharded_caches(network: nn.Module, reshard: dict[str, int]) -> dict[str, tuple[nn.Parameter, int]]:
-    """``{parameter name: (cache Parameter, saving ranks)}`` of the collections with a resharded tier:
-    their cache slots, emptied by the reshard, are not read from the checkpoint."""
-    ranks = {id(m): n for key, n in reshard.items() for m, _ in [_tiered(network)[key]]}
+def resharded_caches(network: nn.Module, reshard: dict[str, int]) -> dict[str, nn.Parameter]:
+    """``{parameter name: cache Parameter}`` of the collections with a resharded tier: their cache
+    slots, emptied by the reshard, are not read from the checkpoint."""
+    resharded = {id(_tiered(network)[key][0]) for key in reshard}
     out = {}
     for prefix, m in network.named_modules():
-        if id(m) in ranks:
+        if id(m) in resharded:
             caches = {id(p) for p in m.tier_cache_parameters()}
             for name, p in m.named_parameters():
                 if id(p) in caches:
-                    out[f"{prefix}.{name}" if prefix else name] = (p, ranks[id(m)])
+                    out[f"{prefix}.{name}" if prefix else name] = p
     return out
 
 
@@ -113,11 +113,11 @@ def cache_state_fills(network: nn.Module, optimizer, doc: dict, caches: dict, te
         for name, entries in doc[path]["state"].items():
             if name not in caches:
                 continue
-            p, ranks = caches[name]
+            p = caches[name]
             for key in entries:
                 k = _state_key(path, name, key)
                 t = templates.get(k)
-                if t is not None and t.dim() >= 1 and t.shape[0] == ranks * p.shape[0]:
+                if t is not None and t.dim() >= 1:  # per slot, not a scalar (a step count)
                     fills[k] = (p.shape[0], *t.shape[1:])
                     del templates[k]
     return fills
