@@ -10,15 +10,16 @@ A disk-tiered table's rows are its store's: each rank commits its store and the 
 commit, ``<module>.tables.<table>.tier`` = ``[store uid, generation]`` per rank (a ``[ranks, 2]``
 tensor, one row per rank), which loading returns each rank's store to (`restore_tiers`). Its cache
 Parameter (and the cache slots' optimizer state) is the rank's own (placement ``"rank_local"``):
-written and read back per rank. Such a checkpoint loads only into as many ranks as wrote it (each
-store holds its rank's rows; a tier is not resharded): others are refused naming the table.
+written and read back per rank. Loaded into another number of ranks (one process included), the
+stores are resharded instead (`tier_reshards`, `EmbeddingBagCollection.reshard_tier`): each rank's new
+store is filled from the old ones' commits, and the cache slots (emptied) and their optimizer state are
+not read (zeros: the rows' state is in the store).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..distributed import rank
 from ..nn import EmbeddingBagCollection, HashEmbedding
 from ..optim import CombinedOptimizer
 
@@ -26,10 +27,12 @@ _SCALARS = {bool: "bool", int: "int", float: "float"}
 
 
 # ----- the network -----
-def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False) -> dict[str, torch.Tensor]:
+def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False,
+                    reshard: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """``{name: tensor}`` of every parameter and persistent buffer (this rank's rows when sharded).
 
-    `empty`: fresh tensors of the same placement to load into, instead of the network's own.
+    `empty`: fresh tensors of the same placement to load into, instead of the network's own;
+    `reshard` (`tier_reshards`): the tier commits to read whole, every saving rank's.
     """
     _refuse_custom_state(owner, network)
     # A HashEmbedding's tensors go through _hash_state (its shards are per-rank tables).
@@ -40,7 +43,7 @@ def network_tensors(owner: str, network: nn.Module, mesh, empty: bool = False) -
             continue
         local = torch.empty_like(p) if empty else p.detach()
         tensors[name] = _placed(local, p, mesh)
-    tensors.update(_tier_tensors(network, mesh, empty))
+    tensors.update(_tier_tensors(network, mesh, empty, reshard or {}))
     skipped = hashed | {id(b) for m in network.modules() if isinstance(m, EmbeddingBagCollection) for b in m.buffers()}
     for prefix, module in network.named_modules():
         for name, b in module.named_buffers(recurse=False):
@@ -57,10 +60,14 @@ def _tiered(network: nn.Module) -> dict[str, tuple[EmbeddingBagCollection, str]]
             for t in m.tables if t.tier is not None}
 
 
-def _tier_tensors(network: nn.Module, mesh, empty: bool) -> dict[str, torch.Tensor]:
-    """Each tiered table's commit (this rank's store committed now), a ``[1, 2]`` row of ``[ranks, 2]``."""
+def _tier_tensors(network: nn.Module, mesh, empty: bool, reshard: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Each tiered table's commit (this rank's store committed now), a ``[1, 2]`` row of ``[ranks, 2]``
+    (a resharded one's: ``[saving ranks, 2]`` whole, on every rank)."""
     out, commits = {}, {}
     for key, (m, name) in _tiered(network).items():
+        if key in reshard:
+            out[key] = torch.empty(reshard[key], 2, dtype=torch.int64)
+            continue
         if not empty and id(m) not in commits:
             commits[id(m)] = m.tier_commits()
         local = torch.empty(1, 2, dtype=torch.int64) if empty else commits[id(m)][name].view(1, 2)
@@ -73,25 +80,60 @@ def _tier_tensors(network: nn.Module, mesh, empty: bool) -> dict[str, torch.Tens
     return out
 
 
-def check_tier_shards(owner: str, directory: str, network: nn.Module, saved) -> None:
-    """Refuse a checkpoint whose tiered tables were written by another number of ranks than hold them now."""
-    for key, (m, name) in _tiered(network).items():
+def tier_reshards(network: nn.Module, saved) -> dict[str, int]:
+    """``{commit key: saving ranks}`` of the tiered tables saved by another number of ranks than hold
+    them now: their stores are resharded (`restore_tiers`)."""
+    out = {}
+    for key, (m, _) in _tiered(network).items():
         meta = saved.get(f"model.{key}")
-        if meta is None:
-            continue  # reported as a missing key
-        ranks = int(meta.size[0])
-        if ranks != m.tier_shards:
-            raise ValueError(f"{owner}: {directory!r}: disk-tiered table {name!r} ({key}) was saved by {ranks} "
-                             f"rank(s), this run holds it on {m.tier_shards} (this is rank {rank()}): each rank's "
-                             "store holds its rows and a tier is not resharded; load it on as many ranks")
+        if meta is not None and int(meta.size[0]) != m.tier_shards:  # a missing one: reported as missing
+            out[key] = int(meta.size[0])
+    return out
 
 
-def restore_tiers(network: nn.Module, loaded: dict[str, torch.Tensor], directory: str) -> None:
+def resharded_caches(network: nn.Module, reshard: dict[str, int]) -> dict[str, nn.Parameter]:
+    """``{parameter name: cache Parameter}`` of the collections with a resharded tier: their cache
+    slots, emptied by the reshard, are not read from the checkpoint."""
+    resharded = {id(_tiered(network)[key][0]) for key in reshard}
+    out = {}
+    for prefix, m in network.named_modules():
+        if id(m) in resharded:
+            caches = {id(p) for p in m.tier_cache_parameters()}
+            for name, p in m.named_parameters():
+                if id(p) in caches:
+                    out[f"{prefix}.{name}" if prefix else name] = p
+    return out
+
+
+def cache_state_fills(network: nn.Module, optimizer, doc: dict, caches: dict, templates: dict) -> dict[str, tuple]:
+    """Take the per-slot optimizer state of the `caches` out of `templates`; ``{key: local shape}`` of
+    the zeros that stand for it (the rows' state is in the resharded store, read when a row is cached)."""
+    fills = {}
+    for path, _ in _leaves(optimizer):
+        for name, entries in doc[path]["state"].items():
+            if name not in caches:
+                continue
+            p = caches[name]
+            for key in entries:
+                k = _state_key(path, name, key)
+                t = templates.get(k)
+                if t is not None and t.dim() >= 1:  # per slot, not a scalar (a step count)
+                    fills[k] = (p.shape[0], *t.shape[1:])
+                    del templates[k]
+    return fills
+
+
+def restore_tiers(network: nn.Module, loaded: dict[str, torch.Tensor], directory: str,
+                  reshard: dict[str, int]) -> None:
     """Take the tiered tables' commit entries out of `loaded` (``model.``-less keys) and return each
-    rank's stores to them (a ValueError naming the table and store if one cannot be)."""
+    rank's stores to them, or reshard them into this run's stores (`reshard`; collective); a
+    ValueError naming the table and store if one cannot be."""
     for key, (m, name) in _tiered(network).items():
         value = loaded.pop(key)
         local = value.to_local() if hasattr(value, "to_local") else value
+        if key in reshard:
+            m.reshard_tier(name, local.clone(), f"{directory!r}: {key}")
+            continue
         m.restore_tier_commits({name: local.reshape(2).clone()}, f"{directory!r}:")
 
 

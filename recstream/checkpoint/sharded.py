@@ -78,12 +78,14 @@ from ._hash_state import (
 )
 from ._sharded_state import (
     assemble_optimizer_state,
-    check_tier_shards,
+    cache_state_fills,
     network_tensors,
     optimizer_doc,
     optimizer_templates,
     optimizer_tensors,
+    resharded_caches,
     restore_tiers,
+    tier_reshards,
 )
 from .file_format import CheckpointError
 
@@ -156,16 +158,17 @@ def load_sharded(directory: str | os.PathLike, network: torch.nn.Module, optimiz
     dcp, (HuggingFaceStorageReader, _) = _dcp()
     try:  # everything is read and checked before the network changes; any problem is the file's
         doc = _read_doc(owner, path)
-        state, model, direct = _templates(owner, path, network, optimizer, doc)
+        state, model, direct, reshard, fills = _templates(owner, path, network, optimizer, doc)
         with _single_process_quiet():
             dcp.load(state, storage_reader=HuggingFaceStorageReader(path), no_dist=not is_distributed())
+        state.update({key: torch.zeros(shape) for key, shape in fills.items()})
         plans = plan_hash_loads(network, state, direct, doc.get("hash", {}))  # do the keys fit?
     except CheckpointError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError,
             dcp.CheckpointException) as e:  # CheckpointException (a BaseException): a corrupt shard file
         raise CheckpointError(f"{owner}: {path!r} cannot be loaded: {e}") from e
-    restore_tiers(network, model, path)  # each rank's stores back to the commits saved (before the slots' state)
+    restore_tiers(network, model, path, reshard)  # each rank's stores back to the commits saved, or resharded
     _copy_into(network, model)
     moves = load_hash_state(network, state, direct, doc.get("hash", {}), plans)
     if optimizer is not None:
@@ -188,26 +191,31 @@ def _read_doc(owner: str, path: str) -> dict:
     return doc
 
 
-def _templates(owner: str, path: str, network, optimizer, doc: dict) -> tuple[dict, dict, dict]:
+def _templates(owner: str, path: str, network, optimizer, doc: dict) -> tuple[dict, dict, dict, dict, dict]:
     """The tensors DCP loads into (checked against the files' shapes), the network's part of them,
-    and per HashEmbedding whether it reads its own shard back (`hash_templates`)."""
+    per HashEmbedding whether it reads its own shard back (`hash_templates`), the tiered tables to
+    reshard (`tier_reshards`) and the zeros standing for their cache slots' optimizer state."""
     _, (HuggingFaceStorageReader, _) = _dcp()
     saved = HuggingFaceStorageReader(path).read_metadata().state_dict_metadata  # shapes from the headers
-    model = network_tensors(owner, network, _mesh(), empty=True)
-    check_tier_shards(owner, path, network, saved)
+    reshard = tier_reshards(network, saved)
+    model = network_tensors(owner, network, _mesh(), empty=True, reshard=reshard)
     _check_keys(owner, path, "model", sorted(f"model.{k}" for k in model), doc["model"], saved)
+    caches = resharded_caches(network, reshard)  # emptied by the reshard: not read
+    model = {k: v for k, v in model.items() if k not in caches}
     state = {f"model.{k}": v for k, v in model.items()}
     hashed, direct = hash_templates(owner, path, network, doc.get("hash", {}), saved, _mesh())
     state.update(hashed)
+    fills = {}
     if optimizer is not None:
         if "optimizer" not in doc:
             raise ValueError(f"{owner}: {path!r} holds no optimizer state; load without an optimizer")
         templates = optimizer_templates(owner, path, network, optimizer, doc["optimizer"], saved, _mesh())
         full_optimizer_templates(network, doc["optimizer"], direct, templates, saved)
+        fills = cache_state_fills(network, optimizer, doc["optimizer"], caches, templates)
         state.update(templates)
     for key, value in state.items():
         _check_shape(owner, path, key, value, saved)
-    return state, model, direct
+    return state, model, direct, reshard, fills
 
 
 def _check_args(owner: str, directory, network, optimizer) -> str:

@@ -67,7 +67,8 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
 from .tier_cache import TierCache, TierStats
-from .tier_shard import UnopenedTier, open_rank_store, process_ranks, refuse_rank_stores
+from .tier_reshard import copy_rows, old_rank_stores, settle_old_store
+from .tier_shard import UnopenedTier, _failed_ranks, open_rank_store, process_ranks
 from .tier_store import TierStore
 
 __all__ = ["EmbeddingBagCollection"]
@@ -96,8 +97,8 @@ class _InputLayout(NamedTuple):
 
 
 def _open_store(t: EmbeddingTableConfig) -> TierStore:
-    """The store of tiered table `t`: opened (a crash's uncommitted writes undone) or created."""
-    refuse_rank_stores(t.tier.directory, t.name)
+    """The store of tiered table `t`: opened (a crash's uncommitted writes undone) or created. Rank stores
+    may lie beside it (`tier_shard`): a checkpoint of them reshards into this store (`reshard_tier`)."""
     if TierStore.exists(t.tier.directory):
         store = TierStore.open(t.tier.directory)
         weight = store.files.get("weight")
@@ -284,7 +285,7 @@ class EmbeddingBagCollection(nn.Module):
             raise ValueError(f"{_OWNER}: disk-tiered table {t.name!r} has {t.num_embeddings} rows, too few to "
                              f"give each of {rows.world_size} ranks some")
         store = open_rank_store(t.tier.directory, t.name, t.num_embeddings, rows.start, rows.stop, t.embedding_dim,
-                                t.init_std, rows.rank, rows.world_size)
+                                t.init_std, rows.rank, rows.world_size, group=group, reshardable=True)
         self._tiers[g] = TierCache(t.name, weight, store, t.tier.cache_rows)
         rows.scale_gradient(weight)
         weight.recstream_layout = {  # the slots are this rank's own: saved and loaded per rank
@@ -548,6 +549,49 @@ class EmbeddingBagCollection(nn.Module):
                 f"{where} tables.{name}.tier", src, f"table {name!r} (tier store {self.tier_store_directory(name)})")
             if error is not None:
                 raise ValueError(error)
+
+    def tier_cache_parameters(self) -> list[nn.Parameter]:
+        """The Parameters that are the disk-tiered tables' caches (slots over their stores)."""
+        return [getattr(self, n) for n, tier in zip(self._group_param_names, self._tiers, strict=True)
+                if tier is not None]
+
+    def reshard_tier(self, name: str, commits: torch.Tensor, where: str) -> None:
+        """Fill disk-tiered table `name`'s store (this rank's rows, when sharded) from the stores of the
+        ranks that saved a checkpoint, `commits` ``[ranks, 2]`` (their ``[store uid, generation]``; `where`
+        names the entry in errors), streamed in chunks (`tier_reshard`; the old stores are read, not
+        changed); the cache is emptied. Collective when sharded: the ranks agree on every failure."""
+        g, _, _ = self._table_loc[name]
+        t, tier = self._tier_configs[g], self._tiers[g]
+        rows = None if self._sharding is None else self._sharding[g]
+        group, rank, ranks = (None, 0, 1) if rows is None else (rows.group, rows.rank, rows.world_size)
+        start, stop = (0, t.num_embeddings) if rows is None else (rows.start, rows.stop)
+        sources, error = [], None
+        try:
+            sources = old_rank_stores(t.tier.directory, t.name, t.num_embeddings, commits.shape[0])
+            for k, (path, _, _) in enumerate(sources):
+                if k % ranks == rank:  # each old store settled by one process: opening it takes its lock
+                    settle_old_store(path, int(commits[k, 0]), int(commits[k, 1]), f"{where}[{k}]")
+        except ValueError as e:  # TierFileError included
+            error = e
+        self._agree(error, group, name, "read the stores it is resharded from", rank, ranks)
+        try:
+            with tier.lock:
+                tier._quiesce()
+                tier._clear()
+                copy_rows(sources, tier.store, start, stop)
+        except ValueError as e:
+            error = e
+        self._agree(error, group, name, "fill its store", rank, ranks)
+
+    @staticmethod
+    def _agree(error: Exception | None, group, name: str, what: str, rank: int, ranks: int) -> None:
+        failed = _failed_ranks(error is not None, group) if ranks > 1 else []
+        if error is not None:
+            raise ValueError(f"{_OWNER}: table {name!r} resharded on {ranks} rank(s) (this is rank {rank}): "
+                             f"{error}") from error
+        if failed:
+            raise ValueError(f"{_OWNER}: table {name!r} resharded on {ranks} ranks: rank(s) {failed} could not {what} "
+                             f"(their errors say why); this is rank {rank}")
 
     def tier_store_directory(self, name: str) -> str:
         """The directory of tiered table `name`'s store (this rank's, when sharded)."""

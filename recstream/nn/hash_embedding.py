@@ -795,7 +795,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self._allocate(capacity, pending)
         self.evicted_keys = evicted
         self._tier = open_rank_hash_tier(self._tier_config, capacity, self.embedding_size, self.values,
-                                         sharding.rank, sharding.world_size)
+                                         sharding.rank, sharding.world_size, group=sharding.group)
 
     @property
     def shards(self) -> int:

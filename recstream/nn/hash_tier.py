@@ -63,12 +63,13 @@ def unopened_hash_tier(tier: DiskTier) -> UnopenedTier | None:
 
 
 def open_rank_hash_tier(tier: DiskTier, capacity: int, embedding_size: int, weight: nn.Parameter, rank: int,
-                        world_size: int) -> HashTier:
+                        world_size: int, group=None) -> HashTier:
     """The tier of rank `rank` of `world_size`'s key shard of `capacity` rows: its store
     ``<directory>/rank-<rank>-of-<world_size>`` opened, or created of zeros (`tier_shard.open_rank_store`;
-    another rank's or world size's store is refused, naming path, rank and world size)."""
+    another rank's or world size's store is refused, naming path, rank and world size; the ranks of
+    `group` agree first, so every rank raises when one cannot open its store)."""
     store = open_rank_store(tier.directory, _TABLE, world_size * capacity, rank * capacity, (rank + 1) * capacity,
-                            embedding_size, None, rank, world_size, owner=_OWNER)
+                            embedding_size, None, rank, world_size, owner=_OWNER, group=group)
     return HashTier(store.directory, weight, store, tier.cache_rows)
 
 

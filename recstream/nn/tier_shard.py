@@ -8,9 +8,9 @@ A store is opened only by the rank, world size and rows it was made for: one of 
 there is refused with a ValueError naming the path, the rank and the world size -- never read as if
 it held this rank's rows. A key-sharded disk-tiered `HashEmbedding` keeps the rows of each rank's keys the
 same way (`open_rank_store` with ``init_std=None``: a store of zeros, a row gets values when a key gets it).
-Resharding a tier (another number of ranks) is not supported: train on the
-number of ranks that made it, or start a new directory (loading an in-memory checkpoint's full table
-fills the new stores).
+An `EmbeddingBagCollection` table's stores
+are opened `reshardable`: those of other world sizes may lie beside them, and `load_sharded` fills them
+from a checkpoint of another number of ranks (`tier_reshard`); a `HashEmbedding`'s are not resharded.
 
 Example:
     >>> import tempfile
@@ -87,18 +87,56 @@ def refuse_rank_stores(directory: str, table: str, owner: str = _OWNER) -> None:
 
 
 def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float | None,
-                    rank: int, world_size: int, owner: str = _OWNER) -> TierStore:
+                    rank: int, world_size: int, owner: str = _OWNER, group=None, reshardable: bool = False
+                    ) -> TierStore:
     """The store of rows ``[start, stop)`` of `table` (`rows` rows in all) for rank `rank` of
     `world_size`: opened (a crash's uncommitted writes undone) if that rank made it, else created
     with rows drawn from ``N(0, init_std**2)`` (torch's generator, as an in-memory table's); with
-    `init_std` None, of zeros (a sparse file: nothing written). `owner` begins the error messages."""
+    `init_std` None, of zeros (a sparse file: nothing written). `owner` begins the error messages.
+
+    In a process group (`group`, the default one if None) the ranks agree before they return
+    (collective: one all-reduce): a rank whose store fails to open raises its error, and every other
+    rank a ValueError naming it, instead of going on into collectives that rank never joins.
+
+    `reshardable` (an `EmbeddingBagCollection` table's: `load_sharded` reshards its stores, `tier_reshard`):
+    the stores of other world sizes, and a whole table's, may lie beside this one in `directory`."""
+    try:
+        store, error = _open_rank_store(directory, table, rows, start, stop, dim, init_std, rank, world_size,
+                                        owner, reshardable), None
+    except Exception as e:  # noqa: BLE001 -- re-raised below, after the ranks agreed
+        store, error = None, e
+    failed = _failed_ranks(error is not None, group)
+    if error is not None:
+        raise error
+    if failed:
+        store.close()
+        raise ValueError(f"{owner}: table {table!r}: rank(s) {failed} of {world_size} could not open their tier "
+                         f"stores under {directory} (their errors say why); this is rank {rank}, whose store "
+                         "opened, but the table cannot train without every rank's rows")
+    return store
+
+
+def _failed_ranks(failed: bool, group) -> list[int]:
+    """The ranks of `group` whose `failed` is set (one all-reduce); none outside a process group."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return []
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL reduces device tensors only
+    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    flags[dist.get_rank(group)] = int(failed)
+    dist.all_reduce(flags, group=group)
+    return [r for r, f in enumerate(flags.tolist()) if f]
+
+
+def _open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float | None,
+                     rank: int, world_size: int, owner: str, reshardable: bool) -> TierStore:
     where = f"tier directory {directory} (table {table!r}, this is rank {rank} of {world_size})"
-    if TierStore.exists(directory):
+    if TierStore.exists(directory) and not reshardable:
         raise ValueError(f"{owner}: {where} holds the store of the whole table, made by one process; a table "
                          f"sharded over ranks keeps each rank's rows in {rank_directory(directory, '<r>', world_size)}"
                          ": give it another directory")
     others = sorted({int(m.group(2)) for n in _rank_dirs(directory) for m in [_RANK_DIR.match(n)]} - {world_size})
-    if others:
+    if others and not reshardable:
         found = ", ".join(n for n in _rank_dirs(directory) if not n.endswith(f"-of-{world_size}"))
         raise ValueError(f"{owner}: {where} holds the stores of {' and '.join(map(str, others))} ranks ({found}); "
                          f"this is rank {rank} of {world_size}: a tier is trained on the number of ranks that made "

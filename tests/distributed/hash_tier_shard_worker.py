@@ -15,6 +15,7 @@ ACTION:
   ``OUT/straight-<rank>.safetensors``; then loads ``OUT/ckpt`` in the same processes, trains 6-11 again
   and writes ``OUT/again-<rank>.safetensors``;
 - ``resume``: fresh processes load ``OUT/ckpt``, train 6-11 and write ``OUT/resumed-<rank>.safetensors``;
+- ``torn``: rank 1's store has a torn ``shard.json``: each rank writes the error it raises to ``OUT/error-<rank>.txt``;
 - ``model``: a WideDeep whose dynamic feature ``user`` is in memory, then on disk (24 slots per rank), trained
   by ``Model.train`` (which prefetches the batches' keys); each rank writes the table's keys and rows,
   ``OUT/model-<kind>-<rank>.safetensors``, and the tier's counters, ``OUT/model-<rank>.json``.
@@ -147,9 +148,19 @@ def model(out: Path, r: int) -> None:
     (out / f"model-{r}.json").write_text(json.dumps(vars(table.tier_stats())))
 
 
+def torn(out: Path, r: int) -> None:
+    """Rank 1's store has a torn ``shard.json`` (the test wrote it): each rank writes the ValueError it raises
+    when the net is built and key-sharded to ``OUT/error-<rank>.txt``."""
+    try:
+        build(out)
+    except ValueError as e:  # on every rank: none goes on into collectives another never joins
+        (out / f"error-{r}.txt").write_text(str(e))
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     distributed.init()
     set_auto_parallel_context(parallel_mode="hybrid_parallel")
-    {"equal": equal, "save": save, "resume": resume, "model": model}[sys.argv[2]](Path(sys.argv[1]), distributed.rank())
+    {"equal": equal, "save": save, "resume": resume, "model": model, "torn": torn}[sys.argv[2]](
+        Path(sys.argv[1]), distributed.rank())
     distributed.shutdown()

@@ -163,3 +163,17 @@ def test_a_sharded_checkpoint_of_one_process_commits_and_restores_a_tiered_hash_
     with pytest.raises(ValueError, match=r"HashEmbedding 'emb': the checkpoint holds a commit of tier store \d+, this "
                                          rf"rank \(rank 0\) uses store \d+ in {tmp_path}/u"):
         checkpoint.load_sharded(tmp_path / "ckpt", other, other_optimizer)
+
+
+@pytest.mark.e2e
+def test_every_rank_raises_when_one_cannot_open_its_keys_store(tmp_path):
+    # rank 1 alone failed to open its store and raised; rank 0 waited for it in the next collective
+    torn = tmp_path / "tiers" / "emb" / "rank-1-of-2"
+    torn.mkdir(parents=True)
+    (torn / "shard.json").write_text('{"table": "HashEmbedding", "ro')
+    torchrun(WORKER, tmp_path, "torn", timeout=120)
+    assert (tmp_path / "error-1.txt").read_text().startswith(f"HashEmbedding: cannot read {torn}/shard.json (rank 1 "
+                                                             "of 2)")
+    assert (tmp_path / "error-0.txt").read_text().startswith(
+        f"HashEmbedding: table 'HashEmbedding': rank(s) [1] of 2 could not open their tier stores under "
+        f"{tmp_path}/tiers/emb (their errors say why); this is rank 0")

@@ -62,10 +62,11 @@ def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
         "EmbeddingBagCollection: disk-tiered table 'C1' was built in a process of 2 ranks: each rank keeps a store "
         f"of its own rows (under {tmp_path}/early/wide/C1), opened when parallel_mode='hybrid_parallel' shards")
     assert not (tmp_path / "early").exists()
-    # one process cannot open the table: its rows are split over two ranks' stores
-    with pytest.raises(ValueError, match=r"table 'C1': tier directory .*wide/C1 holds the stores of a table "
-                                         r"sharded over ranks \(rank-0-of-2, rank-1-of-2\)"):
-        _single_process_net(tmp_path / "tiers")
+    # one process opens a store of the whole table beside the ranks' (a checkpoint of theirs reshards into it:
+    # test_tier_resharding), leaving theirs as they are
+    _single_process_net(tmp_path / "tiers")
+    assert sorted(os.listdir(tmp_path / "tiers" / "wide" / "C1")) == [
+        "lock", "manifest.json", "rank-0-of-2", "rank-1-of-2", "undo.log", "weight.tier"]
 
 
 @pytest.mark.e2e
@@ -77,10 +78,11 @@ def test_two_ranks_checkpoint_and_resume_tiered_tables_identically(tmp_path):
     _assert_same(load_file(tmp_path / "resumed.safetensors"), straight, atol=0)
     saved = load_file(tmp_path / "ckpt" / "shard-00001-model-00001-of-00001.safetensors")
     assert saved["model.embedding.ebc.tables.C1.tier"].shape == (1, 2)  # rank 0's commit: [store uid, generation]
-    # two ranks' stores cannot load into one process (a tier is not resharded)
+    # two ranks' stores reshard into one process (test_tier_resharding) from the table's directory only
     net = _single_process_net(tmp_path / "other")
-    with pytest.raises(ValueError, match=r"disk-tiered table 'C1' \(wide\.ebc\.tables\.C1\.tier\) was saved by 2 "
-                                         r"rank\(s\), this run holds it on 1 \(this is rank 0\)"):
+    with pytest.raises(ValueError, match=r"EmbeddingBagCollection: table 'C1' resharded on 1 rank\(s\) \(this is rank "
+                                         r"0\): table 'C1': cannot read .*/other/.*/C1/rank-0-of-2/shard.json, the "
+                                         r"shard of rank 0 of the 2 that saved the checkpoint"):
         checkpoint.load_sharded(tmp_path / "ckpt", net, default_optimizer(net, lr=0.01))
 
 
@@ -145,3 +147,19 @@ def test_a_sharded_checkpoint_of_one_process_commits_and_restores_its_stores(tmp
     _steps(net, optimizer, data[3:])
     _assert_same(_rows(net), straight, atol=0)
     assert net.embedding.ebc.tier_stats()["C1"].misses > CACHE  # the cache was too small for the run's rows
+
+
+@pytest.mark.e2e
+def test_every_rank_raises_when_one_cannot_open_its_store(tmp_path):
+    # rank 1 alone failed to open its store (here a torn shard.json) and raised, while rank 0 went on into
+    # the collectives of sharding and training, waiting for it (until a timeout, or torchrun's teardown)
+    torn = tmp_path / "tiers" / "wide" / "C1" / "rank-1-of-2"
+    torn.mkdir(parents=True)
+    (torn / "shard.json").write_text('{"table": "C1", "ro')
+    torchrun(WORKER, tmp_path, "torn", timeout=120)
+    assert (tmp_path / "error-1.txt").read_text().startswith(f"EmbeddingBagCollection: cannot read {torn}/shard.json "
+                                                             "(rank 1 of 2)")
+    assert (tmp_path / "error-0.txt").read_text() == (
+        f"EmbeddingBagCollection: table 'C1': rank(s) [1] of 2 could not open their tier stores under "
+        f"{tmp_path}/tiers/wide/C1 (their errors say why); this is rank 0, whose store opened, but the table "
+        "cannot train without every rank's rows")

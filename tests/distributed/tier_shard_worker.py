@@ -13,6 +13,8 @@ ACTION:
 - ``save``: the tiered net trains batches 0-2, saves ``OUT/ckpt`` (`save_sharded`: every rank's stores
   committed), trains batches 3-5 and writes ``OUT/straight.safetensors``; then loads ``OUT/ckpt``
   back in the same processes, trains batches 3-5 again and writes ``OUT/again.safetensors``;
+- ``torn``: rank 1's store of table C1 has a torn ``shard.json`` (the test wrote it): every rank builds the
+  tiered net and writes the ValueError it raises to ``OUT/error-<rank>.txt``;
 - ``resume``: fresh processes (the stores reopened, their writes after the last commit undone) load
   ``OUT/ckpt``, train batches 3-5 and write ``OUT/resumed.safetensors``.
 
@@ -98,6 +100,11 @@ def main(out: Path, action: str) -> None:
         checkpoint.load_sharded(out / "ckpt", net, optimizer)
         train(model, 3, 6)
         write(out / "again.safetensors", net)
+    elif action == "torn":
+        try:
+            build(out / "tiers")
+        except ValueError as e:  # on every rank: none goes on into collectives another never joins
+            (out / f"error-{r}.txt").write_text(str(e))
     else:
         net, optimizer, model = build(out / "tiers")
         assert checkpoint.load_sharded(out / "ckpt", net, optimizer) == [{"rank": 0}, {"rank": 1}]
