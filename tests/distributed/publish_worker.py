@@ -2,8 +2,10 @@
 
     torchrun --nproc_per_node=2 publish_worker.py OUT ACTION
 
-ACTION ``fixed`` (a WideDeep of fixed-vocabulary tables, row-sharded; background writes) or ``dynamic``
-(a WideDeep with a dynamic feature too: a key-sharded HashEmbedding; writes in the step): `online_train`
+ACTION ``fixed`` (a WideDeep of fixed-vocabulary tables, row-sharded; background writes), ``dynamic``
+(a WideDeep with a dynamic feature too: a key-sharded HashEmbedding; writes in the step) or ``tiered``
+(as ``dynamic``, the tables of "item" and "user" disk-tiered, each rank's rows in a store of its own, behind
+caches smaller than a rank's rows): `online_train`
 with ``ModelPublisher(OUT/pub, every_steps=2)``. A callback records the state at every even step, before
 that step's version is taken: the gathered dense state (``OUT/step<s>-dense.safetensors``, rank 0) and
 every rank's rows of each HashEmbedding (``OUT/step<s>-rows-<r>.safetensors``). After training both
@@ -12,6 +14,7 @@ ACTION ``diverge``: rank 1's third batch holds a NaN, the publisher is due at st
 raise DivergenceError (written to ``OUT/error-<r>.txt``), none waits forever.
 ACTION ``unwritable``: rank 0 replaces the publish directory by a file after step 3 and restores it
 after step 5 (``on_error="log"``): the failed publish (step 4) is every rank's, training goes on and ends.
+ACTION ``blocked``: the publish directory is a file: both ranks raise at the start of training.
 Every rank prints ``done RANK FAILURES VERSIONS`` at the end.
 """
 from __future__ import annotations
@@ -30,8 +33,10 @@ from recstream.callbacks import Callback, DivergenceError
 from recstream.data import Batch, CategoricalFeature, Features, Schema
 from recstream.data.streams import IterableStream
 from recstream.models import WideDeep
+from recstream.nn import TierPlan
 from recstream.optim import LazyAdam
 from recstream.serving import InstanceParser, ModelPublisher
+from recstream.serving.publishing.sharded import ShardedPublishError
 from recstream.serving.snapshot.state_split import dense_state, hash_embeddings
 
 STEPS = 8
@@ -113,21 +118,26 @@ def main(out: Path, action: str) -> None:
     r = distributed.rank()
     dynamic = action != "fixed"
     torch.manual_seed(0)
-    net = WideDeep(schema(dynamic), **CONFIG)
+    tier = TierPlan(str(out / "tiers"), {"item": 20, "user": 24}) if action == "tiered" else None
+    net = WideDeep(schema(dynamic), **CONFIG, disk_tier=tier)
     model = RecModel(net, torch.nn.BCEWithLogitsLoss(), LazyAdam(net.parameters(), lr=0.05), progress_bar=False)
     every = 3 if action == "diverge" else 2
     publisher = ModelPublisher(out / "pub", every_steps=every, model_config=CONFIG, full_every=10,
                                on_error="log" if action == "unwritable" else "raise",
                                background=action == "fixed")
-    extra = {"fixed": [Record(out)], "dynamic": [Record(out)], "diverge": [],
+    extra = {"fixed": [Record(out)], "dynamic": [Record(out)], "tiered": [Record(out)], "diverge": [], "blocked": [],
              "unwritable": [Vandal(out / "pub")]}[action]
+    if action == "blocked" and r == 0:
+        (out / "pub").write_text("a file where the publish directory should be")
     data = batches(dynamic, nan_at=2 if action == "diverge" else None)
     try:
         model.online_train(IterableStream(lambda: iter(distributed.shard(data))), callbacks=[publisher, *extra],
                            dataset_sink_mode=False)
-    except DivergenceError as e:
+    except (DivergenceError, OSError, ShardedPublishError) as e:
+        if action not in ("diverge", "blocked"):
+            raise
         (out / f"error-{r}.txt").write_text(f"{type(e).__name__}: {e}")
-    if action in ("fixed", "dynamic"):
+    if action in ("fixed", "dynamic", "tiered"):
         (out / f"scores-{r}.json").write_text(json.dumps(scores(net, dynamic)))
     # one write: the ranks share torchrun's stdout (print writes the line and its end separately)
     sys.stdout.write(f"done {r} {publisher.failures} {[m['version'] for m in publisher.manifests]}\n")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -111,8 +112,9 @@ def test_fixed_tables_publish_the_gathered_tables_in_the_background(tmp_path):
     _scores_as_trained(tmp_path)
 
 
-def test_a_key_sharded_hash_embedding_publishes_the_union_of_the_ranks_full_and_delta(tmp_path):
-    done = _torchrun(tmp_path, "dynamic")
+@pytest.mark.parametrize("action", ["dynamic", "tiered"])
+def test_a_key_sharded_hash_embedding_publishes_the_union_of_the_ranks_full_and_delta(tmp_path, action):
+    done = _torchrun(tmp_path, action)
     pub = tmp_path / "pub"
     assert done[0] == (0, [1, 2, 3, 4]) and done[1] == (0, [])
     assert [read_manifest(pub, v)["step"] for v in (1, 2, 3, 4)] == [2, 4, 6, 8]
@@ -122,6 +124,9 @@ def test_a_key_sharded_hash_embedding_publishes_the_union_of_the_ranks_full_and_
     assert list(delta) == list(full) and all(0 < delta[p]["rows"] < _union(tmp_path, 8, p)["keys"].numel()
                                              for p in delta)
     _scores_as_trained(tmp_path)
+    if action == "tiered":  # each rank's rows of each tiered table in a store of its own
+        for table in ("embedding/user", "embedding/item", "wide/item"):
+            assert sorted(os.listdir(tmp_path / "tiers" / table)) == ["rank-0-of-2", "rank-1-of-2"]
 
 
 def test_a_divergence_on_one_rank_stops_every_rank(tmp_path):
@@ -141,3 +146,12 @@ def test_a_failed_write_is_every_ranks_and_training_goes_on(tmp_path):
     pub = tmp_path / "pub"
     assert [(read_manifest(pub, v)["step"], read_manifest(pub, v)["kind"]) for v in (1, 2, 3)] == [
         (2, "full"), (6, "full"), (8, "delta")]  # after a failure the next version is full
+
+
+def test_an_unusable_directory_stops_every_rank_at_the_start(tmp_path):
+    done = _torchrun(tmp_path, "blocked")
+    assert done[0] == (0, []) and done[1] == (0, [])
+    errors = [(tmp_path / f"error-{r}.txt").read_text() for r in (0, 1)]
+    assert errors[0].startswith("FileExistsError"), errors[0]
+    assert errors[1] == (f"ShardedPublishError: could not prepare the publish directory {str(tmp_path / 'pub')!r}: "
+                         "it failed on rank(s) [0] (see that rank's log)"), errors[1]

@@ -41,6 +41,20 @@ instead, at the step that learns of it); the next version is then full. A diverg
 non-finite loss or weight) is never published, whatever ``on_error`` says: publishing raises
 `DivergenceError` and training stops.
 
+Several ranks (``torchrun``): under ``data_parallel`` every rank holds the whole model and rank 0
+alone publishes. Under ``hybrid_parallel`` no rank does, so the publisher runs on every rank and each
+version is a collective (`recstream.serving.publishing.sharded`): every rank joins the gathers of the
+row-sharded tables and sends its keys' rows of each key-sharded `HashEmbedding` to rank 0, which writes
+the version the whole model would give in one process (and alone touches the directory, ``LATEST`` and
+retention, and runs the writer thread). The ranks agree on everything that could differ between them:
+whether a version is due (``every_seconds`` on any rank's clock; rank 0's writer still busy: one small
+all-reduce per step with ``every_seconds``, per due step with ``every_steps`` only), and every failure:
+a diverged loss or weight on any rank raises `DivergenceError` on every rank; any other failure
+(rank 0's directory, a write) raises on the rank that had it and
+`~recstream.serving.publishing.sharded.ShardedPublishError` on the others, and ``on_error`` then
+applies on every rank alike (a failed background write is learnt of at the next due step or the end).
+``manifests`` and ``published_manifest`` are rank 0's.
+
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature
 >>> from recstream.models import DeepFM
@@ -151,11 +165,19 @@ class ModelPublisher(Publisher):
 
     def on_train_begin(self, run_context):
         p = run_context.original_args()
-        if rank() == 0:  # the only rank that touches the directory
-            os.makedirs(self.directory, exist_ok=True)
-            stale = remove_stale_temps(self.directory)
-            if stale:
-                log.info("ModelPublisher: removed leftovers of interrupted publishes: %s", stale)
+        error = None
+        try:
+            if rank() == 0:  # the only rank that touches the directory
+                os.makedirs(self.directory, exist_ok=True)
+                stale = remove_stale_temps(self.directory)
+                if stale:
+                    log.info("ModelPublisher: removed leftovers of interrupted publishes: %s", stale)
+        except Exception as e:
+            error = e
+        if _sharded():  # rank 0 failing alone would leave the others in the first step's collectives
+            agree_failures(error, f"prepare the publish directory {self.directory!r}")
+        elif error is not None:
+            raise error
         self.writer.invalidate()  # a new run starts with a full version
         self._last_step = p.cur_step_num or 0
         self._last_time = time.monotonic()
