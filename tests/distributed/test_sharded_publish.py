@@ -24,6 +24,7 @@ from recstream.serving.snapshot.state_split import ROW_FIELDS, dense_state, hash
 
 from .publish_worker import INSTANCES, STEPS
 
+pytestmark = pytest.mark.e2e  # torchrun jobs (tier 2: python -m pytest -m e2e)
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("publish_worker.py")
 
