@@ -44,6 +44,7 @@ from torch import nn
 
 from ...callbacks import DivergenceError
 from ...distributed.context import is_distributed, rank, world_size
+from ...nn.tier_export import check_tiers_fit
 from ..snapshot.state_split import hash_embeddings
 from .publish import PreparedVersion, SnapshotWriter, _check_publish_args, _full_bytes, _nbytes
 
@@ -155,20 +156,22 @@ def prepare_sharded(writer: SnapshotWriter, network: nn.Module, step: int | None
     manifest = None
     try:
         manifest = writer.manifest(network, version, full, step, epoch, max_event_time, checkpoint_step, taken)
-        if writer.verify_rebuild and not writer._checked:  # its shapes read the state: the sharded tables' gathers
-            writer.check_rebuild(network, manifest, version)
+        # Once per writer, on every rank alike: its shapes read the state, the sharded tables' gathers.
+        writer.check_rebuild(network, manifest, version)
+        # refused on one rank inside the gathers below, it would leave the others waiting in them
+        check_tiers_fit(network, f"state of {type(network).__name__}")
     except Exception as e:
         error = e
     agree_failures(error, what)
     files = writer.dense_files(network, copy and lead)  # every rank: the gathers
-    rows_of = _export(network, full, what)
     tables_of = hash_embeddings(network)
+    rows_of, full = _export(tables_of, full, what)
     # a key-sharded table's rows are the union of the ranks' (disjoint keys); another is whole on every rank
     union = {path: gather_rows(rows) if tables_of[path].sharded else rows for path, rows in rows_of.items()}
     prepared = None
     if lead:
         try:
-            prepared = writer.finish(version, rows_of.full, manifest, files,
+            prepared = writer.finish(version, full, manifest, files,
                                      {p: _sorted_union(rows) for p, rows in union.items()})
         except Exception as e:
             error = e
@@ -185,16 +188,9 @@ def _newest(event_time: float | None) -> float | None:
     return None if newest == -math.inf else newest
 
 
-class _Rows(dict):
-    """Each HashEmbedding's rows of this rank, and whether they are a full export (`full`)."""
-
-    full: bool
-
-
-def _export(network: nn.Module, full: bool, what: str) -> _Rows:
-    """This rank's rows of every HashEmbedding (full or delta, as agreed); a delta as large as a full
-    version on all ranks together becomes a full export on every rank."""
-    tables_of = hash_embeddings(network)
+def _export(tables_of: dict, full: bool, what: str) -> tuple[dict, bool]:
+    """This rank's rows of every HashEmbedding of `tables_of` (full or delta, as agreed) and whether they
+    are full: a delta as large as a full version on all ranks together is exported in full on every rank."""
     error = None
     try:
         rows_of = {path: emb.export() if full else emb.export_delta() for path, emb in tables_of.items()}
@@ -207,6 +203,4 @@ def _export(network: nn.Module, full: bool, what: str) -> _Rows:
         # The delta would hold as much as a full version (see SnapshotWriter.prepare): every rank exports in full.
         full = True
         rows_of = {path: emb.export() for path, emb in tables_of.items()}
-    out = _Rows(rows_of)
-    out.full = full
-    return out
+    return rows_of, full
