@@ -14,6 +14,7 @@ ACTION ``diverge``: rank 1's third batch holds a NaN, the publisher is due at st
 raise DivergenceError (written to ``OUT/error-<r>.txt``), none waits forever.
 ACTION ``unwritable``: rank 0 replaces the publish directory by a file after step 3 and restores it
 after step 5 (``on_error="log"``): the failed publish (step 4) is every rank's, training goes on and ends.
+ACTION ``seconds``: as ``fixed`` with ``every_seconds`` (each rank's clock; rank 1 is slower per step).
 ACTION ``blocked``: the publish directory is a file: both ranks raise at the start of training.
 Every rank prints ``done RANK FAILURES VERSIONS`` at the end.
 """
@@ -23,6 +24,7 @@ import json
 import math
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -106,6 +108,14 @@ class Vandal(Callback):
             shutil.move(self.directory.with_name("moved"), self.directory)
 
 
+class Slow(Callback):
+    """Rank 1 takes 30 ms longer per step: the ranks' clocks reach `every_seconds` at different steps."""
+
+    def on_train_step_end(self, run_context):
+        if distributed.rank() == 1:
+            time.sleep(0.03)
+
+
 def scores(net, dynamic: bool) -> list[float]:
     features = InstanceParser(schema(dynamic)).parse({"instances": [
         {k: v for k, v in i.items() if dynamic or k != "user"} for i in INSTANCES]})
@@ -116,16 +126,19 @@ def scores(net, dynamic: bool) -> list[float]:
 
 def main(out: Path, action: str) -> None:
     r = distributed.rank()
-    dynamic = action != "fixed"
+    dynamic = action not in ("fixed", "seconds")
     torch.manual_seed(0)
     tier = TierPlan(str(out / "tiers"), {"item": 20, "user": 24}) if action == "tiered" else None
     net = WideDeep(schema(dynamic), **CONFIG, disk_tier=tier)
     model = RecModel(net, torch.nn.BCEWithLogitsLoss(), LazyAdam(net.parameters(), lr=0.05), progress_bar=False)
     every = 3 if action == "diverge" else 2
-    publisher = ModelPublisher(out / "pub", every_steps=every, model_config=CONFIG, full_every=10,
+    timed = action == "seconds"
+    publisher = ModelPublisher(out / "pub", every_steps=None if timed else every,
+                               every_seconds=0.05 if timed else None, model_config=CONFIG, full_every=10,
                                on_error="log" if action == "unwritable" else "raise",
-                               background=action == "fixed")
+                               background=action in ("fixed", "seconds"))
     extra = {"fixed": [Record(out)], "dynamic": [Record(out)], "tiered": [Record(out)], "diverge": [], "blocked": [],
+             "seconds": [Slow()],
              "unwritable": [Vandal(out / "pub")]}[action]
     if action == "blocked" and r == 0:
         (out / "pub").write_text("a file where the publish directory should be")
@@ -137,7 +150,7 @@ def main(out: Path, action: str) -> None:
         if action not in ("diverge", "blocked"):
             raise
         (out / f"error-{r}.txt").write_text(f"{type(e).__name__}: {e}")
-    if action in ("fixed", "dynamic", "tiered"):
+    if action in ("fixed", "dynamic", "tiered", "seconds"):
         (out / f"scores-{r}.json").write_text(json.dumps(scores(net, dynamic)))
     # one write: the ranks share torchrun's stdout (print writes the line and its end separately)
     sys.stdout.write(f"done {r} {publisher.failures} {[m['version'] for m in publisher.manifests]}\n")

@@ -113,6 +113,16 @@ def test_fixed_tables_publish_the_gathered_tables_in_the_background(tmp_path):
     _scores_as_trained(tmp_path)
 
 
+def test_every_seconds_is_decided_together(tmp_path):
+    done = _torchrun(tmp_path, "seconds")
+    pub = tmp_path / "pub"
+    versions = list_versions(pub)
+    # rank 0 wrote every version (retention keeps the newest 5), rank 1 none
+    assert done[0][0] == 0 and done[0][1][-len(versions):] == versions and done[1] == (0, [])
+    assert len(done[0][1]) >= 2 and read_manifest(pub, versions[-1])["step"] == STEPS  # the last: the trained network
+    _scores_as_trained(tmp_path)
+
+
 @pytest.mark.parametrize("action", ["dynamic", "tiered"])
 def test_a_key_sharded_hash_embedding_publishes_the_union_of_the_ranks_full_and_delta(tmp_path, action):
     done = _torchrun(tmp_path, action)
