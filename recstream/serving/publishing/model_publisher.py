@@ -41,6 +41,20 @@ instead, at the step that learns of it); the next version is then full. A diverg
 non-finite loss or weight) is never published, whatever ``on_error`` says: publishing raises
 `DivergenceError` and training stops.
 
+Several ranks (``torchrun``): under ``data_parallel`` every rank holds the whole model and rank 0
+alone publishes. Under ``hybrid_parallel`` no rank does, so the publisher runs on every rank and each
+version is a collective (`recstream.serving.publishing.sharded`): every rank joins the gathers of the
+row-sharded tables and sends its keys' rows of each key-sharded `HashEmbedding` to rank 0, which writes
+the version the whole model would give in one process (and alone touches the directory, ``LATEST`` and
+retention, and runs the writer thread). The ranks agree on everything that could differ between them:
+whether a version is due (``every_seconds`` on any rank's clock; rank 0's writer still busy: one small
+all-reduce per step with ``every_seconds``, per due step with ``every_steps`` only), and every failure:
+a diverged loss or weight on any rank raises `DivergenceError` on every rank; any other failure
+(rank 0's directory, a write) raises on the rank that had it and
+`~recstream.serving.publishing.sharded.ShardedPublishError` on the others, and ``on_error`` then
+applies on every rank alike (a failed background write is learnt of at the next due step or the end).
+``manifests`` and ``published_manifest`` are rank 0's.
+
 >>> import tempfile
 >>> from recstream.data import Schema, CategoricalFeature
 >>> from recstream.models import DeepFM
@@ -61,8 +75,10 @@ from typing import Any
 import torch
 
 from ...callbacks import DivergenceError, Publisher
+from ...distributed.context import parallel_mode, rank
 from ...validation import check_bool, check_choice, check_int, check_number
 from .publish import SnapshotWriter
+from .sharded import agree_failures, prepare_sharded
 from .writer import remove_stale_temps
 
 log = logging.getLogger(__name__)
@@ -83,6 +99,11 @@ def _event_time(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"cb_params.max_event_time must be finite unix seconds, got {value!r}")
     return float(value)
+
+
+def _sharded() -> bool:
+    """Under hybrid_parallel no rank holds the whole model: every rank takes part in each version."""
+    return parallel_mode() == "hybrid_parallel"
 
 
 class ModelPublisher(Publisher):
@@ -106,7 +127,12 @@ class ModelPublisher(Publisher):
         background: write versions on a writer thread (default) instead of in the training step.
     """
 
-    rank_zero_only = True  # one publisher per directory: rank 0 publishes
+    @property
+    def rank_zero_only(self) -> bool:
+        """One publisher per directory: rank 0 writes. Replicated weights (data_parallel) are rank 0's
+        alone; row- and key-sharded tables (hybrid_parallel) need every rank to publish them, so the
+        publisher runs on every rank (`recstream.serving.publishing.sharded`)."""
+        return not _sharded()
 
     def __init__(self, directory: str | os.PathLike, schema=None, every_steps: int | None = None,
                  every_seconds: float | None = None, keep: int = 5, model_factory=None, *,
@@ -122,6 +148,7 @@ class ModelPublisher(Publisher):
         self.background = check_bool(owner, "background", background)
         self._writing: threading.Thread | None = None
         self._written: tuple | None = None  # (manifest or exception, step, cb_params) of the last background write
+        self._pending: Exception | None = None  # hybrid_parallel: a failed write to raise on every rank, at a round
         # The writer validates the arguments that describe the snapshots.
         self.writer = SnapshotWriter(directory, schema, keep, full_every, model_factory, model_config, output,
                                      preprocessing, verify_rebuild)
@@ -138,10 +165,19 @@ class ModelPublisher(Publisher):
 
     def on_train_begin(self, run_context):
         p = run_context.original_args()
-        os.makedirs(self.directory, exist_ok=True)
-        stale = remove_stale_temps(self.directory)
-        if stale:
-            log.info("ModelPublisher: removed leftovers of interrupted publishes: %s", stale)
+        error = None
+        try:
+            if rank() == 0:  # the only rank that touches the directory
+                os.makedirs(self.directory, exist_ok=True)
+                stale = remove_stale_temps(self.directory)
+                if stale:
+                    log.info("ModelPublisher: removed leftovers of interrupted publishes: %s", stale)
+        except Exception as e:
+            error = e
+        if _sharded():  # rank 0 failing alone would leave the others in the first step's collectives
+            agree_failures(error, f"prepare the publish directory {self.directory!r}")
+        elif error is not None:
+            raise error
         self.writer.invalidate()  # a new run starts with a full version
         self._last_step = p.cur_step_num or 0
         self._last_time = time.monotonic()
@@ -158,15 +194,35 @@ class ModelPublisher(Publisher):
             self._max_event_time = event_time if self._max_event_time is None else max(self._max_event_time, event_time)
         self._checkpoint_step = getattr(run_context.run_state, "checkpoint_step", None)
         self._collect(wait=False)
-        if self._due(p.cur_step_num or 0) and self._writing is None:
+        due = self._due(p.cur_step_num or 0)
+        if not _sharded():
+            if due and self._writing is None:
+                self.publish(p, background=self.background)
+            return
+        if self.every_seconds is None and not due:
+            return  # a step count is the same on every rank: no need to ask the others
+        due, busy = self._agree(due)
+        if due and not busy:
             self.publish(p, background=self.background)
 
     def after_train_commit(self, run_context):
         p = run_context.original_args()
         self._checkpoint_step = getattr(run_context.run_state, "checkpoint_step", None)
         self._collect(wait=True)
-        if self.publish_on_end and (p.cur_step_num or 0) > self._last_step:
+        due = self.publish_on_end and (p.cur_step_num or 0) > self._last_step
+        if _sharded():
+            due, _ = self._agree(due)
+        if due:
             self.publish(p)
+
+    def _agree(self, due: bool) -> tuple[bool, bool]:
+        """hybrid_parallel (collective, every rank at the same step): (whether a version is due on any
+        rank's clock, whether rank 0's writer thread is still busy); a failed write that rank 0 learnt
+        of since (``on_error="raise"``) raises on every rank."""
+        error, self._pending = self._pending, None
+        due_on, busy = agree_failures(error, f"publish to {self.directory!r}",
+                                      [int(due), int(self._writing is not None)])
+        return due_on > 0, busy > 0
 
     def __exit__(self, *exc_info):
         self._collect(wait=True, report=False)  # training raised: let the write in flight finish
@@ -178,6 +234,8 @@ class ModelPublisher(Publisher):
         step = cb_params.cur_step_num or 0
         self._last_step, self._last_time = step, time.monotonic()
         try:
+            if _sharded():
+                return self._publish_sharded(cb_params, step, background)
             if getattr(cb_params, "loss_watch", None) is not None:  # a diverged run publishes nothing
                 cb_params.loss_watch.check()
             prepared = self.writer.prepare(cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
@@ -196,6 +254,33 @@ class ModelPublisher(Publisher):
             return self._failed(e, step)
         return self._published(manifest, step, cb_params)
 
+    def _publish_sharded(self, cb_params, step: int, background: bool) -> dict | None:
+        """`publish` under hybrid_parallel: every rank takes part, rank 0 writes (its manifest is
+        returned there, None elsewhere). Every failure is agreed on (every rank raises)."""
+        error = None
+        try:
+            if getattr(cb_params, "loss_watch", None) is not None:  # each rank's own losses
+                cb_params.loss_watch.check()
+        except DivergenceError as e:
+            error = e
+        prepared = prepare_sharded(self.writer, cb_params.network, step=step, epoch=cb_params.cur_epoch_num,
+                                   max_event_time=self._max_event_time, copy=background,
+                                   checkpoint_step=self._checkpoint_step, error=error)
+        if background:
+            if prepared is not None:  # rank 0: its writer thread; a failure is agreed on at a later round
+                self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
+                                                 name="recstream-publisher")
+                self._writing.start()
+            return None
+        manifest = None
+        try:
+            if prepared is not None:
+                manifest = self.writer.write(prepared)
+        except Exception as e:
+            error = e
+        agree_failures(error, f"write the version of step {step} to {self.directory!r}")
+        return None if manifest is None else self._published(manifest, step, cb_params)
+
     def _write(self, prepared, step: int, cb_params) -> None:
         """The writer thread: write, and leave the outcome for the training thread to collect."""
         try:
@@ -213,17 +298,20 @@ class ModelPublisher(Publisher):
         self._written = None
         if isinstance(outcome, Exception):
             if report:
-                self._failed(outcome, step)
+                self._failed(outcome, step, defer=_sharded())
             else:
                 self.failures += 1
                 self.writer.invalidate()
         elif report:
             self._published(outcome, step, cb_params)
 
-    def _failed(self, error: Exception, step: int) -> None:
+    def _failed(self, error: Exception, step: int, defer: bool = False) -> None:
         self.failures += 1
         self.writer.invalidate()
         if self.on_error == "raise":
+            if defer:  # hybrid_parallel: raised on every rank at the next round (`_agree`), not here alone
+                self._pending = error
+                return None
             raise error
         log.error("ModelPublisher: publishing to %s failed at step %d; training goes on",
                   self.directory, step, exc_info=error)

@@ -128,34 +128,17 @@ class SnapshotWriter:
                 max_event_time: float | None = None, full: bool = False, copy: bool = False,
                 checkpoint_step: int | None = None) -> PreparedVersion:
         """Everything `write` needs, taken from `network` now: the version number, the manifest and
-        the tensors (with `copy`, copies: the network may go on training while another thread writes)."""
-        owner = "SnapshotWriter.publish"
+        the tensors (with `copy`, copies: the network may go on training while another thread writes).
+        (Of a network sharded over ranks, hybrid_parallel, `recstream.serving.publishing.sharded`
+        takes the whole model's version, every rank joining.)"""
         taken = time.time()
-        check_module(owner, "network", network)
-        step = check_int(owner, "step", step, minimum=0, allow_none=True)
-        epoch = check_int(owner, "epoch", epoch, minimum=0, allow_none=True)
-        checkpoint_step = check_int(owner, "checkpoint_step", checkpoint_step, minimum=0, allow_none=True)
-        max_event_time = check_number(owner, "max_event_time", max_event_time, allow_none=True)
-        check_bool(owner, "full", full)
-        os.makedirs(self.directory, exist_ok=True)
-        existing = list_versions(self.directory)
-        newest = existing[-1] if existing else 0
+        step, epoch, max_event_time, checkpoint_step = _check_publish_args(network, step, epoch, max_event_time,
+                                                                           full, checkpoint_step)
+        version, full = self.plan(network, full)
+        manifest = self.manifest(network, version, full, step, epoch, max_event_time, checkpoint_step, taken)
+        self.check_rebuild(network, manifest, version)
+        files = self.dense_files(network, copy)
         tables_of = hash_embeddings(network)
-        full = (full or not tables_of  # without HashEmbedding a delta would hold everything anyway
-                or self.last_version is None or self.last_version != newest or self._deltas >= self.full_every - 1)
-        version = newest + 1
-        schema, spec = self._spec(network)
-        base = version if full else self._base
-        manifest = {"kind": "full" if full else "delta", "base": base, "parent": None if full else newest,
-                    "step": step, "epoch": epoch, "checkpoint_step": checkpoint_step, "taken": taken,
-                    "max_event_time": max_event_time, "schema": schema,
-                    "model": spec, "preprocessing": self.preprocessing}
-        if self.verify_rebuild and not self._checked:
-            check_rebuild(network, dict(manifest, version=version), self.model_factory)
-            self._checked = True
-        dense = for_saving(dense_state(network))
-        fresh = tiered_keys(network)  # disk-tiered tables, read into new tensors: no second copy
-        files = {MODEL_FILE: {k: t if k in fresh else t.clone() for k, t in dense.items()} if copy else dense}
         self.last_version = None  # any failure from here on: the exports below moved the baseline
         rows_of = {path: emb.export() if full else emb.export_delta() for path, emb in tables_of.items()}
         row_bytes = sum(_nbytes(rows) for rows in rows_of.values())
@@ -163,9 +146,48 @@ class SnapshotWriter:
             # The delta would hold as much as a full version (every id new, the table turned over):
             # write the full one, which ends the chain, so retention need not keep the older
             # links. export() after export_delta() still returns every row.
-            full, base = True, version
-            manifest.update(kind="full", base=version, parent=None)
+            full = True
             rows_of = {path: emb.export() for path, emb in tables_of.items()}
+        return self.finish(version, full, manifest, files, rows_of)
+
+    # --- the steps of `prepare` (a sharded publish runs them on the ranks that own what they read) ---
+    def plan(self, network: nn.Module, full: bool = False) -> tuple[int, bool]:
+        """(the next version's number, whether it is full): reads the directory."""
+        os.makedirs(self.directory, exist_ok=True)
+        existing = list_versions(self.directory)
+        newest = existing[-1] if existing else 0
+        full = (full or not hash_embeddings(network)  # without HashEmbedding a delta would hold everything anyway
+                or self.last_version is None or self.last_version != newest or self._deltas >= self.full_every - 1)
+        return newest + 1, full
+
+    def manifest(self, network: nn.Module, version: int, full: bool, step, epoch, max_event_time,
+                 checkpoint_step, taken: float) -> dict:
+        """The manifest of `version` so far (`finish` adds its tables; `write` its files)."""
+        schema, spec = self._spec(network)
+        return {"kind": "full" if full else "delta", "base": version if full else self._base,
+                "parent": None if full else version - 1, "step": step, "epoch": epoch,
+                "checkpoint_step": checkpoint_step, "taken": taken, "max_event_time": max_event_time,
+                "schema": schema, "model": spec, "preprocessing": self.preprocessing}
+
+    def check_rebuild(self, network: nn.Module, manifest: dict, version: int) -> None:
+        """Once per writer: can a server rebuild `network` from `manifest` (ValueError if not)?"""
+        if self.verify_rebuild and not self._checked:
+            check_rebuild(network, dict(manifest, version=version), self.model_factory)
+            self._checked = True
+
+    @staticmethod
+    def dense_files(network: nn.Module, copy: bool) -> dict:
+        """``{model.safetensors: dense state}`` (copies with `copy`)."""
+        dense = for_saving(dense_state(network))
+        fresh = tiered_keys(network)  # disk-tiered tables, read into new tensors: no second copy
+        return {MODEL_FILE: {k: t if k in fresh else t.clone() for k, t in dense.items()} if copy else dense}
+
+    def finish(self, version: int, full: bool, manifest: dict, files: dict, rows_of: dict) -> PreparedVersion:
+        """The version of `files` plus each HashEmbedding's rows `rows_of` (checked finite)."""
+        self.last_version = None  # the exports moved the baseline: until written, the next one is full
+        base = version if full else self._base
+        if full:
+            manifest.update(kind="full", base=version, parent=None)
         tables = {}
         for path, rows in rows_of.items():
             rel = hash_file(path)
@@ -199,6 +221,17 @@ class PreparedVersion:
     full: bool
     files: dict
     manifest: dict
+
+
+def _check_publish_args(network, step, epoch, max_event_time, full, checkpoint_step) -> tuple:
+    owner = "SnapshotWriter.publish"
+    check_module(owner, "network", network)
+    step = check_int(owner, "step", step, minimum=0, allow_none=True)
+    epoch = check_int(owner, "epoch", epoch, minimum=0, allow_none=True)
+    checkpoint_step = check_int(owner, "checkpoint_step", checkpoint_step, minimum=0, allow_none=True)
+    max_event_time = check_number(owner, "max_event_time", max_event_time, allow_none=True)
+    check_bool(owner, "full", full)
+    return step, epoch, max_event_time, checkpoint_step
 
 
 def _nbytes(tensors: dict) -> int:

@@ -186,7 +186,10 @@ def check_rebuild(network: nn.Module, manifest: dict, model_factory: Any = None)
         raise ValueError(f"ModelPublisher: the network rebuilt from the manifest differs from the trained one "
                          f"(first differences, name and shape: {diff}); fix model_config or model_factory")
     mine, theirs = hash_embeddings(network), hash_embeddings(rebuilt)
-    sizes = [{k: (m.embedding_size, m.capacity) for k, m in mods.items()} for mods in (mine, theirs)]
+    # A key-sharded table (hybrid_parallel) holds ceil(capacity / ranks) rows on each rank, a server the whole one
+    shards = {k: m.shards for k, m in mine.items()}
+    sizes = [{k: (m.embedding_size, m.capacity) for k, m in mine.items()},
+             {k: (m.embedding_size, -(-m.capacity // shards.get(k, 1))) for k, m in theirs.items()}]
     if sizes[0] != sizes[1]:
         raise ValueError(f"ModelPublisher: HashEmbedding modules (path: (embedding_size, capacity)) differ after "
                          f"rebuild: trained {sizes[0]}, rebuilt {sizes[1]}")
