@@ -111,6 +111,10 @@ def once_per_step(what, tensors: tuple[torch.Tensor, ...], make):
 
 
 _aranges: dict = {}  # (device, dtype) -> the longest arange made so far
+# Every arange ever kept stays alive: a CUDA graph captured with a view of a shorter one reads its
+# memory at each replay, which a freed tensor would hand to other allocations (geometric growth: all
+# of them together are at most twice the longest).
+_outgrown: list = []
 
 
 def positions(n: int, device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -127,6 +131,8 @@ def positions(n: int, device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return kept[:n]
     if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.arange(n, dtype=dtype, device=device)
+    if kept is not None:
+        _outgrown.append(kept)
     kept = _aranges[key] = torch.arange(max(n, 2 * (0 if kept is None else kept.numel()), 1024), dtype=dtype,
                                         device=device)
     return kept[:n]
