@@ -383,7 +383,7 @@ def test_stores_whose_two_maps_could_pass_the_page_budget_read_through_one_map(t
     assert (a.read("weight", rows) == 1.0).all()
     f = a.files["weight"]
     assert f.data is not getattr(f, "_rows", None) and _mapped_mib(f.data) > 1.5  # its own read map
-    b = TierStore.create(str(tmp_path / "b"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 6 MiB open: 12 in two maps > 9
+    b = TierStore.create(str(tmp_path / "b"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 6 MiB open: 12 > 9
     a.write("weight", rows, np.full((rows.size, 16), 2.0, np.float32))
     assert f.data is f._rows  # one map: reads and writes (nothing measured yet: 6 MiB, not past 6)
     assert (a.read("weight", rows) == 2.0).all() and a.read("weight", np.array([1]))[0, 0] == 1.0
