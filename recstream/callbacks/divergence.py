@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..distributed.context import flagged_ranks
+from ..nn.tier_shard import flagged_ranks
 
 ROLLBACK = ("the newest checkpoint on disk is the last good one (a non-finite state is never written): "
             "restore it and lower the learning rate")
@@ -98,7 +98,7 @@ def check_finite_model(network: nn.Module, optimizer=None, *, what: str, sharded
     bad = nonfinite_names(local)
     ranks = flagged_ranks(bool(bad))  # every rank joins, whatever it found: the save after this is a collective
     if bad:
-        check_finite_tensors(local, what=what)
+        _refuse(bad, what)
     if ranks:
         raise DivergenceError(f"training diverged: non-finite values (NaN or inf) in the tensors of rank(s) {ranks}; "
                               f"refusing to write {what}; {ROLLBACK}")
@@ -117,9 +117,14 @@ def check_finite_tensors(tensors: Mapping[str, object], *, what: str) -> None:
     """`check_finite_model` for a flat mapping of named tensors (e.g. a version's files)."""
     bad = nonfinite_names(tensors)
     if bad:
-        shown = ", ".join(repr(b) for b in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise DivergenceError(f"training diverged: non-finite values (NaN or inf) in {shown}; refusing to write "
-                              f"{what}; {ROLLBACK}", tensors=tuple(bad))
+        _refuse(bad, what)
+
+
+def _refuse(bad: list[str], what: str) -> None:
+    """Raise `DivergenceError` naming the non-finite tensors `bad` (the first five)."""
+    shown = ", ".join(repr(b) for b in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    raise DivergenceError(f"training diverged: non-finite values (NaN or inf) in {shown}; refusing to write "
+                          f"{what}; {ROLLBACK}", tensors=tuple(bad))
 
 
 class LossWatch:

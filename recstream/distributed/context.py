@@ -52,22 +52,6 @@ def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
 
 
-def flagged_ranks(flag: bool) -> list[int]:
-    """The ranks whose `flag` is set (collective: one all-reduce of ``world_size`` integers, run by
-    every rank at the same point); ``[0]`` or ``[]`` in a plain process.
-
-    >>> flagged_ranks(True), flagged_ranks(False)
-    ([0], [])
-    """
-    if not is_distributed():
-        return [0] if flag else []
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces device tensors only
-    flags = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
-    flags[dist.get_rank()] = int(bool(flag))
-    dist.all_reduce(flags)
-    return [r for r, f in enumerate(flags.tolist()) if f]
-
-
 def init(backend: str | None = None) -> None:
     """Join the process group ``torchrun`` describes in the environment; a no-op without one.
 

@@ -68,7 +68,7 @@ from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
 from .tier_cache import TierCache, TierStats
 from .tier_reshard import copy_rows, old_rank_stores, settle_old_store
-from .tier_shard import UnopenedTier, _failed_ranks, open_rank_store, process_ranks
+from .tier_shard import UnopenedTier, flagged_ranks, open_rank_store, process_ranks
 from .tier_store import TierStore
 
 __all__ = ["EmbeddingBagCollection"]
@@ -585,7 +585,7 @@ class EmbeddingBagCollection(nn.Module):
 
     @staticmethod
     def _agree(error: Exception | None, group, name: str, what: str, rank: int, ranks: int) -> None:
-        failed = _failed_ranks(error is not None, group) if ranks > 1 else []
+        failed = flagged_ranks(error is not None, group) if ranks > 1 else []
         if error is not None:
             raise ValueError(f"{_OWNER}: table {name!r} resharded on {ranks} rank(s) (this is rank {rank}): "
                              f"{error}") from error

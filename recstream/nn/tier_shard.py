@@ -105,7 +105,7 @@ def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int
                                         owner, reshardable), None
     except Exception as e:  # noqa: BLE001 -- re-raised below, after the ranks agreed
         store, error = None, e
-    failed = _failed_ranks(error is not None, group)
+    failed = flagged_ranks(error is not None, group)
     if error is not None:
         raise error
     if failed:
@@ -116,14 +116,19 @@ def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int
     return store
 
 
-def _failed_ranks(failed: bool, group) -> list[int]:
-    """The ranks of `group` whose `failed` is set (one all-reduce); none outside a process group."""
+def flagged_ranks(flag: bool, group=None) -> list[int]:
+    """The ranks of `group` (the default one if None) whose `flag` is set: collective, one all-reduce of
+    ``world_size`` integers, run by every rank at the same point; ``[]`` outside a process group.
+
+    >>> flagged_ranks(True)  # a plain process: no group, no other rank to tell
+    []
+    """
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return []
     device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL reduces device tensors only
     flags = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
-    flags[dist.get_rank(group)] = int(failed)
+    flags[dist.get_rank(group)] = int(bool(flag))
     dist.all_reduce(flags, group=group)
     return [r for r, f in enumerate(flags.tolist()) if f]
 
