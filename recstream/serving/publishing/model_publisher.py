@@ -242,9 +242,7 @@ class ModelPublisher(Publisher):
                                            max_event_time=self._max_event_time, copy=background,
                                            checkpoint_step=self._checkpoint_step)
             if background:
-                self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
-                                                 name="recstream-publisher")
-                self._writing.start()
+                self._start_writing(prepared, step, cb_params)
                 return None
             manifest = self.writer.write(prepared)
         except DivergenceError:
@@ -268,9 +266,7 @@ class ModelPublisher(Publisher):
                                    checkpoint_step=self._checkpoint_step, error=error)
         if background:
             if prepared is not None:  # rank 0: its writer thread; a failure is agreed on at a later round
-                self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
-                                                 name="recstream-publisher")
-                self._writing.start()
+                self._start_writing(prepared, step, cb_params)
             return None
         manifest = None
         try:
@@ -280,6 +276,12 @@ class ModelPublisher(Publisher):
             error = e
         agree_failures(error, f"write the version of step {step} to {self.directory!r}")
         return None if manifest is None else self._published(manifest, step, cb_params)
+
+    def _start_writing(self, prepared, step: int, cb_params) -> None:
+        """Write `prepared` on the writer thread; `_collect` takes the outcome in."""
+        self._writing = threading.Thread(target=self._write, args=(prepared, step, cb_params), daemon=True,
+                                         name="recstream-publisher")
+        self._writing.start()
 
     def _write(self, prepared, step: int, cb_params) -> None:
         """The writer thread: write, and leave the outcome for the training thread to collect."""
