@@ -132,15 +132,14 @@ def _scatter(t: torch.Tensor, slots: np.ndarray, values: np.ndarray) -> None:
 @dataclass
 class _Transfer:
     """A prefetch in flight: `rows` going into `slots`, which held `old` (-1: free); the
-    `was_dirty` ones among them are written back by `writes`."""
+    `was_dirty` ones among them are written back from the cache's weights and `state` (its per-row
+    optimizer state tensors at `_plan`)."""
 
     rows: np.ndarray
     slots: np.ndarray
     old: np.ndarray
     was_dirty: np.ndarray
-    writes: list[tuple[str, np.ndarray, np.ndarray]]
-    state_keys: list[str]
-    ahead: list[tuple[str, np.ndarray]]  # rows of the next victims: pre-imaged with these writes
+    state: dict[str, torch.Tensor]
 
 
 class TierCache:
@@ -293,8 +292,8 @@ class TierCache:
 
     def _plan(self, unique: np.ndarray) -> _Transfer | None:
         """Under the lock: slots for the rows of `unique` not cached (as many as fit beside the step in
-        flight), reserved; the rows they held unmapped, the trained ones copied for writing back.
-        The rows moving are marked `_MOVING` in ``row2slot`` until `_install`."""
+        flight), reserved; the rows they held unmapped. The rows moving are marked `_MOVING` in
+        ``row2slot`` until `_install`. Nothing is copied here: a step's ``map_ids`` waits on this lock."""
         slots = self.row2slot[unique]
         self.recency.touch(slots[slots >= 0].astype(np.int64))
         missing = unique[slots == -1][:self.recency.evictable()]
@@ -304,16 +303,6 @@ class TierCache:
         self.recency.reserve(victims)
         old = self.slot2row[victims].copy()
         was_dirty = self.dirty[victims].copy()
-        back = victims[was_dirty]
-        writes = [("weight", old[was_dirty], _gather(self.weight.data, back))]
-        writes += [(key, old[was_dirty], _gather(t, back)) for key, t in self._state().items()]
-        ahead = []
-        if back.size and not all(self.store.logged(key, old[was_dirty]) for key, _, _ in writes):
-            # this write syncs the log: the next victims' pre-images too (the slots of the step in
-            # flight may be among them: their stored rows, not the cached ones, are what is logged)
-            next_victims = self.recency.oldest(min(_LOG_AHEAD * missing.size, _LOG_AHEAD_MAX))
-            rows = self.slot2row[next_victims[self.dirty[next_victims]]]
-            ahead = [(key, rows) for key, _, _ in writes] if rows.size else []
         held = old >= 0
         self.row2slot[old[held]] = -1
         self.row2slot[old[was_dirty]] = _MOVING  # stored only once written back
@@ -321,14 +310,32 @@ class TierCache:
         self.slot2row[victims] = missing
         self.dirty[victims] = False
         self._in_flight += 1
-        return _Transfer(missing, victims, old, was_dirty, writes if back.size else [], list(self._state()), ahead)
+        return _Transfer(missing, victims, old, was_dirty, self._state())
 
     def _transfer(self, plan: _Transfer) -> dict[str, np.ndarray]:
         """Outside the lock (the store is this prefetch's alone): write the evicted rows back, read the
-        new ones (weights and the optimizer state entries the cache had at `_plan`)."""
-        if plan.writes:
-            self.store.write_many(plan.writes, ahead=plan.ahead)
-        return {key: self.store.read(key, plan.rows) for key in ("weight", *plan.state_keys)}
+        new ones (weights and the optimizer state entries the cache had at `_plan`).
+
+        The evicted slots are reserved: no lookup maps them and no optimizer step writes them until
+        `_install` (a step updates the rows of its own lookups, which are never victims), so their
+        rows are copied here, not under the lock."""
+        back, rows = plan.slots[plan.was_dirty], plan.old[plan.was_dirty]
+        if back.size:
+            writes = [("weight", rows, _gather(self.weight.data, back))]
+            writes += [(key, rows, _gather(t, back)) for key, t in plan.state.items()]
+            self.store.write_many(writes, ahead=self._log_ahead(writes, plan.rows.size))
+        return {key: self.store.read(key, plan.rows) for key in ("weight", *plan.state)}
+
+    def _log_ahead(self, writes: list[tuple[str, np.ndarray, np.ndarray]], moving: int) -> list[tuple[str, np.ndarray]]:
+        """The rows whose pre-images `writes` log too, if they sync the log: the trained rows of the
+        next victims (see `_LOG_AHEAD`). The slots of the step in flight may be among them: their
+        stored rows, not the cached ones, are what is logged."""
+        if all(self.store.logged(key, rows) for key, rows, _ in writes):
+            return []
+        with self.lock:  # (a step's map_ids holds it briefly, never while waiting on this prefetch)
+            next_victims = self.recency.oldest(min(_LOG_AHEAD * moving, _LOG_AHEAD_MAX))
+            rows = self.slot2row[next_victims[self.dirty[next_victims]]]
+        return [(key, rows) for key, _, _ in writes] if rows.size else []
 
     def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
         """Under the lock: the read rows into their slots, the moved rows mapped, waiters woken."""

@@ -204,6 +204,7 @@ class TierFile:
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
         data = HEADER_BYTES + _pad(4 * self.blocks)
         self._rows = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)  # written
+        self._row_items = self._rows.view(np.dtype((np.void, 4 * cols))).reshape(rows)
         # the rows as read (read-only: a write through it raises rather than faulting pages read-mapped)
         self.data = self._rows if self._read_map is None else np.frombuffer(self._read_map, dtype=np.uint8)[
             data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
@@ -302,7 +303,8 @@ class TierFile:
 
     def close(self) -> None:
         self._map.flush()
-        del self.data, self._rows, self._crc, self._mm  # the views first: a map with views cannot close
+        # the views first: a map with views cannot close
+        del self.data, self._rows, self._row_items, self._crc, self._mm
         for m in self._maps():
             m.close()
 
@@ -364,7 +366,8 @@ class TierFile:
         blocks = self.blocks_of(rows)
         if not checked:
             self.check_blocks(blocks)
-        self._rows[rows] = values
+        # one element a row (a void view): advanced indexing then copies rows, not each float
+        self._row_items[rows] = np.ascontiguousarray(values, dtype=np.float32).view(self._row_items.dtype).ravel()
         self.dirty[blocks] = True
 
     def crcs(self, blocks: np.ndarray) -> np.ndarray:
