@@ -53,10 +53,12 @@ HEADER_BYTES = 4096
 # hot row a fault again, and the kernel maps pages around each fault (fault-around), so the measured
 # resident set grows many times faster than the rows touched: at 256 MiB a 4M-row store released every
 # few steps and trained 7x slower (bench_tiered, 0.03x against 0.39x at 1 GiB, same box). A store the
-# page cache cannot hold (over a quarter of the memory: `large_file`) keeps 256 MiB, so that the
-# process's resident set stays near its cache whatever the table's size.
+# page cache cannot hold (over a quarter of the memory: `large_file`) keeps 128 MiB, so that the
+# process's resident set stays near its cache whatever the table's size: beside a 200M-row table's
+# cache the tier's own bookkeeping takes 1.6 GiB (a slot per row, bit sets), and at 256 MiB its
+# checkpoint mapped 551 MiB of file pages, 0.15 GiB past the cache + 2 GiB (bench_tiered).
 RELEASE_BYTES = 1 << 30
-LARGE_STORE_RELEASE_BYTES = 256 << 20
+LARGE_STORE_RELEASE_BYTES = 128 << 20
 BLOCK_BYTES = 4096  # a page: an evicted row written back costs one page of undo log, not 64 KiB
 _OWNER = "TierFile"
 
