@@ -22,6 +22,11 @@ loops the lowering does not take, constexpr misuse). This tool checks the compil
 It exits 1 when a kernel fails to compile or a kernel of the project was never launched by the
 recorded steps (``KERNELS``, kept equal to the ``triton.jit`` kernels in the package), printing
 the errors. ``tests/test_triton_sm90.py`` runs it. Needs ``triton`` (its bundled ``ptxas``), no GPU.
+
+Another Triton's compiler (the GPU machine's: torch 2.11 pins 3.6.0) checks the launches this one
+recorded: ``TRITON_INTERPRET=1 python -m benchmarks.triton_sm90 --record-only launches.json``, then
+``PYTHONPATH=DIR:. python -m benchmarks.triton_sm90 --launches launches.json`` with that Triton in
+DIR (``pip install --no-deps --target DIR triton==3.6.0``).
 """
 from __future__ import annotations
 
@@ -226,16 +231,27 @@ def record(arch: int = 90) -> list[Launch]:
 
 
 # -------------------------------------------------------------------------------------------- compile
+MODULES = ("recstream.nn.hash_triton", "recstream.nn.hash_triton_unique", "recstream.optim._triton_row_kernels")
+"""The project's modules with Triton functions (tests/test_triton_sm90.py keeps it equal to the files
+that call ``triton.jit``)."""
+
+
 def _jit_functions() -> dict:
-    """``module:qualname`` -> the project's JITFunctions (built by importing and asking for the kernels)."""
-    from triton.runtime import jit as triton_jit
+    """``module:qualname`` -> the JITFunctions of `MODULES`: their globals (a kernel decorated at
+    import, a device function `hash_triton` sets) and what their factories build."""
+    import importlib
 
-    from recstream.nn import hash_triton, hash_triton_unique
-    from recstream.optim import _triton_row_kernels  # noqa: F401 -- decorated at import
+    from triton.runtime.jit import JITFunction
 
-    hash_triton._kernels()
-    hash_triton_unique.kernels()
-    return {k: v for k, v in triton_jit._triton_jit_function_registry.items() if k.startswith("recstream.")}
+    found = []
+    for name in MODULES:
+        module = importlib.import_module(name)
+        for factory in ("_kernels", "kernels"):  # built on first use (triton is optional there)
+            if callable(getattr(module, factory, None)):
+                built = getattr(module, factory)()
+                found.extend(x for group in built for x in (group if isinstance(group, tuple) else (group,)))
+        found.extend(vars(module).values())
+    return {f"{f.fn.__module__}:{f.fn.__qualname__}": f for f in found if isinstance(f, JITFunction)}
 
 
 @contextlib.contextmanager
@@ -318,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (default 90: H100)")
     parser.add_argument("--json", help="write the launches compiled and their results here")
-    parser.add_argument("--record-only", metavar="OUT", help=argparse.SUPPRESS)  # the interpreter subprocess
+    parser.add_argument("--record-only", metavar="OUT", help="only record the launches into OUT (with "
+                        "TRITON_INTERPRET=1 set; what the recording subprocess runs)")
+    parser.add_argument("--launches", metavar="FILE", help="compile the launches of an earlier --record-only run "
+                        "instead of recording (e.g. with another Triton on PYTHONPATH than the one that recorded)")
     args = parser.parse_args(argv)
     if args.record_only:
         Path(args.record_only).write_text(json.dumps([asdict(x) for x in record(args.arch)]))
@@ -332,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             print(f"triton_sm90: cannot compile here: {why}")
             return 2
-        launches, record_s = _record_in_subprocess(args.arch)
+        if args.launches:
+            launches, record_s = [Launch(**d) for d in json.loads(Path(args.launches).read_text())], 0.0
+        else:
+            launches, record_s = _record_in_subprocess(args.arch)
         start = time.perf_counter()
         results = compile_all(launches, args.arch)
         compile_s = time.perf_counter() - start

@@ -83,6 +83,12 @@ def test_a_launch_is_specialised_as_a_gpu_launch_would_be():
     ], specs
 
 
+def test_the_check_knows_every_module_with_triton_kernels():
+    """A new file of kernels joins `MODULES` (and its kernels `KERNELS`, which the e2e test checks)."""
+    files = {p.relative_to(REPO) for p in (REPO / "recstream").rglob("*.py") if "triton.jit" in p.read_text()}
+    assert files == {Path(*m.split(".")).with_suffix(".py") for m in triton_sm90.MODULES}
+
+
 @pytest.mark.e2e  # a subprocess (the interpreter records the launches) and ~130 compiles: about a minute
 @needs_ptxas
 def test_every_kernel_of_the_project_compiles_for_sm90_as_its_launches_specialise_it(tmp_path):
