@@ -37,16 +37,17 @@ def _train_table(emb: HashEmbedding, stream: list[torch.Tensor]) -> None:
 
 
 def hash_tables() -> None:
-    """Admission with and without a threshold, LRU passes (rows and pending keys), age eviction,
-    rebuilds, every ``param_init`` (the carry-out's three init modes), int64 and int32 keys,
-    several widths (the carry-out's DIM block), then an eval read."""
+    """Admission with and without a threshold, LRU passes, pending keys over budget dropped, age
+    eviction, rebuilds, every ``param_init`` (the carry-out's three init modes), int64 and int32
+    keys, several widths (the carry-out's DIM block), then an eval read."""
     for key_dtype in (torch.int64, torch.int32):
-        for permit, capacity, evict, init, dim in [(1, 512, None, "ones", 4), (3, 512, 2, "normal", 8),
-                                                   (1, 48, None, "uniform", 16), (2, 40, 2, "zeros", 1),
-                                                   (1, 256, None, "normal", 100)]:
+        for permit, capacity, evict, init, dim, pending in [
+                (1, 512, None, "ones", 4, None), (3, 512, 2, "normal", 8, None), (1, 48, None, "uniform", 16, None),
+                (2, 40, 2, "zeros", 1, None), (1, 256, None, "normal", 100, None), (3, 64, None, "ones", 4, 8)]:
             torch.manual_seed(0)
             emb = HashEmbedding(dim, key_dtype=key_dtype, capacity=capacity, permit_filter_value=permit,
-                                evict_filter_value=evict, param_init=init)
+                                evict_filter_value=evict, param_init=init,
+                                **({} if pending is None else {"pending_capacity": pending}))
             offset = 2 ** 40 if key_dtype == torch.int64 else 2 ** 20  # int32 keys fit in int32
             _train_table(emb, _keys(3, 16, 40, seed=capacity + permit, offset=offset))
         for evict in (None, 1):  # rebuilds, without and with age eviction

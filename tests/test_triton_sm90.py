@@ -7,6 +7,7 @@ No ``from __future__ import annotations`` here: Triton reads the toy kernels' ``
 annotations as objects."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -110,5 +111,10 @@ def test_every_kernel_of_the_project_compiles_for_sm90_as_its_launches_specialis
     assert any("tkeys=*i32" in s for s in spec) and any("tkeys=*i64" in s for s in spec)
     assert {s.split("INIT=constexpr=")[1] for s in spec if "INIT=" in s} == {"0", "1", "2"}
     assert any("CAPTURABLE=constexpr=True" in s and "HAS_FOUND=constexpr=True" in s for s in spec)
-    assert any("DENSE=constexpr=True" in s for s in spec) and any("HALF=constexpr=False" in s for s in spec)
+    flags = {}  # every kernel's bool constexprs, both ways (ROWS=False: pending keys dropped over budget)
+    for r in results:
+        for name, value in re.findall(r"(\w+)=constexpr=(True|False)", r["specialization"]):
+            flags.setdefault((r["kernel"], name), set()).add(value)
+    assert ("recstream.nn.hash_triton:_evict_chosen_fn", "ROWS") in flags
+    assert all(values == {"True", "False"} for values in flags.values()), flags
     print(f"\n{run.stdout.splitlines()[-1]} -- {seconds:.0f}s in all")
