@@ -7,7 +7,8 @@ loops the lowering does not take, constexpr misuse). This tool checks the compil
 
 1. *record* (a subprocess with ``TRITON_INTERPRET=1``): the device path's real launch sites run on
    CPU tensors -- `HashEmbedding` tables on the Triton backend (admission, LRU passes, pending
-   drops, age eviction, rebuilds, eval reads; int64 and int32 keys; every ``param_init``), dynamic
+   drops, age eviction, rebuilds, eval reads; int64 and int32 keys; every ``param_init``; a lookup of
+   16,384 keys), dynamic
    WideDeep and DeepFM steps through `Model`, and the fused row updates of LazyAdam, RowWiseAdagrad,
    FTRL, Adam (row-sparse and `FusedTables`), plain and capturable with ``found_inf``, sparse and
    dense gradients of several widths -- and every launch is specialised as a GPU launch would be:

@@ -58,6 +58,15 @@ def hash_tables() -> None:
             emb(torch.tensor([5, 2 ** 20]))
 
 
+def large_batch(keys: int = 16_384) -> None:
+    """One training lookup of `keys` distinct keys (a GPU-sized batch): the kernels' programs in the
+    hundreds, so the per-program count sums take their wider blocks (``PBLOCK`` 64 and 128)."""
+    emb = HashEmbedding(16, capacity=2 * keys)
+    emb.table_backend = "triton"
+    with device_path(), torch.no_grad():
+        emb(torch.randperm(4 * keys, generator=torch.Generator().manual_seed(0))[:keys] * 7919 + 2 ** 40)
+
+
 def _dynamic_schema():
     from recstream.data import CategoricalFeature, Schema
 
@@ -164,6 +173,7 @@ def adam_tables() -> None:
 
 def run_all() -> None:
     hash_tables()
+    large_batch()
     dynamic_models()
     row_optimizers()
     adam_tables()

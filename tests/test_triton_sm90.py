@@ -111,6 +111,7 @@ def test_every_kernel_of_the_project_compiles_for_sm90_as_its_launches_specialis
     assert any("tkeys=*i32" in s for s in spec) and any("tkeys=*i64" in s for s in spec)
     assert {s.split("INIT=constexpr=")[1] for s in spec if "INIT=" in s} == {"0", "1", "2"}
     assert any("CAPTURABLE=constexpr=True" in s and "HAS_FOUND=constexpr=True" in s for s in spec)
+    assert any("_carry_out_fn" in r["kernel"] and "PBLOCK=constexpr=128" in r["specialization"] for r in results)
     flags = {}  # every kernel's bool constexprs, both ways (ROWS=False: pending keys dropped over budget)
     for r in results:
         for name, value in re.findall(r"(\w+)=constexpr=(True|False)", r["specialization"]):
