@@ -7,12 +7,11 @@ loops the lowering does not take, constexpr misuse). This tool checks the compil
 
 1. *record* (a subprocess with ``TRITON_INTERPRET=1``): the device path's real launch sites run on
    CPU tensors -- `HashEmbedding` tables on the Triton backend (admission, LRU passes, pending
-   drops, age eviction, rebuilds, eval reads; int64 and int32 keys; every ``param_init``; a lookup of
-   16,384 keys), dynamic
-   WideDeep and DeepFM steps through `Model`, and the fused row updates of LazyAdam, RowWiseAdagrad,
-   FTRL, Adam (row-sparse and `FusedTables`), plain and capturable with ``found_inf``, sparse and
-   dense gradients of several widths -- and every launch is specialised as a GPU launch would be:
-   Triton's own binder (``triton.runtime.jit.create_function_from_signature``, what
+   drops, age eviction, rebuilds, eval reads; int64 and int32 keys; every ``param_init``; a lookup
+   of 16,384 keys), dynamic WideDeep and DeepFM steps through `Model`, and the fused row updates of
+   LazyAdam, RowWiseAdagrad, FTRL, Adam (row-sparse and `FusedTables`), plain and capturable with
+   ``found_inf``, sparse and dense gradients of several widths -- and every launch is specialised
+   as a GPU launch would be: Triton's own binder (``triton.runtime.jit.create_function_from_signature``, what
    ``JITFunction.run`` calls) for the CUDA backend of the target, on each argument (a tensor's dtype
    and its pointer's 16-byte alignment, an int's range, ``== 1`` and divisibility by 16, floats,
    bools, constexprs) and launch options (``num_warps``). Distinct specialisations are kept;
