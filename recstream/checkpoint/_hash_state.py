@@ -255,7 +255,7 @@ def _reshard_tier(m: HashEmbedding, entries: dict, log: torch.Tensor, old_rows: 
     error = None
     try:
         m.reshard_tier_(entries, log, old_rows, sources)
-    except ValueError as e:  # TierFileError included: an old store's block that fails its checksum
+    except Exception as e:  # noqa: BLE001 -- raised below, after the ranks agreed (a corrupt block, a full disk)
         error = e
     _agree(error, "fill their stores")
     if error is not None:

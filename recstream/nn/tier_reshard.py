@@ -30,6 +30,10 @@ Example:
     ...                        .read("weight", np.arange(5)) for k in (0, 1)])
     >>> bool((new.read("weight", np.arange(10)) == want).all())
     True
+    >>> keys = open_rank_store(d, "t", 12, 4, 8, 2, None, 1, 3, reshardable=True)  # a hash table's rows, placed anew
+    >>> move_rows(sources, keys, np.array([7, 2]), np.array([0, 3]))
+    >>> bool((keys.read("weight", np.array([0, 3])) == want[[7, 2]]).all())
+    True
 """
 from __future__ import annotations
 
