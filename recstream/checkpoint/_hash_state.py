@@ -16,9 +16,17 @@ dim 0, so every rank writes only its part; one process writes one part):
 A disk-tiered table's rows are its stores' (one per rank, `recstream.nn.hash_tier`): instead of
 ``values`` each rank commits its store and writes the commit, ``tier`` = ``[store uid, generation]``
 (a ``[shards, 2]`` entry), which loading returns the store to; the optimizer's state of ``values`` is
-that of the rank's cache slots (placement ``"rank_local"``). Such a table loads back only into as
-many shards of the same geometry, each rank its own (a tier is not resharded: every other case,
-and a tiered table loaded into an in-memory one or the reverse, is refused naming the module).
+that of the rank's cache slots (placement ``"rank_local"``). Loaded into as many shards of the same
+geometry, each rank returns its store to its commit. Loaded into another number of shards (one process
+on either side), it is resharded: each rank rebuilds its table from the keys it owns, exactly as an
+in-memory table does (below), and fills its store from the saving ranks' stores, each key's row and
+per-row optimizer state (every array of the stores) streamed from its saved row to its new one in
+bounded chunks (`HashEmbedding.reshard_tier_`, `recstream.nn.tier_reshard`); the old stores are only
+read, at the checkpoint's commit, so the checkpoint still loads on the ranks that saved it. The cache
+starts empty and its slots' optimizer state is not read. The ranks agree on failure (a key shard that
+does not fit, an old store missing or past the checkpoint's commit, a store that cannot be filled):
+every rank raises. Refused, naming the module: the same number of shards of another geometry (their
+stores are this run's), and a tiered table loaded into an in-memory one or the reverse.
 
 Loading: when this run has the same number of shards of the same size, each rank reads back
 exactly its own table (bit for bit: slots, free list and all). Otherwise -- a different number of
@@ -37,9 +45,10 @@ from ..distributed import is_distributed, rank
 from ..nn import HashEmbedding
 from ..nn.hash_embedding import HashEmbeddingState, table_entries
 from ..nn.tensor_hash_table import EMPTY
+from ..nn.tier_shard import flagged_ranks
 
 __all__ = ["hash_modules", "hash_doc", "hash_tensors", "hash_templates", "plan_hash_loads", "load_hash_state",
-           "remap_optimizer_rows", "full_optimizer_templates"]
+           "remap_optimizer_rows", "full_optimizer_templates", "resharded_hash_caches"]
 
 _ROW_META = ("row_slots", "free_rows", "dirty", "reset_mask")
 _PER_ROW = ("values", *_ROW_META)
@@ -126,8 +135,9 @@ def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, sa
         if direct[name]:  # this shard only, placed as it was written
             for tensor, local in _local(m, doc[name]["evicted"]).items():
                 templates[_key(name, tensor)] = _placed(torch.empty_like(local), doc[name]["shards"], mesh)
-        else:  # every shard, whole, on every rank
-            for tensor in (*_PER_ROW, *_PER_SLOT, *_SCALARS, "evicted_keys"):
+        else:  # every shard, whole, on every rank (a tiered table: every shard's store commit)
+            tier = () if m.disk_tier is None else ("tier",)
+            for tensor in (*_per_row(m), *_PER_SLOT, *_SCALARS, "evicted_keys", *tier):
                 meta = saved[_key(name, tensor)]
                 templates[_key(name, tensor)] = torch.empty(list(meta.size), dtype=meta.properties.dtype,
                                                             device=m.values.device)
@@ -136,8 +146,9 @@ def hash_templates(owner: str, directory: str, network: nn.Module, doc: dict, sa
 
 
 def _check_tier(owner: str, directory: str, name: str, m: HashEmbedding, saved: dict) -> None:
-    """Refuse what a disk-tiered table cannot load: another geometry (shards, capacity, slots: the stores
-    hold each rank's rows by its table's rows), or a checkpoint of the other kind (rows vs commits)."""
+    """Refuse what a disk-tiered table cannot load: the same number of shards of another geometry (the stores
+    the checkpoint's rows are in are this run's: they cannot be refilled from themselves), or a checkpoint of
+    the other kind (rows vs commits). Another number of shards reshards."""
     tiered, was = m.disk_tier is not None, bool(saved.get("tier", False))
     if not tiered and not was:
         return
@@ -145,33 +156,66 @@ def _check_tier(owner: str, directory: str, name: str, m: HashEmbedding, saved: 
         kinds = {True: "disk-tiered (commits of its stores)", False: "in memory (its rows)"}
         raise ValueError(f"{owner}: {directory!r}: HashEmbedding {name!r} was saved {kinds[was]}, this network "
                          f"holds it {kinds[tiered]}; load it into a network that holds it as it was saved")
-    if not _same_geometry(m, saved):
+    if saved["shards"] == m.shards and not _same_geometry(m, saved):
         mine = (m.shards, m.capacity, m.pending_capacity, m.num_slots)
         theirs = tuple(saved[k] for k in ("shards", "capacity", "pending_capacity", "num_slots"))
         raise ValueError(f"{owner}: {directory!r}: disk-tiered HashEmbedding {name!r} was saved by {saved['shards']} "
-                         f"rank(s), this run holds it on {m.shards} (this is rank {rank()}; (shards, capacity, "
-                         f"pending_capacity, num_slots) saved {theirs}, here {mine}): each rank's store holds the rows "
-                         "of its keys and a tier is not resharded; load it on as many ranks, with the same table")
+                         f"rank(s) as this run holds it, with another table (this is rank {rank()}; (shards, "
+                         f"capacity, pending_capacity, num_slots) saved {theirs}, here {mine}): each rank's store "
+                         "holds the rows of its keys, and a tier is resharded only into another number of ranks; "
+                         "load it with the same table")
 
 
 def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict) -> dict:
-    """For each module that reshards: the entries it will own, their saved rows and its eviction
-    log, checked to fit its capacity (ValueError) -- before any module changes."""
-    plans = {}
+    """For each module that reshards: the entries it will own, their saved rows, its eviction log
+    and (a tiered one) the old stores, settled at the checkpoint's commits; checked to fit its capacity
+    (ValueError) -- before any module changes. When a tiered table reshards, the ranks agree (collective):
+    every rank raises if one failed."""
+    plans, error = {}, None
     for name, m in hash_modules(network).items():
-        if direct[name] and m.disk_tier is not None:
-            _check_store(name, m, _local_part(loaded[_key(name, "tier")]))
-        if direct[name]:
-            continue
-        get = lambda t, name=name: _local_part(loaded[_key(name, t)])  # noqa: E731
-        entries, old_rows, log = _owned_entries(m, get, doc[name])
-        admitted = int(entries["admitted"].sum())
-        pending = entries["keys"].numel() - admitted
-        if admitted > m.capacity or pending > m.pending_capacity:
-            raise ValueError(f"HashEmbedding {name!r}: {admitted} admitted and {pending} pending keys do not fit "
-                             f"in capacity={m.capacity} and pending_capacity={m.pending_capacity}")
-        plans[name] = (entries, old_rows, log)
+        try:
+            if direct[name] and m.disk_tier is not None:
+                _check_store(name, m, _local_part(loaded[_key(name, "tier")]))
+            if not direct[name]:
+                plans[name] = _plan(name, m, lambda t, name=name: _local_part(loaded[_key(name, t)]), doc[name],
+                                    _key(name, "tier"))
+        except Exception as e:  # noqa: BLE001 -- raised below, after the ranks agreed (load_sharded wraps it)
+            error = e
+            break
+    if any(not direct[n] and m.disk_tier is not None for n, m in hash_modules(network).items()):
+        _agree(error, "read the checkpoint's keys and stores")
+    if error is not None:
+        raise error
     return plans
+
+
+def _plan(name: str, m: HashEmbedding, get, saved: dict, where: str) -> tuple:
+    entries, old_rows, log = _owned_entries(m, get, saved)
+    admitted = int(entries["admitted"].sum())
+    pending = entries["keys"].numel() - admitted
+    if admitted > m.capacity or pending > m.pending_capacity:
+        raise ValueError(f"HashEmbedding {name!r}: rank {rank()} of {m.shards} owns {admitted} admitted and {pending} "
+                         f"pending keys of the checkpoint (saved by {saved['shards']} rank(s)), which do not fit in "
+                         f"capacity={m.capacity} and pending_capacity={m.pending_capacity} (rows per rank); raise the "
+                         "table's capacity or load it on more ranks")
+    sources = None
+    if m.disk_tier is not None:  # the old stores, each settled at its commit by one rank
+        try:
+            sources = m.old_tier_stores(get("tier").reshape(-1, 2), saved["capacity"], where)
+        except ValueError as e:  # TierFileError included
+            raise ValueError(f"disk-tiered HashEmbedding {name!r} (rank {rank()} of {m.shards}) cannot be resharded "
+                             f"from the stores of the {saved['shards']} rank(s) that saved it: {e}") from e
+    return entries, old_rows, log, sources
+
+
+def _agree(error: Exception | None, what: str) -> None:
+    """Every rank learns whether one failed (one all-reduce; nothing outside a process group): a rank that
+    failed raises its own error after, the others one naming it -- none goes on into a collective that
+    rank never joins."""
+    failed = flagged_ranks(error is not None)
+    if failed and error is None:
+        raise ValueError(f"HashEmbedding: rank(s) {failed} could not {what} to reshard the checkpoint's disk-tiered "
+                         f"tables (their errors say why); this is rank {rank()}")
 
 
 def _check_store(name: str, m: HashEmbedding, tier: torch.Tensor) -> None:
@@ -196,11 +240,26 @@ def load_hash_state(network: nn.Module, loaded: dict, direct: dict[str, bool], d
                 _load_direct(m, get, doc[name])
                 continue
             m.default_value.copy_(get("default_value"))
-            entries, old_rows, log = plans[name]
+            entries, old_rows, log, sources = plans[name]
             m.set_counters_(int(get("global_step_t")[0]), bool(get("track_evictions_t").max()))
+            if sources is not None:
+                _reshard_tier(m, entries, log, old_rows[entries["admitted"]], sources)
+                continue
             new_rows = m.load_entries_(m.capacity, m.pending_capacity, entries, log)
             moves[name] = (old_rows[entries["admitted"]], new_rows, doc[name]["shards"] * doc[name]["capacity"])
     return moves
+
+
+def _reshard_tier(m: HashEmbedding, entries: dict, log: torch.Tensor, old_rows: torch.Tensor, sources: list) -> None:
+    """`HashEmbedding.reshard_tier_`, the ranks agreeing on its success (collective)."""
+    error = None
+    try:
+        m.reshard_tier_(entries, log, old_rows, sources)
+    except Exception as e:  # noqa: BLE001 -- raised below, after the ranks agreed (a corrupt block, a full disk)
+        error = e
+    _agree(error, "fill their stores")
+    if error is not None:
+        raise error
 
 
 def _local_part(t: torch.Tensor) -> torch.Tensor:
@@ -220,12 +279,14 @@ def _load_direct(m: HashEmbedding, get, saved: dict) -> None:
 
 def _owned_entries(m: HashEmbedding, get, saved: dict) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Every key of every saved shard that `m` owns now, with its row in the saved concatenation
-    (-1 for pending keys), and the owned part of the eviction log. Reads only."""
+    (-1 for pending keys), and the owned part of the eviction log. Reads only. A tiered table's rows
+    are in its stores (row r of the concatenation: row r of the old stores' table): no values here."""
     shards, cap, slots = saved["shards"], saved["capacity"], saved["num_slots"]
     parts, olds = [], []
     for s in range(shards):
         state = {n: get(n)[s * slots:(s + 1) * slots] for n in _PER_SLOT}
-        state.update({n: get(n)[s * cap:(s + 1) * cap] for n in ("values", "dirty", "reset_mask")})
+        state.update({n: get(n)[s * cap:(s + 1) * cap] for n in ("dirty", "reset_mask")})
+        state["values"] = get("values")[s * cap:(s + 1) * cap] if m.disk_tier is None else torch.zeros(cap, 0)
         entries = table_entries(state)
         olds.append(torch.where(entries["admitted"], entries["row"] + s * cap, -1))
         parts.append(entries)
@@ -248,9 +309,10 @@ def _state_keys(network: nn.Module, doc_optimizer: dict, name: str):
 
 def full_optimizer_templates(network: nn.Module, doc_optimizer: dict, direct: dict[str, bool], templates: dict,
                              saved) -> None:
-    """Resharded modules read every shard's per-row optimizer state whole (replaces templates)."""
+    """Resharded modules read every shard's per-row optimizer state whole (replaces templates); a tiered
+    table's is its cache slots' (`resharded_hash_caches`)."""
     for name, m in hash_modules(network).items():
-        if direct[name]:
+        if direct[name] or m.disk_tier is not None:
             continue
         for key in _state_keys(network, doc_optimizer, name):
             meta = saved[key]
@@ -268,3 +330,10 @@ def remap_optimizer_rows(network: nn.Module, doc_optimizer: dict, loaded: dict, 
             local = full.new_zeros(modules[name].capacity, *full.shape[1:])
             local[new_rows] = full[old_rows]
             loaded[key] = local
+
+
+def resharded_hash_caches(network: nn.Module, direct: dict[str, bool]) -> dict[str, nn.Parameter]:
+    """``{parameter name: cache}`` of the resharded disk-tiered tables: their caches start empty, and their
+    slots' optimizer state is not read (the rows' is in the stores)."""
+    return {f"{name}.values" if name else "values": m.values for name, m in hash_modules(network).items()
+            if not direct[name] and m.disk_tier is not None}

@@ -18,7 +18,7 @@ What is written, in the directory:
   stored as 0-d tensors;
 - every `HashEmbedding`'s tables (``hash.<module>.<tensor>``): each rank writes its key shard
   whole; loading into other ranks or one process rebuilds the tables by key (`recstream.checkpoint._hash_state`);
-  a disk-tiered one holds each rank's store commit instead of its rows, and loads only into as many ranks;
+  a disk-tiered one holds each rank's store commit instead of its rows, and its stores are resharded the same way;
 - ``recstream_checkpoint.json``, written by rank 0 last: the optimizer's hyper-parameters and
   parameter groups, and every rank's `extra` (JSON values: step counters, stream positions), in
   rank order.
@@ -75,6 +75,7 @@ from ._hash_state import (
     load_hash_state,
     plan_hash_loads,
     remap_optimizer_rows,
+    resharded_hash_caches,
 )
 from ._sharded_state import (
     assemble_optimizer_state,
@@ -205,6 +206,7 @@ def _templates(owner: str, path: str, network, optimizer, doc: dict) -> tuple[di
     state = {f"model.{k}": v for k, v in model.items()}
     hashed, direct = hash_templates(owner, path, network, doc.get("hash", {}), saved, _mesh())
     state.update(hashed)
+    caches.update(resharded_hash_caches(network, direct))  # resharded tiered HashEmbeddings' caches: not read
     fills = {}
     if optimizer is not None:
         if "optimizer" not in doc:

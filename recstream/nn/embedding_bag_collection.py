@@ -67,7 +67,7 @@ from ..validation import check_bool, check_choice, check_int, check_int_tensor, 
 from .embedding_config import EmbeddingTableConfig
 from .row_sharding import RowSharding
 from .tier_cache import TierCache, TierStats
-from .tier_reshard import copy_rows, old_rank_stores, settle_old_store
+from .tier_reshard import copy_rows, settled_sources
 from .tier_shard import UnopenedTier, flagged_ranks, open_rank_store, process_ranks
 from .tier_store import TierStore
 
@@ -567,10 +567,7 @@ class EmbeddingBagCollection(nn.Module):
         start, stop = (0, t.num_embeddings) if rows is None else (rows.start, rows.stop)
         sources, error = [], None
         try:
-            sources = old_rank_stores(t.tier.directory, t.name, t.num_embeddings, commits.shape[0])
-            for k, (path, _, _) in enumerate(sources):
-                if k % ranks == rank:  # each old store settled by one process: opening it takes its lock
-                    settle_old_store(path, int(commits[k, 0]), int(commits[k, 1]), f"{where}[{k}]")
+            sources = settled_sources(t.tier.directory, t.name, t.num_embeddings, commits, rank, ranks, where)
         except ValueError as e:  # TierFileError included
             error = e
         self._agree(error, group, name, "read the stores it is resharded from", rank, ranks)

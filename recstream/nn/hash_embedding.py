@@ -81,7 +81,9 @@ Sharded checkpoints: ``recstream.checkpoint.save_sharded`` (through `HashEmbeddi
 A disk-tiered table is key-sharded the same way, each rank's rows in a store of its own
 (``<directory>/rank-<r>-of-<N>``, `recstream.nn.hash_tier`) behind its own cache; build it after
 joining the process group (it opens that store when sharded). Its state is the rank's hash table
-and a commit of the rank's store, so it loads back only into as many ranks (not resharded).
+and a commit of the rank's store; loaded into another number of ranks (or one process), each rank
+rebuilds its table from the keys it owns and fills its store from the saving ranks' stores
+(`reshard_tier_`).
 
 Export
 ------
@@ -133,7 +135,7 @@ from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
 from .hash_device_path import STATIC, DevicePath, lookup_masked_many
 from .hash_host_path import HostPath
 from .hash_replay import GraphReplay, HostEvent
-from .hash_tier import HashTier, open_hash_tier, open_rank_hash_tier, unopened_hash_tier
+from .hash_tier import HashTier, old_hash_stores, open_hash_tier, open_rank_hash_tier, unopened_hash_tier
 from .key_sharding import KeySharding
 from .tensor_hash_table import (
     DELETED,
@@ -860,7 +862,16 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         entry got, in entry order (to move per-row optimizer state along). Raises ValueError
         when the entries do not fit.
         """
-        self._refuse_tier("load_entries_", "rebuilding its table from other shards' keys")
+        self._refuse_tier("load_entries_", "rebuilding its table from other shards' keys (reshard_tier_ does, "
+                          "with the rows of the stores they were saved in)")
+        rows = self._rebuild_table(capacity, pending_capacity, entries, evicted_keys)
+        adm = _where(entries["admitted"])
+        self.values.index_copy_(0, rows, entries["values"].index_select(0, adm).to(self.values.dtype))
+        return rows
+
+    def _rebuild_table(self, capacity: int, pending_capacity: int, entries: dict[str, torch.Tensor],
+                       evicted_keys: torch.Tensor) -> torch.Tensor:
+        """`load_entries_` but the rows' values: the table, its rows' flags and the eviction log."""
         adm = _where(entries["admitted"])
         n_pending = entries["keys"].numel() - adm.numel()
         if adm.numel() > capacity or n_pending > pending_capacity:
@@ -876,13 +887,39 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         t.rows.index_copy_(0, adm_slots, rows)
         self.row_slots.index_copy_(0, rows, adm_slots)
         self.row_last_seen.index_copy_(0, rows, entries["last_seen"].index_select(0, adm))
-        self.values.index_copy_(0, rows, entries["values"].index_select(0, adm).to(self.values.dtype))
         self.dirty.index_copy_(0, rows, entries["dirty"].index_select(0, adm))
         reset = entries["reset"].index_select(0, adm)
         self.reset_mask.index_copy_(0, rows, reset)
         self._reset_parts = [rows[reset]]
         self._set_pending(n_pending)
         self.evicted_keys = evicted_keys.to(device=self.values.device, dtype=self.key_dtype)
+        return rows
+
+    def old_tier_stores(self, commits: torch.Tensor, capacity: int, where: str) -> list[tuple[str, int, int]]:
+        """The stores a sharded checkpoint of this disk-tiered table kept, saved by ``len(commits)`` shards of
+        `capacity` rows (`commits`: their ``[store uid, generation]``), each settled at its commit by one of
+        this run's ranks (`hash_tier.old_hash_stores`; `where` names the entry in errors). Read only: for
+        `reshard_tier_`, after every rank returned (the ranks agree first: a collective of the caller's)."""
+        if not isinstance(self._tier, HashTier):
+            raise ValueError(f"HashEmbedding: {where}: the disk-tiered table has no store open (built in a process "
+                             "of several ranks, not key-sharded yet)")
+        rank, ranks = (0, 1) if self._sharding is None else (self._sharding.rank, self._sharding.world_size)
+        return old_hash_stores(self._tier_config, capacity, commits, rank, ranks, where)
+
+    @torch.no_grad()
+    @_table_write
+    def reshard_tier_(self, entries: dict[str, torch.Tensor], evicted_keys: torch.Tensor, old_rows: torch.Tensor,
+                      sources: list[tuple[str, int, int]]) -> torch.Tensor:
+        """A disk-tiered table's `load_entries_` from a checkpoint of another number of shards: the table
+        rebuilt with this shard's capacity holding exactly `entries` (`table_entries`, their ``values``
+        unused), and each admitted entry's row -- weights and per-row optimizer state -- copied into this
+        shard's store from row ``old_rows[i]`` of the old stores `sources` (`old_tier_stores`; streamed in
+        chunks, the old stores only read); the cache emptied, the store committed. Returns the new rows
+        (entry order, as `load_entries_`); a ValueError when the entries do not fit."""
+        if not isinstance(self._tier, HashTier):
+            raise ValueError("HashEmbedding.reshard_tier_: the table is not disk-tiered or has no store open")
+        rows = self._rebuild_table(self.capacity, self.pending_capacity, entries, evicted_keys)
+        self._tier.move_from(sources, old_rows.numpy(), rows.numpy())
         return rows
 
     # ---------------------------------------------------------- export / import

@@ -23,7 +23,10 @@ fit in the cache, or the lookup is refused.
 Under ``hybrid_parallel`` the table is key-sharded (`recstream.nn.key_sharding`) and each rank keeps the
 rows of its own keys in a store of its own, ``<directory>/rank-<r>-of-<N>`` (`open_rank_hash_tier`; the
 conventions and refusals of `recstream.nn.tier_shard`), behind its own cache. Built in a process of
-several ranks, a tiered table opens no store until then (`unopened_hash_tier`).
+several ranks, a tiered table opens no store until then (`unopened_hash_tier`). The stores of other world
+sizes, and one process's store of the whole table, may lie beside a rank's: a sharded checkpoint of them
+loads into this run's stores by resharding them (`old_hash_stores`, `HashTier.move_from`,
+`HashEmbedding.reshard_tier_`); they are not read otherwise.
 
 Example:
     >>> import tempfile, torch
@@ -46,10 +49,11 @@ from torch import nn
 
 from .embedding_config import DiskTier
 from .tier_cache import TierCache
-from .tier_shard import UnopenedTier, open_rank_store, process_ranks, refuse_rank_stores
+from .tier_reshard import move_rows, settled_sources
+from .tier_shard import UnopenedTier, open_rank_store, process_ranks
 from .tier_store import TierStore
 
-__all__ = ["HashTier", "open_hash_tier", "open_rank_hash_tier", "unopened_hash_tier"]
+__all__ = ["HashTier", "old_hash_stores", "open_hash_tier", "open_rank_hash_tier", "unopened_hash_tier"]
 
 _OWNER = "HashEmbedding"
 _TABLE = "HashEmbedding"  # the ``table`` of a rank store's shard.json: the rows of a HashEmbedding's keys
@@ -66,18 +70,18 @@ def open_rank_hash_tier(tier: DiskTier, capacity: int, embedding_size: int, weig
                         world_size: int, group=None) -> HashTier:
     """The tier of rank `rank` of `world_size`'s key shard of `capacity` rows: its store
     ``<directory>/rank-<rank>-of-<world_size>`` opened, or created of zeros (`tier_shard.open_rank_store`;
-    another rank's or world size's store is refused, naming path, rank and world size; the ranks of
-    `group` agree first, so every rank raises when one cannot open its store)."""
+    another rank's store in its place is refused, naming path, rank and world size; the stores of other
+    world sizes may lie beside it; the ranks of `group` agree first, so every rank raises when one cannot
+    open its store)."""
     store = open_rank_store(tier.directory, _TABLE, world_size * capacity, rank * capacity, (rank + 1) * capacity,
-                            embedding_size, None, rank, world_size, owner=_OWNER, group=group)
+                            embedding_size, None, rank, world_size, owner=_OWNER, group=group, reshardable=True)
     return HashTier(store.directory, weight, store, tier.cache_rows)
 
 
 def open_hash_tier(tier: DiskTier, capacity: int, embedding_size: int, weight: nn.Parameter) -> HashTier:
     """The tier of a table of `capacity` rows: its store opened (a crash's uncommitted writes undone)
     or created (rows of zeros: a sparse file, nothing written; a row gets values when a key gets it).
-    A directory of rank stores (a key-sharded table's) is refused."""
-    refuse_rank_stores(tier.directory, os.path.basename(tier.directory), _OWNER)
+    Rank stores (a key-sharded table's) may lie beside it: a checkpoint of them reshards into it."""
     if TierStore.exists(tier.directory):
         store = TierStore.open(tier.directory)
         held = store.files.get("weight")
@@ -89,6 +93,16 @@ def open_hash_tier(tier: DiskTier, capacity: int, embedding_size: int, weight: n
     else:
         store = TierStore.create(tier.directory, {"weight": (capacity, embedding_size, 0.0)})
     return HashTier(tier.directory, weight, store, tier.cache_rows)
+
+
+def old_hash_stores(tier: DiskTier, capacity: int, commits: torch.Tensor, rank: int, ranks: int, where: str
+                    ) -> list[tuple[str, int, int]]:
+    """The stores of a checkpoint of a table tiered in `tier` saved by ``len(commits)`` shards of `capacity`
+    rows (`commits`: each one's ``[store uid, generation]``; one shard: one process's store of the whole
+    table), ``(path, first row, stop)`` in the saved tables' concatenation, each checked and settled at its
+    commit by one of this run's `ranks` processes (`tier_reshard.settled_sources`; `where` names the
+    checkpoint entry in errors). A ValueError names the store that is missing or not the commit's."""
+    return settled_sources(tier.directory, _TABLE, len(commits) * capacity, commits, rank, ranks, where)
 
 
 class HashTier(TierCache):
@@ -190,3 +204,13 @@ class HashTier(TierCache):
                     self.store.write_many(writes)
                     self._sync_io_stats()
             return torch.from_numpy(slots[slots >= 0].astype(np.int64))
+
+    def move_from(self, sources: list[tuple[str, int, int]], old_rows: np.ndarray, new_rows: np.ndarray) -> None:
+        """Empty the cache and fill the store's rows `new_rows` with rows `old_rows` of the old stores
+        `sources` (`old_hash_stores`: every array, weights and optimizer state, streamed in chunks,
+        `tier_reshard.move_rows`), then commit: a resharded table's keys' rows where its table put them."""
+        with self.lock:
+            self._quiesce()
+            self._clear()
+            move_rows(sources, self.store, old_rows, new_rows)
+            self._sync_io_stats()

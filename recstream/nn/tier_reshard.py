@@ -1,4 +1,4 @@
-"""Resharding a row-sharded disk-tiered table: `old_rank_stores`, `settle_old_store`, `copy_rows`.
+"""Resharding disk-tiered tables' stores: `old_rank_stores`, `settle_old_store`, `copy_rows`, `move_rows`.
 
 A checkpoint of a disk-tiered `EmbeddingBagCollection` table saved by N ranks holds each rank's store
 commit, ``[store uid, generation]``; the rows are in ``<directory>/rank-<k>-of-<N>`` (`tier_shard`).
@@ -10,6 +10,11 @@ open undoes the writes made after its last commit, as any reopen does, and its u
 checked against the checkpoint's), then every new rank maps its files read-only in effect
 (`TierFile.open`, reads only; blocks checked against their checksums). The old checkpoint so stays
 loadable by N ranks, and the stores of both world sizes live side by side (their names carry N and M).
+
+A key-sharded disk-tiered `HashEmbedding` reshards the same way, its stores' rows being the rows of the
+saving ranks' tables (rank k's rows ``[k * capacity, (k + 1) * capacity)`` of their concatenation): each
+new rank rebuilds its table from the keys it owns and `move_rows` streams each key's row from where the
+old tables had it to where the new one put it, in the same chunks.
 
 Example:
     >>> import tempfile, numpy as np
@@ -25,9 +30,14 @@ Example:
     ...                        .read("weight", np.arange(5)) for k in (0, 1)])
     >>> bool((new.read("weight", np.arange(10)) == want).all())
     True
+    >>> keys = open_rank_store(d, "t", 12, 4, 8, 2, None, 1, 3, reshardable=True)  # a hash table's rows, placed anew
+    >>> move_rows(sources, keys, np.array([7, 2]), np.array([0, 3]))
+    >>> bool((keys.read("weight", np.array([0, 3])) == want[[7, 2]]).all())
+    True
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -37,7 +47,7 @@ from .tier_file import TierFile
 from .tier_shard import rank_directory
 from .tier_store import TierStore
 
-__all__ = ["CHUNK", "copy_rows", "old_rank_stores", "settle_old_store"]
+__all__ = ["CHUNK", "copy_rows", "move_rows", "old_rank_stores", "settle_old_store", "settled_sources"]
 
 CHUNK = 1 << 16  # rows read and written at a time: a chunk's memory, whatever the table's size
 
@@ -95,20 +105,64 @@ def _ranks_of(path: str) -> str:
     return name.rsplit("-of-", 1)[1] if "-of-" in name else "1"
 
 
+def settled_sources(directory: str, table: str, rows: int, commits, rank: int, ranks: int, where: str
+                    ) -> list[tuple[str, int, int]]:
+    """`old_rank_stores` of the ``len(commits)`` ranks that saved a checkpoint (`commits`: their ``[store uid,
+    generation]`` rows), each settled at its commit (`settle_old_store`) by one of this run's `ranks`
+    processes, old store k by this run's rank ``k % ranks`` (opening a store takes its lock); `where` names
+    the checkpoint entry in errors. Every process returns them all: the ranks agree before they read them."""
+    sources = old_rank_stores(directory, table, rows, len(commits))
+    for k, (path, _, _) in enumerate(sources):
+        if k % ranks == rank:
+            settle_old_store(path, int(commits[k][0]), int(commits[k][1]), f"{where}[{k}]")
+    return sources
+
+
 def copy_rows(sources: list[tuple[str, int, int]], store: TierStore, start: int, stop: int) -> None:
     """Fill `store` (rows ``[start, stop)`` of the table) from the old stores `sources`, every array,
     `CHUNK` rows at a time, and commit it. The old stores must be settled (`settle_old_store`)."""
+    def pieces(a: int, b: int):
+        lo, hi = max(a, start), min(b, stop)
+        for first in range(lo, hi, CHUNK):
+            rows = np.arange(first, min(hi, first + CHUNK), dtype=np.int64)
+            yield rows, rows - start
+
+    _fill(sources, store, pieces)
+
+
+def move_rows(sources: list[tuple[str, int, int]], store: TierStore, old_rows: np.ndarray, new_rows: np.ndarray
+              ) -> None:
+    """Write row ``old_rows[i]`` of the old stores' table (every array) to row ``new_rows[i]`` of `store`,
+    `CHUNK` rows at a time, in the old stores' row order, and commit it: the rows of a hash table's keys,
+    which a reshard places anew (`HashEmbedding.reshard_tier_`). Rows of `store` not in `new_rows` keep
+    what they hold (free rows: a key given one writes its own). The old stores must be settled."""
+    old_rows, new_rows = np.asarray(old_rows, dtype=np.int64), np.asarray(new_rows, dtype=np.int64)
+    order = np.argsort(old_rows, kind="stable")
+    ordered = old_rows[order]
+
+    def pieces(a: int, b: int):
+        lo, hi = (int(i) for i in np.searchsorted(ordered, [a, b]))
+        for first in range(lo, hi, CHUNK):
+            pick = order[first:min(hi, first + CHUNK)]
+            yield old_rows[pick], new_rows[pick]
+
+    _fill(sources, store, pieces)
+
+
+def _fill(sources: list[tuple[str, int, int]], store: TierStore, pieces) -> None:
+    """Stream into `store` the chunks ``(old rows, new rows)`` that ``pieces(start, stop)`` yields for each
+    old store of rows ``[start, stop)``: every array, one chunk in memory at a time; then commit."""
     arrays = None
     for path, a, b in sources:
-        lo, hi = max(a, start), min(b, stop)
-        if lo >= hi:
+        chunks = pieces(a, b)
+        first = next(chunks, None)
+        if first is None:
             continue
         files = _old_files(path)
         try:
             arrays = _check_arrays(path, files, store, arrays)
-            for first in range(lo, hi, CHUNK):
-                rows = np.arange(first, min(hi, first + CHUNK), dtype=np.int64)
-                store.write_many([(name, rows - start, f.read_rows(rows - a)) for name, f in files.items()])
+            for old, new in itertools.chain([first], chunks):
+                store.write_many([(name, new, f.read_rows(old - a)) for name, f in files.items()])
                 for f in files.values():
                     f.release()
         finally:

@@ -8,9 +8,8 @@ A store is opened only by the rank, world size and rows it was made for: one of 
 there is refused with a ValueError naming the path, the rank and the world size -- never read as if
 it held this rank's rows. A key-sharded disk-tiered `HashEmbedding` keeps the rows of each rank's keys the
 same way (`open_rank_store` with ``init_std=None``: a store of zeros, a row gets values when a key gets it).
-An `EmbeddingBagCollection` table's stores
-are opened `reshardable`: those of other world sizes may lie beside them, and `load_sharded` fills them
-from a checkpoint of another number of ranks (`tier_reshard`); a `HashEmbedding`'s are not resharded.
+Both kinds of stores are opened `reshardable`: those of other world sizes may lie beside them, and
+`load_sharded` fills them from a checkpoint of another number of ranks (`tier_reshard`).
 
 Example:
     >>> import tempfile
@@ -35,7 +34,7 @@ import torch
 from ..atomic import atomic_write, fsync_dir
 from .tier_store import TierStore
 
-__all__ = ["UnopenedTier", "open_rank_store", "process_ranks", "rank_directory", "refuse_rank_stores"]
+__all__ = ["UnopenedTier", "open_rank_store", "process_ranks", "rank_directory"]
 
 _OWNER = "EmbeddingBagCollection"
 _RANK_DIR = re.compile(r"rank-(\d+)-of-(\d+)$")
@@ -76,16 +75,6 @@ class UnopenedTier:
         raise RuntimeError(self._what)
 
 
-def refuse_rank_stores(directory: str, table: str, owner: str = _OWNER) -> None:
-    """One process opens the store of a whole table: refuse a directory of rank stores (their rows are
-    split over ranks; a new whole store beside them would start the table afresh, silently)."""
-    found = _rank_dirs(directory)
-    if found:
-        raise ValueError(f"{owner}: table {table!r}: tier directory {directory} holds the stores of a table "
-                         f"sharded over ranks ({', '.join(found)}), not one process's; train it under "
-                         "hybrid_parallel with that many ranks, or give the table another directory")
-
-
 def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int, dim: int, init_std: float | None,
                     rank: int, world_size: int, owner: str = _OWNER, group=None, reshardable: bool = False
                     ) -> TierStore:
@@ -98,8 +87,8 @@ def open_rank_store(directory: str, table: str, rows: int, start: int, stop: int
     (collective: one all-reduce): a rank whose store fails to open raises its error, and every other
     rank a ValueError naming it, instead of going on into collectives that rank never joins.
 
-    `reshardable` (an `EmbeddingBagCollection` table's: `load_sharded` reshards its stores, `tier_reshard`):
-    the stores of other world sizes, and a whole table's, may lie beside this one in `directory`."""
+    `reshardable` (the tables' own: `load_sharded` reshards their stores, `tier_reshard`): the stores of
+    other world sizes, and a whole table's, may lie beside this one in `directory`."""
     try:
         store, error = _open_rank_store(directory, table, rows, start, stop, dim, init_std, rank, world_size,
                                         owner, reshardable), None

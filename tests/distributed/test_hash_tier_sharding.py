@@ -3,9 +3,11 @@ rows in a store of its own (``<directory>/rank-<r>-of-<N>``) behind a cache of i
 as the in-memory table does (same keys, rows and LazyAdam moments, bit for bit, with a cache smaller than
 a rank's keys: rows evicted and read back), and publish the same versions (so does a model's tiered
 dynamic feature trained by Model.train, which prefetches the batches' keys); a sharded checkpoint commits
-every rank's store and training resumed from it, in the same processes or fresh ones, goes on identically;
-stores of another rank or world size, a checkpoint of two ranks loaded into one process (a tier is not
-resharded) and a tiered table's checkpoint loaded into an in-memory one are refused, naming them."""
+every rank's store and training resumed from it, in the same processes or fresh ones, goes on identically,
+and loads into one process from its stores at its commit (resharded: test_hash_tier_resharding.py); another
+rank's store in a rank's place, a checkpoint loaded with another tier directory, from stores committed after
+it or into the same number of shards of another size, and a tiered table's checkpoint loaded into an
+in-memory one are refused, naming them."""
 import json
 import os
 import shutil
@@ -66,10 +68,10 @@ def test_two_ranks_train_a_tiered_hash_embedding_as_in_memory_and_publish_the_sa
             f"its own rows (under {tmp_path}/early), opened when parallel_mode='hybrid_parallel' shards the table")
     assert sorted(os.listdir(tmp_path / "tiers" / "emb")) == ["rank-0-of-2", "rank-1-of-2"]
     assert not (tmp_path / "early").exists()
-    # one process cannot open the table: its keys' rows are split over two ranks' stores
-    with pytest.raises(ValueError, match=r"HashEmbedding: table 'emb': tier directory .*/tiers/emb holds the stores "
-                                         r"of a table sharded over ranks \(rank-0-of-2, rank-1-of-2\)"):
-        HashEmbedding(4, capacity=CAPACITY, tier=DiskTier(str(tmp_path / "tiers" / "emb"), cache_rows=CACHE))
+    # one process opens a store of the whole table beside the ranks' (a checkpoint of theirs reshards into it)
+    one = HashEmbedding(4, capacity=CAPACITY, tier=DiskTier(str(tmp_path / "tiers" / "emb"), cache_rows=CACHE))
+    assert one.tier_store.directory == str(tmp_path / "tiers" / "emb") and one.num_rows == 0
+    one.tier_store.close()
 
 
 @pytest.mark.e2e
@@ -96,12 +98,15 @@ def test_two_ranks_checkpoint_and_resume_a_tiered_hash_embedding_identically(tmp
         saved = load_file(tmp_path / "ckpt" / f"shard-0000{rank + 1}-model-00001-of-00001.safetensors")
         assert saved["hash.emb.tier"].shape == (1, 2) and "hash.emb.values" not in saved  # the commit, not rows
         assert saved["optim.sparse.emb.values.exp_avg"].shape == (CACHE, 4)  # the rank's cache slots' state
-    # a tier is not resharded: two ranks' stores cannot load into one process
-    net, optimizer, _ = build(tmp_path / "one")
-    with pytest.raises(ValueError, match=r"disk-tiered HashEmbedding 'emb' was saved by 2 rank\(s\), this run holds "
-                                         r"it on 1 \(this is rank 0; \(shards, capacity, pending_capacity, num_slots\) "
-                                         r"saved \(2, 100, 100, 512\), here \(1, 200, 200, 1024\)\): each rank's store "
-                                         r"holds the rows of its keys and a tier is not resharded"):
+    # into one process, the ranks' stores are resharded (test_hash_tier_resharding.py): from the checkpoint's stores
+    net, optimizer, _ = build(tmp_path / "one")  # not the directory of the checkpoint's stores
+    with pytest.raises(ValueError, match=r"disk-tiered HashEmbedding 'emb' \(rank 0 of 1\) cannot be resharded "
+                                         r"from the stores of the 2 rank\(s\) that saved it: .*cannot read "
+                                         r".*/one/tiers/emb/rank-0-of-2/shard.json, the shard of rank 0 of the 2"):
+        checkpoint.load_sharded(tmp_path / "ckpt", net, optimizer)
+    net, optimizer, _ = build(tmp_path)  # at the checkpoint's commit: the runs above committed the stores after it
+    with pytest.raises(ValueError, match=r"hash.emb.tier\[0\]: names generation \d+ of tier store .*/rank-0-of-2, "
+                                         r"which is at generation \d+: only a store at the checkpoint's commit"):
         checkpoint.load_sharded(tmp_path / "ckpt", net, optimizer)
     net, optimizer, _ = build(None)
     with pytest.raises(ValueError, match=r"HashEmbedding 'emb' was saved disk-tiered \(commits of its stores\), this "
@@ -117,13 +122,12 @@ def _open(directory: Path, rank: int, world_size: int):
     return tier
 
 
-def test_a_hash_rank_store_reopens_for_its_rank_and_world_size_only(tmp_path):
+def test_a_hash_rank_store_reopens_for_its_rank_and_world_size_beside_others(tmp_path):
     for rank in (0, 1):
         assert _open(tmp_path, rank, 2).rows == 5
     _open(tmp_path, 1, 2)  # its own: reopened
-    with pytest.raises(ValueError, match=rf"HashEmbedding: tier directory {tmp_path} \(table 'HashEmbedding', this is "
-                                         r"rank 1 of 3\) holds the stores of 2 ranks \(rank-0-of-2, rank-1-of-2\)"):
-        _open(tmp_path, 1, 3)
+    assert _open(tmp_path, 1, 3).rows == 4  # another world size's, beside (a checkpoint reshards into it)
+    assert sorted(os.listdir(tmp_path)) == ["rank-0-of-2", "rank-1-of-2", "rank-1-of-3"]
     shutil.rmtree(tmp_path / "rank-1-of-2")  # another rank's store in this rank's place: refused, not read
     shutil.copytree(tmp_path / "rank-0-of-2", tmp_path / "rank-1-of-2")
     (tmp_path / "rank-1-of-2" / "lock").unlink()
@@ -132,9 +136,8 @@ def test_a_hash_rank_store_reopens_for_its_rank_and_world_size_only(tmp_path):
         _open(tmp_path, 1, 2)
     whole = HashEmbedding(4, capacity=10, tier=DiskTier(str(tmp_path / "whole"), cache_rows=4))  # one process's
     whole.tier_store.close()
-    with pytest.raises(ValueError, match=rf"HashEmbedding: tier directory {tmp_path}/whole \(table 'HashEmbedding', "
-                                         r"this is rank 0 of 2\) holds the store of the whole table, made by one"):
-        _open(tmp_path / "whole", 0, 2)
+    assert _open(tmp_path / "whole", 0, 2).rows == 5  # beside the whole table's store
+    assert {"rank-0-of-2", "manifest.json", "weight.tier"} <= set(os.listdir(tmp_path / "whole"))
 
 
 def test_a_sharded_checkpoint_of_one_process_commits_and_restores_a_tiered_hash_embedding(tmp_path):
@@ -163,6 +166,12 @@ def test_a_sharded_checkpoint_of_one_process_commits_and_restores_a_tiered_hash_
     with pytest.raises(ValueError, match=r"HashEmbedding 'emb': the checkpoint holds a commit of tier store \d+, this "
                                          rf"rank \(rank 0\) uses store \d+ in {tmp_path}/u"):
         checkpoint.load_sharded(tmp_path / "ckpt", other, other_optimizer)
+    smaller = torch.nn.ModuleDict({"emb": HashEmbedding(4, capacity=100, tier=DiskTier(str(tmp_path / "v"), 25))})
+    with pytest.raises(ValueError, match=r"disk-tiered HashEmbedding 'emb' was saved by 1 rank\(s\) as this run "
+                                         r"holds it, with another table \(this is rank 0; \(shards, capacity, "
+                                         r"pending_capacity, num_slots\) saved \(1, 120, 0, 256\), here \(1, 100, 0, "
+                                         r"256\)\): .* a tier is resharded only into another number of ranks"):
+        checkpoint.load_sharded(tmp_path / "ckpt", smaller, LazyAdam(smaller.parameters(), lr=0.05))
 
 
 @pytest.mark.e2e
