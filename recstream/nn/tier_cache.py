@@ -264,24 +264,42 @@ class TierCache:
 
         The disk work runs outside the lock, so a step's ``map_ids`` waits only for rows it needs that
         this prefetch is moving (loading, or writing back), and for the store if it must load rows
-        itself: slots are chosen and the evicted rows copied under the lock (`_plan`), the evicted rows
-        written back and the new ones read without it (`_transfer`), the slots filled under it again
-        (`_install`). One prefetch is in flight at a time."""
+        itself: the rows not cached are read first (a step's ``map_ids``, which usually comes as a
+        prefetch starts, then finds the lock free), slots are chosen for them under the lock
+        (`_plan`), the evicted rows written back without it (`_transfer`), the slots filled under it
+        again (`_install`). One prefetch is in flight at a time: from its first read, the store is
+        its alone (`_quiesce`)."""
         ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
         ids = ids.astype(np.int64, copy=False).ravel()
         unique = _distinct(ids[(ids >= 0) & (ids < self.rows)])
         with self.lock:
             self._quiesce()
-            plan = self._plan(unique)
-        if plan is None:
-            return 0
+            wanted = unique[self.row2slot[unique] == -1]
+            if wanted.size == 0:
+                self._plan(unique)  # (the cached rows touched: kept for the step that reads them)
+                return 0
+            self._in_flight += 1
+            keys = ("weight", *self._state())
+        plan = None
         try:
-            loaded = self._transfer(plan)
+            # Rows not cached stay so while this prefetch is in flight (a step's lookup that misses
+            # waits for it, see _ensure): their stored bytes are current, whatever _plan then picks
+            read = {key: self.store.read(key, wanted) for key in keys}
+            with self.lock:
+                plan = self._plan(unique)
+            if plan is not None:
+                loaded = self._transfer(plan, wanted, read)
         except BaseException:
             with self.lock:
-                self._cancel(plan)
+                if plan is None:
+                    self._done()
+                else:
+                    self._cancel(plan)
             raise
         with self.lock:
+            if plan is None:
+                self._done()
+                return 0
             self._install(plan, loaded)
         return plan.rows.size
 
@@ -291,9 +309,10 @@ class TierCache:
             self._moved.wait()
 
     def _plan(self, unique: np.ndarray) -> _Transfer | None:
-        """Under the lock: slots for the rows of `unique` not cached (as many as fit beside the step in
-        flight), reserved; the rows they held unmapped. The rows moving are marked `_MOVING` in
-        ``row2slot`` until `_install`. Nothing is copied here: a step's ``map_ids`` waits on this lock."""
+        """Under the lock, a prefetch in flight: slots for the rows of `unique` not cached (as many as
+        fit beside the step in flight), reserved; the rows they held unmapped. The rows moving are
+        marked `_MOVING` in ``row2slot`` until `_install`. Nothing is copied here: a step's
+        ``map_ids`` waits on this lock."""
         slots = self.row2slot[unique]
         self.recency.touch(slots[slots >= 0].astype(np.int64))
         missing = unique[slots == -1][:self.recency.evictable()]
@@ -309,12 +328,12 @@ class TierCache:
         self.row2slot[missing] = _MOVING
         self.slot2row[victims] = missing
         self.dirty[victims] = False
-        self._in_flight += 1
         return _Transfer(missing, victims, old, was_dirty, self._state())
 
-    def _transfer(self, plan: _Transfer) -> dict[str, np.ndarray]:
-        """Outside the lock (the store is this prefetch's alone): write the evicted rows back, read the
-        new ones (weights and the optimizer state entries the cache had at `_plan`).
+    def _transfer(self, plan: _Transfer, wanted: np.ndarray, read: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outside the lock (the store is this prefetch's alone): write the evicted rows back; the new
+        rows' weights and optimizer state, from `read` (the stored rows of sorted `wanted`, read before
+        `_plan`) or the store.
 
         The evicted slots are reserved: no lookup maps them and no optimizer step writes them until
         `_install` (a step updates the rows of its own lookups, which are never victims), so their
@@ -324,7 +343,11 @@ class TierCache:
             writes = [("weight", rows, _gather(self.weight.data, back))]
             writes += [(key, rows, _gather(t, back)) for key, t in plan.state.items()]
             self.store.write_many(writes, ahead=self._log_ahead(writes, plan.rows.size))
-        return {key: self.store.read(key, plan.rows) for key in ("weight", *plan.state)}
+        at = np.minimum(np.searchsorted(wanted, plan.rows), wanted.size - 1)
+        if not np.array_equal(wanted[at], plan.rows):  # (only rows read before the plan are planned)
+            raise RuntimeError(f"disk tier of table {self.name!r}: a prefetch planned rows it did not read")
+        keys = ("weight", *plan.state)
+        return {key: read[key][at] if key in read else self.store.read(key, plan.rows) for key in keys}
 
     def _log_ahead(self, writes: list[tuple[str, np.ndarray, np.ndarray]], moving: int) -> list[tuple[str, np.ndarray]]:
         """The rows whose pre-images `writes` log too, if they sync the log: the trained rows of the
@@ -347,7 +370,7 @@ class TierCache:
         self.row2slot[plan.old[plan.was_dirty]] = -1
         self.recency.touch(plan.slots)
         self.stats.prefetched += plan.rows.size
-        self._done(plan)
+        self._done()
 
     def _cancel(self, plan: _Transfer) -> None:
         """A failed transfer: the slots hold their old rows again (trained ones still to write back)."""
@@ -357,9 +380,10 @@ class TierCache:
         self.slot2row[plan.slots] = plan.old
         self.dirty[plan.slots] = plan.was_dirty
         self.recency.touch(plan.slots)
-        self._done(plan)
+        self._done()
 
-    def _done(self, plan: _Transfer) -> None:
+    def _done(self) -> None:
+        """A prefetch is over (installed, cancelled, or moved nothing): the store is free again."""
         self._in_flight -= 1
         self._sync_io_stats()
         self._moved.notify_all()

@@ -300,10 +300,12 @@ def test_a_step_on_cached_rows_goes_on_while_a_prefetch_waits_on_the_disk(tmp_pa
     torch.testing.assert_close(ebc.gather_tables()["t"], memory.gather_tables()["t"], rtol=1e-6, atol=1e-7)
 
 
-def test_a_prefetch_whose_read_fails_leaves_the_cache_as_it_was(tmp_path):
-    """The read fails (a disk error) after the prefetch evicted a trained row: the error reaches the
-    prefetch's caller, the evicted row is mapped again with its trained values, and training goes on
-    equal to the in-memory table."""
+@pytest.mark.parametrize("failing", ["read", "write_many"])
+def test_a_prefetch_whose_disk_access_fails_leaves_the_cache_as_it_was(tmp_path, failing):
+    """The prefetch's read of the rows it loads fails (a disk error: before it plans anything), or its
+    write-back of a trained row it evicts (after planning): the error reaches the prefetch's caller,
+    the cache maps what it mapped before (the evicted row again, with its trained values), and
+    training goes on equal to the in-memory table."""
     torch.manual_seed(0)
     memory = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4)])
     ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4, tier=DiskTier(tmp_path, 4))])
@@ -319,12 +321,12 @@ def test_a_prefetch_whose_read_fails_leaves_the_cache_as_it_was(tmp_path):
     tier = ebc._tiers[0]
     step(ebc, opts[1], batches[0])
     step(ebc, opts[1], batches[1])
-    store_read = tier.store.read
-    tier.store.read = lambda name, rows: (_ for _ in ()).throw(OSError("disk gone"))
+    setattr(tier.store, failing, lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(OSError, match="disk gone"):
         ebc.prefetch(Features.from_lengths(torch.zeros(2, 0), batches[2], torch.ones(1, 2, dtype=torch.int64)))
-    tier.store.read = store_read
+    delattr(tier.store, failing)
     assert tier.stats.prefetched == 0 and sorted(tier.slot2row.tolist()) == [1, 2, 3, 4]
+    assert tier._in_flight == 0 and (tier.row2slot[[1, 2, 3, 4]] >= 0).all() and (tier.row2slot[[5, 6]] == -1).all()
     for ids in batches[2:]:
         step(ebc, opts[1], ids)
     for ids in batches:
