@@ -159,7 +159,12 @@ class TierCache:
         self.dirty = np.zeros(cache_rows, dtype=bool)
         self.lock = threading.Lock()
         self._moved = threading.Condition(self.lock)  # notified when a prefetch is done
-        self._in_flight = 0  # prefetches between _plan and _install (0 or 1): they hold the store
+        self._in_flight = 0  # prefetches reading or writing the store (0 or 1): it is theirs meanwhile
+        # A prefetch's rows, read and their slots' old rows written back, waiting to be copied into the
+        # slots by the training thread's next lookup (`_install_pending`), whose thread has time to
+        # spare while the prefetch is what a step waits for: 0.6-0.8 ms a cache-full step moved
+        # off the prefetch thread (4M rows, bench_tiered).
+        self._pending: tuple[_Transfer, dict[str, np.ndarray]] | None = None
         self.stats = TierStats()
         self._opt: weakref.ref | None = None
         self._stepped = True  # the optimizer stepped since the last training lookup: its rows may go
@@ -240,6 +245,7 @@ class TierCache:
                             f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
                             "recstream.nn.register_row_state")
         with self.lock:
+            self._install_pending()  # (before advancing: its rows are the last step's prefetch's)
             if advance:
                 self.recency.advance()
             if not self._ensure(unique):
@@ -267,14 +273,15 @@ class TierCache:
         itself: the rows not cached are read first (a step's ``map_ids``, which usually comes as a
         prefetch starts, then finds the lock free), slots are chosen for them under the lock
         (`_plan`), the evicted rows written back without it (`_transfer`), the slots filled under it
-        again (`_install`). One prefetch is in flight at a time: from its first read, the store is
-        its alone (`_quiesce`)."""
+        again (`_install`), by the training thread's next lookup if it comes first (`_pending`). One
+        prefetch is in flight at a time: from its first read, the store is its alone (`_quiesce`)."""
         ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
         ids = ids.astype(np.int64, copy=False).ravel()
         unique = _distinct(ids[(ids >= 0) & (ids < self.rows)])
         with self.lock:
-            self._quiesce()
-            wanted = unique[self.row2slot[unique] == -1]
+            while self._in_flight:  # (a pending install stays the training thread's: see _pending)
+                self._moved.wait()
+            wanted = unique[self.row2slot[unique] == -1]  # (a pending transfer's rows are _MOVING)
             if wanted.size == 0:
                 self._plan(unique)  # (the cached rows touched: kept for the step that reads them)
                 return 0
@@ -286,6 +293,7 @@ class TierCache:
             # waits for it, see _ensure): their stored bytes are current, whatever _plan then picks
             read = {key: self.store.read(key, wanted) for key in keys}
             with self.lock:
+                self._install_pending()  # (the lookup that would have taken it did not come yet)
                 plan = self._plan(unique)
             if plan is not None:
                 loaded = self._transfer(plan, wanted, read)
@@ -297,16 +305,25 @@ class TierCache:
                     self._cancel(plan)
             raise
         with self.lock:
-            if plan is None:
-                self._done()
-                return 0
-            self._install(plan, loaded)
-        return plan.rows.size
+            if plan is not None:
+                self.row2slot[plan.old[plan.was_dirty]] = -1  # written back: stored, as any row not cached
+                self._pending = (plan, loaded)
+            self._done()
+        return 0 if plan is None else plan.rows.size
 
     def _quiesce(self) -> None:
-        """Wait (the lock released meanwhile) until no prefetch is in flight: the store is free."""
+        """Wait (the lock released meanwhile) until no prefetch is in flight, and install the one
+        pending: the store is free and the cache maps every row it holds."""
         while self._in_flight:
             self._moved.wait()
+        self._install_pending()
+
+    def _install_pending(self) -> None:
+        """Under the lock: copy the rows of the prefetch waiting for it into their slots."""
+        if self._pending is not None:
+            plan, loaded = self._pending
+            self._pending = None
+            self._install(plan, loaded)
 
     def _plan(self, unique: np.ndarray) -> _Transfer | None:
         """Under the lock, a prefetch in flight: slots for the rows of `unique` not cached (as many as
@@ -361,16 +378,14 @@ class TierCache:
         return [(key, rows) for key, _, _ in writes] if rows.size else []
 
     def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
-        """Under the lock: the read rows into their slots, the moved rows mapped, waiters woken."""
+        """Under the lock: the read rows into their slots, the moved rows mapped."""
         _scatter(self.weight.data, plan.slots, loaded["weight"])
         for key, t in self._state().items():
             if key in loaded:  # (a state made since _plan is at its initial value, as the store's rows)
                 _scatter(t, plan.slots, loaded[key])
         self.row2slot[plan.rows] = plan.slots
-        self.row2slot[plan.old[plan.was_dirty]] = -1
         self.recency.touch(plan.slots)
         self.stats.prefetched += plan.rows.size
-        self._done()
 
     def _cancel(self, plan: _Transfer) -> None:
         """A failed transfer: the slots hold their old rows again (trained ones still to write back)."""
@@ -392,6 +407,7 @@ class TierCache:
         """Pin the rows of `unique` to the current step, loading those not cached (after waiting for
         the ones a prefetch is moving); False (nothing loaded) if they do not fit."""
         while True:
+            self._install_pending()  # (one that finished while this lookup waited)
             slots = self.row2slot[unique]
             missing = unique[slots < 0]
             if not (missing.size and (self._in_flight or (slots == _MOVING).any())):

@@ -187,6 +187,32 @@ def test_prefetch_on_a_thread_keeps_training_equal(tmp_path):
     assert tiered.ebc.tier_stats()["item"].prefetched > 0
 
 
+def test_a_prefetch_leaves_the_cache_tensors_to_the_training_thread(tmp_path):
+    """A prefetch on another thread reads its rows and writes the evicted ones back, but copies nothing
+    into the cache's Parameter or optimizer state: the training thread's next lookup does (the
+    prefetch is what a step waits for, the training thread has time to spare), and training stays
+    equal to the in-memory table."""
+    memory, tiered = _pair(tmp_path, cache_rows=96)
+    batches = _batches(12, seed=3)
+    lm = _train(memory, _optimizer("lazy_adam", memory), batches)
+    opts = _optimizer("lazy_adam", tiered)
+    tier = tiered.ebc._tiers[tiered.ebc._table_loc["item"][0]]
+    lt, installs = [], 0
+    for i, (x, y) in enumerate(batches):
+        lt += _train(tiered, opts, [(x, y)])
+        if i + 1 < len(batches):
+            before = [tier.weight.detach().clone(), *(t.clone() for t in tier._state().values())]
+            worker = threading.Thread(target=tiered.ebc.prefetch, args=(batches[i + 1][0],))
+            worker.start()
+            worker.join()
+            after = [tier.weight.detach(), *tier._state().values()]
+            assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+            installs += tier._pending is not None
+    assert installs > 0  # (prefetches that moved rows)
+    np.testing.assert_allclose(lt, lm, rtol=1e-5)
+    _assert_same_tables(memory, tiered)
+
+
 def test_prefetches_that_write_rows_back_sync_the_undo_log_once_every_few(tmp_path, monkeypatch):
     """A prefetch writing trained rows back must make their pre-images durable first (an fsync); it logs
     those of the next prefetches' victims too, so most write-backs sync nothing (before: one fsync each).
