@@ -244,8 +244,18 @@ class TierCache:
             raise TypeError(f"a disk-tiered table ({self.name!r}) is trained by {self.unknown}, which has no "
                             f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
                             "recstream.nn.register_row_state")
+        with self.lock:  # the pending prefetch's rows are copied without the lock, which a prefetch may want
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                self._fill(*pending)
+            except BaseException:
+                with self.lock:  # (still to install: its rows stay _MOVING until then)
+                    self._pending = pending
+                raise
         with self.lock:
-            self._install_pending()  # (before advancing: its rows are the last step's prefetch's)
+            if pending is not None:  # (before advancing: its rows are the last step's prefetch's)
+                self._map_moved(pending[0])
             if advance:
                 self.recency.advance()
             if not self._ensure(unique):
@@ -360,11 +370,13 @@ class TierCache:
             writes = [("weight", rows, _gather(self.weight.data, back))]
             writes += [(key, rows, _gather(t, back)) for key, t in plan.state.items()]
             self.store.write_many(writes, ahead=self._log_ahead(writes, plan.rows.size))
-        at = np.minimum(np.searchsorted(wanted, plan.rows), wanted.size - 1)
-        if not np.array_equal(wanted[at], plan.rows):  # (only rows read before the plan are planned)
+        # The rows planned are the first of those read: both are the batch's rows not cached, in order,
+        # the plan's cut at the slots it can take (nothing maps or unmaps a row while it is in flight)
+        k = plan.rows.size
+        if not np.array_equal(wanted[:k], plan.rows):
             raise RuntimeError(f"disk tier of table {self.name!r}: a prefetch planned rows it did not read")
         keys = ("weight", *plan.state)
-        return {key: read[key][at] if key in read else self.store.read(key, plan.rows) for key in keys}
+        return {key: read[key][:k] if key in read else self.store.read(key, plan.rows) for key in keys}
 
     def _log_ahead(self, writes: list[tuple[str, np.ndarray, np.ndarray]], moving: int) -> list[tuple[str, np.ndarray]]:
         """The rows whose pre-images `writes` log too, if they sync the log: the trained rows of the
@@ -379,10 +391,19 @@ class TierCache:
 
     def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
         """Under the lock: the read rows into their slots, the moved rows mapped."""
+        self._fill(plan, loaded)
+        self._map_moved(plan)
+
+    def _fill(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
+        """The read rows into their slots: reserved, so with or without the lock (nothing else reads
+        or writes them until `_map_moved`)."""
         _scatter(self.weight.data, plan.slots, loaded["weight"])
         for key, t in self._state().items():
             if key in loaded:  # (a state made since _plan is at its initial value, as the store's rows)
                 _scatter(t, plan.slots, loaded[key])
+
+    def _map_moved(self, plan: _Transfer) -> None:
+        """Under the lock: the filled slots mapped to their rows."""
         self.row2slot[plan.rows] = plan.slots
         self.recency.touch(plan.slots)
         self.stats.prefetched += plan.rows.size
