@@ -169,7 +169,7 @@ def _check_tier(owner: str, directory: str, name: str, m: HashEmbedding, saved: 
 def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], doc: dict) -> dict:
     """For each module that reshards: the entries it will own, their saved rows, its eviction log
     and (a tiered one) the old stores, settled at the checkpoint's commits; checked to fit its capacity
-    (ValueError) -- before any module changes. When a tiered table reshards, the ranks agree (collective):
+    (ValueError) -- before any module changes. When a table reshards, the ranks agree (collective):
     every rank raises if one failed."""
     plans, error = {}, None
     for name, m in hash_modules(network).items():
@@ -182,7 +182,7 @@ def plan_hash_loads(network: nn.Module, loaded: dict, direct: dict[str, bool], d
         except Exception as e:  # noqa: BLE001 -- raised below, after the ranks agreed (load_sharded wraps it)
             error = e
             break
-    if any(not direct[n] and m.disk_tier is not None for n, m in hash_modules(network).items()):
+    if any(not direct[n] for n in hash_modules(network)):  # (a rank whose keys fit would load alone)
         _agree(error, "read the checkpoint's keys and stores")
     if error is not None:
         raise error
@@ -214,7 +214,7 @@ def _agree(error: Exception | None, what: str) -> None:
     rank never joins."""
     failed = flagged_ranks(error is not None)
     if failed and error is None:
-        raise ValueError(f"HashEmbedding: rank(s) {failed} could not {what} to reshard the checkpoint's disk-tiered "
+        raise ValueError(f"HashEmbedding: rank(s) {failed} could not {what} to reshard the checkpoint's "
                          f"tables (their errors say why); this is rank {rank()}")
 
 

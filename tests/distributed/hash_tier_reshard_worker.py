@@ -19,7 +19,8 @@ ACTION:
   and write ``OUT/loaded-<kind>-<ranks>-<rank>.safetensors``; both train batches 6-8 and write
   ``OUT/trained-<kind>-<ranks>-<rank>.safetensors``;
 - ``small``: the tiered net, with a capacity (`SMALL`) some ranks' keys do not fit, loads ``OUT/ckpt``;
-  each rank writes the error it raises to ``OUT/small-<rank>.txt``;
+  each rank writes the error it raises to ``OUT/small-<rank>.txt``; ``msmall``: the same with the
+  in-memory net and ``OUT/mckpt``;
 - ``late``: the tiered net loads ``OUT/ckpt``, whose rank 1 store was committed again after it; each rank
   writes its error to ``OUT/late-<rank>.txt``.
 
@@ -122,9 +123,9 @@ def load(out: Path) -> None:
 def refused(out: Path, action: str) -> None:
     """Each rank writes the ValueError the load raises to ``OUT/<action>-<rank>.txt`` (none goes on into a
     collective another never joins)."""
-    net, optimizer, _ = build(out, capacity=SMALL if action == "small" else CAPACITY)
+    net, optimizer, _ = build(None if action == "msmall" else out, capacity=CAPACITY if action == "late" else SMALL)
     try:
-        checkpoint.load_sharded(out / "ckpt", net, optimizer)
+        checkpoint.load_sharded(out / ("mckpt" if action == "msmall" else "ckpt"), net, optimizer)
     except ValueError as e:
         (out / f"{action}-{distributed.rank()}.txt").write_text(str(e))
 
