@@ -165,6 +165,7 @@ class TierCache:
         # spare while the prefetch is what a step waits for: 0.6-0.8 ms a cache-full step moved
         # off the prefetch thread (4M rows, bench_tiered).
         self._pending: tuple[_Transfer, dict[str, np.ndarray]] | None = None
+        self._filling = False  # a lookup copies the pending rows outside the lock (see map_ids)
         self.stats = TierStats()
         self._opt: weakref.ref | None = None
         self._stepped = True  # the optimizer stepped since the last training lookup: its rows may go
@@ -246,16 +247,20 @@ class TierCache:
                             "recstream.nn.register_row_state")
         with self.lock:  # the pending prefetch's rows are copied without the lock, which a prefetch may want
             pending, self._pending = self._pending, None
+            self._filling = pending is not None
         if pending is not None:
             try:
                 self._fill(*pending)
             except BaseException:
                 with self.lock:  # (still to install: its rows stay _MOVING until then)
-                    self._pending = pending
+                    self._pending, self._filling = pending, False
+                    self._moved.notify_all()
                 raise
         with self.lock:
             if pending is not None:  # (before advancing: its rows are the last step's prefetch's)
                 self._map_moved(pending[0])
+                self._filling = False
+                self._moved.notify_all()
             if advance:
                 self.recency.advance()
             if not self._ensure(unique):
@@ -322,9 +327,9 @@ class TierCache:
         return 0 if plan is None else plan.rows.size
 
     def _quiesce(self) -> None:
-        """Wait (the lock released meanwhile) until no prefetch is in flight, and install the one
-        pending: the store is free and the cache maps every row it holds."""
-        while self._in_flight:
+        """Wait (the lock released meanwhile) until no prefetch is in flight and no lookup fills slots,
+        and install the prefetch pending: the store is free and the cache maps every row it holds."""
+        while self._in_flight or self._filling:
             self._moved.wait()
         self._install_pending()
 

@@ -213,6 +213,37 @@ def test_a_prefetch_leaves_the_cache_tensors_to_the_training_thread(tmp_path):
     _assert_same_tables(memory, tiered)
 
 
+def test_reading_every_row_waits_for_a_lookup_filling_prefetched_rows(tmp_path):
+    """A lookup copies a prefetch's rows into their slots outside the cache's lock; meanwhile another
+    thread's read of every row (`gather_tables`) waits for it rather than reading slots half filled."""
+    torch.manual_seed(0)
+    memory = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4)])
+    ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4, tier=DiskTier(tmp_path, 4))])
+    ebc.load_state_dict(memory.state_dict())
+    opt = LazyAdam(ebc.parameters(), lr=0.1)
+    for ids in (torch.tensor([1, 2]), torch.tensor([3, 4])):
+        opt.zero_grad()
+        ebc(ids, torch.arange(3), 2).square().sum().backward()
+        opt.step()
+    ebc.prefetch(Features.from_lengths(torch.zeros(2, 0), torch.tensor([5, 6]), torch.ones(1, 2, dtype=torch.int64)))
+    tier = ebc._tiers[0]
+    assert tier._pending is not None
+    filling, fill = threading.Event(), tier._fill
+
+    def slow_fill(*args):
+        filling.set()
+        time.sleep(0.3)  # the slots still hold the evicted rows' values meanwhile
+        fill(*args)
+
+    tier._fill = slow_fill
+    lookup = threading.Thread(target=lambda: ebc(torch.tensor([5, 6]), torch.arange(3), 2))
+    lookup.start()
+    assert filling.wait(10)
+    rows = ebc.gather_tables()["t"][5:7]
+    lookup.join()
+    torch.testing.assert_close(rows, memory.gather_tables()["t"][5:7], rtol=0, atol=0)  # untrained rows
+
+
 def test_prefetches_that_write_rows_back_sync_the_undo_log_once_every_few(tmp_path, monkeypatch):
     """A prefetch writing trained rows back must make their pre-images durable first (an fsync); it logs
     those of the next prefetches' victims too, so most write-backs sync nothing (before: one fsync each).
