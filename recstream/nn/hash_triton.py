@@ -13,7 +13,8 @@ evict). What runs on the device per step:
 * ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
-* ``want`` / ``take`` (two launches a round, ``CLAIM_ROUNDS`` rounds): new keys claim free slots --
+* ``round`` (``CLAIM_ROUNDS + 1`` launches for ``CLAIM_ROUNDS`` rounds: a round's writes share a
+  launch with the next round's bids): new keys claim free slots --
   each bids for its first free slot with ``atomic_max`` on a per-slot claim word (the lowest key
   index wins: the host path's rule, the same on every GPU), the winner writes its key by
   compare-and-swap of the free marker, the losers bid for their next free slot in the next round
@@ -142,80 +143,93 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _want_fn(tkeys, owner, uniq, new_in, active, want_buf, deleted_buf, placed, free_in, n, slot_mask, max_rounds,
-             m32, tag, rnd, FIRST: tl.constexpr, BLOCK: tl.constexpr):
-    """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
-    slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
-    it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
-    host path's rule: the first in call order), on every GPU alike. ``base`` grows with the round
-    counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared:
-    round `rnd` bids at ``tag + rnd + 1`` and `carry_out` moves `tag` on by ``CLAIM_ROUNDS`` after the
-    last round. The first round (`FIRST`) also sets its lanes' `active` (the plan's new keys),
-    `placed` (-1) and `deleted_buf` (0): each lane writes only its own entries, so no program reads
-    another's, and later rounds are later launches."""
-    base = ((tl.load(tag) + rnd + 1) << 32) - 1
+def _round_fn(tkeys, owner, uniq, new_in, active, want_buf, deleted_buf, placed, free_in, n, slot_mask, max_rounds,
+              m32, tag, rnd, ripe_in, admit_in, block_counts, num_free, FIRST: tl.constexpr, LAST: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Launch `rnd` of the claim rounds: the second half of round ``rnd - 1`` (unless `FIRST`), then
+    the first half of round `rnd` (unless `LAST`) -- ``CLAIM_ROUNDS + 1`` launches in all, where a
+    round was two.
+
+    Second half of a round: the winner of each wanted slot writes its key there and is placed; the
+    others stay active. First half: each active key wants a free slot -- its probe's first free slot
+    in the first round (`free_in`), else the first slot of its sequence free now -- and bids for it
+    with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the host
+    path's rule: the first in call order), on every GPU alike. ``base`` grows with the round counter
+    `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared: round
+    ``r`` bids ``((tag + r + 1) << 32) - 1 - i`` and `carry_out` moves `tag` on by
+    ``CLAIM_ROUNDS`` after the last round.
+
+    Race-free although one launch both writes round ``rnd - 1``'s winners and bids round `rnd`: "free
+    now" is read as "the key word free and the claim word bid in no earlier round of this step" (its
+    value outside those rounds' range). Every slot bid for in an earlier round has a winner
+    that writes it, so that set is the slots free after the earlier rounds' writes, whether or not
+    a winner of round ``rnd - 1`` has written its key yet when another program reads the slot. Those
+    claim words are final: they were written by earlier launches, and no bid of this round goes to
+    a slot they mark (so the winners' check reads a word nobody changes now); this round's bids
+    raise other words to ``tag + rnd + 1``, free either way. Each lane writes only its own entries
+    of `active`, `placed`, `want_buf` and `deleted_buf`, and a winner alone writes its slot's key.
+
+    The `FIRST` launch also sets its lanes' `active` (the plan's new keys), `placed` (-1) and
+    `deleted_buf` (0). The `LAST` launch also counts, per program, its lanes' keys admitted in this
+    step -- ripe pending ones (``block_counts[pid]``) and new ones placed with an admitting count
+    (``block_counts[n + pid]``) -- for `carry_out`'s ranks, and moves the free-row counter down by
+    them: every key's placement is final once its own lane has run this launch, each program writes
+    only its own count word, and integer ``atomic_add`` s commute (the same counter whatever order
+    programs run in; `carry_out`, a later launch, is its only reader)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
-    if FIRST:  # the round's buffers start here, each lane its own entries (no fill launched before)
+    if FIRST:  # the rounds' buffers start here, each lane its own entries (no fill launched before)
         act = inb & (tl.load(new_in + i, mask=inb, other=0) != 0)
         tl.store(active + i, act.to(tl.int8), mask=inb)
         tl.store(placed + i, tl.full([BLOCK], -1, tl.int64), mask=inb)
         tl.store(deleted_buf + i, tl.full([BLOCK], 0, tl.int8), mask=inb)
         want = tl.load(free_in + i, mask=act, other=-1)
-    else:
+    else:  # round rnd - 1's second half: its winners write their keys
         act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
-        key = tl.load(uniq + i, mask=act, other=0)
-        h = _start(key, m32, slot_mask)
-        want = tl.full([BLOCK], -1, tl.int64)
-        look = act
-        r = 0
-        while (tl.max(look.to(tl.int32), 0) > 0) & (r < max_rounds):
-            pos = (h + r * (r + 1) // 2) & slot_mask
-            cur = tl.load(tkeys + pos, mask=look, other=0)
-            free = look & ((cur == -1) | (cur == -2))
-            want = tl.where(free, pos, want)
-            look = look & ~free
-            r += 1
-    ok = act & (want >= 0)
-    safe = tl.where(ok, want, 0)
-    tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=ok, other=0) == -2).to(tl.int8), mask=ok)
-    tl.store(want_buf + i, tl.where(ok, want, -1), mask=inb)
-    tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
-
-
-def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, rnd, ripe_in, admit_in, block_counts, num_free,
-             LAST: tl.constexpr, BLOCK: tl.constexpr):
-    """One claim round, its second half: the winner of each wanted slot writes its key there (a
-    compare-and-swap of the free marker); the others stay active for the next round.
-
-    The `LAST` round also counts, per program, its lanes' keys admitted in this step -- ripe pending
-    ones (``block_counts[pid]``) and new ones placed with an admitting count (``block_counts[n +
-    pid]``) -- for `carry_out`'s ranks, and moves the free-row counter down by them: every key's
-    placement is final once its own lane has run this round, each program writes only its own count
-    word, and integer ``atomic_add`` s commute (the same counter whatever order programs run in;
-    `carry_out`, a later launch, is its only reader)."""
-    base = ((tl.load(tag) + rnd + 1) << 32) - 1
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inb = i < n
-    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
-    want = tl.load(want_buf + i, mask=act, other=-1)
-    ok = act & (want >= 0)
-    safe = tl.where(ok, want, 0)
-    won = ok & (tl.load(owner + safe, mask=ok, other=0) == base - i.to(tl.int64))
-    cur = tl.load(tkeys + safe, mask=inb, other=-1)
-    key = tl.load(uniq + i, mask=won, other=0).to(cur.dtype)
-    tl.atomic_cas(tkeys + safe, cur, tl.where(won, key, cur))  # a lane that did not win swaps a value for itself
-    if LAST:
+        prev = tl.load(want_buf + i, mask=act, other=-1)
+        ok = act & (prev >= 0)
+        safe = tl.where(ok, prev, 0)
+        won = ok & (tl.load(owner + safe, mask=ok, other=0) == ((tl.load(tag) + rnd) << 32) - 1 - i.to(tl.int64))
+        key = tl.load(uniq + i, mask=won, other=0)
+        tl.store(tkeys + safe, key.to(tkeys.dtype.element_ty), mask=won)
         before = tl.load(placed + i, mask=inb, other=-1)  # earlier rounds' placements (earlier launches)
-        ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
-        adm_new = inb & (tl.load(admit_in + i, mask=inb, other=0) != 0) & ((before >= 0) | won)
-        n_ripe, n_new = tl.sum(ripe.to(tl.int64), 0), tl.sum(adm_new.to(tl.int64), 0)
-        pid = tl.program_id(0)
-        tl.store(block_counts + pid, n_ripe)
-        tl.store(block_counts + n + pid, n_new)  # the second row of [2, n] words
-        tl.atomic_add(num_free, -(n_ripe + n_new))
-    tl.store(placed + i, want, mask=won)
-    tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
+        tl.store(placed + i, prev, mask=won)
+        tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
+        if LAST:  # every lane's placement is final now
+            ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
+            adm_new = inb & (tl.load(admit_in + i, mask=inb, other=0) != 0) & ((before >= 0) | won)
+            n_ripe, n_new = tl.sum(ripe.to(tl.int64), 0), tl.sum(adm_new.to(tl.int64), 0)
+            pid = tl.program_id(0)
+            tl.store(block_counts + pid, n_ripe)
+            tl.store(block_counts + n + pid, n_new)  # the second row of [2, n] words
+            tl.atomic_add(num_free, -(n_ripe + n_new))
+        else:  # round rnd's first half: the keys still without a slot look for the next free one
+            act = act & ~won
+            # The claim words bid in rounds 0 .. rnd - 1 of this step, exactly: round r's words lie in
+            # ``((tag + r + 1) << 32) - n .. ((tag + r + 1) << 32) - 1`` (n < 2**32 keys); earlier
+            # steps' (and never-bid zeros) lie below, this round's above.
+            taken_lo = ((tl.load(tag) + 1) << 32) - n
+            taken_hi = ((tl.load(tag) + rnd) << 32) - 1
+            key = tl.load(uniq + i, mask=act, other=0)
+            h = _start(key, m32, slot_mask)
+            want = tl.full([BLOCK], -1, tl.int64)
+            look = act
+            r = 0
+            while (tl.max(look.to(tl.int32), 0) > 0) & (r < max_rounds):
+                pos = (h + r * (r + 1) // 2) & slot_mask
+                cur = tl.load(tkeys + pos, mask=look, other=0)
+                bid = tl.load(owner + pos, mask=look, other=0)
+                free = look & ((cur == -1) | (cur == -2)) & ((bid < taken_lo) | (bid > taken_hi))
+                want = tl.where(free, pos, want)
+                look = look & ~free
+                r += 1
+    if not LAST:
+        base = ((tl.load(tag) + rnd + 1) << 32) - 1
+        ok = act & (want >= 0)
+        safe = tl.where(ok, want, 0)
+        tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=ok, other=0) == -2).to(tl.int8), mask=ok)
+        tl.store(want_buf + i, tl.where(ok, want, -1), mask=inb)
+        tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
 
 
 def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
@@ -386,7 +400,7 @@ def _reinsert_fn(tkeys, trows, tcounts, tlast, row_slots, old_keys, old_rows, ol
 
 @functools.cache
 def _kernels():
-    """``(probe, (want, take), carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
+    """``(probe, claim round, carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
     built on first use."""
     global tl, _start, _claim
     import triton
@@ -395,7 +409,8 @@ def _kernels():
     tl = triton.language
     _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
     jit = triton.jit
-    return (jit(_probe_fn), (jit(_want_fn), jit(_take_fn)), jit(_carry_out_fn), jit(_evict_stale_fn),
+    # `rnd` is 1 in one launch: unspecialised, or a GPU would compile that launch's kernel apart
+    return (jit(_probe_fn), jit(_round_fn, do_not_specialize=["rnd"]), jit(_carry_out_fn), jit(_evict_stale_fn),
             jit(_mark_fn), jit(_evict_chosen_fn), jit(_reinsert_fn))
 
 
@@ -496,21 +511,20 @@ class TritonBackend(StaticBackend):
 
     def _insert(self, emb, p: DevicePlan, words: torch.Tensor, bytes_: torch.Tensor, owner: torch.Tensor,
                 tag: torch.Tensor) -> None:
-        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
-        then the winners' writes; `hash_static.claim`'s rule: of the keys wanting one slot the first
-        takes it, the others their next free one), into ``words[0]`` (slot or -1) and ``bytes_[1]``
+        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds, ``CLAIM_ROUNDS + 1``
+        launches (`_round_fn`: a round's winners' writes and the next round's bids share one;
+        `hash_static.claim`'s rule: of the keys wanting one slot the first takes it, the others
+        their next free one), into ``words[0]`` (slot or -1) and ``bytes_[1]``
         (whether it was a tombstone). A key still without a slot after the last round is left out of
         the step, as on the torch path. The last round counts the keys admitted per program into
-        ``words[2:4]`` (see `_take_fn`); `carry_out` moves `tag` on."""
+        ``words[2:4]`` (see `_round_fn`); `carry_out` moves `tag` on."""
         t, n = emb.table, p.uniq.numel()
         placed, want, block_counts = words[0], words[1], words[2:4]
         active, deleted = bytes_[0], bytes_[1]
-        want_k, take_k = _kernels()[1]
-        for r in range(CLAIM_ROUNDS):
-            _launch(want_k, n, t.keys, owner, p.uniq, _u8(p.new), active, want, deleted, placed, p.free, n,
-                    t.num_slots - 1, t.max_rounds, _M32, tag, r, FIRST=r == 0)
-            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag, r, _u8(p.ripe),
-                    _u8(p.new_admit), block_counts, emb.num_free_t, LAST=r == CLAIM_ROUNDS - 1)
+        for r in range(CLAIM_ROUNDS + 1):
+            _launch(_kernels()[1], n, t.keys, owner, p.uniq, _u8(p.new), active, want, deleted, placed, p.free, n,
+                    t.num_slots - 1, t.max_rounds, _M32, tag, r, _u8(p.ripe), _u8(p.new_admit), block_counts,
+                    emb.num_free_t, FIRST=r == 0, LAST=r == CLAIM_ROUNDS)
 
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
