@@ -48,6 +48,11 @@ class StaticBackend(TableBackend):
         """Probe the unique keys (no write): `DevicePath._probe_plan`."""
         return emb._probe_plan(uniq, counts, valid)
 
+    def unique_plan(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> tuple[DevicePlan, torch.Tensor]:
+        """`unique` then `plan` of a training lookup: ``(plan, inverse)`` (a backend may fuse the two)."""
+        uniq, inverse, counts, valid = self.unique(flat, mask)
+        return self.plan(emb, uniq, counts, valid), inverse
+
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         """Insert, count, admit and look up as `plan` says: `DevicePath._carry_out`."""
         return emb._carry_out(plan, inverse)
@@ -140,8 +145,7 @@ class DevicePath:
         the probed batch (`DeviceCall`), by `backend`'s ops."""
         if not mutate:
             return backend.read(self, flat, mask)
-        uniq, inverse, counts, valid = backend.unique(flat, mask)
-        plan = backend.plan(self, uniq, counts, valid)
+        plan, inverse = backend.unique_plan(self, flat, mask)
         return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan), backend=backend)
 
     def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:

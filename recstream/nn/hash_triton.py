@@ -7,10 +7,11 @@ pending keys over budget, and a rebuild when tombstones pass the used-slot bound
 step only while evictions are logged or a batch brings more new keys than there are keys to
 evict). What runs on the device per step:
 
-* ``unique`` (a sort, then three launches: `hash_triton_unique`; `static_unique`'s torch ops for a
+* ``unique`` (a sort, then two launches: `hash_triton_unique`; `static_unique`'s torch ops for a
   masked lookup): every key of the batch once, so each key is found or inserted by exactly one
   kernel lane -- no two lanes ever insert the same key;
-* ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
+* ``probe`` (one launch; in a training lookup it first writes the unique keys' counts from their
+  runs' ends): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
 * ``round`` (``CLAIM_ROUNDS + 1`` launches for ``CLAIM_ROUNDS`` rounds: a round's writes share a
@@ -86,12 +87,22 @@ def _start_fn(key, m32, slot_mask):
     h = ((h ^ (h >> 13)) * 374761393) & m32
     return (h ^ (h >> 16)) & slot_mask
 
-def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_ok, flags,
-          n, slot_mask, max_rounds, m32, permit, BLOCK: tl.constexpr, FLAGS: tl.constexpr):
+def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, ends, out_slot, out_free, out_row, out_total, out_ok, flags,
+          n, slot_mask, max_rounds, m32, permit, BLOCK: tl.constexpr, FLAGS: tl.constexpr, ENDS: tl.constexpr):
+    """`ENDS`: the unique keys' counts and valid flags are first computed here, from the ends of
+    their runs in the sorted batch (`static_unique`'s counts, computed here: `ends` is the
+    previous launch's output, and each lane writes only its own `cnt` and `valid` entries)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     key = tl.load(uniq + i, mask=inb, other=0)
-    act = inb & (tl.load(valid + i, mask=inb, other=0) != 0)
+    if ENDS:
+        run_end = tl.load(ends + i, mask=inb, other=0)
+        run_count = run_end - tl.load(ends + i - 1, mask=inb & (i > 0), other=0)
+        tl.store(cnt + i, run_count, mask=inb)
+        tl.store(valid + i, (run_count > 0).to(tl.int8), mask=inb)
+        act = inb & (run_count > 0)
+    else:
+        act = inb & (tl.load(valid + i, mask=inb, other=0) != 0)
     h = _start(key, m32, slot_mask)
     slot = tl.full([BLOCK], -1, tl.int64)
     free = tl.full([BLOCK], -1, tl.int64)
@@ -458,46 +469,61 @@ class TritonBackend(StaticBackend):
     name = "triton"
     rebuilds = True
 
-    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
-               plan: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor, plan: bool = False,
+               ends: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(slot, free, row, total, flags)`` of each key (one launch; see ``probe``); with `plan`
         the first five rows of `flags` (int8 [6, n]) are the plan's found / new / ripe / new_admit /
-        new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert."""
+        new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert.
+        `ends`: `counts` and `valid` are written by this launch first, from the unique keys' run ends."""
         t, n = emb.table, uniq.numel()
         out, flags = scratch(n, 4, 6, uniq.device)
         slot, free, row, total = out.unbind(0)
-        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, flags[5],
-                flags, n, t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan)
+        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), counts if ends is None else ends,
+                slot, free, row, total, flags[5], flags, n, t.num_slots - 1, t.max_rounds, _M32,
+                emb.permit_filter_value, FLAGS=plan, ENDS=ends is not None)
         device_assert(flags[5].view(torch.bool).all(), f"HashEmbedding: a key's probe sequence passed "
                       f"max_rounds={t.max_rounds} slots without an empty one (hash table too full)")
         return slot, free, row, total, flags
 
-    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
-        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True)
+    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
+             ends: torch.Tensor | None = None) -> DevicePlan:
+        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True, ends=ends)
         found, new, ripe, new_admit, new_pending = flags.view(torch.bool).unbind(0)[:5]
         return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=ripe, new_admit=new_admit, new_pending=new_pending, valid=valid, pos=None,
                           pad_ok=True)
 
-    def unique(self, flat: torch.Tensor, mask: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`static_unique` by a sort and three launches (`hash_triton_unique`) for a lookup of every
-        key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
+    def unique_plan(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> tuple[DevicePlan, torch.Tensor]:
+        """`unique` then `plan` in a sort and three launches (`hash_triton_unique`'s two, then the
+        probe, which computes the unique keys' counts from their runs' ends first: the outputs of
+        `static_unique`, exactly) for a lookup of every key; a masked one (a batch's features not
+        sized on the host) keeps `static_unique`'s torch ops."""
+        if not self._unique_by_kernels(flat, mask):
+            return super().unique_plan(emb, flat, mask)
+        uniq, inverse, ends, counts, valid = self._runs(flat)
+        return self.plan(emb, uniq, counts, valid.view(torch.bool), ends=ends), inverse
+
+    @staticmethod
+    def _unique_by_kernels(flat: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        return mask is None and flat.dtype == torch.int64 and flat.numel() > 0
+
+    @staticmethod
+    def _runs(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The sort and the two launches of the unique keys: ``(uniq, inverse, ends, counts, valid)``,
+        the last two for the probe launch to write."""
         n, dev = flat.numel(), flat.device
-        if mask is not None or flat.dtype != torch.int64 or n == 0:
-            return super().unique(flat, mask)
         ordered, order = torch.sort(flat, stable=True)
         block = hash_triton_unique.BLOCK
         nprog = -(-n // block)
         # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words); valid
         words, valid = scratch(n, 5, 1, dev)
         inverse, uniq, ends, counts, block_counts = words.unbind(0)
-        starts_k, runs_k, counts_k = hash_triton_unique.kernels()
+        starts_k, runs_k = hash_triton_unique.kernels()
         _launch(starts_k, n, ordered, block_counts, n, BLOCK=block)
         _launch(runs_k, n, ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK=block,
                 PBLOCK=per_program_block(nprog))
-        _launch(counts_k, n, ends, counts, valid[0], n, BLOCK=block)
-        return uniq, inverse, counts, valid[0].view(torch.bool)
+        return uniq, inverse, ends, counts, valid[0]
 
     def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair

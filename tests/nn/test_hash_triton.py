@@ -91,9 +91,9 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
     syncs = [s.syncs for s in triton[2].per_step]
     if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
         assert syncs == [0] * len(stream), syncs
-        # a step: 3 for the unique keys, probe, 4 claim rounds of 2, carry out; age eviction one more; far
+        # a step: 2 for the unique keys, probe, 4 claim rounds in 5, carry out; age eviction one more; far
         # fewer ops than the torch path
-        assert hash_triton.launches - before == len(stream) * (10 if evict_after is None else 11)
+        assert hash_triton.launches - before == len(stream) * (9 if evict_after is None else 10)
         assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
     else:  # full: the step reads the counters once, then the LRU pass
         assert max(syncs) == 1, syncs
@@ -350,7 +350,7 @@ class _Ops(TorchDispatchMode):
 def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_kernels():
     """The carry-out kernel ranks the admitted keys (per-program counts of the last claim round, no
     cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
-    own buffers; the unique keys are a sort and three launches; each kernel family's buffers are one
+    own buffers; the unique keys are a sort and two launches; each kernel family's buffers are one
     allocation; the kernel writes the initial rows: a steady lookup with room dispatches 16 torch ops,
     not 73 (20 of them ranks and counters, 10 the paddings, 17 `static_unique`'s)."""
     emb = HashEmbedding(4, capacity=512, param_init="ones")
@@ -359,10 +359,10 @@ def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_ke
         before = hash_triton.launches
         with device_path(), _Ops() as ops:
             emb(keys)
-        assert hash_triton.launches - before == 10
+        assert hash_triton.launches - before == 9
     assert "carry_out" not in ops.by and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
     assert "_init_rows" not in ops.by, ops.by  # ones: the kernel writes them
-    assert "static_unique" not in ops.by and ops.by["unique"] == 1, ops.by  # the sort
+    assert "static_unique" not in ops.by and ops.by["_runs"] == 1, ops.by  # the sort
     assert ops.by["scratch"] == 3, ops.by  # unique, probe, carry-out: one allocation each
     assert ops.n <= 16, ops.by
 
@@ -371,13 +371,17 @@ def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_ke
 @pytest.mark.parametrize("n", [1, 2, 255, 256, 257, 700])
 @pytest.mark.parametrize("span", [1, 3, 40, 10 ** 6])
 def test_the_triton_unique_matches_static_unique_padding_included(n, span):
-    """A sort and three launches give `static_unique`'s four tensors exactly: runs across program
-    blocks, one key throughout, all keys distinct, padding past the distinct keys."""
+    """A sort and three launches (the probe's computing the counts) give `static_unique`'s four
+    tensors exactly: runs across program blocks, one key throughout, all keys distinct, padding past
+    the distinct keys. On an empty table a key's total count is its count in the batch."""
     from recstream.nn.hash_static import static_unique
 
     g = torch.Generator().manual_seed(n * 31 + span)
     keys = torch.randint(-span, span, (n,), generator=g) * 7919 + 2 ** 40
-    for ours, theirs, name in zip(hash_triton.TRITON.unique(keys, None), static_unique(keys),
+    before = hash_triton.launches
+    plan, inverse = hash_triton.TRITON.unique_plan(HashEmbedding(2, capacity=1024), keys, None)
+    assert hash_triton.launches - before == 3
+    for ours, theirs, name in zip((plan.uniq, inverse, plan.total, plan.valid), static_unique(keys),
                                   ("uniq", "inverse", "counts", "valid"), strict=True):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
 
