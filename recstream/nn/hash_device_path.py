@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..hostpath import positions
 from ..validation import check_int_tensor, check_type
 from .hash_backend import HOST, TableBackend
 from .hash_replay import HostEvent
@@ -79,6 +80,28 @@ class StaticBackend(TableBackend):
 
 
 STATIC = StaticBackend()
+
+
+class _MaskedRows(torch.autograd.Function):
+    """``where(mask, values[index], default)`` with the sparse gradient of `values` built in one
+    step: the incoming gradient where `mask` holds, zeros elsewhere, at the rows `index` -- what
+    autograd's ``where`` and sparse ``embedding`` backward give, without the zero scalar their
+    ``where`` makes each step (the zero is a view of a kept arange, `hostpath.positions`)."""
+
+    @staticmethod
+    def forward(ctx, values, index, mask, default):
+        ctx.save_for_backward(index, mask)
+        ctx.shape = values.shape
+        emb = F.embedding(index, values)
+        return torch.where(mask, emb, default.to(emb.dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        index, mask = ctx.saved_tensors
+        zero = positions(1, grad.device, grad.dtype)  # [0.]
+        rows = torch.sparse_coo_tensor(index.unsqueeze(0), torch.where(mask, grad, zero), ctx.shape,
+                                       check_invariants=False)
+        return rows, None, None, None
 
 
 class DevicePath:
@@ -339,8 +362,11 @@ class DevicePath:
         if padded is None:
             top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
             padded = self._padded(rows, has, top)
-        emb = F.embedding(padded.index_select(0, inverse), self.values, sparse=self.sparse)
-        return torch.where(has.index_select(0, inverse).unsqueeze(1), emb, self.default_value.to(emb.dtype))
+        index, mask = padded.index_select(0, inverse), has.index_select(0, inverse).unsqueeze(1)
+        if self.sparse and self.values.requires_grad and torch.is_grad_enabled():
+            return _MaskedRows.apply(self.values, index, mask, self.default_value)
+        emb = F.embedding(index, self.values, sparse=self.sparse)
+        return torch.where(mask, emb, self.default_value.to(emb.dtype))
 
     @torch.no_grad()
     def _renorm_masked(self, rows: torch.Tensor, has: torch.Tensor) -> None:
