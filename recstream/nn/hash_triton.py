@@ -15,11 +15,11 @@ evict). What runs on the device per step:
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
 * ``round`` (``CLAIM_ROUNDS + 1`` launches for ``CLAIM_ROUNDS`` rounds: a round's writes share a
-  launch with the next round's bids): new keys claim free slots --
-  each bids for its first free slot with ``atomic_max`` on a per-slot claim word (the lowest key
-  index wins: the host path's rule, the same on every GPU), the winner writes its key by
-  compare-and-swap of the free marker, the losers bid for their next free slot in the next round
-  (as HierarchicalKV's probing, made deterministic); a key without a slot after the last round is
+  launch with the next round's bids): new keys claim free slots -- each bids for its first free
+  slot with ``atomic_max`` on a per-slot claim word (the lowest key index wins: the host path's
+  rule, the same on every GPU), the winner alone writes its key there, the losers bid for their
+  next free slot -- free, and bid for in no earlier round of the step -- in the next round (as
+  HierarchicalKV's probing, made deterministic); a key without a slot after the last round is
   left out of the step, as on the torch path;
 * ``carry_out`` (one launch): counts and last-seen steps are written; a key admitted now takes the
   row at its place from the top of the device free stack (its rank among the admitted keys, ripe
