@@ -37,6 +37,10 @@ VIEWS = frozenset({
     "_reshape_alias", "view_as", "unfold", "diagonal", "chunk"})
 """Ops that launch no kernel (views, aliases): not counted."""
 
+NO_KERNEL = frozenset({"_indices", "_values", "empty", "_sparse_coo_tensor_with_dims_and_tensors"})
+"""Counted ops that launch no kernel on a GPU either (a sparse tensor's parts, an allocation, a sparse
+tensor made of existing parts): reported apart, so a count's kernels can be told from its ops."""
+
 
 @dataclasses.dataclass
 class StepOps:
@@ -49,6 +53,11 @@ class StepOps:
     @property
     def ops(self) -> int:
         return sum(self.by_op.values())
+
+    @property
+    def no_kernel(self) -> int:
+        """The ops among `ops` that launch no kernel on a GPU (`NO_KERNEL`)."""
+        return sum(n for name, n in self.by_op.items() if name in NO_KERNEL)
 
     @property
     def launches(self) -> int:
@@ -107,8 +116,9 @@ def _schema(dynamic: bool):
     ])
 
 
-def _batches(n: int, names: tuple[str, ...], b: int = 32, seed: int = 0) -> list:
-    """`tests/models/test_dynamic.py`'s batches: huge raw user ids, label = user parity + d0."""
+def _batches(n: int, names: tuple[str, ...], b: int = 32, seed: int = 0, dynamic: bool = True) -> list:
+    """`tests/models/test_dynamic.py`'s batches: huge raw user ids, label = user parity + d0; for
+    the fixed twin (not `dynamic`) the user and tag ids taken into its vocabularies of 64."""
     from recstream.data import Batch, Features
 
     g = torch.Generator().manual_seed(seed)
@@ -116,8 +126,9 @@ def _batches(n: int, names: tuple[str, ...], b: int = 32, seed: int = 0) -> list
     for _ in range(n):
         user = torch.randint(10 ** 12, 10 ** 12 + 40, (b,), generator=g)
         n_tags, n_genre = torch.randint(0, 4, (b,), generator=g), torch.randint(0, 3, (b,), generator=g)
-        values = torch.cat([torch.randint(0, 20, (b,), generator=g), user,
-                            torch.randint(-3, 50, (int(n_tags.sum()),), generator=g),
+        tags = torch.randint(-3, 50, (int(n_tags.sum()),), generator=g)
+        values = torch.cat([torch.randint(0, 20, (b,), generator=g), user if dynamic else user % 64,
+                            tags if dynamic else tags + 3,
                             torch.randint(0, 5, (int(n_genre.sum()),), generator=g)])
         lengths = torch.stack([torch.ones(b, dtype=torch.int64), torch.ones(b, dtype=torch.int64), n_tags, n_genre])
         dense = torch.randn(b, 2, generator=g)
@@ -147,7 +158,7 @@ def count_step(model: str = "widedeep", dynamic: bool = True, warm: int = 5, ste
             m.table_backend = "triton"
     trainer = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2), metrics=ctr_metrics(),
                        progress_bar=False)
-    data = _batches(warm + steps, tuple(f.name for f in schema.categorical))
+    data = _batches(warm + steps, tuple(f.name for f in schema.categorical), dynamic=dynamic)
     counter, out = OpCounter(), []
     undo = count_launches(counter)
     try:
@@ -166,14 +177,15 @@ def count_step(model: str = "widedeep", dynamic: bool = True, warm: int = 5, ste
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="widedeep", choices=("widedeep", "deepfm"))
-    parser.add_argument("--fixed", action="store_true", help="the fixed-table twin (vocabularies, no hash tables)")
+    parser.add_argument("--fixed", action="store_true", help="the fixed-table twin (vocabularies of 64 ids)")
     parser.add_argument("--top", type=int, default=40, help="op names and functions to list")
     args = parser.parse_args(argv)
     steps = count_step(args.model, dynamic=not args.fixed)
     last = steps[-1]
     kind = "fixed" if args.fixed else "dynamic"
     print(f"{args.model} {kind}: {last.ops} ops + {last.launches} launches a steady step "
-          f"(steps: {[(s.ops, s.launches) for s in steps]})")
+          f"(steps: {[(s.ops, s.launches) for s in steps]}); {last.no_kernel} of the ops launch no kernel on a "
+          f"GPU ({', '.join(sorted(NO_KERNEL))})")
     for title, counts, top in (("by kernel", last.by_kernel, None), ("by recstream function", last.by_function,
                                                                      args.top), ("by op", last.by_op, args.top)):
         print(f"\n{title}:")

@@ -33,6 +33,16 @@ def test_a_steady_dynamic_step_dispatches_the_documented_ops_and_launches(model)
     assert [(s.ops, s.launches) for s in steps] == [(ops, launches)] * 2, [(s.ops, s.launches) for s in steps]
     assert dict(steps[-1].by_kernel) == kernels
     assert sum(steps[-1].by_function.values()) <= ops  # every op named by its recstream function, most of them
+    assert 0 < steps[-1].no_kernel < ops // 4  # sparse gradients' parts, scratch allocations
+
+
+@interpreted
+@pytest.mark.parametrize("model,ops,launches", [("widedeep", 109, 4), ("deepfm", 130, 2)])
+def test_the_fixed_table_twin_dispatches_the_documented_ops_and_launches(model, ops, launches):
+    """The same models with vocabularies where the dynamic features were: the row updates' launches only."""
+    step = dynamic_ops.count_step(model, dynamic=False, warm=2, steps=1)[-1]
+    assert (step.ops, step.launches) == (ops, launches)
+    assert "_round_fn" not in step.by_kernel
 
 
 def test_an_unknown_model_is_refused_with_the_allowed_names():
