@@ -49,6 +49,9 @@ class StaticBackend(TableBackend):
         """Probe the unique keys (no write): `DevicePath._probe_plan`."""
         return emb._probe_plan(uniq, counts, valid)
 
+    def discard_bids(self, emb, plan: DevicePlan) -> None:
+        """Before `plan` is decided again after a read: void what its probe began (nothing here)."""
+
     def unique_plan(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> tuple[DevicePlan, torch.Tensor]:
         """`unique` then `plan` of a training lookup: ``(plan, inverse)`` (a backend may fuse the two)."""
         uniq, inverse, counts, valid = self.unique(flat, mask)
@@ -174,6 +177,8 @@ class DevicePath:
     def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
         """Decide (given the counters `read` for a call that needed them), then carry out."""
         flat, mask, inverse = call.flat, call.mask, call.inverse
+        if read is not None:  # the plan may change (or the host path's step run): no step of it is kept
+            call.backend.discard_bids(self, call.plan)
         plan = call.plan if read is None else self._decide(call.plan, read, call.backend)
         if plan is None:  # a rebuild (or another rare step) must run: the host path's step
             keys = flat if mask is None else flat[mask]

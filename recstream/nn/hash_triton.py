@@ -14,8 +14,10 @@ evict). What runs on the device per step:
   runs' ends): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
-* ``round`` (``CLAIM_ROUNDS + 1`` launches for ``CLAIM_ROUNDS`` rounds: a round's writes share a
-  launch with the next round's bids): new keys claim free slots -- each bids for its first free
+* ``round`` (``CLAIM_ROUNDS`` launches for ``CLAIM_ROUNDS`` rounds: the probe of a training lookup
+  makes the first round's bids, and a round's writes share a launch with the next round's bids;
+  after a read that decides the plan again, those bids are void and the first round runs as a
+  launch of its own): new keys claim free slots -- each bids for its first free
   slot with ``atomic_max`` on a per-slot claim word (the lowest key index wins: the host path's
   rule, the same on every GPU), the winner alone writes its key there, the losers bid for their
   next free slot -- free, and bid for in no earlier round of the step -- in the next round (as
@@ -88,10 +90,17 @@ def _start_fn(key, m32, slot_mask):
     return (h ^ (h >> 16)) & slot_mask
 
 def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, ends, out_slot, out_free, out_row, out_total, out_ok, flags,
-          n, slot_mask, max_rounds, m32, permit, BLOCK: tl.constexpr, FLAGS: tl.constexpr, ENDS: tl.constexpr):
+          owner, tag, active, want_buf, deleted_buf, placed, n, slot_mask, max_rounds, m32, permit,
+          BLOCK: tl.constexpr, FLAGS: tl.constexpr, ENDS: tl.constexpr, BID: tl.constexpr):
     """`ENDS`: the unique keys' counts and valid flags are first computed here, from the ends of
     their runs in the sorted batch (`static_unique`'s counts, computed here: `ends` is the
-    previous launch's output, and each lane writes only its own `cnt` and `valid` entries)."""
+    previous launch's output, and each lane writes only its own `cnt` and `valid` entries).
+
+    `BID` (with `FLAGS`): the first claim round's first half too (`_round_fn`'s `FIRST` launch,
+    folded in): each new key bids for the free slot it found. Race-free: this launch writes no key
+    word (its reads of `tkeys` see the table as before it), its only shared writes are the bids'
+    commuting ``atomic_max`` es, which nothing in it reads, and each lane writes only its own
+    entries of the claim buffers."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     key = tl.load(uniq + i, mask=inb, other=0)
@@ -133,6 +142,15 @@ def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, ends, out_slot, out_free,
         tl.store(flags + 2 * n + i, (found & (row < 0) & (total >= permit)).to(tl.int8), mask=inb)
         tl.store(flags + 3 * n + i, (new & (c >= permit)).to(tl.int8), mask=inb)
         tl.store(flags + 4 * n + i, (new & (c < permit)).to(tl.int8), mask=inb)
+        if BID:  # as `_round_fn`'s FIRST launch: the claim buffers start here, then round 0's bids
+            tl.store(active + i, new.to(tl.int8), mask=inb)
+            tl.store(placed + i, tl.full([BLOCK], -1, tl.int64), mask=inb)
+            tl.store(deleted_buf + i, tl.full([BLOCK], 0, tl.int8), mask=inb)
+            bid = inb & new
+            safe = tl.where(bid, free, 0)
+            tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=bid, other=0) == -2).to(tl.int8), mask=bid)
+            tl.store(want_buf + i, tl.where(bid, free, -1), mask=inb)
+            tl.atomic_max(owner + safe, ((tl.load(tag) + 1) << 32) - 1 - i.to(tl.int64), mask=bid)
 
 def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
     """Each `act` lane's key into the first free slot of its sequence it wins by compare-and-swap:
@@ -159,7 +177,7 @@ def _round_fn(tkeys, owner, uniq, new_in, active, want_buf, deleted_buf, placed,
               BLOCK: tl.constexpr):
     """Launch `rnd` of the claim rounds: the second half of round ``rnd - 1`` (unless `FIRST`), then
     the first half of round `rnd` (unless `LAST`) -- ``CLAIM_ROUNDS + 1`` launches in all, where a
-    round was two.
+    round was two; ``CLAIM_ROUNDS`` where the probe made round 0's bids (`_probe_fn`'s `BID`).
 
     Second half of a round: the winner of each wanted slot writes its key there and is placed; the
     others stay active. First half: each active key wants a free slot -- its probe's first free slot
@@ -470,29 +488,45 @@ class TritonBackend(StaticBackend):
     rebuilds = True
 
     def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor, plan: bool = False,
-               ends: torch.Tensor | None = None
+               ends: torch.Tensor | None = None, claim: tuple | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(slot, free, row, total, flags)`` of each key (one launch; see ``probe``); with `plan`
         the first five rows of `flags` (int8 [6, n]) are the plan's found / new / ripe / new_admit /
         new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert.
-        `ends`: `counts` and `valid` are written by this launch first, from the unique keys' run ends."""
+        `ends`: `counts` and `valid` are written by this launch first, from the unique keys' run ends.
+        `claim` (with `plan`): ``(owner, tag, words, bytes_)``, the new keys' first claim round's
+        bids made here (see `_insert`)."""
         t, n = emb.table, uniq.numel()
         out, flags = scratch(n, 4, 6, uniq.device)
         slot, free, row, total = out.unbind(0)
+        owner, tag, words, bytes_ = claim if claim is not None else (t.keys, t.keys, out, flags)  # unused pointers
         _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), counts if ends is None else ends,
-                slot, free, row, total, flags[5], flags, n, t.num_slots - 1, t.max_rounds, _M32,
-                emb.permit_filter_value, FLAGS=plan, ENDS=ends is not None)
+                slot, free, row, total, flags[5], flags, owner, tag, bytes_[0], words[1], bytes_[1], words[0], n,
+                t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan, ENDS=ends is not None,
+                BID=claim is not None)
         device_assert(flags[5].view(torch.bool).all(), f"HashEmbedding: a key's probe sequence passed "
                       f"max_rounds={t.max_rounds} slots without an empty one (hash table too full)")
         return slot, free, row, total, flags
 
     def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
              ends: torch.Tensor | None = None) -> DevicePlan:
-        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True, ends=ends)
+        # the claim rounds' scratch (see carry_out), its first round's bids made by the probe
+        words, bytes_ = scratch(uniq.numel(), 6, 3, uniq.device)
+        owner, tag = self._claim_words(emb, uniq.device)
+        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True, ends=ends,
+                                                     claim=(owner, tag, words, bytes_))
         found, new, ripe, new_admit, new_pending = flags.view(torch.bool).unbind(0)[:5]
         return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=ripe, new_admit=new_admit, new_pending=new_pending, valid=valid, pos=None,
-                          pad_ok=True)
+                          pad_ok=True, bids=(words, bytes_))
+
+    def discard_bids(self, emb, plan: DevicePlan) -> None:
+        """The probe's round-0 bids are void (the plan is decided again after a read): the claim
+        words' round counter moves on by one, so those bids lie below every later round's range
+        (`_round_fn`) and lose to its bids; `carry_out` then runs the first round itself."""
+        if plan.bids is not None:
+            self._claim_words(emb, plan.uniq.device)[1].add_(1)
+            plan.bids = None
 
     def unique_plan(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> tuple[DevicePlan, torch.Tensor]:
         """`unique` then `plan` in a sort and three launches (`hash_triton_unique`'s two, then the
@@ -537,8 +571,9 @@ class TritonBackend(StaticBackend):
 
     def _insert(self, emb, p: DevicePlan, words: torch.Tensor, bytes_: torch.Tensor, owner: torch.Tensor,
                 tag: torch.Tensor) -> None:
-        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds, ``CLAIM_ROUNDS + 1``
-        launches (`_round_fn`: a round's winners' writes and the next round's bids share one;
+        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds, ``CLAIM_ROUNDS``
+        launches after the probe's first bids (``CLAIM_ROUNDS + 1`` where `discard_bids` voided them;
+        `_round_fn`: a round's winners' writes and the next round's bids share one;
         `hash_static.claim`'s rule: of the keys wanting one slot the first takes it, the others
         their next free one), into ``words[0]`` (slot or -1) and ``bytes_[1]``
         (whether it was a tombstone). A key still without a slot after the last round is left out of
@@ -547,7 +582,7 @@ class TritonBackend(StaticBackend):
         t, n = emb.table, p.uniq.numel()
         placed, want, block_counts = words[0], words[1], words[2:4]
         active, deleted = bytes_[0], bytes_[1]
-        for r in range(CLAIM_ROUNDS + 1):
+        for r in range(0 if p.bids is None else 1, CLAIM_ROUNDS + 1):  # round 0's bids: the probe's
             _launch(_kernels()[1], n, t.keys, owner, p.uniq, _u8(p.new), active, want, deleted, placed, p.free, n,
                     t.num_slots - 1, t.max_rounds, _M32, tag, r, _u8(p.ripe), _u8(p.new_admit), block_counts,
                     emb.num_free_t, FIRST=r == 0, LAST=r == CLAIM_ROUNDS)
@@ -557,7 +592,7 @@ class TritonBackend(StaticBackend):
         nprog = max(1, -(-n // BLOCK))
         # scratch of the step, one allocation: placed slots, wanted slots, the last round's counts per
         # program (2 rows), the rows looked up (padded), the rows to reset; active, deleted, has
-        words, bytes_ = scratch(n, 6, 3, dev)
+        words, bytes_ = scratch(n, 6, 3, dev) if p.bids is None else p.bids
         owner, tag = self._claim_words(emb, dev)
         self._insert(emb, p, words, bytes_, owner, tag)
         # as the torch ops draw: key i's initial row comes of draw[i] on both; the kernel scales it
