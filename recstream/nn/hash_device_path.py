@@ -99,6 +99,7 @@ class _MaskedRows(torch.autograd.Function):
         return torch.where(mask, emb, default.to(emb.dtype))
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # as a sparse embedding's gradient: no double backward
     def backward(ctx, grad):
         index, mask = ctx.saved_tensors
         zero = positions(1, grad.device, grad.dtype)  # [0.]
