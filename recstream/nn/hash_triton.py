@@ -151,6 +151,9 @@ def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, ends, out_slot, out_free,
             tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=bid, other=0) == -2).to(tl.int8), mask=bid)
             tl.store(want_buf + i, tl.where(bid, free, -1), mask=inb)
             tl.atomic_max(owner + safe, ((tl.load(tag) + 1) << 32) - 1 - i.to(tl.int64), mask=bid)
+            # the device assert's word (``tag + 1``, 1 since the last carry-out): 0 if a probe ended
+            # without an empty slot; programs' ``atomic_min`` s commute, and nothing here reads it
+            tl.atomic_min(tag + 1, tl.min((~act).to(tl.int64), 0))
 
 def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
     """Each `act` lane's key into the first free slot of its sequence it wins by compare-and-swap:
@@ -359,8 +362,9 @@ def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free
     tl.atomic_add(num_used, tl.sum((placed_new & ~was_deleted).to(tl.int64), 0))
     tl.atomic_add(num_live, tl.sum(placed_new.to(tl.int64), 0))
     tl.atomic_add(num_pending, tl.sum(pend.to(tl.int64), 0) - tl.sum(ripe.to(tl.int64), 0))
-    if pid == 0:  # the claim rounds' counter moves on (no program of this launch reads it)
-        tl.store(tag, tl.load(tag) + rounds)
+    if pid == 0:  # the claim rounds' counter moves on (no program of this launch reads it), and the
+        tl.store(tag, tl.load(tag) + rounds)  # probe's assert word is 1 again (read before this launch)
+        tl.store(tag + 1, zero + 1)
 
 def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in, stack_in,
                     num_pending, num_live, n, never, BLOCK: tl.constexpr):
@@ -504,15 +508,23 @@ class TritonBackend(StaticBackend):
                 slot, free, row, total, flags[5], flags, owner, tag, bytes_[0], words[1], bytes_[1], words[0], n,
                 t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan, ENDS=ends is not None,
                 BID=claim is not None)
-        device_assert(flags[5].view(torch.bool).all(), f"HashEmbedding: a key's probe sequence passed "
-                      f"max_rounds={t.max_rounds} slots without an empty one (hash table too full)")
+        # with the bids, the launch's programs wrote one word of the claim counters for this (no `all`)
+        ok = flags[5].view(torch.bool).all() if claim is None else self._claim_words(emb, uniq.device)[2]
+        try:
+            device_assert(ok, f"HashEmbedding: a key's probe sequence passed max_rounds={t.max_rounds} slots "
+                              f"without an empty one (hash table too full)")
+        except RuntimeError:  # raised here (a CPU): no carry-out sets the word back or moves the
+            if claim is not None:  # round counter on past this probe's bids, so this does
+                ok.fill_(1)
+                claim[1].add_(1)
+            raise
         return slot, free, row, total, flags
 
     def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
              ends: torch.Tensor | None = None) -> DevicePlan:
         # the claim rounds' scratch (see carry_out), its first round's bids made by the probe
         words, bytes_ = scratch(uniq.numel(), 6, 3, uniq.device)
-        owner, tag = self._claim_words(emb, uniq.device)
+        owner, tag, _ = self._claim_words(emb, uniq.device)
         slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True, ends=ends,
                                                      claim=(owner, tag, words, bytes_))
         found, new, ripe, new_admit, new_pending = flags.view(torch.bool).unbind(0)[:5]
@@ -559,15 +571,18 @@ class TritonBackend(StaticBackend):
                 PBLOCK=per_program_block(nprog))
         return uniq, inverse, ends, counts, valid[0]
 
-    def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair
-        works as well; kept so that steps and a CUDA graph's replays reuse them)."""
+    def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The claim rounds' per-slot words, their round counter and, the word after it, the probe's
+        assert word (1: every probe of the bids' launch ended; the carry-out sets it to 1 again):
+        scratch, not state (new ones work as well; kept so that steps and a CUDA graph's replays
+        reuse them)."""
         t = emb.table
-        owner, tag = emb.__dict__.get("_claim_words", (None, None))
+        owner, counters = emb.__dict__.get("_claim_words", (None, None))
         if owner is None or owner.shape != t.keys.shape or owner.device != dev:  # new, rebuilt or moved
-            owner, tag = torch.zeros_like(t.keys, dtype=torch.int64), torch.zeros((), dtype=torch.int64, device=dev)
-            emb.__dict__["_claim_words"] = (owner, tag)
-        return owner, tag
+            owner = torch.zeros_like(t.keys, dtype=torch.int64)
+            counters = torch.tensor([0, 1], dtype=torch.int64, device=dev)
+            emb.__dict__["_claim_words"] = (owner, counters)
+        return owner, counters[0], counters[1]
 
     def _insert(self, emb, p: DevicePlan, words: torch.Tensor, bytes_: torch.Tensor, owner: torch.Tensor,
                 tag: torch.Tensor) -> None:
@@ -593,7 +608,7 @@ class TritonBackend(StaticBackend):
         # scratch of the step, one allocation: placed slots, wanted slots, the last round's counts per
         # program (2 rows), the rows looked up (padded), the rows to reset; active, deleted, has
         words, bytes_ = scratch(n, 6, 3, dev) if p.bids is None else p.bids
-        owner, tag = self._claim_words(emb, dev)
+        owner, tag, _ = self._claim_words(emb, dev)
         self._insert(emb, p, words, bytes_, owner, tag)
         # as the torch ops draw: key i's initial row comes of draw[i] on both; the kernel scales it
         draw, init_scale = emb._init_draw(n)
