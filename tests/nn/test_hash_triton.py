@@ -352,8 +352,8 @@ def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_ke
     cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
     own buffers; the unique keys are a sort and two launches; each kernel family's buffers are one
     allocation; the kernel writes the initial rows; the probe writes its assert's word: a steady lookup
-    with room dispatches 15 torch ops,
-    not 73 (20 of them ranks and counters, 10 the paddings, 17 `static_unique`'s)."""
+    with room dispatches 15 torch ops, not 73 (20 of them ranks and counters, 10 the paddings, 17
+    `static_unique`'s)."""
     emb = HashEmbedding(4, capacity=512, param_init="ones")
     emb.table_backend = "triton"
     for keys in _stream(3, 16, 40):
