@@ -14,7 +14,9 @@ dispatched them and by kernel:
     TRITON_INTERPRET=1 python -m benchmarks.dynamic_ops widedeep
     TRITON_INTERPRET=1 python -m benchmarks.dynamic_ops deepfm --fixed   # the fixed-table twin
 
-``TRITON_INTERPRET=1`` must be set before triton is imported (this module sets it when unset).
+Each step is one ``train(1, [batch])`` call: its epoch-end work (the loss watch's counters made again
+and read, the history's record: 5 ops) is in the count. ``TRITON_INTERPRET=1`` must be set before
+triton is imported (this module sets it when unset).
 `tests/test_dynamic_ops.py` asserts the totals docs/benchmarks.md reports. Counts, not times: a
 CPU count says nothing of a kernel's length.
 """
