@@ -46,12 +46,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 KERNELS = frozenset({
-    "recstream.nn.hash_triton:_probe_fn", "recstream.nn.hash_triton:_want_fn", "recstream.nn.hash_triton:_take_fn",
+    "recstream.nn.hash_triton:_probe_fn", "recstream.nn.hash_triton:_round_fn",
     "recstream.nn.hash_triton:_carry_out_fn", "recstream.nn.hash_triton:_evict_stale_fn",
     "recstream.nn.hash_triton:_mark_fn", "recstream.nn.hash_triton:_evict_chosen_fn",
     "recstream.nn.hash_triton:_reinsert_fn",
     "recstream.nn.hash_triton_unique:_starts_fn", "recstream.nn.hash_triton_unique:_runs_fn",
-    "recstream.nn.hash_triton_unique:_counts_fn",
     "recstream.optim._triton_row_kernels:lazy_adam", "recstream.optim._triton_row_kernels:rowwise_adagrad",
     "recstream.optim._triton_row_kernels:ftrl",
 })
@@ -165,6 +164,10 @@ class _Binder:
 
 
 # --------------------------------------------------------------------------------------------- record
+_JIT_KWARGS = ("do_not_specialize", "do_not_specialize_on_alignment")
+"""The ``triton.jit`` arguments that change how a launch specialises (the interpreter keeps them)."""
+
+
 class _Recorder:
     """Patches the interpreter's launch to note each launch's GPU specialisation (then runs it)."""
 
@@ -173,21 +176,22 @@ class _Recorder:
         self.launches: dict[tuple, Launch] = {}
         self._jit: dict = {}
 
-    def _jit_of(self, fn):
+    def _jit_of(self, fn, jit_kwargs: dict):
         from triton.runtime.jit import JITFunction
 
         jit = self._jit.get(fn)
-        if jit is None:  # the JITFunction a GPU process would launch (its params, its binder)
-            jit = self._jit[fn] = JITFunction(fn)
+        if jit is None:  # the JITFunction a GPU process would launch (its params, its binder); its
+            # ``triton.jit`` arguments (``do_not_specialize``...) as the kernel's decorator gave them
+            jit = self._jit[fn] = JITFunction(fn, **{k: v for k, v in jit_kwargs.items() if k in _JIT_KWARGS})
         return jit
 
-    def note(self, fn, args: tuple, kwargs: dict) -> None:
+    def note(self, fn, args: tuple, kwargs: dict, jit_kwargs: dict | None = None) -> None:
         names = list(inspect.signature(fn).parameters)
         bound = dict(zip(names, args, strict=False))
         options = {k: v for k, v in kwargs.items() if k not in names}
         bound.update({k: v for k, v in kwargs.items() if k in names})
         described = {k: _describe(v) for k, v in bound.items()}
-        jit = self._jit_of(fn)
+        jit = self._jit_of(fn, jit_kwargs or {})
         _, specialization, _, _ = self.binder.specialize(jit, {k: _rebuild(d) for k, d in described.items()}, options)
         spec = ", ".join(f"{n}={t}" + (f"[{a}]" if a not in ("", None) and t != "constexpr" else "")
                          + (f"={a}" if t == "constexpr" else "") for n, (t, a) in zip(names, specialization,
@@ -207,7 +211,7 @@ class _Recorder:
         recorder = self
 
         def run(self, *args, grid, warmup, **kwargs):
-            recorder.note(self.fn, args, kwargs)
+            recorder.note(self.fn, args, kwargs, self.kwargs)
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
         InterpretedFunction.run = run

@@ -84,6 +84,20 @@ def test_a_launch_is_specialised_as_a_gpu_launch_would_be():
     ], specs
 
 
+def test_a_launch_keeps_the_kernels_do_not_specialize():
+    """An int argument named in the kernel's ``do_not_specialize`` stays an int when it is 1 (no
+    one-off compile on a GPU): the claim rounds' round index."""
+    from triton.runtime.jit import JITFunction
+
+    recorder = triton_sm90._Recorder(90)
+    fn = JITFunction(_cas_kernel).fn
+    args = (torch.zeros(32, dtype=torch.int64), torch.zeros(32, dtype=torch.int32), 1)
+    recorder.note(fn, args, {"BLOCK": 128}, {"do_not_specialize": ["n"]})
+    recorder.note(fn, args[:2] + (2,), {"BLOCK": 128}, {"do_not_specialize": ["n"]})
+    specs = [(x.specialization, x.count) for x in recorder.launches.values()]
+    assert specs == [("keys=*i64[D], new_keys=*i32[D], n=i32, BLOCK=constexpr=128", 2)], specs
+
+
 def test_the_check_knows_every_module_with_triton_kernels():
     """A new file of kernels joins `MODULES` (and its kernels `KERNELS`, which the e2e test checks)."""
     files = {p.relative_to(REPO) for p in (REPO / "recstream").rglob("*.py") if "triton.jit" in p.read_text()}

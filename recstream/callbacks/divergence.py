@@ -148,7 +148,7 @@ class LossWatch:
         bad = bad.any() if bad.dim() else bad
         if isinstance(outputs, (tuple, list)) and len(outputs) == 3 and isinstance(outputs[1], torch.Tensor) \
                 and outputs[1].dtype == torch.bool and outputs[1].numel() == 1:
-            bad = bad & ~outputs[1].reshape(())  # an overflow step the cell skipped
+            bad = bad > outputs[1].reshape(())  # bad and not an overflow step the cell skipped (one op)
         if self._first_step is None or self._first_step.device != bad.device:
             self._first_step = torch.full((), -1, dtype=torch.int64, device=bad.device)
             self._first_epoch = torch.full((), -1, dtype=torch.int64, device=bad.device)

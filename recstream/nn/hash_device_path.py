@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..hostpath import positions
 from ..validation import check_int_tensor, check_type
 from .hash_backend import HOST, TableBackend
 from .hash_replay import HostEvent
@@ -48,6 +49,14 @@ class StaticBackend(TableBackend):
         """Probe the unique keys (no write): `DevicePath._probe_plan`."""
         return emb._probe_plan(uniq, counts, valid)
 
+    def discard_bids(self, emb, plan: DevicePlan) -> None:
+        """Before `plan` is decided again after a read: void what its probe began (nothing here)."""
+
+    def unique_plan(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> tuple[DevicePlan, torch.Tensor]:
+        """`unique` then `plan` of a training lookup: ``(plan, inverse)`` (a backend may fuse the two)."""
+        uniq, inverse, counts, valid = self.unique(flat, mask)
+        return self.plan(emb, uniq, counts, valid), inverse
+
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         """Insert, count, admit and look up as `plan` says: `DevicePath._carry_out`."""
         return emb._carry_out(plan, inverse)
@@ -74,6 +83,29 @@ class StaticBackend(TableBackend):
 
 
 STATIC = StaticBackend()
+
+
+class _MaskedRows(torch.autograd.Function):
+    """``where(mask, values[index], default)`` with the sparse gradient of `values` built in one
+    step: the incoming gradient where `mask` holds, zeros elsewhere, at the rows `index` -- what
+    autograd's ``where`` and sparse ``embedding`` backward give, without the zero scalar their
+    ``where`` makes each step (the zero is a view of a kept arange, `hostpath.positions`)."""
+
+    @staticmethod
+    def forward(ctx, values, index, mask, default):
+        ctx.save_for_backward(index, mask)
+        ctx.shape = values.shape
+        emb = F.embedding(index, values)
+        return torch.where(mask, emb, default.to(emb.dtype))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # as a sparse embedding's gradient: no double backward
+    def backward(ctx, grad):
+        index, mask = ctx.saved_tensors
+        zero = positions(1, grad.device, grad.dtype)  # [0.]
+        rows = torch.sparse_coo_tensor(index.unsqueeze(0), torch.where(mask, grad, zero), ctx.shape,
+                                       check_invariants=False)
+        return rows, None, None, None
 
 
 class DevicePath:
@@ -140,13 +172,14 @@ class DevicePath:
         the probed batch (`DeviceCall`), by `backend`'s ops."""
         if not mutate:
             return backend.read(self, flat, mask)
-        uniq, inverse, counts, valid = backend.unique(flat, mask)
-        plan = backend.plan(self, uniq, counts, valid)
+        plan, inverse = backend.unique_plan(self, flat, mask)
         return DeviceCall(flat, mask, inverse, plan, read=not self._has_room(plan), backend=backend)
 
     def _finish(self, call: DeviceCall, read: list[int] | None) -> torch.Tensor:
         """Decide (given the counters `read` for a call that needed them), then carry out."""
         flat, mask, inverse = call.flat, call.mask, call.inverse
+        if read is not None:  # the plan may change (or the host path's step run): no step of it is kept
+            call.backend.discard_bids(self, call.plan)
         plan = call.plan if read is None else self._decide(call.plan, read, call.backend)
         if plan is None:  # a rebuild (or another rare step) must run: the host path's step
             keys = flat if mask is None else flat[mask]
@@ -335,8 +368,11 @@ class DevicePath:
         if padded is None:
             top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
             padded = self._padded(rows, has, top)
-        emb = F.embedding(padded.index_select(0, inverse), self.values, sparse=self.sparse)
-        return torch.where(has.index_select(0, inverse).unsqueeze(1), emb, self.default_value.to(emb.dtype))
+        index, mask = padded.index_select(0, inverse), has.index_select(0, inverse).unsqueeze(1)
+        if self.sparse and self.values.requires_grad and torch.is_grad_enabled():
+            return _MaskedRows.apply(self.values, index, mask, self.default_value)
+        emb = F.embedding(index, self.values, sparse=self.sparse)
+        return torch.where(mask, emb, self.default_value.to(emb.dtype))
 
     @torch.no_grad()
     def _renorm_masked(self, rows: torch.Tensor, has: torch.Tensor) -> None:

@@ -195,6 +195,7 @@ class DevicePlan:
     valid: torch.Tensor
     pos: torch.Tensor
     pad_ok: bool
+    bids: tuple | None = None  # the Triton backend's claim scratch, its first round bid by the probe
 
 
 @dataclass

@@ -7,17 +7,21 @@ pending keys over budget, and a rebuild when tombstones pass the used-slot bound
 step only while evictions are logged or a batch brings more new keys than there are keys to
 evict). What runs on the device per step:
 
-* ``unique`` (a sort, then three launches: `hash_triton_unique`; `static_unique`'s torch ops for a
+* ``unique`` (a sort, then two launches: `hash_triton_unique`; `static_unique`'s torch ops for a
   masked lookup): every key of the batch once, so each key is found or inserted by exactly one
   kernel lane -- no two lanes ever insert the same key;
-* ``probe`` (one launch): each key walks its probe sequence (the table's triangular probing, its
+* ``probe`` (one launch; in a training lookup it first writes the unique keys' counts from their
+  runs' ends): each key walks its probe sequence (the table's triangular probing, its
   hash: the layout `TensorHashTable` and the compiled CPU kernels read) to its slot or an EMPTY one,
   and reads its row and count -- the plan `DevicePath._decide` needs;
-* ``want`` / ``take`` (two launches a round, ``CLAIM_ROUNDS`` rounds): new keys claim free slots --
-  each bids for its first free slot with ``atomic_max`` on a per-slot claim word (the lowest key
-  index wins: the host path's rule, the same on every GPU), the winner writes its key by
-  compare-and-swap of the free marker, the losers bid for their next free slot in the next round
-  (as HierarchicalKV's probing, made deterministic); a key without a slot after the last round is
+* ``round`` (``CLAIM_ROUNDS`` launches for ``CLAIM_ROUNDS`` rounds: the probe of a training lookup
+  makes the first round's bids, and a round's writes share a launch with the next round's bids;
+  after a read that decides the plan again, those bids are void and the first round runs as a
+  launch of its own): new keys claim free slots -- each bids for its first free
+  slot with ``atomic_max`` on a per-slot claim word (the lowest key index wins: the host path's
+  rule, the same on every GPU), the winner alone writes its key there, the losers bid for their
+  next free slot -- free, and bid for in no earlier round of the step -- in the next round (as
+  HierarchicalKV's probing, made deterministic); a key without a slot after the last round is
   left out of the step, as on the torch path;
 * ``carry_out`` (one launch): counts and last-seen steps are written; a key admitted now takes the
   row at its place from the top of the device free stack (its rank among the admitted keys, ripe
@@ -85,12 +89,29 @@ def _start_fn(key, m32, slot_mask):
     h = ((h ^ (h >> 13)) * 374761393) & m32
     return (h ^ (h >> 16)) & slot_mask
 
-def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_row, out_total, out_ok, flags,
-          n, slot_mask, max_rounds, m32, permit, BLOCK: tl.constexpr, FLAGS: tl.constexpr):
+def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, ends, out_slot, out_free, out_row, out_total, out_ok, flags,
+          owner, tag, active, want_buf, deleted_buf, placed, n, slot_mask, max_rounds, m32, permit,
+          BLOCK: tl.constexpr, FLAGS: tl.constexpr, ENDS: tl.constexpr, BID: tl.constexpr):
+    """`ENDS`: the unique keys' counts and valid flags are first computed here, from the ends of
+    their runs in the sorted batch (`static_unique`'s counts, computed here: `ends` is the
+    previous launch's output, and each lane writes only its own `cnt` and `valid` entries).
+
+    `BID` (with `FLAGS`): the first claim round's first half too (`_round_fn`'s `FIRST` launch,
+    folded in): each new key bids for the free slot it found. Race-free: this launch writes no key
+    word (its reads of `tkeys` see the table as before it), its only shared writes are the bids'
+    commuting ``atomic_max`` es, which nothing in it reads, and each lane writes only its own
+    entries of the claim buffers."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
     key = tl.load(uniq + i, mask=inb, other=0)
-    act = inb & (tl.load(valid + i, mask=inb, other=0) != 0)
+    if ENDS:
+        run_end = tl.load(ends + i, mask=inb, other=0)
+        run_count = run_end - tl.load(ends + i - 1, mask=inb & (i > 0), other=0)
+        tl.store(cnt + i, run_count, mask=inb)
+        tl.store(valid + i, (run_count > 0).to(tl.int8), mask=inb)
+        act = inb & (run_count > 0)
+    else:
+        act = inb & (tl.load(valid + i, mask=inb, other=0) != 0)
     h = _start(key, m32, slot_mask)
     slot = tl.full([BLOCK], -1, tl.int64)
     free = tl.full([BLOCK], -1, tl.int64)
@@ -121,6 +142,18 @@ def _probe_fn(tkeys, trows, tcounts, uniq, cnt, valid, out_slot, out_free, out_r
         tl.store(flags + 2 * n + i, (found & (row < 0) & (total >= permit)).to(tl.int8), mask=inb)
         tl.store(flags + 3 * n + i, (new & (c >= permit)).to(tl.int8), mask=inb)
         tl.store(flags + 4 * n + i, (new & (c < permit)).to(tl.int8), mask=inb)
+        if BID:  # as `_round_fn`'s FIRST launch: the claim buffers start here, then round 0's bids
+            tl.store(active + i, new.to(tl.int8), mask=inb)
+            tl.store(placed + i, tl.full([BLOCK], -1, tl.int64), mask=inb)
+            tl.store(deleted_buf + i, tl.full([BLOCK], 0, tl.int8), mask=inb)
+            bid = inb & new
+            safe = tl.where(bid, free, 0)
+            tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=bid, other=0) == -2).to(tl.int8), mask=bid)
+            tl.store(want_buf + i, tl.where(bid, free, -1), mask=inb)
+            tl.atomic_max(owner + safe, ((tl.load(tag) + 1) << 32) - 1 - i.to(tl.int64), mask=bid)
+            # the device assert's word (``tag + 1``, 1 since the last carry-out): 0 if a probe ended
+            # without an empty slot; programs' ``atomic_min`` s commute, and nothing here reads it
+            tl.atomic_min(tag + 1, tl.min((~act).to(tl.int64), 0))
 
 def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
     """Each `act` lane's key into the first free slot of its sequence it wins by compare-and-swap:
@@ -142,80 +175,93 @@ def _claim_fn(tkeys, key, act, h, slot_mask, max_rounds, BLOCK: tl.constexpr):
         r += 1
     return slot, was_deleted
 
-def _want_fn(tkeys, owner, uniq, new_in, active, want_buf, deleted_buf, placed, free_in, n, slot_mask, max_rounds,
-             m32, tag, rnd, FIRST: tl.constexpr, BLOCK: tl.constexpr):
-    """One claim round, its first half: each `active` key wants a free slot -- its probe's first free
-    slot in the first round (`free_in`), else the first free slot of its sequence now -- and bids for
-    it with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the
-    host path's rule: the first in call order), on every GPU alike. ``base`` grows with the round
-    counter `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared:
-    round `rnd` bids at ``tag + rnd + 1`` and `carry_out` moves `tag` on by ``CLAIM_ROUNDS`` after the
-    last round. The first round (`FIRST`) also sets its lanes' `active` (the plan's new keys),
-    `placed` (-1) and `deleted_buf` (0): each lane writes only its own entries, so no program reads
-    another's, and later rounds are later launches."""
-    base = ((tl.load(tag) + rnd + 1) << 32) - 1
+def _round_fn(tkeys, owner, uniq, new_in, active, want_buf, deleted_buf, placed, free_in, n, slot_mask, max_rounds,
+              m32, tag, rnd, ripe_in, admit_in, block_counts, num_free, FIRST: tl.constexpr, LAST: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Launch `rnd` of the claim rounds: the second half of round ``rnd - 1`` (unless `FIRST`), then
+    the first half of round `rnd` (unless `LAST`) -- ``CLAIM_ROUNDS + 1`` launches in all, where a
+    round was two; ``CLAIM_ROUNDS`` where the probe made round 0's bids (`_probe_fn`'s `BID`).
+
+    Second half of a round: the winner of each wanted slot writes its key there and is placed; the
+    others stay active. First half: each active key wants a free slot -- its probe's first free slot
+    in the first round (`free_in`), else the first slot of its sequence free now -- and bids for it
+    with ``atomic_max`` of ``base - i`` on the slot's claim word: the lowest key index wins (the host
+    path's rule: the first in call order), on every GPU alike. ``base`` grows with the round counter
+    `tag` (on the device: a replayed CUDA graph counts too), so no claim word is ever cleared: round
+    ``r`` bids ``((tag + r + 1) << 32) - 1 - i`` and `carry_out` moves `tag` on by
+    ``CLAIM_ROUNDS`` after the last round.
+
+    Race-free although one launch both writes round ``rnd - 1``'s winners and bids round `rnd`: "free
+    now" is read as "the key word free and the claim word bid in no earlier round of this step" (its
+    value outside those rounds' range). Every slot bid for in an earlier round has a winner
+    that writes it, so that set is the slots free after the earlier rounds' writes, whether or not
+    a winner of round ``rnd - 1`` has written its key yet when another program reads the slot. Those
+    claim words are final: they were written by earlier launches, and no bid of this round goes to
+    a slot they mark (so the winners' check reads a word nobody changes now); this round's bids
+    raise other words to ``tag + rnd + 1``, free either way. Each lane writes only its own entries
+    of `active`, `placed`, `want_buf` and `deleted_buf`, and a winner alone writes its slot's key.
+
+    The `FIRST` launch also sets its lanes' `active` (the plan's new keys), `placed` (-1) and
+    `deleted_buf` (0). The `LAST` launch also counts, per program, its lanes' keys admitted in this
+    step -- ripe pending ones (``block_counts[pid]``) and new ones placed with an admitting count
+    (``block_counts[n + pid]``) -- for `carry_out`'s ranks, and moves the free-row counter down by
+    them: every key's placement is final once its own lane has run this launch, each program writes
+    only its own count word, and integer ``atomic_add`` s commute (the same counter whatever order
+    programs run in; `carry_out`, a later launch, is its only reader)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inb = i < n
-    if FIRST:  # the round's buffers start here, each lane its own entries (no fill launched before)
+    if FIRST:  # the rounds' buffers start here, each lane its own entries (no fill launched before)
         act = inb & (tl.load(new_in + i, mask=inb, other=0) != 0)
         tl.store(active + i, act.to(tl.int8), mask=inb)
         tl.store(placed + i, tl.full([BLOCK], -1, tl.int64), mask=inb)
         tl.store(deleted_buf + i, tl.full([BLOCK], 0, tl.int8), mask=inb)
         want = tl.load(free_in + i, mask=act, other=-1)
-    else:
+    else:  # round rnd - 1's second half: its winners write their keys
         act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
-        key = tl.load(uniq + i, mask=act, other=0)
-        h = _start(key, m32, slot_mask)
-        want = tl.full([BLOCK], -1, tl.int64)
-        look = act
-        r = 0
-        while (tl.max(look.to(tl.int32), 0) > 0) & (r < max_rounds):
-            pos = (h + r * (r + 1) // 2) & slot_mask
-            cur = tl.load(tkeys + pos, mask=look, other=0)
-            free = look & ((cur == -1) | (cur == -2))
-            want = tl.where(free, pos, want)
-            look = look & ~free
-            r += 1
-    ok = act & (want >= 0)
-    safe = tl.where(ok, want, 0)
-    tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=ok, other=0) == -2).to(tl.int8), mask=ok)
-    tl.store(want_buf + i, tl.where(ok, want, -1), mask=inb)
-    tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
-
-
-def _take_fn(tkeys, owner, uniq, active, want_buf, placed, n, tag, rnd, ripe_in, admit_in, block_counts, num_free,
-             LAST: tl.constexpr, BLOCK: tl.constexpr):
-    """One claim round, its second half: the winner of each wanted slot writes its key there (a
-    compare-and-swap of the free marker); the others stay active for the next round.
-
-    The `LAST` round also counts, per program, its lanes' keys admitted in this step -- ripe pending
-    ones (``block_counts[pid]``) and new ones placed with an admitting count (``block_counts[n +
-    pid]``) -- for `carry_out`'s ranks, and moves the free-row counter down by them: every key's
-    placement is final once its own lane has run this round, each program writes only its own count
-    word, and integer ``atomic_add`` s commute (the same counter whatever order programs run in;
-    `carry_out`, a later launch, is its only reader)."""
-    base = ((tl.load(tag) + rnd + 1) << 32) - 1
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inb = i < n
-    act = inb & (tl.load(active + i, mask=inb, other=0) != 0)
-    want = tl.load(want_buf + i, mask=act, other=-1)
-    ok = act & (want >= 0)
-    safe = tl.where(ok, want, 0)
-    won = ok & (tl.load(owner + safe, mask=ok, other=0) == base - i.to(tl.int64))
-    cur = tl.load(tkeys + safe, mask=inb, other=-1)
-    key = tl.load(uniq + i, mask=won, other=0).to(cur.dtype)
-    tl.atomic_cas(tkeys + safe, cur, tl.where(won, key, cur))  # a lane that did not win swaps a value for itself
-    if LAST:
+        prev = tl.load(want_buf + i, mask=act, other=-1)
+        ok = act & (prev >= 0)
+        safe = tl.where(ok, prev, 0)
+        won = ok & (tl.load(owner + safe, mask=ok, other=0) == ((tl.load(tag) + rnd) << 32) - 1 - i.to(tl.int64))
+        key = tl.load(uniq + i, mask=won, other=0)
+        tl.store(tkeys + safe, key.to(tkeys.dtype.element_ty), mask=won)
         before = tl.load(placed + i, mask=inb, other=-1)  # earlier rounds' placements (earlier launches)
-        ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
-        adm_new = inb & (tl.load(admit_in + i, mask=inb, other=0) != 0) & ((before >= 0) | won)
-        n_ripe, n_new = tl.sum(ripe.to(tl.int64), 0), tl.sum(adm_new.to(tl.int64), 0)
-        pid = tl.program_id(0)
-        tl.store(block_counts + pid, n_ripe)
-        tl.store(block_counts + n + pid, n_new)  # the second row of [2, n] words
-        tl.atomic_add(num_free, -(n_ripe + n_new))
-    tl.store(placed + i, want, mask=won)
-    tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
+        tl.store(placed + i, prev, mask=won)
+        tl.store(active + i, tl.full([BLOCK], 0, tl.int8), mask=won)
+        if LAST:  # every lane's placement is final now
+            ripe = inb & (tl.load(ripe_in + i, mask=inb, other=0) != 0)
+            adm_new = inb & (tl.load(admit_in + i, mask=inb, other=0) != 0) & ((before >= 0) | won)
+            n_ripe, n_new = tl.sum(ripe.to(tl.int64), 0), tl.sum(adm_new.to(tl.int64), 0)
+            pid = tl.program_id(0)
+            tl.store(block_counts + pid, n_ripe)
+            tl.store(block_counts + n + pid, n_new)  # the second row of [2, n] words
+            tl.atomic_add(num_free, -(n_ripe + n_new))
+        else:  # round rnd's first half: the keys still without a slot look for the next free one
+            act = act & ~won
+            # The claim words bid in rounds 0 .. rnd - 1 of this step, exactly: round r's words lie in
+            # ``((tag + r + 1) << 32) - n .. ((tag + r + 1) << 32) - 1`` (n < 2**32 keys); earlier
+            # steps' (and never-bid zeros) lie below, this round's above.
+            taken_lo = ((tl.load(tag) + 1) << 32) - n
+            taken_hi = ((tl.load(tag) + rnd) << 32) - 1
+            key = tl.load(uniq + i, mask=act, other=0)
+            h = _start(key, m32, slot_mask)
+            want = tl.full([BLOCK], -1, tl.int64)
+            look = act
+            r = 0
+            while (tl.max(look.to(tl.int32), 0) > 0) & (r < max_rounds):
+                pos = (h + r * (r + 1) // 2) & slot_mask
+                cur = tl.load(tkeys + pos, mask=look, other=0)
+                bid = tl.load(owner + pos, mask=look, other=0)
+                free = look & ((cur == -1) | (cur == -2)) & ((bid < taken_lo) | (bid > taken_hi))
+                want = tl.where(free, pos, want)
+                look = look & ~free
+                r += 1
+    if not LAST:
+        base = ((tl.load(tag) + rnd + 1) << 32) - 1
+        ok = act & (want >= 0)
+        safe = tl.where(ok, want, 0)
+        tl.store(deleted_buf + i, (tl.load(tkeys + safe, mask=ok, other=0) == -2).to(tl.int8), mask=ok)
+        tl.store(want_buf + i, tl.where(ok, want, -1), mask=inb)
+        tl.atomic_max(owner + safe, base - i.to(tl.int64), mask=ok)
 
 
 def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free_rows, values, init,
@@ -316,8 +362,9 @@ def _carry_out_fn(trows, tcounts, tlast, row_slots, row_last, dirty, reset, free
     tl.atomic_add(num_used, tl.sum((placed_new & ~was_deleted).to(tl.int64), 0))
     tl.atomic_add(num_live, tl.sum(placed_new.to(tl.int64), 0))
     tl.atomic_add(num_pending, tl.sum(pend.to(tl.int64), 0) - tl.sum(ripe.to(tl.int64), 0))
-    if pid == 0:  # the claim rounds' counter moves on (no program of this launch reads it)
-        tl.store(tag, tl.load(tag) + rounds)
+    if pid == 0:  # the claim rounds' counter moves on (no program of this launch reads it), and the
+        tl.store(tag, tl.load(tag) + rounds)  # probe's assert word is 1 again (read before this launch)
+        tl.store(tag + 1, zero + 1)
 
 def _evict_stale_fn(tkeys, trows, tcounts, tlast, row_slots, row_last, dirty, free_rows, stale_in, stack_in,
                     num_pending, num_live, n, never, BLOCK: tl.constexpr):
@@ -386,7 +433,7 @@ def _reinsert_fn(tkeys, trows, tcounts, tlast, row_slots, old_keys, old_rows, ol
 
 @functools.cache
 def _kernels():
-    """``(probe, (want, take), carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
+    """``(probe, claim round, carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
     built on first use."""
     global tl, _start, _claim
     import triton
@@ -395,7 +442,8 @@ def _kernels():
     tl = triton.language
     _start, _claim = triton.jit(_start_fn), triton.jit(_claim_fn)
     jit = triton.jit
-    return (jit(_probe_fn), (jit(_want_fn), jit(_take_fn)), jit(_carry_out_fn), jit(_evict_stale_fn),
+    # `rnd` is 1 in one launch: unspecialised, or a GPU would compile that launch's kernel apart
+    return (jit(_probe_fn), jit(_round_fn, do_not_specialize=["rnd"]), jit(_carry_out_fn), jit(_evict_stale_fn),
             jit(_mark_fn), jit(_evict_chosen_fn), jit(_reinsert_fn))
 
 
@@ -443,82 +491,124 @@ class TritonBackend(StaticBackend):
     name = "triton"
     rebuilds = True
 
-    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
-               plan: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _probe(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor, plan: bool = False,
+               ends: torch.Tensor | None = None, claim: tuple | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(slot, free, row, total, flags)`` of each key (one launch; see ``probe``); with `plan`
         the first five rows of `flags` (int8 [6, n]) are the plan's found / new / ripe / new_admit /
-        new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert."""
+        new_pending masks. Its last row (1: the key's probe ended) backs the device-side assert.
+        `ends`: `counts` and `valid` are written by this launch first, from the unique keys' run ends.
+        `claim` (with `plan`): ``(owner, tag, words, bytes_)``, the new keys' first claim round's
+        bids made here (see `_insert`)."""
         t, n = emb.table, uniq.numel()
         out, flags = scratch(n, 4, 6, uniq.device)
         slot, free, row, total = out.unbind(0)
-        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), slot, free, row, total, flags[5],
-                flags, n, t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan)
-        device_assert(flags[5].view(torch.bool).all(), f"HashEmbedding: a key's probe sequence passed "
-                      f"max_rounds={t.max_rounds} slots without an empty one (hash table too full)")
+        owner, tag, words, bytes_ = claim if claim is not None else (t.keys, t.keys, out, flags)  # unused pointers
+        _launch(_kernels()[0], n, t.keys, t.rows, t.counts, uniq, counts, _u8(valid), counts if ends is None else ends,
+                slot, free, row, total, flags[5], flags, owner, tag, bytes_[0], words[1], bytes_[1], words[0], n,
+                t.num_slots - 1, t.max_rounds, _M32, emb.permit_filter_value, FLAGS=plan, ENDS=ends is not None,
+                BID=claim is not None)
+        # with the bids, the launch's programs wrote one word of the claim counters for this (no `all`)
+        ok = flags[5].view(torch.bool).all() if claim is None else self._claim_words(emb, uniq.device)[2]
+        try:
+            device_assert(ok, f"HashEmbedding: a key's probe sequence passed max_rounds={t.max_rounds} slots "
+                              f"without an empty one (hash table too full)")
+        except RuntimeError:  # raised here (a CPU): no carry-out sets the word back or moves the
+            if claim is not None:  # round counter on past this probe's bids, so this does
+                ok.fill_(1)
+                claim[1].add_(1)
+            raise
         return slot, free, row, total, flags
 
-    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor) -> DevicePlan:
-        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True)
+    def plan(self, emb, uniq: torch.Tensor, counts: torch.Tensor, valid: torch.Tensor,
+             ends: torch.Tensor | None = None) -> DevicePlan:
+        # the claim rounds' scratch (see carry_out), its first round's bids made by the probe
+        words, bytes_ = scratch(uniq.numel(), 6, 3, uniq.device)
+        owner, tag, _ = self._claim_words(emb, uniq.device)
+        slots, free, row, total, flags = self._probe(emb, uniq, counts, valid, plan=True, ends=ends,
+                                                     claim=(owner, tag, words, bytes_))
         found, new, ripe, new_admit, new_pending = flags.view(torch.bool).unbind(0)[:5]
         return DevicePlan(uniq=uniq, slots=slots, free=free, found=found, new=new, total=total, row=row,
                           ripe=ripe, new_admit=new_admit, new_pending=new_pending, valid=valid, pos=None,
-                          pad_ok=True)
+                          pad_ok=True, bids=(words, bytes_))
 
-    def unique(self, flat: torch.Tensor, mask: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`static_unique` by a sort and three launches (`hash_triton_unique`) for a lookup of every
-        key; a masked one (a batch's features not sized on the host) keeps the torch ops."""
+    def discard_bids(self, emb, plan: DevicePlan) -> None:
+        """The probe's round-0 bids are void (the plan is decided again after a read): the claim
+        words' round counter moves on by one, so those bids lie below every later round's range
+        (`_round_fn`) and lose to its bids; `carry_out` then runs the first round itself."""
+        if plan.bids is not None:
+            self._claim_words(emb, plan.uniq.device)[1].add_(1)
+            plan.bids = None
+
+    def unique_plan(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> tuple[DevicePlan, torch.Tensor]:
+        """`unique` then `plan` in a sort and three launches (`hash_triton_unique`'s two, then the
+        probe, which computes the unique keys' counts from their runs' ends first: the outputs of
+        `static_unique`, exactly) for a lookup of every key; a masked one (a batch's features not
+        sized on the host) keeps `static_unique`'s torch ops."""
+        if not self._unique_by_kernels(flat, mask):
+            return super().unique_plan(emb, flat, mask)
+        uniq, inverse, ends, counts, valid = self._runs(flat)
+        return self.plan(emb, uniq, counts, valid.view(torch.bool), ends=ends), inverse
+
+    @staticmethod
+    def _unique_by_kernels(flat: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        return mask is None and flat.dtype == torch.int64 and flat.numel() > 0
+
+    @staticmethod
+    def _runs(flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The sort and the two launches of the unique keys: ``(uniq, inverse, ends, counts, valid)``,
+        the last two for the probe launch to write."""
         n, dev = flat.numel(), flat.device
-        if mask is not None or flat.dtype != torch.int64 or n == 0:
-            return super().unique(flat, mask)
         ordered, order = torch.sort(flat, stable=True)
         block = hash_triton_unique.BLOCK
         nprog = -(-n // block)
         # one allocation: inverse, uniq, ends, counts and the per-program run counts (nprog <= n words); valid
         words, valid = scratch(n, 5, 1, dev)
         inverse, uniq, ends, counts, block_counts = words.unbind(0)
-        starts_k, runs_k, counts_k = hash_triton_unique.kernels()
+        starts_k, runs_k = hash_triton_unique.kernels()
         _launch(starts_k, n, ordered, block_counts, n, BLOCK=block)
         _launch(runs_k, n, ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK=block,
                 PBLOCK=per_program_block(nprog))
-        _launch(counts_k, n, ends, counts, valid[0], n, BLOCK=block)
-        return uniq, inverse, counts, valid[0].view(torch.bool)
+        return uniq, inverse, ends, counts, valid[0]
 
-    def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The claim rounds' per-slot words and their round counter (scratch, not state: a new pair
-        works as well; kept so that steps and a CUDA graph's replays reuse them)."""
+    def _claim_words(self, emb, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The claim rounds' per-slot words, their round counter and, the word after it, the probe's
+        assert word (1: every probe of the bids' launch ended; the carry-out sets it to 1 again):
+        scratch, not state (new ones work as well; kept so that steps and a CUDA graph's replays
+        reuse them)."""
         t = emb.table
-        owner, tag = emb.__dict__.get("_claim_words", (None, None))
+        owner, counters = emb.__dict__.get("_claim_words", (None, None))
         if owner is None or owner.shape != t.keys.shape or owner.device != dev:  # new, rebuilt or moved
-            owner, tag = torch.zeros_like(t.keys, dtype=torch.int64), torch.zeros((), dtype=torch.int64, device=dev)
-            emb.__dict__["_claim_words"] = (owner, tag)
-        return owner, tag
+            owner = torch.zeros_like(t.keys, dtype=torch.int64)
+            counters = torch.tensor([0, 1], dtype=torch.int64, device=dev)
+            emb.__dict__["_claim_words"] = (owner, counters)
+        return owner, counters[0], counters[1]
 
     def _insert(self, emb, p: DevicePlan, words: torch.Tensor, bytes_: torch.Tensor, owner: torch.Tensor,
                 tag: torch.Tensor) -> None:
-        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds of two launches (bids,
-        then the winners' writes; `hash_static.claim`'s rule: of the keys wanting one slot the first
-        takes it, the others their next free one), into ``words[0]`` (slot or -1) and ``bytes_[1]``
+        """Write the plan's new keys into free slots in ``CLAIM_ROUNDS`` rounds, ``CLAIM_ROUNDS``
+        launches after the probe's first bids (``CLAIM_ROUNDS + 1`` where `discard_bids` voided them;
+        `_round_fn`: a round's winners' writes and the next round's bids share one;
+        `hash_static.claim`'s rule: of the keys wanting one slot the first takes it, the others
+        their next free one), into ``words[0]`` (slot or -1) and ``bytes_[1]``
         (whether it was a tombstone). A key still without a slot after the last round is left out of
         the step, as on the torch path. The last round counts the keys admitted per program into
-        ``words[2:4]`` (see `_take_fn`); `carry_out` moves `tag` on."""
+        ``words[2:4]`` (see `_round_fn`); `carry_out` moves `tag` on."""
         t, n = emb.table, p.uniq.numel()
         placed, want, block_counts = words[0], words[1], words[2:4]
         active, deleted = bytes_[0], bytes_[1]
-        want_k, take_k = _kernels()[1]
-        for r in range(CLAIM_ROUNDS):
-            _launch(want_k, n, t.keys, owner, p.uniq, _u8(p.new), active, want, deleted, placed, p.free, n,
-                    t.num_slots - 1, t.max_rounds, _M32, tag, r, FIRST=r == 0)
-            _launch(take_k, n, t.keys, owner, p.uniq, active, want, placed, n, tag, r, _u8(p.ripe),
-                    _u8(p.new_admit), block_counts, emb.num_free_t, LAST=r == CLAIM_ROUNDS - 1)
+        for r in range(0 if p.bids is None else 1, CLAIM_ROUNDS + 1):  # round 0's bids: the probe's
+            _launch(_kernels()[1], n, t.keys, owner, p.uniq, _u8(p.new), active, want, deleted, placed, p.free, n,
+                    t.num_slots - 1, t.max_rounds, _M32, tag, r, _u8(p.ripe), _u8(p.new_admit), block_counts,
+                    emb.num_free_t, FIRST=r == 0, LAST=r == CLAIM_ROUNDS)
 
     def carry_out(self, emb, plan: DevicePlan, inverse: torch.Tensor) -> torch.Tensor:
         t, p, n, dev = emb.table, plan, plan.uniq.numel(), plan.uniq.device
         nprog = max(1, -(-n // BLOCK))
         # scratch of the step, one allocation: placed slots, wanted slots, the last round's counts per
         # program (2 rows), the rows looked up (padded), the rows to reset; active, deleted, has
-        words, bytes_ = scratch(n, 6, 3, dev)
-        owner, tag = self._claim_words(emb, dev)
+        words, bytes_ = scratch(n, 6, 3, dev) if p.bids is None else p.bids
+        owner, tag, _ = self._claim_words(emb, dev)
         self._insert(emb, p, words, bytes_, owner, tag)
         # as the torch ops draw: key i's initial row comes of draw[i] on both; the kernel scales it
         draw, init_scale = emb._init_draw(n)

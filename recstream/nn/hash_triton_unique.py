@@ -1,5 +1,5 @@
-"""The kernels of `hash_static.static_unique` of a batch's keys (no mask) as a sort and three Triton
-launches: the first step of the Triton backend's training lookup (``TritonBackend.unique`` in
+"""The kernels of `hash_static.static_unique` of a batch's keys (no mask) as a sort and two Triton
+launches: the first step of the Triton backend's training lookup (``TritonBackend.unique_plan`` in
 `hash_triton`, which launches them), 17 torch ops on the torch path.
 
 After ``torch.sort`` (stable, as `static_unique`'s):
@@ -11,7 +11,8 @@ After ``torch.sort`` (stable, as `static_unique`'s):
   its place in the batch; the first entry of a run writes its key to ``uniq``, the last its end
   (exclusive) to ``ends``; index ``k`` past the last run is padding (``uniq[k]`` the largest key,
   ``ends[k] = n``), written by lane ``k``;
-* ``counts`` (one launch): ``counts[k] = ends[k] - ends[k - 1]`` (0 for padding), ``valid = counts > 0``.
+* the counts, ``counts[k] = ends[k] - ends[k - 1]`` (0 for padding) and ``valid = counts > 0``,
+  are computed by the table's probe launch, which reads ``ends`` (`hash_triton._probe_fn`).
 
 Every output matches `static_unique`'s exactly, padding included (tests/nn/test_hash_triton.py).
 Race-free: every word is written by one lane only (``inverse`` at a permutation's entries; ``uniq`` and
@@ -63,22 +64,12 @@ def _runs_fn(ordered, order, block_counts, inverse, uniq, ends, n, nprog, BLOCK:
     tl.store(ends + j, tl.zeros([BLOCK], tl.int64) + n, mask=pad)
 
 
-def _counts_fn(ends, counts, valid, n, BLOCK: tl.constexpr):
-    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    inb = k < n
-    end = tl.load(ends + k, mask=inb, other=0)
-    start = tl.load(ends + k - 1, mask=inb & (k > 0), other=0)
-    c = end - start
-    tl.store(counts + k, c, mask=inb)
-    tl.store(valid + k, (c > 0).to(tl.int8), mask=inb)
-
-
 @functools.cache
 def kernels():
-    """``(starts, runs, counts)`` as Triton kernels, built on first use."""
+    """``(starts, runs)`` as Triton kernels, built on first use."""
     global tl
     import triton
     import triton.language
 
     tl = triton.language
-    return triton.jit(_starts_fn), triton.jit(_runs_fn), triton.jit(_counts_fn)
+    return triton.jit(_starts_fn), triton.jit(_runs_fn)

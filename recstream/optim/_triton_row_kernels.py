@@ -50,10 +50,14 @@ if triton is not None:
             # Which columns to write, as a bound (Triton's interpreter makes `bool_block & bool_scalar`
             # an int block, which a mask refuses): all of them for a row's leader, none elsewhere.
             bound = tl.where(leader == i, dim, 0)
+        lead_bound = bound
         if HAS_FOUND:
             bound = tl.where(tl.load(found) == 0, bound, 0)
-        grad = tl.load(values + i.to(tl.int64)[:, None] * dim + cols[None, :],
-                       mask=cols[None, :] < bound[:, None], other=0.0)
+        at = values + i.to(tl.int64)[:, None] * dim + cols[None, :]
+        grad = tl.load(at, mask=cols[None, :] < bound[:, None], other=0.0)
+        if not DENSE:  # the sums are a kept buffer of zeros (`triton_rows._zeros`): zeros again, found or not;
+            # each leader's program alone reads and writes its sum, so no other program sees the store
+            tl.store(at, tl.zeros([BLOCK_N, BLOCK_D], tl.float32), mask=cols[None, :] < lead_bound[:, None])
         return row, grad, cols, col_ok, bound
 
     @triton.jit

@@ -5,7 +5,8 @@ On CUDA, a step of [`LazyAdam`][recstream.optim.lazy_adam.LazyAdam],
 on a table's row-sparse gradient, and boost's lazy Adam on a
 [`FusedTables`][recstream.optim.fused_tables.FusedTables] set, is a choice of one leader entry per
 touched row (a scatter into a scratch word per row, no sort), a sum of each row's entries at its
-leader (one ``index_add_``: parallel however hot an id) and one kernel
+leader (one ``index_add_`` into kept zeros, which the kernel zeroes again: parallel however hot an
+id) and one kernel
 (`recstream.optim._triton_row_kernels`): each touched row of the table and its state is read,
 updated and written once; a dense gradient (a bias) is one launch too. The scratch costs 4 bytes
 a table row on the device. The torch-op path it replaces dispatches about 27
@@ -152,7 +153,7 @@ def _leaders(rows: Tensor | None, values: Tensor, weight: Tensor) -> tuple[Tenso
     word = _scratch(weight)
     word.scatter_(0, rows, positions(n, rows.device, torch.int32))  # a kept arange: no op a step
     lead = word.index_select(0, rows)
-    summed = values.new_zeros((n, dim)).index_add_(0, lead, values.reshape(n, dim))
+    summed = _zeros(weight, n, dim, values).index_add_(0, lead, values.reshape(n, dim))
     return rows, lead, summed, dim, n
 
 
@@ -172,6 +173,27 @@ def _scratch(weight: Tensor) -> Tensor:
         word = torch.empty(weight.shape[0], dtype=torch.int32, device=weight.device)  # entry positions: int32
         _scratch_words[weight] = word
     return word
+
+
+# Per table, a kept buffer of zeros that `_leaders` sums a step's entries into (no zeros allocated
+# and filled a step: one op fewer): the kernel that reads a leader's sum stores zeros back there
+# (`_triton_row_kernels._run_sum`), and ``index_add_`` writes only leaders' positions, so the
+# buffer is all zeros again after every launch. Grown (new zeros) when a step has more entries.
+_zero_buffers: Any = None
+
+
+def _zeros(weight: Tensor, n: int, dim: int, like: Tensor) -> Tensor:
+    """``[n, dim]`` zeros of `like`'s dtype, a view of `weight`'s kept buffer (see above)."""
+    global _zero_buffers
+    if _zero_buffers is None:
+        from torch.utils.weak import WeakIdKeyDictionary
+        _zero_buffers = WeakIdKeyDictionary()
+    buf = _zero_buffers.get(weight)
+    if buf is None or buf.numel() < n * dim or buf.dtype != like.dtype or buf.device != like.device:
+        # a power of two: batches whose entries vary a little (multi-hot ids) grow it rarely
+        buf = torch.zeros(1 << max(0, (n * dim - 1).bit_length()), dtype=like.dtype, device=like.device)
+        _zero_buffers[weight] = buf
+    return buf[:n * dim].view(n, dim)
 
 
 def _launch(kernel: Any, n: int, *args: Any, **meta: Any) -> None:

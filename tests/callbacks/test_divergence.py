@@ -106,7 +106,8 @@ def test_the_guard_reads_the_host_once_per_epoch_not_per_step():
 def test_the_watch_flags_inf_and_nan_losses_in_a_few_ops_a_step():
     """``x * 0 != 0`` is the non-finite test (2 ops where ``isfinite`` dispatched 6), and the first bad
     step is written in place (no scalar tensors): 6 ops a step for a scalar loss, not 12; the first
-    bad step and epoch are kept, a vector loss with one bad entry counts, a finite one does not."""
+    bad step and epoch are kept, a vector loss with one bad entry counts, a finite one does not; a
+    step the loss-scale cell skipped for overflow is no divergence (7 ops with its flag, not 8)."""
     from recstream.callbacks.divergence import LossWatch
 
     class Ops(TorchDispatchMode):
@@ -121,7 +122,16 @@ def test_the_watch_flags_inf_and_nan_losses_in_a_few_ops_a_step():
     with Ops() as ops:
         watch.observe(torch.tensor(0.25), 1, 1)
     assert ops.n <= 6, ops.n
+    with Ops() as ops:  # a loss-scaled cell's outputs: a skipped (overflow) step's flag is one op more
+        watch.observe((torch.tensor(0.25), torch.tensor(False), torch.tensor(1.0)), 1, 1)
+    assert ops.n <= 7, ops.n
     watch.check()
+    skipped = LossWatch()
+    skipped.observe((torch.tensor(float("inf")), torch.tensor(True), torch.tensor(1.0)), 3, 1)
+    skipped.check()  # skipped for overflow: no divergence
+    skipped.observe((torch.tensor(float("nan")), torch.tensor(False), torch.tensor(1.0)), 4, 1)
+    with pytest.raises(DivergenceError, match=r"step 4 \(epoch 1\)"):
+        skipped.check()
     watch.observe(torch.tensor([1.0, 2.0]), 2, 1)
     watch.check()
     for bad in (float("inf"), float("-inf"), float("nan")):

@@ -420,3 +420,40 @@ class _Named(TorchDispatchMode):
             name = func.overloadpacket.__name__
             self.counts[name] = self.counts.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
+
+
+class _AllNamed(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_first_order_column_is_split_off_so_its_backward_is_one_cat_a_table():
+    """WideDeep's dynamic tables hold the first-order weight in column 0: `with_first_order` splits
+    it off (backward: one cat a table, not a select's and a slice's gradients added: 3 ops), and the
+    tables' gradients are what indexing the columns gives."""
+    torch.manual_seed(0)
+    net = BUILDERS["widedeep"](dynamic_schema())
+    x = dataclasses.replace(batches(1)[0].features, keys=tuple(f.name for f in dynamic_schema().categorical))
+    ref_net = copy.deepcopy(net)
+    torch.manual_seed(2)  # new keys' initial rows: the same draws on both
+    out, first = net.embedding.with_first_order(x)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    with _AllNamed() as ops:
+        ((out * w).sum() + (first * torch.arange(first.numel())).sum()).backward()
+    assert "select_backward" not in ops.names and "slice_backward" not in ops.names, ops.names
+    # the reference: the same lookups, the columns indexed
+    torch.manual_seed(2)
+    pooled = ref_net.embedding.dynamic(x)
+    parts = ref_net.embedding.ebc.split(ref_net.embedding.ebc(x))
+    first_ref = sum(p[:, 0] for p in pooled.values())
+    parts.update({name: p[:, 1:] for name, p in pooled.items()})
+    out_ref = torch.cat([parts[n] for n in ref_net.embedding._names], dim=1)
+    ((out_ref * w).sum() + (first_ref * torch.arange(first_ref.numel())).sum()).backward()
+    assert torch.equal(out, out_ref) and torch.allclose(first, first_ref, rtol=0, atol=1e-7)
+    for (name, a), b in zip(tables(net).items(), tables(ref_net).values(), strict=True):
+        assert torch.equal(a.values.grad.to_dense(), b.values.grad.to_dense()), name

@@ -283,3 +283,38 @@ def test_keys_free_of_reserved_markers_skip_that_check_but_not_the_int32_range()
         narrow = HashEmbedding(4, capacity=16, key_dtype=torch.int32)
         with pytest.raises(RuntimeError, match="must fit in int32"):
             lookup_masked_many([(narrow, keys, None)], reserved_free=True)
+
+
+def test_a_training_lookups_sparse_gradient_is_autograds_where_and_embedding(monkeypatch):
+    """The device path's training lookup builds its sparse gradient itself (`_MaskedRows`: no zero
+    scalar made a step): the same output, and the same gradient -- indices, values, zeros (not the
+    incoming NaN) at keys without a row -- as autograd's ``where`` of a sparse ``embedding``."""
+    import torch.nn.functional as F
+
+    from recstream.nn import hash_device_path
+
+    seen = {}
+    apply = hash_device_path._MaskedRows.apply
+
+    def spy(values, index, mask, default):
+        seen.update(index=index, mask=mask, default=default)
+        return apply(values, index, mask, default)
+
+    monkeypatch.setattr(hash_device_path._MaskedRows, "apply", spy)
+    emb = HashEmbedding(3, capacity=16, permit_filter_value=2)  # a key seen once has no row yet
+    emb.default_value.fill_(0.5)
+    with device_path():
+        emb(torch.tensor([5, 6, 5, 7, 5]))
+        out = emb(torch.tensor([5, 9, 6, 5, 8, 7]))  # 9 and 8 pending; 6 and 7 admitted now
+    mask = seen["mask"]
+    assert mask.squeeze(1).tolist() == [True, False, True, True, False, True]
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    grad[1] = float("nan")  # a key without a row: its gradient names a padded row, with zeros
+    out.backward(grad)
+    values = emb.values.detach().clone().requires_grad_()
+    ref = torch.where(mask, F.embedding(seen["index"], values, sparse=True), seen["default"])
+    ref.backward(grad)
+    assert torch.equal(out, ref)
+    ours, theirs = emb.values.grad, values.grad
+    assert ours.is_sparse and torch.equal(ours._indices(), theirs._indices())
+    assert torch.equal(ours._values(), theirs._values()) and torch.isfinite(ours._values()).all()

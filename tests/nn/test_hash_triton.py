@@ -91,9 +91,9 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
     syncs = [s.syncs for s in triton[2].per_step]
     if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
         assert syncs == [0] * len(stream), syncs
-        # a step: 3 for the unique keys, probe, 4 claim rounds of 2, carry out; age eviction one more; far
+        # a step: 2 for the unique keys, probe (round 0 bids), 4 claim launches, carry out; age eviction one more; far
         # fewer ops than the torch path
-        assert hash_triton.launches - before == len(stream) * (13 if evict_after is None else 14)
+        assert hash_triton.launches - before == len(stream) * (8 if evict_after is None else 9)
         assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
     else:  # full: the step reads the counters once, then the LRU pass
         assert max(syncs) == 1, syncs
@@ -116,6 +116,51 @@ def test_keys_spread_over_many_programs_get_the_host_paths_rows(monkeypatch, per
     host = _train(copy.deepcopy(emb), stream, "host")
     _assert_same(host, _train(emb, stream, "triton"))
     assert emb.num_rows == host[1]["keys"].numel() > 100
+
+
+def _contending_keys(num_slots: int) -> torch.Tensor:
+    """16 keys in key order (two programs of 8): keys 0 and 1 start at one slot ``h``, key 8 starts at
+    ``h + 1`` -- key 1's next probe; the other 13 start apart from these and from each other."""
+    from recstream.nn.tensor_hash_table import hash_keys
+
+    cand = torch.arange(1, 200_000, dtype=torch.int64)
+    start = hash_keys(cand) & (num_slots - 1)
+    h = int(start[0])
+    pair = cand[start == h][:2].tolist()  # keys 0 and 1: the same start
+    b = int(cand[(start == (h + 1) % num_slots) & (cand > 10 ** 5)][0])  # key 8: at key 1's next probe
+    used = {(h + d) % num_slots for d in range(-4, 8)}
+    low, high = [], []  # keys 2-7 (between key 1 and 10**5) and 9-15 (above key 8)
+    for k, s in zip(cand.tolist(), start.tolist(), strict=True):
+        side = low if pair[1] < k < 10 ** 5 and len(low) < 6 else high if k > b and len(high) < 7 else None
+        if side is not None and s not in used:
+            side.append(k)
+            used.add(s)
+    keys = torch.tensor([*pair, *low, b, *high])
+    assert keys.numel() == 16 and torch.equal(keys, keys.sort().values)
+    return keys
+
+
+@interpreted
+def test_a_claim_round_never_bids_for_a_slot_an_earlier_round_gave_another_program(monkeypatch):
+    """The claim launches write round r's winners and bid round r + 1 at once (`_round_fn`): a key
+    that lost round 0 must not bid for a slot another program's key won in round 0 but (in this
+    launch) has not written yet. Here key 1 loses its start slot to key 0, and its next probe is
+    key 8's (the second program's) round-0 slot: the interpreter runs program 0 first, so without
+    the claim words' check key 1 would bid for that slot too, outbid key 8 before key 8 reads its
+    win, and the two keys would sit in other slots than on the host path."""
+    from recstream.nn import hash_triton_unique
+
+    monkeypatch.setattr(hash_triton, "BLOCK", 8)
+    monkeypatch.setattr(hash_triton_unique, "BLOCK", 8)
+    emb = HashEmbedding(4, capacity=64, param_init="ones")
+    keys = _contending_keys(emb.table.num_slots)
+    stream = [keys.flip(0).reshape(4, 4), keys.reshape(4, 4)]
+    on_host = copy.deepcopy(emb)
+    host = _train(on_host, stream, "host")
+    triton = _train(emb, stream, "triton")
+    _assert_same(host, triton)
+    assert torch.equal(triton[1]["keys"], keys)
+    assert torch.equal(emb.table.keys, on_host.table.keys)  # every key in the host path's slot
 
 
 @interpreted
@@ -305,34 +350,39 @@ class _Ops(TorchDispatchMode):
 def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_kernels():
     """The carry-out kernel ranks the admitted keys (per-program counts of the last claim round, no
     cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
-    own buffers; the unique keys are a sort and three launches; each kernel family's buffers are one
-    allocation; the kernel writes the initial rows: a steady lookup with room dispatches 16 torch ops,
-    not 73 (20 of them ranks and counters, 10 the paddings, 17 `static_unique`'s)."""
+    own buffers; the unique keys are a sort and two launches; each kernel family's buffers are one
+    allocation; the kernel writes the initial rows; the probe writes its assert's word: a steady lookup
+    with room dispatches 15 torch ops, not 73 (20 of them ranks and counters, 10 the paddings, 17
+    `static_unique`'s)."""
     emb = HashEmbedding(4, capacity=512, param_init="ones")
     emb.table_backend = "triton"
     for keys in _stream(3, 16, 40):
         before = hash_triton.launches
         with device_path(), _Ops() as ops:
             emb(keys)
-        assert hash_triton.launches - before == 13
+        assert hash_triton.launches - before == 8
     assert "carry_out" not in ops.by and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
     assert "_init_rows" not in ops.by, ops.by  # ones: the kernel writes them
-    assert "static_unique" not in ops.by and ops.by["unique"] == 1, ops.by  # the sort
+    assert "static_unique" not in ops.by and ops.by["_runs"] == 1, ops.by  # the sort
     assert ops.by["scratch"] == 3, ops.by  # unique, probe, carry-out: one allocation each
-    assert ops.n <= 16, ops.by
+    assert ops.n <= 15, ops.by
 
 
 @interpreted
 @pytest.mark.parametrize("n", [1, 2, 255, 256, 257, 700])
 @pytest.mark.parametrize("span", [1, 3, 40, 10 ** 6])
 def test_the_triton_unique_matches_static_unique_padding_included(n, span):
-    """A sort and three launches give `static_unique`'s four tensors exactly: runs across program
-    blocks, one key throughout, all keys distinct, padding past the distinct keys."""
+    """A sort and three launches (the probe's computing the counts) give `static_unique`'s four
+    tensors exactly: runs across program blocks, one key throughout, all keys distinct, padding past
+    the distinct keys. On an empty table a key's total count is its count in the batch."""
     from recstream.nn.hash_static import static_unique
 
     g = torch.Generator().manual_seed(n * 31 + span)
     keys = torch.randint(-span, span, (n,), generator=g) * 7919 + 2 ** 40
-    for ours, theirs, name in zip(hash_triton.TRITON.unique(keys, None), static_unique(keys),
+    before = hash_triton.launches
+    plan, inverse = hash_triton.TRITON.unique_plan(HashEmbedding(2, capacity=1024), keys, None)
+    assert hash_triton.launches - before == 3
+    for ours, theirs, name in zip((plan.uniq, inverse, plan.total, plan.valid), static_unique(keys),
                                   ("uniq", "inverse", "counts", "valid"), strict=True):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), name
 
@@ -385,3 +435,26 @@ def test_auto_takes_triton_only_where_a_trained_table_matches_the_torch_ops(monk
     assert not hash_embedding.triton_works(torch.device("cpu"))
     assert "Triton backend failed on cpu (RuntimeError: PassManager::run failed)" in caplog.text
     hash_embedding._triton_matches_torch.cache_clear()
+
+
+@interpreted
+def test_a_training_probe_that_passes_max_rounds_fails_its_device_assert():
+    """With the first round's bids the probe launch also writes the assert's word (no ``all`` op a
+    step): a key whose probe sequence has no empty slot within ``max_rounds`` still fails the step;
+    the steps before it pass (the carry-out sets the word back)."""
+    from recstream.nn.tensor_hash_table import hash_keys
+
+    emb = HashEmbedding(4, capacity=64, param_init="ones")
+    emb.table_backend = "triton"
+    cand = torch.arange(1, 50_000, dtype=torch.int64) * 7919 + 2 ** 40
+    start = hash_keys(cand) & (emb.table.num_slots - 1)
+    first, clash = cand[start == start[0]][:2]  # two keys with one start slot
+    others = cand[1:40][start[1:40] != start[0]]
+    with device_path():
+        emb(torch.stack([first, *others[:8]]))
+        emb(others[8:16])  # a second step: the word was set back to 1
+        emb.table.max_rounds = 1  # one probe a key: the clash finds its start slot taken
+        with pytest.raises(RuntimeError, match="max_rounds=1"):
+            emb(torch.stack([clash, *others[16:20]]))
+        emb.table.max_rounds = 128
+        emb(torch.stack([clash, *others[16:20]]))  # where the assert raised at once (a CPU), the word is reset

@@ -512,8 +512,46 @@ def test_a_steps_leaders_take_a_kept_arange_not_a_new_one():
     for grad in grads:
         rows, values = triton_rows.gradient_entries(grad)
         names.clear()
-        with Named():
-            _, lead, summed, _, _ = triton_rows._leaders(rows, values, weight)
+        with Named():  # a table each: no kernel zeroes the kept sums between these calls
+            _, lead, summed, _, _ = triton_rows._leaders(rows, values, weight.clone())
         assert "arange" not in names, names
         assert torch.equal(rows.index_select(0, lead), rows)  # every entry's leader is an entry of its row
         assert torch.equal(summed.index_select(0, lead.unique()).sum(0), values.sum(0))
+
+
+class _Names(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["lazy_adam", "rowwise_adagrad", "ftrl"])
+@pytest.mark.parametrize("found", [None, 0.0, 1.0])
+def test_a_steps_sums_go_into_kept_zeros_that_the_kernel_zeroes_again(name, found):
+    """`_leaders` sums the entries into a kept buffer of zeros (no zeros allocated a step) and the
+    kernel stores zeros back where it read a leader's sum -- also where ``found_inf`` skips the
+    step --, so the buffer is all zeros after each step and the next step's sums start from zeros
+    (the multi-step comparisons with the torch ops above fail on stale sums)."""
+    weight = torch.randn(12, 4)
+    state = {"lazy_adam": [torch.zeros(12, 4), torch.zeros(12, 4)], "rowwise_adagrad": [torch.full((12,), 0.1)],
+             "ftrl": [torch.full((12, 4), 0.1), torch.zeros(12, 4)]}[name]
+    flag = None if found is None else torch.tensor([found])
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, 4):
+        rows = torch.randint(0, 6, (10 - step,), generator=g)  # duplicates; fewer entries each step
+        values = torch.randn(rows.numel(), 4, generator=g)
+        with triton_rows.interpreted(), _Names() as ops:
+            if name == "lazy_adam":
+                triton_rows.lazy_adam(weight, *state, rows, values, step, 0.05, 0.9, 0.999, 1e-8, found_inf=flag)
+            elif name == "rowwise_adagrad":
+                triton_rows.rowwise_adagrad(weight, *state, rows, values, 0.1, 1e-10, 0.0, found_inf=flag)
+            else:
+                triton_rows.ftrl(weight, *state, rows, values, 0.1, -0.5, 0.05, 0.01, found_inf=flag)
+        if step > 1:  # the buffer was made for the first step's 9 entries (64 words); later steps view it
+            assert not {"new_zeros", "zeros", "zero_", "fill_"} & set(ops.names), ops.names
+        buf = triton_rows._zero_buffers[weight]
+        assert buf.numel() == 64 and not buf.any(), buf

@@ -1,0 +1,50 @@
+"""`benchmarks/dynamic_ops.py`: the ops and Triton launches of one steady dynamic WideDeep / DeepFM
+step on the device path, counted on a CPU (the totals docs/benchmarks.md reports). A change that
+adds kernels to the step fails here; one that removes some lowers these numbers."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # the interpreter must be on before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="the counts run the Triton kernels in the interpreter (optional package triton)")
+
+from benchmarks import dynamic_ops  # noqa: E402
+
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason=(
+    "triton was imported for a GPU here (TRITON_INTERPRET unset): the counts need its interpreter"))
+
+# (ops, launches) of a steady step; the kernels launched
+TABLES = {"_starts_fn": 2, "_runs_fn": 2, "_probe_fn": 2, "_round_fn": 8, "_carry_out_fn": 2}
+COUNTS = {  # two Triton tables; FTRL for the wide weights, row-wise Adagrad for the embeddings
+    "widedeep": (155, 22, {**TABLES, "ftrl": 3, "rowwise_adagrad": 3}),
+    "deepfm": (176, 20, {**TABLES, "rowwise_adagrad": 4}),
+}
+
+
+@interpreted
+@pytest.mark.parametrize("model", sorted(COUNTS))
+def test_a_steady_dynamic_step_dispatches_the_documented_ops_and_launches(model):
+    ops, launches, kernels = COUNTS[model]
+    steps = dynamic_ops.count_step(model, warm=5, steps=2)
+    assert [(s.ops, s.launches) for s in steps] == [(ops, launches)] * 2, [(s.ops, s.launches) for s in steps]
+    assert dict(steps[-1].by_kernel) == kernels
+    assert sum(steps[-1].by_function.values()) <= ops  # every op named by its recstream function, most of them
+    assert 0 < steps[-1].no_kernel < ops // 4  # sparse gradients' parts, scratch allocations
+
+
+@interpreted
+@pytest.mark.parametrize("model,ops,launches", [("widedeep", 109, 4), ("deepfm", 130, 2)])
+def test_the_fixed_table_twin_dispatches_the_documented_ops_and_launches(model, ops, launches):
+    """The same models with vocabularies where the dynamic features were: the row updates' launches only."""
+    step = dynamic_ops.count_step(model, dynamic=False, warm=2, steps=1)[-1]
+    assert (step.ops, step.launches) == (ops, launches)
+    assert "_round_fn" not in step.by_kernel
+
+
+def test_an_unknown_model_is_refused_with_the_allowed_names():
+    with pytest.raises(ValueError, match=r"model='dlrm'; allowed: \['deepfm', 'widedeep'\]"):
+        dynamic_ops.count_step("dlrm")
