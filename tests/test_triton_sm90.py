@@ -39,27 +39,41 @@ def _launch(dtypes: tuple[str, str], n: int = 100) -> triton_sm90.Launch:
     return triton_sm90.Launch("toy:_cas_kernel", args, {}, "")
 
 
+_TOY_COMPILE = """
+import json
+from triton.runtime.jit import JITFunction
+from benchmarks import triton_sm90
+from tests.test_triton_sm90 import _cas_kernel, _launch
+binder, fn = triton_sm90._Binder(90), JITFunction(_cas_kernel)
+out = [triton_sm90.compile_one(binder, fn, _launch(d)) for d in (("int64", "int32"), ("int64", "int64"))]
+print(json.dumps([[c.ok, c.cubin_bytes, c.error] for c in out]))
+"""
+
+
+@pytest.mark.e2e
 @needs_ptxas
-def test_the_compile_refuses_an_atomic_of_mixed_types_that_the_interpreter_runs(monkeypatch, tmp_path):
+def test_the_compile_refuses_an_atomic_of_mixed_types_that_the_interpreter_runs(tmp_path):
     """int32 keys swapped into an int64 table: Triton's interpreter runs it with no error (and writes
     words that are not the keys), the sm_90 compile refuses it with MLIR's reason and the kernel's
-    line; the same kernel on one dtype gives a cubin."""
+    line; the same kernel on one dtype gives a cubin. The compile runs in a process of its own: the
+    interpreter, once it ran in a process (the kernels' CPU tests), leaves ``triton.language``
+    patched for itself."""
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
 
     keys = torch.full((4,), -1, dtype=torch.int64)
     InterpretedFunction(_cas_kernel)[(1,)](keys, torch.arange(4, dtype=torch.int32), 4, BLOCK=128)
     assert keys.tolist() != [0, 1, 2, 3]  # silently wrong: no error to see on a CPU
 
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns where it is unset
-    binder, fn = triton_sm90._Binder(90), JITFunction(_cas_kernel)
-    bad = triton_sm90.compile_one(binder, fn, _launch(("int64", "int32")))
-    assert not bad.ok and bad.cubin_bytes == 0
-    assert "'tt.atomic_cas' op failed to verify that ptr type matches value type" in bad.error, bad.error
-    assert "tl.atomic_cas(keys + i, cur" in bad.error
-    good = triton_sm90.compile_one(binder, fn, _launch(("int64", "int64")))
-    assert good.ok and good.cubin_bytes > 0, good.error
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "TRITON_DEFAULT_FP_FUSION": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, "-c", _TOY_COMPILE], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (bad_ok, bad_bytes, bad_error), (good_ok, good_bytes, good_error) = json.loads(run.stdout.splitlines()[-1])
+    assert not bad_ok and bad_bytes == 0
+    assert "'tt.atomic_cas' op failed to verify that ptr type matches value type" in bad_error, bad_error
+    assert "tl.atomic_cas(keys + i, cur" in bad_error
+    assert good_ok and good_bytes > 0, good_error
 
 
 def test_a_launch_is_specialised_as_a_gpu_launch_would_be():
