@@ -323,6 +323,7 @@ class TierCache:
             if plan is not None:
                 self.row2slot[plan.old[plan.was_dirty]] = -1  # written back: stored, as any row not cached
                 self._pending = (plan, loaded)
+                self.stats.prefetched += plan.rows.size  # (read ahead now, whoever copies them in)
             self._done()
         return 0 if plan is None else plan.rows.size
 
@@ -411,7 +412,6 @@ class TierCache:
         """Under the lock: the filled slots mapped to their rows."""
         self.row2slot[plan.rows] = plan.slots
         self.recency.touch(plan.slots)
-        self.stats.prefetched += plan.rows.size
 
     def _cancel(self, plan: _Transfer) -> None:
         """A failed transfer: the slots hold their old rows again (trained ones still to write back)."""
