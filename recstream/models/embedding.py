@@ -176,9 +176,9 @@ class FeatureEmbedding(nn.Module):
         parts = {} if self.ebc is None else self.ebc.split(self.ebc(features))
         first = None
         for name, pooled in self.dynamic(features).items():
-            if self.first_order:  # a split: its backward is one cat (a select's and a slice's were 3 ops)
-                column, pooled = pooled.split([1, pooled.shape[1] - 1], dim=1)
-                first = column.squeeze(1) if first is None else first + column.squeeze(1)
+            if self.first_order:
+                first = pooled[:, 0] if first is None else first + pooled[:, 0]
+                pooled = pooled[:, 1:]
             parts[name] = pooled
         return torch.cat([parts[n] for n in self._names], dim=1), first
 
