@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks import dynamic_ops  # the dynamic model tests' batches (one copy)
 from recstream.hostpath import device_path
 from recstream.nn import HashEmbedding
 from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad, triton_rows
@@ -79,23 +80,6 @@ def _dynamic_schema():
     ])
 
 
-def _batches(n: int, b: int = 32, seed: int = 0) -> list:
-    from recstream.data import Batch, Features
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        user = torch.randint(10 ** 12, 10 ** 12 + 40, (b,), generator=g)
-        n_tags, n_genre = torch.randint(0, 4, (b,), generator=g), torch.randint(0, 3, (b,), generator=g)
-        values = torch.cat([torch.randint(0, 20, (b,), generator=g), user,
-                            torch.randint(-3, 50, (int(n_tags.sum()),), generator=g),
-                            torch.randint(0, 5, (int(n_genre.sum()),), generator=g)])
-        lengths = torch.stack([torch.ones(b, dtype=torch.int64), torch.ones(b, dtype=torch.int64), n_tags, n_genre])
-        dense = torch.randn(b, 2, generator=g)
-        out.append(Batch(Features.from_lengths(dense, values, lengths), (user % 2).float()))
-    return out
-
-
 def dynamic_models() -> None:
     """Steps of dynamic WideDeep and DeepFM through `Model` with `default_optimizer` (FTRL for the
     wide part, row-wise Adagrad for the tables) and with LazyAdam tables: every table on Triton,
@@ -105,6 +89,7 @@ def dynamic_models() -> None:
     from recstream import Model
     from recstream.models import DeepFM, WideDeep, default_optimizer
 
+    names = tuple(f.name for f in _dynamic_schema().categorical)
     for build in (WideDeep, DeepFM):
         for embedding in ("rowwise_adagrad", "lazy_adam"):
             torch.manual_seed(0)
@@ -115,7 +100,7 @@ def dynamic_models() -> None:
             model = Model(net, nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2, embedding=embedding),
                           progress_bar=False)
             with device_path(), triton_rows.interpreted():
-                model.train(1, _batches(3))
+                model.train(1, dynamic_ops._batches(3, names))
 
 
 def _sparse_grad(w: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
