@@ -121,15 +121,22 @@ def run(args, variant: str, directory: str) -> dict:
         if stats0 else None
     io0, faults0 = _io(), _faults()
     # One long-lived prefetch thread, as the data channel's (a thread started per step would time its start too)
+    prefetch_cpu = [0.0]  # CPU seconds of the prefetch thread (busy, not waiting): which thread bounds a step
+
+    def prefetch(features):
+        c0 = time.thread_time()
+        net.ebc.prefetch(features)
+        prefetch_cpu[0] += time.thread_time() - c0
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for i in range(args.warmup, args.warmup + args.steps):
             x, y = batches[i]
-            ahead = pool.submit(net.ebc.prefetch, batches[i + 1][0]) if tier else None
+            ahead = pool.submit(prefetch, batches[i + 1][0]) if tier else None
             _step(net, opt, x, y)
             if ahead is not None:
                 ahead.result()
-        seconds = time.perf_counter() - t0
+        seconds, train_cpu = time.perf_counter() - t0, time.thread_time() - c0
     io1, faults1 = _io(), _faults()
     result = {"variant": variant, "rows": args.rows, "dim": args.dim, "batch": args.batch, "fields": args.fields,
               "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
@@ -137,13 +144,15 @@ def run(args, variant: str, directory: str) -> dict:
               "rss_anon_mib": _status("RssAnon"), "rss_file_mib": _status("RssFile"), **_memory(),
               "os_read_bytes_per_step": (io1[0] - io0[0]) / args.steps,
               "os_write_bytes_per_step": (io1[1] - io0[1]) / args.steps,
-              "page_faults_per_step": (faults1 - faults0) / args.steps}
+              "page_faults_per_step": (faults1 - faults0) / args.steps,
+              "train_cpu_ms_per_step": 1000 * train_cpu / args.steps}
     if tier is not None:
         s = net.ebc.tier_stats()["t"]
         hits, misses = s.hits - counts0[0], s.misses - counts0[1]
         # rows read per step: at the step (misses) and ahead of it (prefetched) -- the hit rate counts
         # the step's lookups only, so it does not say how many rows a step moves
         result.update(cache_rows=args.cache_rows, hit_rate=hits / max(1, hits + misses),
+                      prefetch_cpu_ms_per_step=1000 * prefetch_cpu[0] / args.steps,
                       rows_read_per_step=(misses + s.prefetched - counts0[4]) / args.steps,
                       tier_read_bytes_per_step=(s.bytes_read - counts0[2]) / args.steps,
                       tier_written_bytes_per_step=(s.bytes_written - counts0[3]) / args.steps)

@@ -81,9 +81,33 @@ def _entry(kind: int, index: int, count: int, *arrays: np.ndarray, word: int = 0
     return [head, *(memoryview(a).cast("B") for a in arrays), struct.pack("<I", crc)]
 
 
-def _bits(bits: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Whether each of `rows` has its bit set in `bits` (a bit per row, little-endian in each byte)."""
-    return (bits[rows >> 3] & (np.uint8(1) << (rows & 7).astype(np.uint8))) != 0
+class _RowIndex:
+    """Where one array of rows falls in the store's bit-per-row maps (a bit per row, little-endian in
+    each byte: the byte and bit of each row) and in each
+    block size's blocks, worked out once for the several arrays (weights, each optimizer state) that
+    a cache reads, logs and writes with the same rows: on the ~3,800 rows of a cache-full step, each
+    such index costs about what the test it serves does, and a prefetch made about ten of them."""
+
+    __slots__ = ("rows", "byte", "bit", "_blocks")
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+        self.byte = rows >> 3
+        self.bit = np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8))
+        self._blocks: dict[int, np.ndarray] = {}
+
+    def bits(self, bits: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+        """Whether each row (`where`: each it selects) has its bit set in `bits`."""
+        if where is None:
+            return (bits[self.byte] & self.bit) != 0
+        return (bits[self.byte[where]] & self.bit[where]) != 0
+
+    def blocks(self, f: TierFile) -> np.ndarray:
+        """The blocks of the rows in file `f` (`TierFile.blocks_of`)."""
+        out = self._blocks.get(f.block_rows)
+        if out is None:
+            out = self._blocks[f.block_rows] = f.blocks_of(self.rows)
+        return out
 
 
 def _row_masks(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,6 +193,7 @@ class TierStore:
         self._pages = PageBudget(lambda: _release(files), 0)
         self._file_bytes = 0  # of this store's files while it is open (0 once closed)
         self._one_map = False  # its files read through their write maps (see _measuring)
+        self._indexes: list[_RowIndex] = []  # of the arrays of rows last read, logged or written (_indexed)
         self._sized()
         with _OPEN_LOCK:
             _OPEN.add(self)
@@ -263,26 +288,40 @@ class TierStore:
         self._file_bytes = 0
 
     # ----- rows -----
+    def _indexed(self, rows: np.ndarray) -> _RowIndex:
+        """The `_RowIndex` of int64 `rows`, kept for the next few calls with this very array (a cache
+        passes one array of rows for every array of the store, and a write its victims' and the rows
+        logged ahead of them; arrays of rows are never changed in place here)."""
+        for index in self._indexes:
+            if index.rows is rows:
+                return index
+        index = _RowIndex(rows)
+        self._indexes = [index, *self._indexes[:3]]
+        return index
+
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         f, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+        index = self._indexed(rows)
         fresh = self._fresh.get(name)
         if fresh is not None:  # rows never written since this process created the array: its value
             value, bits = fresh
-            at_value = _bits(bits, rows)
+            at_value = index.bits(bits)
             if at_value.any():
                 out = np.full((rows.size, f.cols), value, dtype=np.float32)
                 stored = np.flatnonzero(~at_value)
                 if stored.size:
                     out[stored] = self._read_stored(f, rows[stored])
                 return out
-        return self._read_stored(f, rows)
+        return self._read_stored(f, rows, index.blocks(f))
 
-    def _read_stored(self, f: TierFile, rows: np.ndarray) -> np.ndarray:
+    def _read_stored(self, f: TierFile, rows: np.ndarray, blocks: np.ndarray | None = None) -> np.ndarray:
         out = np.empty((rows.size, f.cols), dtype=np.float32)
         measuring = self._measuring()
         chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
+        if blocks is None:
+            blocks = f.blocks_of(rows)
         for a in range(0, rows.size, chunk):
-            out[a:a + chunk] = f.read_rows(rows[a:a + chunk])
+            out[a:a + chunk] = f.read_rows(rows[a:a + chunk], blocks[a:a + chunk])
             if measuring:
                 self._pages.spent(min(chunk, rows.size - a))
         self.bytes_read += out.nbytes
@@ -304,8 +343,8 @@ class TierStore:
         sync nothing (an fsync a step costs milliseconds). A row logged and never written costs log
         bytes only (its committed bytes are restored onto themselves)."""
         writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
-        for name, rows, _ in writes:
-            self.files[name].check_blocks(self.files[name].blocks_of(rows))  # a pre-image must be sound
+        for name, rows, _ in writes:  # a pre-image must be sound
+            self.files[name].check_blocks(self._indexed(rows).blocks(self.files[name]))
         self._log_preimages(writes, ahead or [])
         measuring = self._measuring()
         masks = _SharedMasks()
@@ -313,8 +352,10 @@ class TierStore:
             if name in self._fresh:  # no longer (known to be) at the array's value
                 _clear_bits(self._fresh[name][1], rows, masks.of(rows))
             chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
+            blocks = self._indexed(rows).blocks(self.files[name])
             for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
-                self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True)
+                self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True,
+                                            blocks=blocks[a:a + chunk])
                 if measuring:
                     self._pages.spent(min(chunk, rows.size - a))
             self.bytes_written += values.nbytes
@@ -323,7 +364,7 @@ class TierStore:
         """Whether every one of `rows` of array `name` has its pre-image in the undo log (a write of
         them syncs nothing)."""
         rows = np.asarray(rows, dtype=np.int64)
-        return bool(_bits(self._logged_rows[name], rows).all())
+        return bool(self._indexed(rows).bits(self._logged_rows[name]).all())
 
     # ----- commit / rollback -----
     @property
@@ -477,8 +518,8 @@ class TierStore:
         parts: list = []
         measuring = self._measuring()
         for name, rows in rows_of:
-            f, index = self.files[name], names.index(name)
-            blocks = f.blocks_of(rows)
+            f, index, at = self.files[name], names.index(name), self._indexed(rows)
+            blocks = at.blocks(f)
             blocks = blocks[~self._preimaged[name][blocks]]
             if blocks.size:  # one entry for all the blocks first written since the commit
                 blocks = distinct(blocks)
@@ -486,11 +527,12 @@ class TierStore:
                 parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
                 if measuring:  # blocks not yet verified are read for their checksums
                     self._pages.spent(blocks.size)
-            new = rows[~_bits(self._logged_rows[name], rows)]
+            unlogged = ~at.bits(self._logged_rows[name])
+            new = rows[unlogged]
             stored = new
             fresh = self._fresh.get(name)
             if fresh is not None and new.size:  # rows still at the array's value: that value, not bytes
-                at_value = _bits(fresh[1], new)
+                at_value = at.bits(fresh[1], unlogged)
                 stored = new[~at_value]
                 filled = new[at_value]
                 for a in range(0, filled.size, _LOG_ENTRY_BYTES // 8):

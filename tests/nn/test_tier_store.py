@@ -407,8 +407,8 @@ def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp
     base, peaks = tier_file.mapped_file_bytes(), []
     read_rows = TierFile.read_rows
 
-    def watched(self, rows):  # behaviour unchanged: records the mapped bytes after each file read
-        out = read_rows(self, rows)
+    def watched(self, rows, blocks=None):  # behaviour unchanged: records the mapped bytes after each file read
+        out = read_rows(self, rows, blocks)
         peaks.append(tier_file.mapped_file_bytes() - base)
         return out
 
@@ -483,7 +483,10 @@ def test_a_large_scattered_write_keeps_the_mapped_pages_bounded_with_its_undo_lo
 def test_row_bits_are_set_and_cleared_as_one_row_at_a_time_would(n):
     """The store's bit-per-row sets (rows logged, rows still at their value) are updated by a sort and
     a reduceat, not ``ufunc.at``: same bits, repeats and rows sharing a byte included."""
-    from recstream.nn.tier_store import _bits, _clear_bits, _set_bits
+    from recstream.nn.tier_store import _clear_bits, _RowIndex, _set_bits
+
+    def _bits(bits, rows):
+        return _RowIndex(rows).bits(bits)
     rows = np.random.default_rng(n).integers(0, 3000, n)
     rows = np.concatenate([rows, rows[: n // 2]])  # repeats
     bits = np.zeros(375, np.uint8)
