@@ -381,7 +381,7 @@ class TierCache:
         if back.size:
             writes = [("weight", rows, _gather(self.weight.data, back))]
             writes += [(key, rows, _gather(t, back)) for key, t in plan.state.items()]
-            self.store.write_many(writes, ahead=self._log_ahead(writes, plan.rows.size))
+            self.store.write_many(writes, ahead=lambda: self._log_ahead(writes, plan.rows.size))
         # The rows planned are the first of those read: both are the batch's rows not cached, in order,
         # the plan's cut at the slots it can take (nothing maps or unmaps a row while it is in flight)
         k = plan.rows.size
@@ -391,11 +391,9 @@ class TierCache:
         return {key: read[key][:k] if key in read else self.store.read(key, plan.rows) for key in keys}
 
     def _log_ahead(self, writes: list[tuple[str, np.ndarray, np.ndarray]], moving: int) -> list[tuple[str, np.ndarray]]:
-        """The rows whose pre-images `writes` log too, if they sync the log: the trained rows of the
+        """The rows whose pre-images `writes` log too, as they sync the log: the trained rows of the
         next victims (see `_LOG_AHEAD`). The slots of the step in flight may be among them: their
         stored rows, not the cached ones, are what is logged."""
-        if all(self.store.logged(key, rows) for key, rows, _ in writes):
-            return []
         with self.lock:  # (a step's map_ids holds it briefly, never while waiting on this prefetch)
             next_victims = self.recency.oldest(min(_LOG_AHEAD * moving, _LOG_AHEAD_MAX))
             rows = self.slot2row[next_victims[self.dirty[next_victims]]]
