@@ -3,10 +3,10 @@ read and written per step, cache hit rate; then a checkpoint (a commit of the st
 
 One table of ``--rows`` rows x ``--dim``, read by ``--fields`` features (single-id bags, batch
 ``--batch``), ids Zipf(``--zipf``) over the rows (scattered by a fixed multiplicative hash, so hot
-rows are not neighbours); a linear head; LazyAdam (``--optimizer adagrad``: RowWiseAdagrad). The
-tier caches ``--cache-rows`` rows (default 10% of the rows) in a store under ``--dir`` (default: a
-temporary directory on the local disk); each step the next batch is prefetched on one long-lived
-thread, as the data channel's.
+rows are not neighbours); a linear head (``--head mlp``: an MLP 256-128, as WideDeep's deep part);
+LazyAdam (``--optimizer adagrad``: RowWiseAdagrad). The tier caches ``--cache-rows`` rows (default 10%
+of the rows) in a store under ``--dir`` (default: a temporary directory on the local disk); each step
+the next batch is prefetched on one long-lived thread, as the data channel's.
 
     python benchmarks/bench_tiered.py --quick                  # CI: small table, tiny cache, both variants
     python benchmarks/bench_tiered.py --rows 10000000          # both variants at a size both can hold
@@ -77,7 +77,11 @@ class Net(nn.Module):
         names = tuple(f"f{i}" for i in range(args.fields))
         self.ebc = EmbeddingBagCollection([EmbeddingTableConfig("t", args.rows, args.dim, feature_names=names,
                                                                 tier=tier)], validate=False)
-        self.head = nn.Linear(self.ebc.output_dim, 1)
+        d = self.ebc.output_dim
+        # linear: the step is all embedding work, the tier's worst case; mlp: WideDeep's deep part at its
+        # default widths (256, 128), the share of a step a CTR model's dense layers usually take
+        self.head = nn.Linear(d, 1) if args.head == "linear" else nn.Sequential(
+            nn.Linear(d, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 1))
 
     def forward(self, x):
         return self.head(self.ebc(x)).squeeze(1)
@@ -138,7 +142,8 @@ def run(args, variant: str, directory: str) -> dict:
                 ahead.result()
         seconds, train_cpu = time.perf_counter() - t0, time.thread_time() - c0
     io1, faults1 = _io(), _faults()
-    result = {"variant": variant, "rows": args.rows, "dim": args.dim, "batch": args.batch, "fields": args.fields,
+    result = {"variant": variant, "head": args.head, "rows": args.rows, "dim": args.dim, "batch": args.batch,
+              "fields": args.fields,
               "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
               "ms_per_step": 1000 * seconds / args.steps, "build_s": built_s,
               "rss_anon_mib": _status("RssAnon"), "rss_file_mib": _status("RssFile"), **_memory(),
@@ -267,6 +272,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--zipf", type=float, default=1.05)
     p.add_argument("--optimizer", choices=("lazy_adam", "adagrad"), default="lazy_adam")
+    p.add_argument("--head", choices=("linear", "mlp"), default="linear",
+                   help="the dense part over the table: a linear layer (the step is all embedding work) or "
+                        "an MLP 256-128 as WideDeep's deep part")
     p.add_argument("--variant", choices=("both", "tiered", "memory"), default="both")
     p.add_argument("--dir", default=None, help="where the store goes (default: a temporary directory)")
     p.add_argument("--threads", type=int, default=1)
