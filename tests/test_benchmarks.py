@@ -186,6 +186,29 @@ def test_the_tiered_table_benchmark_quick_mode_measures_both_variants_and_restor
     assert 0 < tiered["peak_rss_anon_mib"] <= tiered["peak_rss_mib"]
     assert results["tiered_vs_memory"] == tiered["samples_per_s"] / memory["samples_per_s"]
     assert set(_load("bench_tiered").parse(["--rows", "100", "--cache-rows", "7"]).__dict__) >= {"rows", "cache_rows"}
+    # which thread bounds a step: each one's CPU, the prefetch's kernel share within its own
+    assert 0 < tiered["train_cpu_ms_per_step"] and 0 < memory["train_cpu_ms_per_step"]
+    assert 0 < tiered["prefetch_cpu_ms_per_step"] and 0 <= tiered["prefetch_kernel_ms_per_step"]
+    assert tiered["prefetch_kernel_ms_per_step"] <= tiered["prefetch_cpu_ms_per_step"] + 1  # (clock granularity)
+    assert tiered["head"] == memory["head"] == "linear"
+
+
+def test_the_tiered_table_benchmark_puts_an_mlp_over_the_table_with_head_mlp():
+    bench = _load("bench_tiered")
+    net = bench.Net(bench.parse(["--quick", "--head", "mlp"]), None)
+    assert [type(m).__name__ for m in net.head] == ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
+    assert [m.out_features for m in net.head if hasattr(m, "out_features")] == [256, 128, 1]
+
+
+def test_the_tier_layout_benchmark_times_both_layouts_and_counts_the_faults_of_pages_written_back(tmp_path):
+    """With --clean, every page written back faults on its next write: the faults show in each layout
+    (three files dirty about three times the pages of one file of records)."""
+    results = _load("tier_layout").main(["--rows", "65536", "--rows-per-step", "512", "--steps", "6",
+                                         "--clean", "2", "--rounds", "1", "--dir", str(tmp_path)])
+    three, one = results["runs"]["three files"][0], results["runs"]["one record"][0]
+    assert three["ms_per_step"] > 0 and one["ms_per_step"] > 0
+    assert three["page_faults_per_step"] > one["page_faults_per_step"] > 0
+    assert list(tmp_path.iterdir()) == []  # its files removed
 
 
 @pytest.mark.e2e

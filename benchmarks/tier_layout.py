@@ -1,0 +1,98 @@
+"""The per-step file work of a cache-full disk tier in two layouts: three files of ``--dim`` floats
+(weights and two moments, as the store keeps them today) against one file of records (a row's
+weights and moments side by side); with ``--clean N``, every file is written back (msync) every N
+steps, as the kernel does with dirty pages over a long run, after which the next write to each
+page is a page fault.
+
+Each step writes ``--rows-per-step`` rows scattered over the table (the evicted ones), reads as
+many others (the prefetched ones) and, with ``--preimages``, reads the written rows first (the undo
+log's pre-images). The files are created in ``--dir`` (default: a temporary directory under the
+current one, on the disk the store would use) and removed after.
+
+    python benchmarks/tier_layout.py --clean 0     # pages never written back (a run of seconds)
+    python benchmarks/tier_layout.py --clean 40    # written back every 40 steps (a run of minutes)
+
+Prints one JSON document: per layout, ms of the file work per step, page faults per step and
+kernel CPU ms per step (the write-backs' own CPU included).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import resource
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+
+def _file(directory: str, name: str, rows: int, cols: int) -> tuple[mmap.mmap, np.ndarray]:
+    path = os.path.join(directory, name)
+    with open(path, "wb") as f:
+        f.truncate(rows * cols * 4)
+    fd = os.open(path, os.O_RDWR)
+    m = mmap.mmap(fd, rows * cols * 4)
+    os.close(fd)  # (the map keeps the file)
+    a = np.frombuffer(m, dtype=np.float32).reshape(rows, cols)
+    a[:] = 1.0  # every page allocated and in the page cache, as a store's after its creation
+    m.flush()
+    return m, a
+
+
+def _steps(files, args, rng) -> dict:
+    """The per-step work on `files` [(map, rows x cols array)], timed (write-backs not included)."""
+    seconds = 0.0
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for step in range(args.steps):
+        written = rng.choice(args.rows, args.rows_per_step, replace=False)
+        read = rng.choice(args.rows, args.rows_per_step, replace=False)
+        t0 = time.perf_counter()
+        for _, a in files:
+            row = np.dtype((np.void, 4 * a.shape[1]))  # one item a row: a row copy each
+            if args.preimages:
+                np.take(a, written, axis=0)
+            a.view(row)[written, 0] = np.ones((written.size, a.shape[1]), np.float32).view(row)[:, 0]
+            np.take(a, read, axis=0)
+        seconds += time.perf_counter() - t0
+        if args.clean and step % args.clean == args.clean - 1:
+            for m, _ in files:
+                m.flush()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"ms_per_step": 1e3 * seconds / args.steps,
+            "page_faults_per_step": (after.ru_minflt - before.ru_minflt) / args.steps,
+            "kernel_ms_per_step": 1e3 * (after.ru_stime - before.ru_stime) / args.steps}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=4_000_000)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--rows-per-step", type=int, default=3_900)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--clean", type=int, default=0, help="write every file back every N steps (0: never)")
+    p.add_argument("--preimages", action="store_true", help="read the written rows first, as the undo log does")
+    p.add_argument("--rounds", type=int, default=2, help="each layout in turn, this many times")
+    p.add_argument("--dir", default=None)
+    args = p.parse_args(argv)
+    directory = tempfile.mkdtemp(dir=args.dir or os.getcwd(), prefix="tier_layout_")
+    try:
+        layouts = {"three files": [_file(directory, f"a{i}", args.rows, args.dim) for i in range(3)],
+                   "one record": [_file(directory, "records", args.rows, 3 * args.dim)]}
+        rng = np.random.default_rng(0)
+        runs = {name: [] for name in layouts}
+        for _ in range(args.rounds):
+            for name, files in layouts.items():
+                runs[name].append(_steps(files, args, rng))
+        del layouts  # (the maps close with their arrays)
+    finally:
+        shutil.rmtree(directory)
+    result = {"args": vars(args), "runs": runs}
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
