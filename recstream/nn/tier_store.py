@@ -83,10 +83,10 @@ def _entry(kind: int, index: int, count: int, *arrays: np.ndarray, word: int = 0
 
 class _RowIndex:
     """Where one array of rows falls in the store's bit-per-row maps (a bit per row, little-endian in
-    each byte: the byte and bit of each row) and in each
-    block size's blocks, worked out once for the several arrays (weights, each optimizer state) that
-    a cache reads, logs and writes with the same rows: on the ~3,800 rows of a cache-full step, each
-    such index costs about what the test it serves does, and a prefetch made about ten of them."""
+    each byte: each row's byte and bit) and in each block size's blocks, worked out once for the
+    several arrays (weights, each optimizer state) that a cache reads, logs and writes with the same
+    rows: on the ~3,800 rows of a cache-full step, each such index costs about what the test it
+    serves does, and a prefetch made about ten of them."""
 
     __slots__ = ("rows", "byte", "bit", "_blocks")
 
