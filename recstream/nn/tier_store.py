@@ -91,7 +91,7 @@ class _RowIndex:
     __slots__ = ("rows", "byte", "bit", "_blocks")
 
     def __init__(self, rows: np.ndarray) -> None:
-        self.rows = rows
+        self.rows = rows.copy()  # its own: a caller's array may be refilled for another call
         self.byte = rows >> 3
         self.bit = np.left_shift(np.uint8(1), (rows & 7).astype(np.uint8))
         self._blocks: dict[int, np.ndarray] = {}
@@ -262,11 +262,13 @@ class TierStore:
 
     # ----- rows -----
     def _indexed(self, rows: np.ndarray) -> _RowIndex:
-        """The `_RowIndex` of int64 `rows`, kept for the next few calls with this very array (a cache
+        """The `_RowIndex` of int64 `rows`, kept for the next few calls with the same rows (a cache
         passes one array of rows for every array of the store, and a write its victims' and the rows
-        logged ahead of them; arrays of rows are never changed in place here)."""
+        logged ahead of them). Matched by value, not by identity: a wrong index would set another
+        row's logged bit, and that row's pre-image would then be missing from the undo log; the
+        comparison costs a fifth of the index."""
         for index in self._indexes:
-            if index.rows is rows:
+            if index.rows.shape == rows.shape and np.array_equal(index.rows, rows):
                 return index
         index = _RowIndex(rows)
         self._indexes = [index, *self._indexes[:3]]

@@ -541,6 +541,22 @@ def test_stores_within_the_page_budget_touch_rows_in_one_call_without_measuring(
     a.close()
 
 
+def test_an_array_of_rows_refilled_between_writes_logs_the_new_rows_pre_images(tmp_path):
+    """The store keeps the positions of the rows it was last given for the next calls: an array the
+    caller refills with other rows must not reuse them, or the new rows would be written without
+    their pre-images in the undo log and a rollback would keep their uncommitted bytes."""
+    store = TierStore.create(str(tmp_path), {"weight": (5000, 2, _fill(2))})
+    rows = np.array([4000, 7, 9])
+    store.write("weight", rows, np.ones((3, 2), np.float32))
+    rows[:] = [1, 2, 3]  # the same array, other rows
+    store.write("weight", rows, np.full((3, 2), 5.0, np.float32))
+    assert store.logged("weight", rows)
+    store.rollback()
+    every = np.array([1, 2, 3, 7, 9, 4000])
+    np.testing.assert_array_equal(store.read("weight", every), _fill(2)(0, 5000)[every])
+    store.close()
+
+
 def test_state_arrays_written_with_the_same_rows_index_them_once(tmp_path, monkeypatch):
     """A cache writes a row's arrays together: the rows' positions in the bit maps and blocks are
     worked out once for all the arrays (on the ~3,800 rows a cache-full step writes back, each such
@@ -553,7 +569,7 @@ def test_state_arrays_written_with_the_same_rows_index_them_once(tmp_path, monke
     rows = np.array([4000, 7, 9])
     store.write_many([(name, rows, np.ones((3, 2), np.float32)) for name in ("weight", "m", "v")])
     assert len(indexes) == 1
-    assert store.read("m", rows).tolist() == [[1.0] * 2] * 3 and len(indexes) == 1  # (the same rows array)
+    assert store.read("m", rows).tolist() == [[1.0] * 2] * 3 and len(indexes) == 1  # (the same rows)
     store.write_many([("m", np.array([1]), np.full((1, 2), 2.0, np.float32)),
                       ("v", np.array([2]), np.full((1, 2), 3.0, np.float32))])
     assert store.read("m", np.array([1, 2, 7, 8])).tolist() == [[2.0] * 2, [0.0] * 2, [1.0] * 2, [0.0] * 2]
