@@ -85,7 +85,7 @@ class Net(nn.Module):
                                                                 tier=tier)], validate=False)
         d = self.ebc.output_dim
         # linear: the step is all embedding work, the tier's worst case; mlp: WideDeep's deep part at its
-        # default widths (256, 128), the share of a step a CTR model's dense layers usually take
+        # default widths (256, 128), a model whose dense layers take part of the step
         self.head = nn.Linear(d, 1) if args.head == "linear" else nn.Sequential(
             nn.Linear(d, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 1))
 
@@ -152,8 +152,7 @@ def run(args, variant: str, directory: str) -> dict:
         seconds, train_cpu = time.perf_counter() - t0, time.thread_time() - c0
     io1, faults1 = _io(), _faults()
     result = {"variant": variant, "head": args.head, "rows": args.rows, "dim": args.dim, "batch": args.batch,
-              "fields": args.fields,
-              "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
+              "fields": args.fields, "steps": args.steps, "samples_per_s": args.steps * args.batch / seconds,
               "ms_per_step": 1000 * seconds / args.steps, "build_s": built_s,
               "rss_anon_mib": _status("RssAnon"), "rss_file_mib": _status("RssFile"), **_memory(),
               "os_read_bytes_per_step": (io1[0] - io0[0]) / args.steps,
