@@ -38,6 +38,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .tier_file import distinct as _distinct
+from .tier_file import put_rows
 from .tier_lru import SlotRecency
 from .tier_store import TierStore
 
@@ -125,12 +126,10 @@ def _gather(t: torch.Tensor, slots: np.ndarray) -> np.ndarray:
 
 
 def _scatter(t: torch.Tensor, slots: np.ndarray, values: np.ndarray) -> None:
-    """Rows `slots` (int64, distinct) of `t` := `values`. On the host through one-item-per-row views of
-    both (a row copy each, as `_gather`): ``index_copy_`` took twice the CPU on the ~3,800 rows of a
-    cache-full step, which the training thread copies in before its lookup."""
+    """Rows `slots` (int64, distinct) of `t` := `values`; on the host a row copy each (`put_rows`), which
+    the training thread makes for a prefetch's rows before its lookup."""
     if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() and values.dtype == np.float32:
-        row = np.dtype((np.void, 4 * t.shape[1]))
-        t.detach().numpy().view(row)[slots, 0] = np.ascontiguousarray(values).view(row)[:, 0]
+        put_rows(t.detach().numpy(), slots, values)
         return
     t.index_copy_(0, torch.from_numpy(slots).to(t.device), torch.from_numpy(values).to(t.device, t.dtype))
 

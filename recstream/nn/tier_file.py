@@ -161,6 +161,14 @@ def distinct(ids: np.ndarray) -> np.ndarray:
     return ordered[first]
 
 
+def put_rows(dst: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``dst[rows] = values`` for a C-contiguous ``[n, cols]`` `dst`, through one-item-per-row views
+    of both: advanced indexing then copies a row at a time, not each element (half the CPU of
+    ``index_copy_`` on the ~3,800 scattered rows of a cache-full step)."""
+    row = np.dtype((np.void, dst.itemsize * dst.shape[1]))
+    dst.view(row)[rows, 0] = np.ascontiguousarray(values, dtype=dst.dtype).view(row)[:, 0]
+
+
 def _crc(buffer) -> int:
     return zlib.crc32(memoryview(buffer).cast("B"))
 
@@ -206,7 +214,6 @@ class TierFile:
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
         data = HEADER_BYTES + _pad(4 * self.blocks)
         self._rows = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)  # written
-        self._row_items = self._rows.view(np.dtype((np.void, 4 * cols))).reshape(rows)
         # the rows as read (read-only: a write through it raises rather than faulting pages read-mapped)
         self.data = self._rows if self._read_map is None else np.frombuffer(self._read_map, dtype=np.uint8)[
             data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
@@ -306,7 +313,7 @@ class TierFile:
     def close(self) -> None:
         self._map.flush()
         # the views first: a map with views cannot close
-        del self.data, self._rows, self._row_items, self._crc, self._mm
+        del self.data, self._rows, self._crc, self._mm
         for m in self._maps():
             m.close()
 
@@ -369,8 +376,7 @@ class TierFile:
         blocks = self.blocks_of(rows) if blocks is None else blocks
         if not checked:
             self.check_blocks(blocks)
-        # one element a row (a void view): advanced indexing then copies rows, not each float
-        self._row_items[rows] = np.ascontiguousarray(values, dtype=np.float32).view(self._row_items.dtype).ravel()
+        put_rows(self._rows, rows, values)
         self.dirty[blocks] = True
 
     def crcs(self, blocks: np.ndarray) -> np.ndarray:

@@ -319,7 +319,7 @@ class TierStore:
         never written costs log bytes only (its committed bytes are restored onto themselves)."""
         writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
         for name, rows, _ in writes:  # a pre-image must be sound
-            self.files[name].check_blocks(self._indexed(rows).blocks(self.files[name]))
+            self._check_blocks(name, rows)
         self._log_preimages(writes, ahead)
         measuring = self._measuring()
         for name, rows, values in writes:
@@ -333,6 +333,11 @@ class TierStore:
                 if measuring:
                     self._pages.spent(min(chunk, rows.size - a))
             self.bytes_written += values.nbytes
+
+    def _check_blocks(self, name: str, rows: np.ndarray) -> None:
+        """Verify the blocks of int64 `rows` of array `name` (their index kept for the write or log
+        that follows)."""
+        self.files[name].check_blocks(self._indexed(rows).blocks(self.files[name]))
 
     def logged(self, name: str, rows: np.ndarray) -> bool:
         """Whether every one of `rows` of array `name` has its pre-image in the undo log (a write of
@@ -471,7 +476,7 @@ class TierStore:
         if parts and ahead is not None:
             ahead = [(name, np.asarray(rows, dtype=np.int64)) for name, rows in ahead()]
             for name, rows in ahead:
-                self.files[name].check_blocks(self.files[name].blocks_of(rows))
+                self._check_blocks(name, rows)
             parts += self._preimage_parts(ahead, logged)
         if not parts:
             return
