@@ -204,10 +204,21 @@ class TierCache:
                 self._reset_stored_state()
             else:
                 slots = np.flatnonzero(self.slot2row >= 0)
-                self._load_state(slots, self.slot2row[slots])
+                self._load(slots, self.slot2row[slots], weights=False)
 
     def _state(self) -> dict[str, torch.Tensor]:
-        """The per-row state tensors of ``weight`` as ``[slots, cols]`` views (empty before the first step)."""
+        """The per-row state tensors of ``weight`` as ``[slots, cols]`` views (empty before the first step),
+        each with its array in the store: one the store does not hold yet is added, every row at the
+        state's initial value. Only where the store is this thread's (a prefetch in flight, or the lock
+        held with none in flight): while nothing has been written, an add remakes the store's file."""
+        out = self._state_tensors()
+        new = {key: (self.rows, t.shape[1], float(self._row_state[key]))  # a constant: no row written
+               for key, t in out.items() if key not in self.store.files}
+        self.store.add_arrays(new)  # (all at once: the first step's states join the weights' records)
+        return out
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        """`_state` without adding arrays to the store."""
         opt = self._opt() if self._opt is not None else None
         state = {} if opt is None else opt.state.get(self.weight, {})
         out = {}
@@ -215,20 +226,15 @@ class TierCache:
             t = state.get(key)
             if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == self.weight.shape[0]:
                 out[key] = t.view(t.shape[0], -1)
-        for key, t in out.items():  # first sight of a state: its file, every row at the initial value
-            if key not in self.store.files:
-                value, cols = self._row_state[key], t.shape[1]
-                self.store.add(key, self.rows, cols, float(value))  # a constant: a sparse file, no writes
         return out
 
     def _reset_stored_state(self) -> None:
-        for key, value in self._row_state.items():
-            f = self.store.files.get(key)
-            if f is None:
-                continue
-            for start in range(0, self.rows, 1 << 16):
-                rows = np.arange(start, min(self.rows, start + (1 << 16)))
-                self.store.write(key, rows, np.full((rows.size, f.cols), value, np.float32))
+        held = {key: (value, self.store.files[key].cols) for key, value in self._row_state.items()
+                if key in self.store.files}
+        for start in range(0, self.rows if held else 0, 1 << 16):
+            rows = np.arange(start, min(self.rows, start + (1 << 16)))
+            self.store.write_many([(key, rows, np.full((rows.size, cols), value, np.float32))
+                                   for key, (value, cols) in held.items()])
 
     # ----- slots -----
     def map_ids(self, rows: torch.Tensor, train: bool, advance: bool | None = None) -> torch.Tensor:
@@ -311,7 +317,7 @@ class TierCache:
         try:
             # Rows not cached stay so while this prefetch is in flight (a step's lookup that misses
             # waits for it, see _ensure): their stored bytes are current, whatever _plan then picks
-            read = {key: self.store.read(key, wanted) for key in keys}
+            read = self.store.read_many(keys, wanted)
             with self.lock:
                 self._install_pending()  # (the lookup that would have taken it did not come yet)
                 plan = self._plan(unique)
@@ -386,8 +392,8 @@ class TierCache:
         k = plan.rows.size
         if not np.array_equal(wanted[:k], plan.rows):
             raise RuntimeError(f"disk tier of table {self.name!r}: a prefetch planned rows it did not read")
-        keys = ("weight", *plan.state)
-        return {key: read[key][:k] if key in read else self.store.read(key, plan.rows) for key in keys}
+        late = [key for key in plan.state if key not in read]  # (states made since the read)
+        return {**{key: values[:k] for key, values in read.items()}, **self.store.read_many(late, plan.rows)}
 
     def _log_ahead(self, writes: list[tuple[str, np.ndarray, np.ndarray]], moving: int) -> list[tuple[str, np.ndarray]]:
         """The rows whose pre-images `writes` log too, as they sync the log: the trained rows of the
@@ -407,7 +413,7 @@ class TierCache:
         """The read rows into their slots: reserved, so with or without the lock (nothing else reads
         or writes them until `_map_moved`)."""
         _scatter(self.weight.data, plan.slots, loaded["weight"])
-        for key, t in self._state().items():
+        for key, t in self._state_tensors().items():
             if key in loaded:  # (a state made since _plan is at its initial value, as the store's rows)
                 _scatter(t, plan.slots, loaded[key])
 
@@ -456,8 +462,7 @@ class TierCache:
         self.recency.touch(victims)
         self.dirty[victims] = False
         self.stats.misses += missing.size
-        _scatter(self.weight.data, victims, self.store.read("weight", missing))
-        self._load_state(victims, missing)
+        self._load(victims, missing)
         self._sync_io_stats()
         return True
 
@@ -477,11 +482,16 @@ class TierCache:
         self.store.write_many(writes)
         self.dirty[slots] = False
 
-    def _load_state(self, slots: np.ndarray, rows: np.ndarray) -> None:
+    def _load(self, slots: np.ndarray, rows: np.ndarray, weights: bool = True) -> None:
+        """Stored `rows` into `slots`: their optimizer state, and their weights with `weights`."""
         if slots.size == 0:
             return
-        for key, t in self._state().items():
-            _scatter(t, slots, self.store.read(key, rows))
+        state = self._state()
+        read = self.store.read_many(("weight", *state) if weights else tuple(state), rows)
+        if weights:
+            _scatter(self.weight.data, slots, read["weight"])
+        for key, t in state.items():
+            _scatter(t, slots, read[key])
 
     def _sync_io_stats(self) -> None:
         self.stats.bytes_read, self.stats.bytes_written = self.store.bytes_read, self.store.bytes_written

@@ -8,7 +8,7 @@ the weights and the optimizer's per-row state), so a table larger than memory re
 memory. The old stores are read, never written: first one process opens each (`settle_old_store`: the
 open undoes the writes made after its last commit, as any reopen does, and its uid and generation are
 checked against the checkpoint's), then every new rank maps its files read-only in effect
-(`TierFile.open`, reads only; blocks checked against their checksums). The old checkpoint so stays
+(`open_arrays`, reads only; blocks checked against their checksums). The old checkpoint so stays
 loadable by N ranks, and the stores of both world sizes live side by side (their names carry N and M).
 
 A key-sharded disk-tiered `HashEmbedding` reshards the same way, its stores' rows being the rows of the
@@ -43,9 +43,9 @@ import os
 
 import numpy as np
 
-from .tier_file import TierFile
+from .tier_group import TierArray
 from .tier_shard import rank_directory
-from .tier_store import TierStore
+from .tier_store import TierStore, open_arrays
 
 __all__ = ["CHUNK", "copy_rows", "move_rows", "old_rank_stores", "settle_old_store", "settled_sources"]
 
@@ -158,26 +158,20 @@ def _fill(sources: list[tuple[str, int, int]], store: TierStore, pieces) -> None
         first = next(chunks, None)
         if first is None:
             continue
-        files = _old_files(path)
+        groups, files = open_arrays(path)
         try:
             arrays = _check_arrays(path, files, store, arrays)
             for old, new in itertools.chain([first], chunks):
                 store.write_many([(name, new, f.read_rows(old - a)) for name, f in files.items()])
-                for f in files.values():
+                for f in groups:
                     f.release()
         finally:
-            for f in files.values():
+            for f in groups:
                 f.close()
     store.commit()
 
 
-def _old_files(path: str) -> dict[str, TierFile]:
-    with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-        names = sorted(json.load(f)["files"])
-    return {name: TierFile.open(os.path.join(path, f"{name}.tier")) for name in names}
-
-
-def _check_arrays(path: str, files: dict[str, TierFile], store: TierStore, seen: list[str] | None) -> list[str]:
+def _check_arrays(path: str, files: dict[str, TierArray], store: TierStore, seen: list[str] | None) -> list[str]:
     """The arrays of every old store must be the same (the optimizer stepped every rank); the new store
     gets those it lacks and must hold no others (their rows would keep another run's state)."""
     names = sorted(files)
@@ -188,9 +182,9 @@ def _check_arrays(path: str, files: dict[str, TierFile], store: TierStore, seen:
     if extra:
         raise ValueError(f"tier store {store.directory} holds arrays {extra} that the stores it is resharded from "
                          f"({path}: {names}) do not: give the table another directory")
+    store.add_arrays({name: (store.rows, files[name].cols, 0.0)  # every row written below
+                      for name in names if name not in store.files})
     for name in names:
-        if name not in store.files:
-            store.add(name, store.files["weight"].rows, files[name].cols, 0.0)  # every row written below
         if store.files[name].cols != files[name].cols:
             raise ValueError(f"tier store {path}: array {name!r} has {files[name].cols} columns, the table's new "
                              f"store {store.files[name].cols}")

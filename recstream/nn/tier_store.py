@@ -1,7 +1,9 @@
 """The files of one disk-tiered table, committed together: `TierStore`.
 
-A directory holds a ``manifest.json`` (the committed generation and the files), one `TierFile` per
-array (``weight``, and one per per-row optimizer state such as ``exp_avg``) and ``undo.log``.
+A directory holds a ``manifest.json`` (the committed generation and the files), the `TierFile` s of
+its arrays (``weight``, and each per-row optimizer state such as ``exp_avg``) and ``undo.log``. Arrays
+made together share a file, a row of each side by side in one record (`tier_group`): the weights and
+the optimizer state a cache loads and writes back together are one page and one pre-image a row.
 
 Crash safety without a second copy of the table: rows are written in place, and before a row is
 first written since the last commit its committed bytes (and, for the first row of a block, the
@@ -43,13 +45,14 @@ import numpy as np
 
 from ..atomic import atomic_write, fsync_dir
 from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, distinct, release_limit
+from .tier_group import Fill, GroupSpec, TierArray, group_arrays, group_fill, open_groups, specs_of
 
 __all__ = ["TierStore"]
 
 _LOG_MAGIC = b"RSUNDO02"  # 02: may hold _FILL entries (an 01 log, which cannot, is read too)
 _LOG_MAGICS = (b"RSUNDO01", _LOG_MAGIC)
 _LOG_HEAD = struct.Struct("<8sQ")  # magic, generation the pre-images belong to
-# An undo entry: kind, file index, block (kind _CRC) or row or block count (kinds _ROWS, _CRCS), the
+# An undo entry: kind, file (group) index, block (kind _CRC) or row or block count (kinds _ROWS, _CRCS), the
 # block's committed checksum (kind _CRC), bytes that follow (kind _ROWS: the rows as int64, then their
 # committed bytes; kind _CRCS: the blocks as int64, then their committed checksums as uint32; kind
 # _FILL: the rows as int64, whose committed bytes are all one value, its float32 bits in the crc
@@ -65,8 +68,6 @@ _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (
 _UNMEASURED_CHUNK = 1 << 16
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # the stores open in this process (see TierStore._measuring)
 _OPEN_LOCK = threading.Lock()  # a store made on one thread while another's prefetch sums their files
-
-Fill = Callable[[int, int], np.ndarray] | float  # rows [a, b), or one value for every row
 
 
 def _entry(kind: int, index: int, count: int, *arrays: np.ndarray, word: int = 0) -> list:
@@ -137,33 +138,36 @@ def _lock(directory: str):
     return lock
 
 
-def _release(files: dict[str, TierFile]) -> None:
+def _release(files: list[TierFile]) -> None:
     """Drop the mapped pages of every file from the process's resident set (`TierFile.release`), so
     its peak RSS does not grow with the table."""
-    for f in files.values():
+    for f in files:
         f.release()
 
 
 class TierStore:
-    """Named `TierFile` s committed as one generation, with an undo log for uncommitted writes."""
+    """Named arrays (`TierArray`, in group files) committed as one generation, with an undo log for
+    uncommitted writes. ``files``: the arrays by name (``rows``, ``cols``); ``groups``: the files."""
 
-    def __init__(self, directory: str, files: dict[str, TierFile], generation: int, uid: int, lock) -> None:
-        self.directory, self.files, self.generation = directory, files, generation
+    def __init__(self, directory: str, specs: list[GroupSpec], groups: list[TierFile], generation: int, uid: int,
+                 lock) -> None:
+        self.directory, self.specs, self.groups, self.generation = directory, specs, groups, generation
+        self.files: dict[str, TierArray] = group_arrays(specs, groups)
         self._lock = lock  # held while the store is open (released by close, or by the kernel at exit)
         self.uid = uid  # names this store in checkpoints, so one of another store is refused
-        # Since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
-        self._preimaged = {name: np.zeros(f.blocks, dtype=bool) for name, f in files.items()}
-        self._logged_rows = {name: np.zeros((f.rows + 7) // 8, dtype=np.uint8) for name, f in files.items()}
-        # Arrays this process created with one value (an optimizer state's initial one): that value, and
-        # a bit per row still at it (never written since). Such rows are not read, their value is known:
-        # most rows a step loads are new to training, so their state is its initial value (two of the
-        # three arrays LazyAdam reads). Cleared by writes; unknown (empty) for a store opened from disk.
-        self._fresh: dict[str, tuple[float, np.ndarray]] = {}
+        # Per group, since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
+        self._preimaged = [np.zeros(f.blocks, dtype=bool) for f in groups]
+        self._logged_rows = [np.zeros((f.rows + 7) // 8, dtype=np.uint8) for f in groups]
+        # Groups this process created with one value (every array an optimizer state's initial one, or a
+        # hash table's zero rows with theirs): that value, and a bit per row still at it (never written
+        # since). Such rows are not read, their value is known: most rows a step loads are new to
+        # training. Cleared by writes; unknown (absent) for a store opened from disk.
+        self._fresh: dict[int, tuple[float, np.ndarray]] = {}
         self.bytes_read = 0
         self.bytes_written = 0
-        # File pages mapped in since the last release; over the files, not self: no cycle keeping the store
-        # (and its lock) alive after its table is dropped.
-        self._pages = PageBudget(lambda: _release(files), 0)
+        # File pages mapped in since the last release; over the files (a list changed in place), not self:
+        # no cycle keeping the store (and its lock) alive after its table is dropped.
+        self._pages = PageBudget(lambda: _release(groups), 0)
         self._file_bytes = 0  # of this store's files while it is open (0 once closed)
         self._one_map = False  # its files read through their write maps (see _measuring)
         self._indexes: list[_RowIndex] = []  # of the arrays of rows last read, logged or written (_indexed)
@@ -171,9 +175,13 @@ class TierStore:
         with _OPEN_LOCK:
             _OPEN.add(self)
 
+    @property
+    def rows(self) -> int:
+        return self.groups[0].rows
+
     def _sized(self) -> None:
         """The files' bytes and the release limit that goes with them (again after `add`)."""
-        self._file_bytes = sum(f.rows * f.cols * 4 for f in self.files.values())
+        self._file_bytes = sum(f.rows * f.cols * 4 for f in self.groups)
         self._pages.limit = release_limit(self._file_bytes, RELEASE_BYTES)
 
     def _measuring(self) -> bool:
@@ -196,20 +204,25 @@ class TierStore:
         total = sum(s._file_bytes for s in stores)
         if 2 * total > 3 * self._pages.limit // 2 and not self._one_map:
             self._one_map = True
-            for f in self.files.values():
+            for f in self.groups:
                 f.one_map()
         return total > self._pages.limit
 
     # ----- create / open -----
     @classmethod
     def create(cls, directory: str, files: dict[str, tuple[int, int, Fill]]) -> TierStore:
+        """A new store of arrays ``name: (rows, cols, fill)``, every one of the same rows, in one file of
+        records (`tier_group`)."""
+        rows = {r for r, _, _ in files.values()}
+        if len(rows) != 1:
+            raise ValueError(f"TierStore: the arrays of a store have one number of rows, got {sorted(rows)}")
         os.makedirs(directory, exist_ok=True)
         lock = _lock(directory)
-        opened = {name: TierFile.create(os.path.join(directory, f"{name}.tier"), rows, cols, fill)
-                  for name, (rows, cols, fill) in files.items()}
-        store = cls(directory, opened, 0, int.from_bytes(os.urandom(7), "little"), lock)
-        for name, (_, _, fill) in files.items():
-            store._mark_fresh(name, fill)
+        spec = GroupSpec("group-0.tier", tuple((name, cols) for name, (_, cols, _) in files.items()))
+        fill = group_fill([(cols, fill) for _, cols, fill in files.values()])
+        group = TierFile.create(os.path.join(directory, spec.file), rows.pop(), spec.cols, fill)
+        store = cls(directory, [spec], [group], 0, int.from_bytes(os.urandom(7), "little"), lock)
+        store._mark_fresh(0, fill)
         store._reset_log()
         store._write_manifest(0)
         return store
@@ -221,41 +234,107 @@ class TierStore:
     @classmethod
     def open(cls, directory: str) -> TierStore:
         """Open a store, undoing the writes made after its last commit (a crash's leftovers)."""
-        path = os.path.join(directory, "manifest.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                manifest = json.load(f)
-        except (OSError, ValueError) as e:
-            raise TierFileError(f"tier store {directory}: cannot read {path}: {e}") from e
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise TierFileError(f"tier store {directory}: {path} is not a {FORMAT} manifest")
+        manifest = read_manifest(directory)
         lock = _lock(directory)
-        files = {name: TierFile.open(os.path.join(directory, f"{name}.tier")) for name in manifest["files"]}
-        store = cls(directory, files, int(manifest["generation"]), int(manifest["uid"]), lock)
+        specs = specs_of(manifest, directory)
+        try:
+            groups = open_groups(directory, specs)
+        except BaseException:
+            lock.close()
+            raise
+        store = cls(directory, specs, groups, int(manifest["generation"]), int(manifest["uid"]), lock)
+        store._remove_strays()
         store.rollback()
         return store
 
+    def _remove_strays(self) -> None:
+        """Remove group files the manifest does not name: one being made when a process died (`add`),
+        or one replaced (`_merge`) whose removal the process did not live to make."""
+        named = {spec.file for spec in self.specs}
+        for entry in os.listdir(self.directory):
+            if entry.endswith(".tier") and entry not in named and os.path.isfile(os.path.join(self.directory, entry)):
+                os.unlink(os.path.join(self.directory, entry))
+
     def add(self, name: str, rows: int, cols: int, fill: Fill) -> None:
         """A new array (an optimizer state met after creation), part of the store from now on."""
-        if name in self.files:
-            raise ValueError(f"TierStore: {self.directory} has an array {name!r} already")
-        f = TierFile.create(os.path.join(self.directory, f"{name}.tier"), rows, cols, fill)
-        f.set_generation(self.generation)
+        self.add_arrays({name: (rows, cols, fill)})
+
+    def add_arrays(self, arrays: dict[str, tuple[int, int, Fill]]) -> None:
+        """New arrays ``name: (rows, cols, fill)`` (an optimizer's states, met at its first step), part of
+        the store from now on. While the store holds nothing but what it was made with (generation 0,
+        nothing written), they join its file's records (`_merge`); later, they get a file of their own."""
+        if not arrays:
+            return
+        for name, (rows, _, _) in arrays.items():
+            if name in self.files:
+                raise ValueError(f"TierStore: {self.directory} has an array {name!r} already")
+            if rows != self.rows:
+                raise ValueError(f"TierStore: array {name!r} has {rows} rows, the store's arrays {self.rows}")
+        parts = [(cols, fill) for _, cols, fill in arrays.values()]
+        new = tuple((name, cols) for name, (_, cols, _) in arrays.items())
+        if self.generation == 0 and len(self.groups) == 1 and not self.changed:
+            self._merge(new, parts)
+        else:
+            spec = GroupSpec(self._free_name(), new)
+            fill = group_fill(parts)
+            f = TierFile.create(os.path.join(self.directory, spec.file), self.rows, spec.cols, fill)
+            f.set_generation(self.generation)
+            self._join(len(self.groups), spec, f, fill)
+        self._write_manifest(self.generation)  # (after _merge's: the old file is gone only once this is made)
+
+    def _merge(self, new: tuple[tuple[str, int], ...], parts: list[tuple[int, Fill]]) -> None:
+        """Group 0 made anew with arrays `new` beside its own (a store nothing has been written to since its
+        creation: its committed state is its file), the old file removed once the manifest names the new."""
+        old, spec = self.groups[0], self.specs[0]
+        fresh = self._fresh.get(0)
+        if fresh is not None:
+            own: Fill = fresh[0]
+        else:
+            def own(a: int, b: int) -> np.ndarray:  # the old file's records (blocks checked), pages let go
+                old.check_blocks(np.arange(a // old.block_rows, (b - 1) // old.block_rows + 1))
+                out = np.array(old.data[a:b])
+                old.release()
+                return out
+        fill = group_fill([(spec.cols, own), *parts])
+        merged = GroupSpec(self._free_name(), spec.arrays + new)
+        f = TierFile.create(os.path.join(self.directory, merged.file), self.rows, merged.cols, fill)
+        self._join(0, merged, f, fill)
+        self._write_manifest(self.generation)  # the new file is the store's from here
+        old.close()
+        os.unlink(old.path)
+        fsync_dir(self.directory)
+
+    def _join(self, g: int, spec: GroupSpec, f: TierFile, fill: Fill) -> None:
+        """File `f` of `spec` as group `g` (a new one, or in place of group `g`)."""
         if self._one_map:
             f.one_map()
-        self.files[name] = f
+        if g == len(self.groups):
+            self.groups.append(f)
+            self.specs.append(spec)
+            self._preimaged.append(np.zeros(f.blocks, dtype=bool))
+            self._logged_rows.append(np.zeros((f.rows + 7) // 8, dtype=np.uint8))
+        else:
+            self.groups[g], self.specs[g] = f, spec
+            self._preimaged[g] = np.zeros(f.blocks, dtype=bool)
+            self._logged_rows[g] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
+        self.files = group_arrays(self.specs, self.groups)
+        self._fresh.pop(g, None)
+        self._mark_fresh(g, fill)
         self._sized()
-        self._preimaged[name] = np.zeros(f.blocks, dtype=bool)
-        self._logged_rows[name] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
-        self._mark_fresh(name, fill)
-        self._write_manifest(self.generation)
 
-    def _mark_fresh(self, name: str, fill: Fill) -> None:
+    def _free_name(self) -> str:
+        used = {spec.file for spec in self.specs}
+        k = 0
+        while f"group-{k}.tier" in used:
+            k += 1
+        return f"group-{k}.tier"
+
+    def _mark_fresh(self, g: int, fill: Fill) -> None:
         if not callable(fill):
-            self._fresh[name] = (float(fill), np.full((self.files[name].rows + 7) // 8, 0xFF, dtype=np.uint8))
+            self._fresh[g] = (float(fill), np.full((self.groups[g].rows + 7) // 8, 0xFF, dtype=np.uint8))
 
     def close(self) -> None:
-        for f in self.files.values():
+        for f in self.groups:
             f.close()
         self._lock.close()
         self._file_bytes = 0
@@ -275,10 +354,26 @@ class TierStore:
         return index
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
-        f, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+        """Rows `rows` of array `name` (a contiguous copy)."""
+        return np.ascontiguousarray(self.read_many((name,), rows)[name])
+
+    def read_many(self, names, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows `rows` of each array of `names`: a record read per group, each array its columns (views)."""
+        rows = np.asarray(rows, dtype=np.int64)
         index = self._indexed(rows)
-        fresh = self._fresh.get(name)
-        if fresh is not None:  # rows never written since this process created the array: its value
+        records: dict[int, np.ndarray] = {}
+        out = {}
+        for name in names:
+            a = self.files[name]
+            if a.group not in records:
+                records[a.group] = self._read_group(a.group, rows, index)
+            out[name] = a.columns(records[a.group])
+        return out
+
+    def _read_group(self, g: int, rows: np.ndarray, index: _RowIndex) -> np.ndarray:
+        f = self.groups[g]
+        fresh = self._fresh.get(g)
+        if fresh is not None:  # rows never written since this process created the group: its value
             value, bits = fresh
             at_value = index.bits(bits)
             if at_value.any():
@@ -303,7 +398,7 @@ class TierStore:
         return out
 
     def _release(self) -> None:
-        _release(self.files)
+        _release(self.groups)
 
     def write(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
         """Write rows in place, after logging the pre-images of blocks first written since the commit."""
@@ -311,45 +406,78 @@ class TierStore:
 
     def write_many(self, writes: list[tuple[str, np.ndarray, np.ndarray]],
                    ahead: Callable[[], list[tuple[str, np.ndarray]]] | None = None) -> None:
-        """Several writes (rows unique within each), with one fsync of the undo log before them.
+        """Several writes (rows unique within each), with one fsync of the undo log before them. The
+        writes of one group's arrays with the same rows are one write of records.
 
         `ahead`: returns rows likely written soon (a cache's next victims), called only when these
         writes must log pre-images; so do those rows then, in the same fsync: the writes that follow
         then log nothing and sync nothing (an fsync a step costs milliseconds). A row logged and
         never written costs log bytes only (its committed bytes are restored onto themselves)."""
-        writes = [(name, np.asarray(rows, dtype=np.int64), values) for name, rows, values in writes]
-        for name, rows, _ in writes:  # a pre-image must be sound
-            self._check_blocks(name, rows)
-        self._log_preimages(writes, ahead)
+        records = self._records(writes)
+        for g, rows, _ in records:  # a pre-image must be sound
+            self._check_group(g, rows)
+        self._log_preimages([(g, rows) for g, rows, _ in records], ahead)
         measuring = self._measuring()
-        for name, rows, values in writes:
-            if name in self._fresh:  # no longer (known to be) at the array's value
-                self._indexed(rows).clear(self._fresh[name][1])
-            chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
-            blocks = self._indexed(rows).blocks(self.files[name])
+        chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
+        for g, rows, parts in records:
+            f, index = self.groups[g], self._indexed(rows)
+            values = self._record(f, rows, parts)
+            if g in self._fresh:  # no longer (known to be) at the group's value
+                index.clear(self._fresh[g][1])
+            blocks = index.blocks(f)
             for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
-                self.files[name].write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True,
-                                            blocks=blocks[a:a + chunk])
+                f.write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True, blocks=blocks[a:a + chunk])
                 if measuring:
                     self._pages.spent(min(chunk, rows.size - a))
-            self.bytes_written += values.nbytes
+            self.bytes_written += sum(v.nbytes for _, v in parts)
 
-    def _check_blocks(self, name: str, rows: np.ndarray) -> None:
-        """Verify the blocks of int64 `rows` of array `name` (their index kept for the write or log
-        that follows)."""
-        self.files[name].check_blocks(self._indexed(rows).blocks(self.files[name]))
+    def _records(self, writes: list[tuple[str, np.ndarray, np.ndarray]]
+                 ) -> list[tuple[int, np.ndarray, list[tuple[TierArray, np.ndarray]]]]:
+        """`writes` as writes of records: ``(group, int64 rows, [(array, values)])``, the arrays of one
+        group written with the same rows together (a cache writes back every array of its victims)."""
+        out: list[tuple[int, np.ndarray, list]] = []
+        for name, rows, values in writes:
+            a, rows = self.files[name], np.asarray(rows, dtype=np.int64)
+            for g, held, parts in out:
+                if g == a.group and (held is rows or (held.shape == rows.shape and np.array_equal(held, rows))):
+                    parts.append((a, values))
+                    break
+            else:
+                out.append((a.group, rows, [(a, values)]))
+        return out
+
+    @staticmethod
+    def _record(f: TierFile, rows: np.ndarray, parts: list[tuple[TierArray, np.ndarray]]) -> np.ndarray:
+        """The records of `rows` of group file `f` once `parts` are written: assembled from them if they
+        cover every array of the group, else the stored records (blocks checked) with theirs replaced."""
+        if len(parts) == 1 and parts[0][0].whole:
+            return parts[0][1]
+        covered = {a.name: a.cols for a, _ in parts}
+        if sum(covered.values()) == f.cols:
+            out = np.empty((rows.size, f.cols), dtype=np.float32)
+        else:
+            out = np.take(f.data, rows, axis=0)
+        for a, values in parts:
+            out[:, a.start:a.stop] = values
+        return out
+
+    def _check_group(self, g: int, rows: np.ndarray) -> None:
+        """Verify the blocks of int64 `rows` of group `g` (their index kept for the write or log that
+        follows)."""
+        f = self.groups[g]
+        f.check_blocks(self._indexed(rows).blocks(f))
 
     def logged(self, name: str, rows: np.ndarray) -> bool:
         """Whether every one of `rows` of array `name` has its pre-image in the undo log (a write of
         them syncs nothing)."""
         rows = np.asarray(rows, dtype=np.int64)
-        return bool(self._indexed(rows).bits(self._logged_rows[name]).all())
+        return bool(self._indexed(rows).bits(self._logged_rows[self.files[name].group]).all())
 
     # ----- commit / rollback -----
     @property
     def changed(self) -> bool:
         """Whether anything was written since the last commit."""
-        return any(seen.any() for seen in self._preimaged.values())
+        return any(seen.any() for seen in self._preimaged)
 
     def commit(self) -> int:
         """Make every write so far durable as generation ``generation + 1`` and return it; with nothing
@@ -357,7 +485,7 @@ class TierStore:
         if not self.changed:
             return self.generation
         measuring = self._measuring()
-        for f in self.files.values():
+        for f in self.groups:
             if measuring:  # each file's checksums map its dirty blocks: the others' pages dropped first
                 self._release()
             f.flush()
@@ -369,7 +497,7 @@ class TierStore:
 
     def _finish(self) -> None:
         """After a commit point: stamp the files, keep the log as the previous commit's, start a new one."""
-        for f in self.files.values():
+        for f in self.groups:
             if f.generation != self.generation:
                 f.set_generation(self.generation)
         if self._log_generation(self._log_path) == self.generation - 1:
@@ -406,9 +534,11 @@ class TierStore:
         self._after_undo()
 
     def _undo(self, path: str) -> None:
-        names = list(self.files)
         for kind, index, what, crc, data in self._read_log(path):
-            f = self.files[names[index]]
+            if index >= len(self.groups):
+                raise TierFileError(f"tier store {self.directory}: {path} names file {index}, the store has "
+                                    f"{len(self.groups)}: the log is not this store's")
+            f = self.groups[index]
             if kind == _CRC:
                 f.restore_crc(what, crc)
             elif kind == _FILL:
@@ -423,7 +553,7 @@ class TierStore:
                 f.restore_rows(rows, data[8 * what:])
 
     def _after_undo(self, keep_prev: bool = False) -> None:
-        for f in self.files.values():
+        for f in self.groups:
             f.dirty[:] = False
             if abs(f.generation - self.generation) > 1:
                 raise TierFileError(f"tier file {f.path}: generation {f.generation}, its store's manifest "
@@ -450,7 +580,7 @@ class TierStore:
                 f.write(_LOG_HEAD.pack(_LOG_MAGIC, self.generation))
 
         atomic_write(self._log_path, write)
-        for seen in (*self._preimaged.values(), *self._logged_rows.values()):
+        for seen in (*self._preimaged, *self._logged_rows):
             seen[:] = 0
 
     def _log_generation(self, path: str) -> int | None:
@@ -464,20 +594,21 @@ class TierStore:
             raise TierFileError(f"tier store {self.directory}: {path} is not an undo log")
         return _LOG_HEAD.unpack(head)[1]
 
-    def _log_preimages(self, writes: list[tuple[str, np.ndarray, np.ndarray]],
+    def _log_preimages(self, writes: list[tuple[int, np.ndarray]],
                        ahead: Callable[[], list[tuple[str, np.ndarray]]] | None) -> None:
         """Append the committed checksums of blocks and bytes of rows about to be written for the first
-        time since the last commit, then fsync; if there are any, those of the rows `ahead` too.
+        time since the last commit (`writes`: ``(group, rows)``), then fsync; if there are any, those of
+        the rows `ahead` (``(array, rows)``) too.
         Rows, not blocks: an evicted row costs its own bytes. An entry's parts go to the file as they
         are (its checksum computed over them in turn): a step logs about a MiB of pre-images, which
         joining would copy several times."""
-        logged: list = []  # (name, blocks, rows) to mark as logged once the log is durable
-        parts = self._preimage_parts([(name, rows) for name, rows, _ in writes], logged)
+        logged: list = []  # (group, blocks, rows) to mark as logged once the log is durable
+        parts = self._preimage_parts(writes, logged)
         if parts and ahead is not None:
-            ahead = [(name, np.asarray(rows, dtype=np.int64)) for name, rows in ahead()]
-            for name, rows in ahead:
-                self._check_blocks(name, rows)
-            parts += self._preimage_parts(ahead, logged)
+            more = [(g, rows) for g, rows, _ in self._records([(name, rows, None) for name, rows in ahead()])]
+            for g, rows in more:
+                self._check_group(g, rows)
+            parts += self._preimage_parts(more, logged)
         if not parts:
             return
         with open(self._log_path, "ab") as log:
@@ -485,31 +616,30 @@ class TierStore:
                 log.write(part)
             log.flush()
             os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
-        for name, blocks, (at, unlogged) in logged:
-            self._preimaged[name][blocks] = True
-            at.set(self._logged_rows[name], unlogged)
+        for g, blocks, (at, unlogged) in logged:
+            self._preimaged[g][blocks] = True
+            at.set(self._logged_rows[g], unlogged)
 
-    def _preimage_parts(self, rows_of: list[tuple[str, np.ndarray]], logged: list) -> list:
-        """The undo entries (as parts to write) of `rows_of` ``(array, rows)`` not logged since the
+    def _preimage_parts(self, rows_of: list[tuple[int, np.ndarray]], logged: list) -> list:
+        """The undo entries (as parts to write) of `rows_of` ``(group, rows)`` not logged since the
         commit; what they cover is appended to `logged`, to be marked once the log is durable."""
-        names = list(self.files)
         parts: list = []
         measuring = self._measuring()
-        for name, rows in rows_of:
-            f, index, at = self.files[name], names.index(name), self._indexed(rows)
+        for index, rows in rows_of:
+            f, at = self.groups[index], self._indexed(rows)
             blocks = at.blocks(f)
-            blocks = blocks[~self._preimaged[name][blocks]]
+            blocks = blocks[~self._preimaged[index][blocks]]
             if blocks.size:  # one entry for all the blocks first written since the commit
                 blocks = distinct(blocks)
                 f.check_blocks(blocks)
                 parts += _entry(_CRCS, index, blocks.size, blocks, f.crcs(blocks))
                 if measuring:  # blocks not yet verified are read for their checksums
                     self._pages.spent(blocks.size)
-            unlogged = ~at.bits(self._logged_rows[name])
+            unlogged = ~at.bits(self._logged_rows[index])
             new = rows[unlogged]
             stored = new
-            fresh = self._fresh.get(name)
-            if fresh is not None and new.size:  # rows still at the array's value: that value, not bytes
+            fresh = self._fresh.get(index)
+            if fresh is not None and new.size:  # rows still at the group's value: that value, not bytes
                 at_value = at.bits(fresh[1], unlogged)
                 stored = new[~at_value]
                 filled = new[at_value]
@@ -526,7 +656,7 @@ class TierStore:
                     if measuring:
                         self._pages.spent(min(chunk, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)
-            logged.append((name, blocks, (at, unlogged)))
+            logged.append((index, blocks, (at, unlogged)))
         return parts
 
     def _read_log(self, path: str):
@@ -547,8 +677,9 @@ class TierStore:
                 yield kind, index, what, crc, data
 
     def _write_manifest(self, generation: int) -> None:
-        manifest = {"format": FORMAT, "version": 1, "generation": generation, "uid": self.uid,
-                    "files": {name: {"rows": f.rows, "cols": f.cols} for name, f in self.files.items()}}
+        manifest = {"format": FORMAT, "version": 2, "generation": generation, "uid": self.uid,
+                    "files": {name: {"rows": a.rows, "cols": a.cols} for name, a in self.files.items()},
+                    "groups": [spec.as_json() for spec in self.specs]}
 
         def write(tmp: str) -> None:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -556,3 +687,27 @@ class TierStore:
 
         atomic_write(os.path.join(self.directory, "manifest.json"), write)
         fsync_dir(self.directory)
+
+
+def read_manifest(directory: str) -> dict:
+    """The manifest of the store in `directory` (checked to be one)."""
+    path = os.path.join(directory, "manifest.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TierFileError(f"tier store {directory}: cannot read {path}: {e}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise TierFileError(f"tier store {directory}: {path} is not a {FORMAT} manifest")
+    if manifest.get("version", 1) not in (1, 2):
+        raise TierFileError(f"tier store {directory}: {path} is of format version {manifest['version']}, this "
+                            "recstream reads versions 1 and 2")
+    return manifest
+
+
+def open_arrays(directory: str) -> tuple[list[TierFile], dict[str, TierArray]]:
+    """The files and arrays of the store in `directory`, opened to be read only, without its lock or
+    its undo log (a store settled at a commit: `tier_reshard`). Close the files when done."""
+    specs = specs_of(read_manifest(directory), directory)
+    files = open_groups(directory, specs)
+    return files, group_arrays(specs, files)

@@ -149,6 +149,80 @@ def test_an_array_added_later_is_committed_with_the_others(tmp_path):
     assert reopened.read("exp_avg", np.array([3])).tolist() == [[1.0, 1.0]]
 
 
+
+def test_states_added_before_anything_is_written_join_the_weights_records(tmp_path):
+    """An optimizer's states met at its first step, before any row was written: the store's file is
+    made anew with them beside the weights (one record a row), the old file removed; once rows are
+    written, an array added gets a file of its own. Both survive a reopen."""
+    import json
+    store = TierStore.create(str(tmp_path), {"weight": (1000, 3, _fill(3))})
+    store.add_arrays({"m": (1000, 3, 0.0), "v": (1000, 2, 0.25)})
+    assert {a.file.path for a in store.files.values()} == {str(tmp_path / "group-1.tier")}
+    assert sorted(p.name for p in tmp_path.glob("*.tier")) == ["group-1.tier"]
+    assert (store.files["m"].start, store.files["v"].stop, store.groups[0].cols) == (3, 8, 8)
+    rows = np.array([999, 0, 41])
+    np.testing.assert_array_equal(store.read("weight", rows), _fill(3)(0, 1000)[rows])
+    assert (store.read("m", rows) == 0).all() and (store.read("v", rows) == 0.25).all()
+    store.write_many([("weight", rows, np.ones((3, 3), np.float32)), ("m", rows, np.full((3, 3), 2.0, np.float32)),
+                      ("v", rows, np.full((3, 2), 3.0, np.float32))])
+    store.commit()
+    store.add("sum", 1000, 1, 0.5)
+    assert store.files["sum"].file is not store.files["weight"].file
+    store.write("sum", np.array([41]), np.full((1, 1), 7.0, np.float32))
+    store.close()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["version"] == 2 and [g["file"] for g in manifest["groups"]] == ["group-1.tier", "group-0.tier"]
+    reopened = TierStore.open(str(tmp_path))
+    assert reopened.read("m", rows).tolist() == [[2.0] * 3] * 3 and reopened.read("v", rows[:1]).tolist() == [[3.0] * 2]
+    assert reopened.read("sum", np.array([41, 1]))[:, 0].tolist() == [0.5, 0.5]  # the uncommitted write undone
+    reopened.close()
+
+
+def test_a_constant_stores_merged_file_stays_constant(tmp_path):
+    """A hash table's store (zero rows) and zero optimizer states: the merged file is made as one
+    value, like the arrays it joins (sparse where the page cache cannot hold it), and rows never
+    written are known without a read."""
+    store = TierStore.create(str(tmp_path), {"weight": (5000, 4, 0.0)})
+    store.add_arrays({"exp_avg": (5000, 4, 0.0), "exp_avg_sq": (5000, 4, 0.0)})
+    assert store.read_many(("weight", "exp_avg_sq"), np.array([7, 4999]))["exp_avg_sq"].tolist() == [[0.0] * 4] * 2
+    assert store.bytes_read == 0
+    store.close()
+
+
+def test_a_store_of_a_file_per_array_still_opens_trains_and_rolls_back(tmp_path):
+    """A store written before arrays shared files (manifest version 1: ``{name}.tier`` each, log entries
+    numbered in the manifest's order) opens, rolls back its uncommitted writes, and trains on."""
+    import json
+    for name, cols in (("weight", 2), ("exp_avg", 3)):
+        f = TierFile.create(str(tmp_path / f"{name}.tier"), 50, cols, _fill(cols))
+        f.close()
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"format": "recstream-tier", "version": 1, "generation": 0, "uid": 7,
+         "files": {"weight": {"rows": 50, "cols": 2}, "exp_avg": {"rows": 50, "cols": 3}}}))
+    store = TierStore.open(str(tmp_path))
+    assert store.uid == 7 and store.files["exp_avg"].file.path == str(tmp_path / "exp_avg.tier")
+    store.write_many([("weight", np.array([4]), np.ones((1, 2), np.float32)),
+                      ("exp_avg", np.array([4]), np.ones((1, 3), np.float32))])
+    assert store.commit() == 1
+    store.write("exp_avg", np.array([4, 5]), np.full((2, 3), 9.0, np.float32))
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    assert store.read("exp_avg", np.array([4, 5])).tolist() == [[1.0] * 3, _fill(3)(5, 6)[0].tolist()]
+    assert store.read("weight", np.array([4])).tolist() == [[1.0] * 2]
+    store.close()
+
+
+def test_a_file_the_manifest_does_not_name_is_removed_at_open(tmp_path):
+    """A file being made when its process died (an array's, before the manifest named it) is not the
+    store's: removed when the store opens. Files of the store stay."""
+    store = TierStore.create(str(tmp_path), {"weight": (10, 2, _fill(2))})
+    store.close()
+    TierFile.create(str(tmp_path / "group-1.tier"), 10, 2, 0.0).close()
+    (tmp_path / "notes.txt").write_text("kept")
+    TierStore.open(str(tmp_path)).close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".tier", ".txt")) == ["group-0.tier",
+                                                                                          "notes.txt"]
+
 _WRITER = textwrap.dedent("""
     import sys, numpy as np
     from recstream.nn.tier_store import TierStore
@@ -227,10 +301,14 @@ def test_sigkill_after_writes_of_never_written_rows_leaves_the_last_commit(tmp_p
 
 
 def test_never_written_rows_are_logged_as_their_value(tmp_path):
-    """The undo log of a write to rows still at the array's creation value holds the rows (8 bytes
-    each), not their bytes (64 each here): a step's evicted rows are mostly such rows of the optimizer
-    state. Rollback, also one commit back, restores the value."""
-    store = TierStore.create(str(tmp_path), {"weight": (20000, 16, _fill(16)), "exp_avg": (20000, 16, 0.5)})
+    """The undo log of a write to rows still at their file's creation value (an array added with one
+    value once the store trained: a file of its own) holds the rows (8 bytes each), not their bytes (64
+    each here). Rollback, also one commit back, restores the value."""
+    store = TierStore.create(str(tmp_path), {"weight": (20000, 16, _fill(16))})
+    store.write("weight", np.array([3]), np.ones((1, 16), np.float32))
+    store.commit()
+    store.add("exp_avg", 20000, 16, 0.5)
+    assert store.files["exp_avg"].file is not store.files["weight"].file
     log = os.path.join(str(tmp_path), "undo.log")
     before = os.path.getsize(log)
     rows = np.arange(0, 20000, 7)
@@ -245,7 +323,7 @@ def test_never_written_rows_are_logged_as_their_value(tmp_path):
     store.close()
     store = TierStore.open(str(tmp_path))
     assert store.read("exp_avg", rows[:20])[:, 0].tolist() == [3.0] * 10 + [0.5] * 10
-    store.rollback_to(0)
+    store.rollback_to(1)
     assert (store.read("exp_avg", rows[:20]) == 0.5).all()
     for f in store.files.values():
         f.verify_all()
@@ -386,14 +464,14 @@ def test_stores_whose_two_maps_could_pass_the_page_budget_read_through_one_map(t
     a = TierStore.create(str(tmp_path / "a"), {"weight": (1 << 15, 16, _fill(16, 1.0))})  # 2 MiB: 4 in two maps < 9
     rows = np.arange(0, 1 << 15, 64)
     assert (a.read("weight", rows) == 1.0).all()
-    f = a.files["weight"]
+    f = a.files["weight"].file
     assert f.data is not getattr(f, "_rows", None) and _mapped_mib(f.data) > 1.5  # its own read map
     b = TierStore.create(str(tmp_path / "b"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 6 MiB open: 12 > 9
     a.write("weight", rows, np.full((rows.size, 16), 2.0, np.float32))
     assert f.data is f._rows  # one map: reads and writes (nothing measured yet: 6 MiB, not past 6)
     assert (a.read("weight", rows) == 2.0).all() and a.read("weight", np.array([1]))[0, 0] == 1.0
     a.add("sum", 1 << 15, 1, 0.5)  # an array added later is read through one map too
-    assert a.files["sum"].data is a.files["sum"]._rows and (a.read("sum", rows) == 0.5).all()
+    assert a.files["sum"].file.data is a.files["sum"].file._rows and (a.read("sum", rows) == 0.5).all()
     a.commit()
     a.close(), b.close()
     reopened = TierStore.open(str(tmp_path / "a"))
@@ -425,15 +503,17 @@ def test_a_large_scattered_read_keeps_the_mapped_pages_bounded_while_it_runs(tmp
 
 
 def test_rows_of_a_constant_array_never_written_are_not_read_from_its_file(tmp_path):
-    """An optimizer state created at its initial value: rows no write has touched are that value,
-    known without reading the file (most rows a step loads are new to training). Written rows are read
-    back from the file, rolled back ones too; a store opened from disk knows nothing and reads all."""
-    store = TierStore.create(str(tmp_path), {"weight": (4096, 4, _fill(4)), "sum": (4096, 4, 0.5)})
+    """Arrays created at one value (optimizer states at their initial one, a hash table's zero rows):
+    rows no write has touched are that value, known without reading the file (most rows a step loads
+    are new to training). Written rows are read back from the file (whole records: 6 floats here),
+    rolled back ones too; a store opened from disk knows nothing and reads all."""
+    store = TierStore.create(str(tmp_path), {"sum": (4096, 4, 0.5), "m": (4096, 2, 0.5)})
     fresh = store.read("sum", np.array([3, 700, 4095]))
     assert fresh.tolist() == [[0.5] * 4] * 3 and store.bytes_read == 0
     store.write("sum", np.array([700]), np.full((1, 4), 9.0, np.float32))
     assert store.read("sum", np.array([3, 700])).tolist() == [[0.5] * 4, [9.0] * 4]
-    assert store.bytes_read == 16  # row 700 only
+    assert store.read("m", np.array([700])).tolist() == [[0.5] * 2]
+    assert store.bytes_read == 48  # row 700's record, twice
     store.rollback()
     assert store.read("sum", np.array([700, 701])).tolist() == [[0.5] * 4] * 2
     store.write("sum", np.array([5]), np.full((1, 4), 2.0, np.float32))
@@ -441,7 +521,7 @@ def test_rows_of_a_constant_array_never_written_are_not_read_from_its_file(tmp_p
     store.close()
     reopened = TierStore.open(str(tmp_path))
     assert reopened.read("sum", np.array([5, 6])).tolist() == [[2.0] * 4, [0.5] * 4]
-    assert reopened.bytes_read == 32
+    assert reopened.bytes_read == 48
     reopened.close()
 
 
@@ -560,8 +640,8 @@ def test_an_array_of_rows_refilled_between_writes_logs_the_new_rows_pre_images(t
 def test_state_arrays_written_with_the_same_rows_index_them_once(tmp_path, monkeypatch):
     """A cache writes a row's arrays together: the rows' positions in the bit maps and blocks are
     worked out once for all the arrays (on the ~3,800 rows a cache-full step writes back, each such
-    index costs about what the test it serves does); rows differing per array still set and clear
-    each array's own bits."""
+    index costs about what the test it serves does). Arrays of one file written with other rows each
+    change their own columns of the records; a row's record is logged whole, once."""
     from recstream.nn import tier_store
     store = TierStore.create(str(tmp_path), {"weight": (5000, 2, _fill(2)), "m": (5000, 2, 0.0),
                                              "v": (5000, 2, 0.0)})
@@ -574,8 +654,8 @@ def test_state_arrays_written_with_the_same_rows_index_them_once(tmp_path, monke
                       ("v", np.array([2]), np.full((1, 2), 3.0, np.float32))])
     assert store.read("m", np.array([1, 2, 7, 8])).tolist() == [[2.0] * 2, [0.0] * 2, [1.0] * 2, [0.0] * 2]
     assert store.read("v", np.array([1, 2, 9])).tolist() == [[0.0] * 2, [3.0] * 2, [1.0] * 2]
-    assert store.logged("m", np.array([1, 4000])) and not store.logged("m", np.array([2]))
-    assert store.logged("v", np.array([2, 9])) and not store.logged("v", np.array([1]))
+    assert store.logged("m", np.array([1, 2, 4000])) and not store.logged("m", np.array([3]))
+    assert store.logged("v", np.array([1, 2, 9])) and not store.logged("v", np.array([3]))
     store.rollback()  # every write undone: the logged rows were set per array
     assert store.read("m", np.array([1, 7])).tolist() == [[0.0] * 2] * 2
     assert store.read("v", np.array([2, 9])).tolist() == [[0.0] * 2] * 2

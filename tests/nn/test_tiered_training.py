@@ -328,14 +328,14 @@ def test_a_step_on_cached_rows_goes_on_while_a_prefetch_waits_on_the_disk(tmp_pa
     step(ebc, opts[1], batches[0])
     step(ebc, opts[1], batches[1])  # 6 of 8 slots held, all trained: B's prefetch evicts one of A's
     release, reading = threading.Event(), threading.Event()
-    store_read = tier.store.read
+    store_read = tier.store.read_many
 
-    def slow_read(name, rows):
+    def slow_read(names, rows):
         reading.set()
         assert release.wait(10)
-        return store_read(name, rows)
+        return store_read(names, rows)
 
-    tier.store.read = slow_read
+    tier.store.read_many = slow_read
     ahead = threading.Thread(target=ebc.prefetch, args=(Features.from_lengths(torch.zeros(3, 0), batches[3],
                                                                               torch.ones(1, 3, dtype=torch.int64)),))
     ahead.start()
@@ -347,7 +347,7 @@ def test_a_step_on_cached_rows_goes_on_while_a_prefetch_waits_on_the_disk(tmp_pa
     release.set()
     ahead.join(10)
     done.join(10)
-    tier.store.read = store_read
+    tier.store.read_many = store_read
     assert finished_while_reading  # before: the prefetch held the cache's lock through its reads
     misses = tier.stats.misses
     step(ebc, opts[1], batches[3])
@@ -357,7 +357,7 @@ def test_a_step_on_cached_rows_goes_on_while_a_prefetch_waits_on_the_disk(tmp_pa
     torch.testing.assert_close(ebc.gather_tables()["t"], memory.gather_tables()["t"], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("failing", ["read", "write_many"])
+@pytest.mark.parametrize("failing", ["read_many", "write_many"])
 def test_a_prefetch_whose_disk_access_fails_leaves_the_cache_as_it_was(tmp_path, failing):
     """The prefetch's read of the rows it loads fails (a disk error: before it plans anything), or its
     write-back of a trained row it evicts (after planning): the error reaches the prefetch's caller,
@@ -403,8 +403,8 @@ def test_model_train_prefetches_each_batch_before_its_step(tmp_path, sink):
     assert batch_prefetch(memory) is None and batch_prefetch(tiered) is not None  # no tier: no hook, no thread
     for tier in tiered.ebc._tiers:
         if tier is not None:
-            read = tier.store.read
-            tier.store.read = lambda name, rows, read=read: (time.sleep(0.003), read(name, rows))[1]
+            read = tier.store.read_many
+            tier.store.read_many = lambda names, rows, read=read: (time.sleep(0.003), read(names, rows))[1]
     data = _batches(50, seed=4)
     for net in (memory, tiered):
         model = Model(net, nn.BCEWithLogitsLoss(), sparse_and_dense(net), progress_bar=False)
