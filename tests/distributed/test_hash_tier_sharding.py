@@ -137,7 +137,7 @@ def test_a_hash_rank_store_reopens_for_its_rank_and_world_size_beside_others(tmp
     whole = HashEmbedding(4, capacity=10, tier=DiskTier(str(tmp_path / "whole"), cache_rows=4))  # one process's
     whole.tier_store.close()
     assert _open(tmp_path / "whole", 0, 2).rows == 5  # beside the whole table's store
-    assert {"rank-0-of-2", "manifest.json", "weight.tier"} <= set(os.listdir(tmp_path / "whole"))
+    assert {"rank-0-of-2", "manifest.json", "group-0.tier"} <= set(os.listdir(tmp_path / "whole"))
 
 
 def test_a_sharded_checkpoint_of_one_process_commits_and_restores_a_tiered_hash_embedding(tmp_path):

@@ -66,7 +66,7 @@ def test_two_ranks_train_tiered_tables_as_in_memory_ones(tmp_path):
     # test_tier_resharding), leaving theirs as they are
     _single_process_net(tmp_path / "tiers")
     assert sorted(os.listdir(tmp_path / "tiers" / "wide" / "C1")) == [
-        "lock", "manifest.json", "rank-0-of-2", "rank-1-of-2", "undo.log", "weight.tier"]
+        "group-0.tier", "lock", "manifest.json", "rank-0-of-2", "rank-1-of-2", "undo.log"]
 
 
 @pytest.mark.e2e

@@ -19,7 +19,6 @@ Rows are resharded `tier_reshard.CHUNK` = 7 at a time: many chunks, some across 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from safetensors.torch import save_file
 
 from recstream import checkpoint, distributed, set_auto_parallel_context
 from recstream.nn import tier_reshard
-from recstream.nn.tier_file import TierFile
+from recstream.nn.tier_store import open_arrays
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tier_shard_worker import VOCAB, build, write  # noqa: E402
@@ -54,11 +53,10 @@ def arrays(net) -> dict[str, torch.Tensor]:
             if t.tier is None:
                 continue
             store = m.tier_store_directory(t.name)
-            with open(os.path.join(store, "manifest.json"), encoding="utf-8") as f:
-                names = json.load(f)["files"]
-            for name in names:
-                f = TierFile.open(os.path.join(store, f"{name}.tier"))
-                out[f"{prefix}.{t.name}.{name}"] = torch.from_numpy(f.read_rows(np.arange(f.rows)).copy())
+            groups, arrays = open_arrays(store)
+            for name, a in arrays.items():
+                out[f"{prefix}.{t.name}.{name}"] = torch.from_numpy(a.read_rows(np.arange(a.rows)))
+            for f in groups:
                 f.close()
     return out
 

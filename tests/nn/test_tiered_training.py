@@ -13,6 +13,7 @@ from torch import nn
 
 from recstream.features import Features
 from recstream.nn import DiskTier, EmbeddingBagCollection, EmbeddingTableConfig
+from recstream.nn.tier_store import TierStore
 from recstream.optim import FTRL, LazyAdam, RowWiseAdagrad
 
 ROWS, BATCH = 3000, 16
@@ -101,7 +102,34 @@ def test_training_with_a_small_cache_equals_the_in_memory_table(tmp_path, kind):
     # the optimizer state travelled: the stored state of a row trained and evicted is the in-memory one
     tier = tiered.ebc._tiers[tiered.ebc._table_loc["item"][0]]
     key = {"lazy_adam": "exp_avg_sq", "adagrad": "sum", "ftrl": "accumulator"}[kind]
-    assert key in tier.store.files
+    assert key in tier.store.files  # (in a file of its own: the table's rows were loaded, then the state met)
+
+
+def test_a_fresh_tables_optimizer_state_joins_its_weights_records(tmp_path):
+    """A table created tiered and trained: its optimizer's states, met at the first step before any row
+    was written, join the weights' file (one record a row); training equals the in-memory table's
+    through evictions, and a reopened store holds the one file."""
+    tiered = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4, tier=DiskTier(tmp_path, 16))])
+    memory = EmbeddingBagCollection([EmbeddingTableConfig("t", 1000, 4)])
+    memory.load_state_dict({"tables.t.weight": tiered.gather_tables()["t"]})
+    opts = [LazyAdam(memory.parameters(), lr=0.1), LazyAdam(tiered.parameters(), lr=0.1)]
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        ids = torch.from_numpy(rng.integers(0, 1000, 12))
+        for net, opt in zip((memory, tiered), opts, strict=True):
+            opt.zero_grad()
+            net(ids, torch.arange(5) * 3, 4).square().sum().backward()
+            opt.step()
+    store = tiered._tiers[0].store
+    assert len(store.groups) == 1 and set(store.files) == {"weight", "exp_avg", "exp_avg_sq"}
+    assert tiered.tier_stats()["t"].bytes_written > 0  # rows were evicted and written back
+    torch.testing.assert_close(tiered.gather_tables()["t"], memory.gather_tables()["t"], rtol=1e-6, atol=1e-7)
+    tiered.state_dict()  # a commit
+    directory = store.directory
+    store.close()
+    reopened = TierStore.open(directory)
+    assert [spec.arrays for spec in reopened.specs] == [(("weight", 4), ("exp_avg", 4), ("exp_avg_sq", 4))]
+    reopened.close()
 
 
 def test_a_batch_wider_than_the_cache_is_refused_with_the_sizes(tmp_path):
