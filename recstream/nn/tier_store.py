@@ -66,6 +66,7 @@ _CHUNK = 256  # rows a read or write maps before the pages mapped are measured (
 # Rows a read or write touches in one call when nothing is measured (TierStore._measuring): its copy
 # of them is a few MiB at most, whatever the call's size (a reload of a whole cache's state is one).
 _UNMEASURED_CHUNK = 1 << 16
+_ASIDE = "merge.aside"  # rows set aside while a store written since its creation is merged (_merge_written)
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # the stores open in this process (see TierStore._measuring)
 _OPEN_LOCK = threading.Lock()  # a store made on one thread while another's prefetch sums their files
 
@@ -249,10 +250,12 @@ class TierStore:
 
     def _remove_strays(self) -> None:
         """Remove group files the manifest does not name: one being made when a process died (`add`),
-        or one replaced (`_merge`) whose removal the process did not live to make."""
+        or one replaced (`_merge`) whose removal the process did not live to make; and rows set aside
+        by a `_merge_written` that did not finish (uncommitted writes: a crash loses them)."""
         named = {spec.file for spec in self.specs}
         for entry in os.listdir(self.directory):
-            if entry.endswith(".tier") and entry not in named and os.path.isfile(os.path.join(self.directory, entry)):
+            stray = (entry.endswith(".tier") and entry not in named) or entry == _ASIDE
+            if stray and os.path.isfile(os.path.join(self.directory, entry)):
                 os.unlink(os.path.join(self.directory, entry))
 
     def add(self, name: str, rows: int, cols: int, fill: Fill) -> None:
@@ -274,6 +277,8 @@ class TierStore:
         new = tuple((name, cols) for name, (_, cols, _) in arrays.items())
         if self.generation == 0 and len(self.groups) == 1 and not self.changed:
             self._merge(new, parts)
+        elif self.generation == 0 and len(self.groups) == 1:
+            self._merge_written(new, parts)
         else:
             spec = GroupSpec(self._free_name(), new)
             fill = group_fill(parts)
@@ -303,6 +308,28 @@ class TierStore:
         old.close()
         os.unlink(old.path)
         fsync_dir(self.directory)
+
+    def _merge_written(self, new: tuple[tuple[str, int], ...], parts: list[tuple[int, Fill]]) -> None:
+        """`_merge` of a store written since its creation and never committed (a table's rows loaded
+        before its optimizer's first step): the written rows' records are set aside in a file, the
+        store rolled back to its creation, merged, and the rows written again, logged as any write (a
+        crash before they are loses them, as it would have lost the writes; the file set aside is
+        removed at the next open)."""
+        f, written = self.groups[0], self.specs[0].arrays
+        rows = np.flatnonzero(np.unpackbits(self._logged_rows[0], bitorder="little")[:f.rows])
+        aside = os.path.join(self.directory, _ASIDE)
+        with open(aside, "wb") as out:
+            for a in range(0, rows.size, _UNMEASURED_CHUNK):
+                out.write(f.read_rows(rows[a:a + _UNMEASURED_CHUNK]).tobytes())
+        self.rollback()
+        self._merge(new, parts)
+        own = [(name, self.files[name].start, self.files[name].stop) for name, _ in written]
+        with open(aside, "rb") as src:
+            for a in range(0, rows.size, _UNMEASURED_CHUNK):
+                part = rows[a:a + _UNMEASURED_CHUNK]
+                values = np.frombuffer(src.read(part.size * f.cols * 4), dtype=np.float32).reshape(part.size, f.cols)
+                self.write_many([(name, part, values[:, start:stop]) for name, start, stop in own])
+        os.unlink(aside)
 
     def _join(self, g: int, spec: GroupSpec, f: TierFile, fill: Fill) -> None:
         """File `f` of `spec` as group `g` (a new one, or in place of group `g`)."""

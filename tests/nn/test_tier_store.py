@@ -178,6 +178,29 @@ def test_states_added_before_anything_is_written_join_the_weights_records(tmp_pa
     reopened.close()
 
 
+def test_states_added_after_rows_were_written_but_never_committed_join_the_records(tmp_path):
+    """A table's rows loaded (written, no commit yet) before its optimizer's first step: the states
+    still join the weights' records. The written rows stay written and uncommitted: a rollback (or a
+    reopen after a crash) returns the store to its creation, merged; committed, they survive a reopen."""
+    store = TierStore.create(str(tmp_path), {"weight": (3000, 2, _fill(2))})
+    rows = np.arange(0, 3000, 3)
+    store.write("weight", rows, np.full((rows.size, 2), 5.0, np.float32))
+    store.add_arrays({"m": (3000, 2, 0.0), "v": (3000, 1, 1.0)})
+    assert len(store.groups) == 1 and store.changed and not (tmp_path / "merge.aside").exists()
+    assert (store.read("weight", rows) == 5.0).all() and (store.read("v", rows) == 1.0).all()
+    np.testing.assert_array_equal(store.read("weight", rows + 1), _fill(2)(0, 3000)[rows + 1])
+    store.rollback()
+    np.testing.assert_array_equal(store.read("weight", rows), _fill(2)(0, 3000)[rows])
+    store.write_many([("weight", rows[:4], np.ones((4, 2), np.float32)), ("m", rows[:4], np.ones((4, 2), np.float32))])
+    store.commit()
+    store.close()
+    (tmp_path / "merge.aside").write_bytes(b"rows of a merge a crash stopped")
+    reopened = TierStore.open(str(tmp_path))
+    assert not (tmp_path / "merge.aside").exists() and len(reopened.groups) == 1
+    assert reopened.read("m", rows[:5]).tolist() == [[1.0] * 2] * 4 + [[0.0] * 2]
+    assert reopened.read("v", rows[:2]).tolist() == [[1.0]] * 2
+    reopened.close()
+
 def test_a_constant_stores_merged_file_stays_constant(tmp_path):
     """A hash table's store (zero rows) and zero optimizer states: the merged file is made as one
     value, like the arrays it joins (sparse where the page cache cannot hold it), and rows never
