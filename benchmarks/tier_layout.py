@@ -1,8 +1,10 @@
 """The per-step file work of a cache-full disk tier in two layouts: three files of ``--dim`` floats
-(weights and two moments, as the store keeps them today) against one file of records (a row's
-weights and moments side by side); with ``--clean N``, every file is written back (msync) every N
-steps, as the kernel does with dirty pages over a long run, after which the next write to each
-page is a page fault.
+(weights and two moments, a store of format version 1) against one file of records (a row's
+weights and moments side by side, as the store keeps them now); with ``--pwrite``, also the records
+written by ``pwrite``, a system call a row, instead of through the map (a write to a page the kernel
+wrote back then takes no page fault, but each call is the kernel's write path). With ``--clean N``,
+every file is written back (msync) every N steps, as the kernel does with dirty pages over a long
+run, after which the next write through a map to each page is a page fault.
 
 Each step writes ``--rows-per-step`` rows scattered over the table (the evicted ones), reads as
 many others (the prefetched ones) and, with ``--preimages``, reads the written rows first (the undo
@@ -42,7 +44,18 @@ def _file(directory: str, name: str, rows: int, cols: int) -> tuple[mmap.mmap, n
     return m, a
 
 
-def _steps(files, args, rng) -> dict:
+def _pwrite(m: mmap.mmap, a: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """Rows written with one ``pwrite`` each, at their offsets in the file of map `m`."""
+    fd = _FDS[id(m)]
+    width = 4 * a.shape[1]
+    for row, value in zip(rows.tolist(), values, strict=True):
+        os.pwrite(fd, value, row * width)
+
+
+_FDS: dict[int, int] = {}  # a map's file, open for pwrite
+
+
+def _steps(files, args, rng, pwrite: bool = False) -> dict:
     """The per-step work on `files` [(map, rows x cols array)], timed (write-backs not included)."""
     seconds = 0.0
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -50,11 +63,15 @@ def _steps(files, args, rng) -> dict:
         written = rng.choice(args.rows, args.rows_per_step, replace=False)
         read = rng.choice(args.rows, args.rows_per_step, replace=False)
         t0 = time.perf_counter()
-        for _, a in files:
+        for m, a in files:
             row = np.dtype((np.void, 4 * a.shape[1]))  # one item a row: a row copy each
             if args.preimages:
                 np.take(a, written, axis=0)
-            a.view(row)[written, 0] = np.ones((written.size, a.shape[1]), np.float32).view(row)[:, 0]
+            values = np.ones((written.size, a.shape[1]), np.float32)
+            if pwrite:
+                _pwrite(m, a, written, values)
+            else:
+                a.view(row)[written, 0] = values.view(row)[:, 0]
             np.take(a, read, axis=0)
         seconds += time.perf_counter() - t0
         if args.clean and step % args.clean == args.clean - 1:
@@ -74,19 +91,25 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--clean", type=int, default=0, help="write every file back every N steps (0: never)")
     p.add_argument("--preimages", action="store_true", help="read the written rows first, as the undo log does")
+    p.add_argument("--pwrite", action="store_true", help="also the records written by pwrite, a call a row")
     p.add_argument("--rounds", type=int, default=2, help="each layout in turn, this many times")
     p.add_argument("--dir", default=None)
     args = p.parse_args(argv)
     directory = tempfile.mkdtemp(dir=args.dir or os.getcwd(), prefix="tier_layout_")
     try:
-        layouts = {"three files": [_file(directory, f"a{i}", args.rows, args.dim) for i in range(3)],
-                   "one record": [_file(directory, "records", args.rows, 3 * args.dim)]}
+        records = [_file(directory, "records", args.rows, 3 * args.dim)]
+        layouts = {"three files": ([_file(directory, f"a{i}", args.rows, args.dim) for i in range(3)], False),
+                   "one record": (records, False)}
+        if args.pwrite:
+            layouts["one record, pwrite"] = (records, True)
+        _FDS[id(records[0][0])] = os.open(os.path.join(directory, "records"), os.O_RDWR)
         rng = np.random.default_rng(0)
         runs = {name: [] for name in layouts}
         for _ in range(args.rounds):
-            for name, files in layouts.items():
-                runs[name].append(_steps(files, args, rng))
-        del layouts  # (the maps close with their arrays)
+            for name, (files, pwrite) in layouts.items():
+                runs[name].append(_steps(files, args, rng, pwrite))
+        os.close(_FDS.pop(id(records[0][0])))
+        del layouts, records  # (the maps close with their arrays)
     finally:
         shutil.rmtree(directory)
     result = {"args": vars(args), "runs": runs}
