@@ -60,6 +60,21 @@ def test_a_constant_file_is_sparse_and_checksummed_like_a_filled_one(tmp_path, v
     assert h.read_rows(np.array([rows - 2, rows - 1])).tolist() == [[value] * 4, [1.0] * 4]
 
 
+def test_a_filled_files_checksums_are_those_of_its_bytes(tmp_path):
+    """A file made from a fill records each block's checksum from the values it writes (not read back):
+    over several fill calls and a short last block, they equal the checksums of the bytes on disk."""
+    path = str(tmp_path / "w.tier")
+    f = TierFile.create(path, 600_001, 16, _fill(16))  # 64 rows a block, 262,144 rows a fill call
+    made = f._crc.copy()
+    f.dirty[:] = True
+    f.flush()  # checksums computed again, from the file's bytes
+    np.testing.assert_array_equal(f._crc, made)
+    f.close()
+    reopened = TierFile.open(path)
+    reopened.verify_all()
+    np.testing.assert_array_equal(reopened.read_rows(np.array([600_000])), _fill(16)(600_000, 600_001))
+    reopened.close()
+
 def test_a_zero_file_the_page_cache_holds_is_written_so_training_takes_no_hole_faults(tmp_path):
     """A hole's first write allocates its page in a fault of its own (on a cache-full 4M-row table:
     380 a step, most of the write-back's system time). A zero file the page cache can hold is written
