@@ -13,12 +13,12 @@ checked against its stored checksum the first time it is read or written after t
 so a corrupt or torn block raises `TierFileError` naming the file and the block instead of
 being read. (Blocks written in between are the process's own and are trusted until the next flush.)
 
-A shared memory map gives the page cache the work of moving rows between memory and disk: a read of a
-few rows touches their pages only. Two maps of a file the page cache can hold, in fact: rows are read
-through a read-only one (``TierFile.data``) and written through the other, so a write never meets a
-page that a read mapped read-only (a write-protect fault per page). Pages a process touched count in its resident
-set until dropped, so `TierFile.release` drops them (written pages stay in the page cache, to be
-written back).
+A memory map gives the page cache the work of moving rows between memory and disk: a read of a few
+rows touches their pages only. A file the page cache can hold is read and written through a private
+(copy-on-write) map, whose written pages `TierFile.flush` writes to the file: the kernel's own
+write-back never meets a page a step writes. A larger one is read and written through a shared map.
+Pages a process touched count in its resident set until dropped, so `TierFile.release` drops them
+(the private map's written pages written to the file first).
 
 Example:
     >>> import os, tempfile, numpy as np
@@ -184,22 +184,22 @@ class TierFile:
         self.path, self.rows, self.cols, self.block_rows = path, rows, cols, block_rows
         self.blocks = (rows + block_rows - 1) // block_rows
         self.generation = generation
-        # Two shared maps of the file: rows are read through a read-only one and written through the
-        # other. A read through the map that is written maps its pages read-only, and the first write to
-        # each such page then takes a write-protect fault (the filesystem's page_mkwrite) of its own: a
-        # cache-full step of a 4M-row table read and then wrote back ~600 such pages, the most costly
-        # part of the step (sys time, on the prefetch thread). A write to a page the write map has not
-        # mapped maps the page-cache folio around it at once: ~20 faults for the same rows. Not in a file
-        # the page cache cannot hold (`large_file`): there a fault reads its page from disk whatever the
-        # map, and a page read and written would count twice against the resident-set budget.
-        fd = os.open(path, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size)  # MAP_SHARED, read and write: header, checksums, row writes
-            # MAP_SHARED: row reads
-            self._read_map = None if large_file(size) else mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
+        # A shared map of the file holds its header and checksums, and its rows where the page cache
+        # cannot hold it (`large_file`: there a fault reads its page from disk whatever the map, and the
+        # pages mapped are measured against a resident-set budget, `TierStore._measuring`).
+        #
+        # Where the page cache holds the file, rows are in fact read and written through a private
+        # (copy-on-write) map, whose writes reach the file only when `flush` (a commit) writes the pages
+        # they dirtied with ``pwrite``: over a long run the kernel writes a shared map's dirty pages
+        # back as fast as the disk takes them, and each write to a page it cleaned is a fault that waits
+        # on that write-back (1,160 faults a step, 22 ms of kernel time, on a 4M-row store over 9,000
+        # steps); a private page, once copied, faults no more. Its pages are the process's own memory
+        # (not more than the file), counted once in its resident set. `one_map` leaves it.
+        self._fd = os.open(path, os.O_RDWR)  # (kept: the private map's pages are written with pwrite)
+        size = os.fstat(self._fd).st_size
+        self._map = mmap.mmap(self._fd, size)  # MAP_SHARED, read and write: header, checksums
+        private = not large_file(size) and 4 * cols <= mmap.PAGESIZE
+        self._read_map = mmap.mmap(self._fd, size, flags=mmap.MAP_PRIVATE) if private else None
         # Rows are read at random. In a file the page cache cannot hold, a fault must read its page only,
         # not a readahead window or a 2 MiB folio around it (seen on kernel 6.18: ~2 MiB read from disk
         # per row of a 12.8 GB file). In one it holds, the opposite: MADV_RANDOM also costs each page its
@@ -213,10 +213,14 @@ class TierFile:
         crc_end = HEADER_BYTES + 4 * self.blocks
         self._crc = mm[HEADER_BYTES:crc_end].view(np.uint32)
         data = HEADER_BYTES + _pad(4 * self.blocks)
-        self._rows = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)  # written
-        # the rows as read (read-only: a write through it raises rather than faulting pages read-mapped)
-        self.data = self._rows if self._read_map is None else np.frombuffer(self._read_map, dtype=np.uint8)[
-            data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
+        self._data_offset = data
+        self._shared_rows = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
+        # the rows as read and written: the private map's, or the shared map's
+        self._rows = self._shared_rows if self._read_map is None else np.frombuffer(
+            self._read_map, dtype=np.uint8)[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
+        self.data = self._rows
+        # pages of the private map written since they were last written to the file (`_write_private`)
+        self._unsynced = None if self._read_map is None else np.zeros(size // mmap.PAGESIZE + 1, dtype=bool)
         self.verified = np.zeros(self.blocks, dtype=bool)  # checked against its checksum since open
         self.dirty = np.zeros(self.blocks, dtype=bool)  # written since the last flush
 
@@ -241,7 +245,7 @@ class TierFile:
         for a in range(0, rows, chunk):
             e = min(rows, a + chunk)
             values = np.ascontiguousarray(fill(a, e), dtype=np.float32)
-            tier._rows[a:e] = values
+            tier._shared_rows[a:e] = values
             tier._checksum(a, values)
             if (a // chunk) % 8 == 7:  # every 128 MiB: out of the resident set (see release)
                 tier.release()
@@ -273,7 +277,7 @@ class TierFile:
         elif value != 0.0:
             chunk = self.block_rows * 4096
             for a in range(0, self.rows, chunk):
-                self._rows[a:min(self.rows, a + chunk)] = value
+                self._shared_rows[a:min(self.rows, a + chunk)] = value
                 self.release()
         full, tail = divmod(self.rows, self.block_rows)
         self._crc[:full] = _crc(np.full(self.block_rows * self.cols, value, np.float32))
@@ -321,20 +325,24 @@ class TierFile:
         return cls(path, rows, cols, block_rows, generation)
 
     def close(self) -> None:
+        """Close the maps. Rows written through the private map since the last `flush` are dropped:
+        not committed, they are what the store's undo log would take back."""
         self._map.flush()
         # the views first: a map with views cannot close
-        del self.data, self._rows, self._crc, self._mm
+        del self.data, self._rows, self._shared_rows, self._crc, self._mm
         for m in self._maps():
             m.close()
+        os.close(self._fd)
 
     def one_map(self) -> None:
-        """Read rows through the write map from now on, the read map's pages dropped: a page read and
-        written is mapped once, counted once against a resident-set budget that is measured
-        (`TierStore._measuring`). There, a release drops the pages of both maps; refilling the write
-        map costs a fault per page, and with two maps the budget fills twice as fast."""
-        if self.data is not self._rows:
-            self.data = self._rows
-            if self._read_map is not None and hasattr(mmap, "MADV_DONTNEED"):
+        """Read and write rows through the shared map from now on, the private map's written pages
+        written to the file and its pages dropped: pages of the shared map are file pages, which a
+        resident-set budget that is measured (`TierStore._measuring`) counts and a release drops."""
+        if self._read_map is not None and self._rows is not self._shared_rows:
+            self._write_private()
+            self._unsynced = None
+            self._rows = self.data = self._shared_rows
+            if hasattr(mmap, "MADV_DONTNEED"):
                 self._read_map.madvise(mmap.MADV_DONTNEED)  # (closed with the file: a view may be in use)
 
     def _maps(self) -> list[mmap.mmap]:
@@ -342,7 +350,9 @@ class TierFile:
 
     def release(self) -> None:
         """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
-        on disk): the table's disk tier then costs the cache, not the pages it went through."""
+        on disk): the table's disk tier then costs the cache, not the pages it went through. The
+        private map's written pages are written to the file first (dropped, they would be lost)."""
+        self._write_private()
         if hasattr(mmap, "MADV_DONTNEED"):
             for m in self._maps():
                 m.madvise(mmap.MADV_DONTNEED)
@@ -387,7 +397,34 @@ class TierFile:
         if not checked:
             self.check_blocks(blocks)
         put_rows(self._rows, rows, values)
+        self._mark(rows)
         self.dirty[blocks] = True
+
+    def _mark(self, rows: np.ndarray) -> None:
+        """The private map's pages of `rows` (a row at most a page: its first and last byte's) to be
+        written to the file."""
+        if self._unsynced is not None:
+            first = self._data_offset + np.asarray(rows, dtype=np.int64) * (4 * self.cols)
+            self._unsynced[first // mmap.PAGESIZE] = True
+            self._unsynced[(first + 4 * self.cols - 1) // mmap.PAGESIZE] = True
+
+    def _write_private(self) -> None:
+        """Write the private map's pages written since the last call to the file (``pwrite``, a call a
+        run of consecutive pages; not synced)."""
+        if self._unsynced is None:
+            return
+        pages = np.flatnonzero(self._unsynced)
+        if pages.size == 0:
+            return
+        cut = np.flatnonzero(np.diff(pages) > 1)
+        starts, ends = pages[np.r_[0, cut + 1]], pages[np.r_[cut, pages.size - 1]] + 1
+        view, size = memoryview(self._read_map), self._read_map.size()
+        for a, e in zip((starts * mmap.PAGESIZE).tolist(), (ends * mmap.PAGESIZE).tolist(), strict=True):
+            done, e = a, min(e, size)
+            while done < e:  # (pwrite may write less than asked)
+                done += os.pwrite(self._fd, view[done:e], done)
+        view.release()
+        self._unsynced[:] = False
 
     def crcs(self, blocks: np.ndarray) -> np.ndarray:
         """The stored checksums of verified `blocks` (uint32, a copy)."""
@@ -408,6 +445,7 @@ class TierFile:
     def restore_rows(self, rows: np.ndarray, data: bytes) -> None:
         """Put back rows' committed bytes (undo-log rollback), without touching checksums."""
         self._rows[rows] = np.frombuffer(data, dtype=np.float32).reshape(len(rows), self.cols)
+        self._mark(rows)
 
     # ----- durability -----
     def flush(self) -> None:
@@ -419,11 +457,13 @@ class TierFile:
             self._crc[b] = _crc(self.data[a:e])
             budget.spent(1)
         self.dirty[:] = False
+        self._write_private()
         self._sync()
-        # The sync left every written page clean and write-protected in the write map: the next write
-        # to each would take a write-protect fault of its own. Unmapped (the data stays in the page
-        # cache), a write maps its folio at once (see __init__): 3x fewer faults after a commit.
-        if hasattr(mmap, "MADV_DONTNEED"):
+        # The sync left every page written through the shared map clean and write-protected: the next
+        # write to each would take a write-protect fault of its own. Unmapped (the data stays in the
+        # page cache), a write maps its folio at once: 3x fewer faults after a commit. (The private
+        # map's pages stay: they hold what the file now does, and fault no more.)
+        if self._read_map is None and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def set_generation(self, generation: int) -> None:
@@ -439,8 +479,4 @@ class TierFile:
 
     def _sync(self) -> None:
         self._map.flush()  # msync(MS_SYNC) of the mapping
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        os.fsync(self._fd)

@@ -465,35 +465,37 @@ def _mapped_mib(array: np.ndarray) -> float:
     raise AssertionError("no mapping holds the array")
 
 
-def test_rows_are_read_through_a_map_of_their_own_so_writes_fault_folios_not_pages(tmp_path):
-    # A read through the map that is written maps its pages read-only, and the first write to each then
-    # takes a write-protect fault of its own (a cache-full step of a 4M-row table: ~600 of them, its
-    # largest cost). Reads go through a read-only map; the write map holds only pages written since the
-    # last flush, which drops them once they are clean and write-protected.
+def test_rows_are_written_through_a_private_map_and_reach_the_file_at_a_flush(tmp_path):
+    """A file the page cache holds is written through a private map: the file's bytes change only when
+    a flush writes the pages written (so the kernel's write-back never cleans a page the next step
+    writes, each such write a fault waiting on it); a page once written faults no more, flushes
+    included; a close without a flush drops the writes (uncommitted: the store's undo log's to undo)."""
+    import resource
     path = str(tmp_path / "w.tier")
     f = TierFile.create(path, rows=1 << 18, cols=16, fill=_fill(16, 1.0))  # 16 MiB, 64 rows a page
-    f.release()
-    written = getattr(f, "_rows", f.data)  # the rows as write_rows writes them
     rows = np.arange(0, 1 << 18, 64)  # a row of every page
-    assert f.read_rows(rows).shape == (rows.size, 16)
-    assert _mapped_mib(f.data) > 12  # read: mapped in the read map
-    assert _mapped_mib(written) < 1  # ... not in the write map (the header and checksums at most)
-    with pytest.raises(ValueError, match="read-only"):
-        f.data[0, 0] = 5.0
+
+    def on_disk():
+        raw = np.fromfile(path, dtype=np.float32, offset=HEADER_BYTES + f.blocks * 4 + (-(f.blocks * 4)) % 4096)
+        return raw.reshape(1 << 18, 16)[rows[[0, -1]], 0].tolist()
+
     f.write_rows(rows, np.full((rows.size, 16), 2.0, np.float32))
-    assert _mapped_mib(written) > 12
+    assert f.read_rows(rows[[0, -1]])[:, 0].tolist() == [2.0, 2.0] and on_disk() == [1.0, 1.0]
     f.flush()
-    assert _mapped_mib(written) < 1  # clean pages dropped from the write map; their data kept
-    assert f.read_rows(rows[[0, -1]])[:, 0].tolist() == [2.0, 2.0] and f.read_rows(np.array([1]))[0, 0] == 1.0
-    del written  # a view of the map: the map cannot close while it lives
+    assert on_disk() == [2.0, 2.0]
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    f.write_rows(rows, np.full((rows.size, 16), 3.0, np.float32))
+    assert resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before < 16  # (a page each: 4,096)
     f.close()
-    assert TierFile.open(path).read_rows(rows[[0, -1]])[:, 0].tolist() == [2.0, 2.0]
+    reopened = TierFile.open(path)
+    assert reopened.read_rows(rows[[0, -1]])[:, 0].tolist() == [2.0, 2.0]  # the unflushed write dropped
+    reopened.close()
 
 
 def test_stores_whose_two_maps_could_pass_the_page_budget_read_through_one_map(tmp_path, monkeypatch):
-    """Two maps can hold a page read and written twice in the resident set: while twice the open
-    stores' files fit in 1.5 budgets a file has its own read map, past that its reads go through its
-    write map (the read map's pages dropped), so the file pages its maps hold stay bounded."""
+    """While twice the open stores' files fit in 1.5 budgets a file is read and written through a
+    private map (its written pages the process's own memory); past that, through the shared map whose
+    file pages the budget measures (the private map's writes written to the file, its pages dropped)."""
     import gc
 
     from recstream.nn import tier_store
@@ -503,13 +505,13 @@ def test_stores_whose_two_maps_could_pass_the_page_budget_read_through_one_map(t
     rows = np.arange(0, 1 << 15, 64)
     assert (a.read("weight", rows) == 1.0).all()
     f = a.files["weight"].file
-    assert f.data is not getattr(f, "_rows", None) and _mapped_mib(f.data) > 1.5  # its own read map
+    assert f.data is not f._shared_rows and _mapped_mib(f.data) > 1.5  # the private map
     b = TierStore.create(str(tmp_path / "b"), {"weight": (1 << 16, 16, _fill(16, 1.0))})  # 6 MiB open: 12 > 9
     a.write("weight", rows, np.full((rows.size, 16), 2.0, np.float32))
-    assert f.data is f._rows  # one map: reads and writes (nothing measured yet: 6 MiB, not past 6)
+    assert f.data is f._shared_rows  # one map: reads and writes (nothing measured yet: 6 MiB, not past 6)
     assert (a.read("weight", rows) == 2.0).all() and a.read("weight", np.array([1]))[0, 0] == 1.0
     a.add("sum", 1 << 15, 1, 0.5)  # an array added later is read through one map too
-    assert a.files["sum"].file.data is a.files["sum"].file._rows and (a.read("sum", rows) == 0.5).all()
+    assert a.files["sum"].file.data is a.files["sum"].file._shared_rows and (a.read("sum", rows) == 0.5).all()
     a.commit()
     a.close(), b.close()
     reopened = TierStore.open(str(tmp_path / "a"))
