@@ -199,7 +199,7 @@ class TierFile:
         size = os.fstat(self._fd).st_size
         self._map = mmap.mmap(self._fd, size)  # MAP_SHARED, read and write: header, checksums
         private = not large_file(size) and 4 * cols <= mmap.PAGESIZE
-        self._read_map = mmap.mmap(self._fd, size, flags=mmap.MAP_PRIVATE) if private else None
+        self._private_map = mmap.mmap(self._fd, size, flags=mmap.MAP_PRIVATE) if private else None
         # Rows are read at random. In a file the page cache cannot hold, a fault must read its page only,
         # not a readahead window or a 2 MiB folio around it (seen on kernel 6.18: ~2 MiB read from disk
         # per row of a 12.8 GB file). In one it holds, the opposite: MADV_RANDOM also costs each page its
@@ -216,11 +216,11 @@ class TierFile:
         self._data_offset = data
         self._shared_rows = mm[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
         # the rows as read and written: the private map's, or the shared map's
-        self._rows = self._shared_rows if self._read_map is None else np.frombuffer(
-            self._read_map, dtype=np.uint8)[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
+        self._rows = self._shared_rows if self._private_map is None else np.frombuffer(
+            self._private_map, dtype=np.uint8)[data:data + rows * cols * 4].view(np.float32).reshape(rows, cols)
         self.data = self._rows
         # pages of the private map written since they were last written to the file (`_write_private`)
-        self._unsynced = None if self._read_map is None else np.zeros(size // mmap.PAGESIZE + 1, dtype=bool)
+        self._unsynced = None if self._private_map is None else np.zeros(size // mmap.PAGESIZE + 1, dtype=bool)
         self.verified = np.zeros(self.blocks, dtype=bool)  # checked against its checksum since open
         self.dirty = np.zeros(self.blocks, dtype=bool)  # written since the last flush
 
@@ -338,15 +338,15 @@ class TierFile:
         """Read and write rows through the shared map from now on, the private map's written pages
         written to the file and its pages dropped: pages of the shared map are file pages, which a
         resident-set budget that is measured (`TierStore._measuring`) counts and a release drops."""
-        if self._read_map is not None and self._rows is not self._shared_rows:
+        if self._private_map is not None and self._rows is not self._shared_rows:
             self._write_private()
             self._unsynced = None
             self._rows = self.data = self._shared_rows
             if hasattr(mmap, "MADV_DONTNEED"):
-                self._read_map.madvise(mmap.MADV_DONTNEED)  # (closed with the file: a view may be in use)
+                self._private_map.madvise(mmap.MADV_DONTNEED)  # (closed with the file: a view may be in use)
 
     def _maps(self) -> list[mmap.mmap]:
-        return [self._map] if self._read_map is None else [self._map, self._read_map]
+        return [self._map] if self._private_map is None else [self._map, self._private_map]
 
     def release(self) -> None:
         """Drop this process's mapped pages from its resident set (the data stays, in the page cache and
@@ -418,7 +418,7 @@ class TierFile:
             return
         cut = np.flatnonzero(np.diff(pages) > 1)
         starts, ends = pages[np.r_[0, cut + 1]], pages[np.r_[cut, pages.size - 1]] + 1
-        view, size = memoryview(self._read_map), self._read_map.size()
+        view, size = memoryview(self._private_map), self._private_map.size()
         for a, e in zip((starts * mmap.PAGESIZE).tolist(), (ends * mmap.PAGESIZE).tolist(), strict=True):
             done, e = a, min(e, size)
             while done < e:  # (pwrite may write less than asked)
@@ -463,7 +463,7 @@ class TierFile:
         # write to each would take a write-protect fault of its own. Unmapped (the data stays in the
         # page cache), a write maps its folio at once: 3x fewer faults after a commit. (The private
         # map's pages stay: they hold what the file now does, and fault no more.)
-        if self._read_map is None and hasattr(mmap, "MADV_DONTNEED"):
+        if self._private_map is None and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
 
     def set_generation(self, generation: int) -> None:
