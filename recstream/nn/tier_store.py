@@ -296,8 +296,7 @@ class TierStore:
             own: Fill = fresh[0]
         else:
             def own(a: int, b: int) -> np.ndarray:  # the old file's records (blocks checked), pages let go
-                old.check_blocks(np.arange(a // old.block_rows, (b - 1) // old.block_rows + 1))
-                out = np.array(old.data[a:b])
+                out = old.read_rows(np.arange(a, b))
                 old.release()
                 return out
         fill = group_fill([(spec.cols, own), *parts])
