@@ -345,6 +345,50 @@ class TierFile:
             if hasattr(mmap, "MADV_DONTNEED"):
                 self._private_map.madvise(mmap.MADV_DONTNEED)  # (closed with the file: a view may be in use)
 
+    @property
+    def private(self) -> bool:
+        """Whether rows are written through the private map: the file keeps its bytes until a `flush`,
+        `release` or `one_map` writes them (`committed_rows` reads them meanwhile; `discard` drops the writes)."""
+        return self._rows is not self._shared_rows
+
+    def committed_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows `rows` as the file holds them (a copy): a private map's writes are not there until written."""
+        return np.take(self._shared_rows, np.asarray(rows, dtype=np.int64), axis=0)
+
+    def discard(self) -> None:
+        """Drop the private map's writes not written to the file yet: its pages hold the file's bytes again
+        (read back with ``pread``; the pages stay the process's, so a write to them faults no more)."""
+        if self._unsynced is None:
+            return
+        view = memoryview(self._private_map)
+        for a, e in self._unsynced_runs():
+            done = a
+            while done < e:  # (pread may read less than asked)
+                chunk = os.pread(self._fd, min(e - done, 16 << 20), done)
+                if not chunk:
+                    raise TierFileError(f"tier file {self.path}: ends at byte {done}, its header says {e} or more")
+                view[done:done + len(chunk)] = chunk
+                done += len(chunk)
+        view.release()
+        self._unsynced[:] = False
+
+    def drop_shared(self) -> None:
+        """Drop the shared map's pages from the resident set (the data stays in the page cache): those
+        `committed_rows` mapped, the rows of a file written through its private map."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    def _unsynced_runs(self) -> list[tuple[int, int]]:
+        """Byte ranges ``[a, e)`` of the runs of consecutive private pages written since last written."""
+        pages = np.flatnonzero(self._unsynced)
+        if pages.size == 0:
+            return []
+        cut = np.flatnonzero(np.diff(pages) > 1)
+        starts, ends = pages[np.r_[0, cut + 1]], pages[np.r_[cut, pages.size - 1]] + 1
+        size = self._private_map.size()
+        return [(a, min(e, size)) for a, e in zip((starts * mmap.PAGESIZE).tolist(),
+                                                  (ends * mmap.PAGESIZE).tolist(), strict=True)]
+
     def _maps(self) -> list[mmap.mmap]:
         return [self._map] if self._private_map is None else [self._map, self._private_map]
 
@@ -413,14 +457,12 @@ class TierFile:
         run of consecutive pages; not synced)."""
         if self._unsynced is None:
             return
-        pages = np.flatnonzero(self._unsynced)
-        if pages.size == 0:
+        runs = self._unsynced_runs()
+        if not runs:
             return
-        cut = np.flatnonzero(np.diff(pages) > 1)
-        starts, ends = pages[np.r_[0, cut + 1]], pages[np.r_[cut, pages.size - 1]] + 1
-        view, size = memoryview(self._private_map), self._private_map.size()
-        for a, e in zip((starts * mmap.PAGESIZE).tolist(), (ends * mmap.PAGESIZE).tolist(), strict=True):
-            done, e = a, min(e, size)
+        view = memoryview(self._private_map)
+        for a, e in runs:
+            done = a
             while done < e:  # (pwrite may write less than asked)
                 done += os.pwrite(self._fd, view[done:e], done)
         view.release()

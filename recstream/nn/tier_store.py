@@ -7,9 +7,12 @@ the optimizer state a cache loads and writes back together are one page and one 
 
 Crash safety without a second copy of the table: rows are written in place, and before a row is
 first written since the last commit its committed bytes (and, for the first row of a block, the
-block's committed checksum) are appended to the undo log and fsynced. A commit flushes every file
-(data and checksums), then atomically replaces the manifest with generation ``g + 1`` (the commit
-point), then stamps the files' headers and empties the undo log. Opening the store (or
+block's committed checksum) are appended to the undo log and fsynced. A file written through a
+private map (one the page cache holds: `TierFile`) keeps its committed bytes until something writes
+that map's pages to it, so its rows' pre-images are logged then, all at once and read from the file
+(`TierStore._log_deferred`: at a commit, or before `TierFile.one_map`), not at each write. A commit
+flushes every file (data and checksums), then atomically replaces the manifest with generation
+``g + 1`` (the commit point), then stamps the files' headers and empties the undo log. Opening the store (or
 `TierStore.rollback`) undoes every write made after the manifest's generation, so after a
 SIGKILL the table is exactly as at the last commit: nothing of a later step is kept, nothing of an
 earlier one lost. An undo entry torn by the kill is one whose rows were never written (the log is
@@ -159,6 +162,9 @@ class TierStore:
         # Per group, since the last commit: blocks whose checksum is logged, rows (a bit each) whose bytes are.
         self._preimaged = [np.zeros(f.blocks, dtype=bool) for f in groups]
         self._logged_rows = [np.zeros((f.rows + 7) // 8, dtype=np.uint8) for f in groups]
+        # Per group, rows (a bit each) written through a private map and not logged: their committed bytes
+        # are still the file's (see _log_deferred)
+        self._deferred = [np.zeros((f.rows + 7) // 8, dtype=np.uint8) for f in groups]
         # Groups this process created with one value (every array an optimizer state's initial one, or a
         # hash table's zero rows with theirs): that value, and a bit per row still at it (never written
         # since). Such rows are not read, their value is known: most rows a step loads are new to
@@ -204,6 +210,7 @@ class TierStore:
             stores = list(_OPEN)
         total = sum(s._file_bytes for s in stores)
         if 2 * total > 3 * self._pages.limit // 2 and not self._one_map:
+            self._log_deferred()  # (one_map writes the private maps' pages to the files)
             self._one_map = True
             for f in self.groups:
                 f.one_map()
@@ -315,7 +322,7 @@ class TierStore:
         crash before they are loses them, as it would have lost the writes; the file set aside is
         removed at the next open)."""
         f, written = self.groups[0], self.specs[0].arrays
-        rows = np.flatnonzero(np.unpackbits(self._logged_rows[0], bitorder="little")[:f.rows])
+        rows = np.flatnonzero(np.unpackbits(self._logged_rows[0] | self._deferred[0], bitorder="little")[:f.rows])
         aside = os.path.join(self.directory, _ASIDE)
         with open(aside, "wb") as out:
             for a in range(0, rows.size, _UNMEASURED_CHUNK):
@@ -339,10 +346,12 @@ class TierStore:
             self.specs.append(spec)
             self._preimaged.append(np.zeros(f.blocks, dtype=bool))
             self._logged_rows.append(np.zeros((f.rows + 7) // 8, dtype=np.uint8))
+            self._deferred.append(np.zeros((f.rows + 7) // 8, dtype=np.uint8))
         else:
             self.groups[g], self.specs[g] = f, spec
             self._preimaged[g] = np.zeros(f.blocks, dtype=bool)
             self._logged_rows[g] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
+            self._deferred[g] = np.zeros((f.rows + 7) // 8, dtype=np.uint8)
         self.files = group_arrays(self.specs, self.groups)
         self._fresh.pop(g, None)
         self._mark_fresh(g, fill)
@@ -442,14 +451,16 @@ class TierStore:
         records = self._records(writes)
         for g, rows, _ in records:  # a pre-image must be sound
             self._check_group(g, rows)
-        self._log_preimages([(g, rows) for g, rows, _ in records], ahead)
-        measuring = self._measuring()
+        measuring = self._measuring()  # (first: it may leave the private maps, see one_map)
+        self._log_preimages([(g, rows) for g, rows, _ in records if not self.groups[g].private], ahead)
         chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
         for g, rows, parts in records:
             f, index = self.groups[g], self._indexed(rows)
             values = self._record(f, rows, parts)
             if g in self._fresh:  # no longer (known to be) at the group's value
                 index.clear(self._fresh[g][1])
+            if f.private:  # the file keeps the committed bytes: they are logged when it is written
+                index.set(self._deferred[g])
             blocks = index.blocks(f)
             for a in range(0, rows.size, chunk):  # chunks: the pages they map are measured as they go
                 f.write_rows(rows[a:a + chunk], values[a:a + chunk], checked=True, blocks=blocks[a:a + chunk])
@@ -494,22 +505,24 @@ class TierStore:
         f.check_blocks(self._indexed(rows).blocks(f))
 
     def logged(self, name: str, rows: np.ndarray) -> bool:
-        """Whether every one of `rows` of array `name` has its pre-image in the undo log (a write of
-        them syncs nothing)."""
+        """Whether every one of `rows` of array `name` has its pre-image in the undo log, or is deferred
+        (written through a private map, its committed bytes still the file's): a write of them syncs nothing."""
         rows = np.asarray(rows, dtype=np.int64)
-        return bool(self._indexed(rows).bits(self._logged_rows[self.files[name].group]).all())
+        g = self.files[name].group
+        return bool(self._indexed(rows).bits(self._logged_rows[g] | self._deferred[g]).all())
 
     # ----- commit / rollback -----
     @property
     def changed(self) -> bool:
         """Whether anything was written since the last commit."""
-        return any(seen.any() for seen in self._preimaged)
+        return any(seen.any() for seen in (*self._preimaged, *self._deferred))
 
     def commit(self) -> int:
         """Make every write so far durable as generation ``generation + 1`` and return it; with nothing
         written since the last commit, that commit's generation (no new one)."""
         if not self.changed:
             return self.generation
+        self._log_deferred()  # before the flushes write the private maps' pages to the files
         measuring = self._measuring()
         for f in self.groups:
             if measuring:  # each file's checksums map its dirty blocks: the others' pages dropped first
@@ -541,6 +554,8 @@ class TierStore:
             self._undo(self._prev_path)
             self._after_undo()
             return
+        for f in self.groups:  # the writes still in private maps only (the log undoes those in the files)
+            f.discard()
         self._undo(self._log_path)
         self._after_undo(keep_prev=True)
 
@@ -606,7 +621,7 @@ class TierStore:
                 f.write(_LOG_HEAD.pack(_LOG_MAGIC, self.generation))
 
         atomic_write(self._log_path, write)
-        for seen in (*self._preimaged, *self._logged_rows):
+        for seen in (*self._preimaged, *self._logged_rows, *self._deferred):
             seen[:] = 0
 
     def _log_generation(self, path: str) -> int | None:
@@ -629,12 +644,13 @@ class TierStore:
         are (its checksum computed over them in turn): a step logs about a MiB of pre-images, which
         joining would copy several times."""
         logged: list = []  # (group, blocks, rows) to mark as logged once the log is durable
-        parts = self._preimage_parts(writes, logged)
+        measuring = self._measuring()
+        parts = self._preimage_parts(writes, logged, measuring)
         if parts and ahead is not None:
             more = [(g, rows) for g, rows, _ in self._records([(name, rows, None) for name, rows in ahead()])]
             for g, rows in more:
                 self._check_group(g, rows)
-            parts += self._preimage_parts(more, logged)
+            parts += self._preimage_parts(more, logged, measuring)
         if not parts:
             return
         with open(self._log_path, "ab") as log:
@@ -642,15 +658,42 @@ class TierStore:
                 log.write(part)
             log.flush()
             os.fsync(log.fileno())  # before the rows change: a kill after this finds their pre-images
+        self._mark_logged(logged)
+
+    def _log_deferred(self) -> None:
+        """Log the pre-images of the rows written through private maps and not logged (`_deferred`): read
+        from the files, which hold their committed bytes until this returns. In chunks of rows, one
+        fsync in all: a commit after a long run logs up to every row of the table."""
+        todo = [(g, np.flatnonzero(np.unpackbits(bits, bitorder="little")[:self.groups[g].rows]))
+                for g, bits in enumerate(self._deferred) if bits.any()]
+        if not todo:
+            return
+        logged: list = []
+        with open(self._log_path, "ab") as log:
+            for g, rows in todo:
+                for a in range(0, rows.size, _UNMEASURED_CHUNK):
+                    for part in self._preimage_parts([(g, rows[a:a + _UNMEASURED_CHUNK])], logged, False,
+                                                     committed=True):
+                        log.write(part)
+                    self.groups[g].drop_shared()  # (the pages the pre-images were read through)
+            log.flush()
+            os.fsync(log.fileno())  # before the files change: a kill after this finds the pre-images
+        self._mark_logged(logged)
+        for bits in self._deferred:
+            bits[:] = 0
+
+    def _mark_logged(self, logged: list) -> None:
         for g, blocks, (at, unlogged) in logged:
             self._preimaged[g][blocks] = True
             at.set(self._logged_rows[g], unlogged)
 
-    def _preimage_parts(self, rows_of: list[tuple[int, np.ndarray]], logged: list) -> list:
+    def _preimage_parts(self, rows_of: list[tuple[int, np.ndarray]], logged: list, measuring: bool,
+                        committed: bool = False) -> list:
         """The undo entries (as parts to write) of `rows_of` ``(group, rows)`` not logged since the
-        commit; what they cover is appended to `logged`, to be marked once the log is durable."""
+        commit; what they cover is appended to `logged`, to be marked once the log is durable. With
+        `measuring`, the pages read are measured (`_measuring`); with `committed`, the rows' bytes are
+        read from the file (`TierFile.committed_rows`), not as written."""
         parts: list = []
-        measuring = self._measuring()
         for index, rows in rows_of:
             f, at = self.groups[index], self._indexed(rows)
             blocks = at.blocks(f)
@@ -678,7 +721,10 @@ class TierStore:
                 pre = np.empty((part.size, f.cols), dtype=np.float32)
                 chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
                 for b in range(0, part.size, chunk):  # chunks: the pages the pre-images map are measured
-                    pre[b:b + chunk] = np.take(f.data, part[b:b + chunk], axis=0)  # (see TierFile.read_rows)
+                    if committed:
+                        pre[b:b + chunk] = f.committed_rows(part[b:b + chunk])
+                    else:  # (np.take: see TierFile.read_rows)
+                        pre[b:b + chunk] = np.take(f.data, part[b:b + chunk], axis=0)
                     if measuring:
                         self._pages.spent(min(chunk, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)

@@ -370,8 +370,11 @@ def test_never_written_rows_are_logged_as_their_value(tmp_path):
 
 def test_rows_logged_ahead_are_written_without_a_sync_and_rolled_back(tmp_path, monkeypatch):
     """write_many(ahead=...) logs the pre-images of rows written later in the same fsync: those writes
-    sync nothing, and a rollback still restores them (and rows logged ahead but never written)."""
+    sync nothing, and a rollback still restores them (and rows logged ahead but never written). A
+    store written through shared maps: one written through private maps logs at its commit."""
     store = TierStore.create(str(tmp_path), {"weight": (20000, 4, _fill(4)), "sum": (20000, 4, 0.5)})
+    for f in store.groups:
+        f.one_map()
     fsyncs = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
@@ -390,6 +393,53 @@ def test_rows_logged_ahead_are_written_without_a_sync_and_rolled_back(tmp_path, 
     rows = np.concatenate([first, later, never])
     np.testing.assert_array_equal(store.read("weight", rows), _fill(4)(0, 20000)[rows])
     assert (store.read("sum", rows) == 0.5).all()
+    for f in store.files.values():
+        f.verify_all()
+    store.close()
+
+
+def test_a_store_written_through_private_maps_logs_pre_images_at_its_commit_and_a_torn_commit_rolls_back(
+        tmp_path, monkeypatch):
+    """A file written through its private map keeps its committed bytes until a commit writes the
+    map's pages: a write logs and syncs nothing, and the commit logs the pre-images of every row
+    written since the last one before its first page reaches the file. A commit that dies after
+    writing some of the pages leaves a store that opens at the previous commit."""
+    store = TierStore.create(str(tmp_path), {"weight": (20000, 4, _fill(4)), "sum": (20000, 4, 0.5)})
+    assert all(f.private for f in store.groups)
+    first = np.arange(0, 100)
+    store.write_many([(name, first, np.full((100, 4), 7.0, np.float32)) for name in ("weight", "sum")])
+    assert store.commit() == 1
+    path, log = store.groups[0].path, tmp_path / "undo.log"
+    committed, log_bytes = open(path, "rb").read(), log.stat().st_size
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real_fsync(fd))
+    rows = np.r_[50:3000:7, 15000:19000:7]  # two runs of pages; some rows committed at 7.0, the rest at the fill
+    store.write_many([(name, rows, np.full((rows.size, 4), 9.0, np.float32)) for name in ("weight", "sum")])
+    assert store.changed and store.logged("sum", rows)  # (deferred: a write of them syncs nothing)
+    assert not fsyncs and log.stat().st_size == log_bytes and open(path, "rb").read() == committed
+    real_pwrite, written = os.pwrite, []
+
+    def torn(fd, data, offset):  # the disk fails after the commit's first run of pages
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(offset)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", torn)
+    with pytest.raises(OSError, match="No space"):
+        store.commit()
+    assert written and open(path, "rb").read() != committed  # torn: part of the new rows in the file
+    assert log.stat().st_size > log_bytes + rows.size * 8 * 4  # the records' pre-images (8 floats), logged first
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    store.close()
+    store = TierStore.open(str(tmp_path))
+    assert store.generation == 1
+    every = np.arange(20000)
+    expected = _fill(4)(0, 20000)
+    expected[first] = 7.0
+    np.testing.assert_array_equal(store.read("weight", every), expected)
+    assert (store.read("sum", first) == 7.0).all() and (store.read("sum", np.arange(100, 20000)) == 0.5).all()
     for f in store.files.values():
         f.verify_all()
     store.close()
