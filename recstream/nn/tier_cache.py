@@ -152,7 +152,7 @@ class TierCache:
 
     ``map_ids`` and ``prefetch`` share one lock, so a prefetch on another thread never races a step's
     mapping; a prefetch never evicts the rows of the step in flight (the last ``map_ids``). The store
-    is used by one thread at a time: a prefetch between its `_plan` and `_install` (without the lock),
+    is used by one thread at a time: a prefetch between its `_plan` and `_map_moved` (without the lock),
     or a holder of the lock once no prefetch is in flight (`_quiesce`)."""
 
     def __init__(self, name: str, weight: nn.Parameter, store: TierStore, cache_rows: int) -> None:
@@ -165,12 +165,6 @@ class TierCache:
         self.lock = threading.Lock()
         self._moved = threading.Condition(self.lock)  # notified when a prefetch is done
         self._in_flight = 0  # prefetches reading or writing the store (0 or 1): it is theirs meanwhile
-        # A prefetch's rows, read and their slots' old rows written back, waiting to be copied into the
-        # slots by the training thread's next lookup (`_install_pending`), whose thread has time to
-        # spare while the prefetch is what a step waits for: 0.6-0.8 ms a cache-full step moved
-        # off the prefetch thread (4M rows, bench_tiered).
-        self._pending: tuple[_Transfer, dict[str, np.ndarray]] | None = None
-        self._filling = False  # a lookup copies the pending rows outside the lock (see map_ids)
         self.stats = TierStats()
         self._opt: weakref.ref | None = None
         self._stepped = True  # the optimizer stepped since the last training lookup: its rows may go
@@ -256,22 +250,7 @@ class TierCache:
             raise TypeError(f"a disk-tiered table ({self.name!r}) is trained by {self.unknown}, which has no "
                             f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
                             "recstream.nn.register_row_state")
-        with self.lock:  # the pending prefetch's rows are copied without the lock, which a prefetch may want
-            pending, self._pending = self._pending, None
-            self._filling = pending is not None
-        if pending is not None:
-            try:
-                self._fill(*pending)
-            except BaseException:
-                with self.lock:  # (still to install: its rows stay _MOVING until then)
-                    self._pending, self._filling = pending, False
-                    self._moved.notify_all()
-                raise
         with self.lock:
-            if pending is not None:  # (before advancing: its rows are the last step's prefetch's)
-                self._map_moved(pending[0])
-                self._filling = False
-                self._moved.notify_all()
             if advance:
                 self.recency.advance()
             if not self._ensure(unique):
@@ -298,16 +277,17 @@ class TierCache:
         this prefetch is moving (loading, or writing back), and for the store if it must load rows
         itself: the rows not cached are read first (a step's ``map_ids``, which usually comes as a
         prefetch starts, then finds the lock free), slots are chosen for them under the lock
-        (`_plan`), the evicted rows written back without it (`_transfer`), the slots filled under it
-        again (`_install`), by the training thread's next lookup if it comes first (`_pending`). One
-        prefetch is in flight at a time: from its first read, the store is its alone (`_quiesce`)."""
+        (`_plan`), the evicted rows written back and the slots filled without it (`_transfer`,
+        `_fill`: the training thread has the CPU to spare less than this one), the rows mapped under it
+        again (`_map_moved`). One prefetch is in flight at a time: from its first read, the store is its
+        alone (`_quiesce`)."""
         ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
         ids = ids.astype(np.int64, copy=False).ravel()
         unique = _distinct(ids[(ids >= 0) & (ids < self.rows)])
         with self.lock:
-            while self._in_flight:  # (a pending install stays the training thread's: see _pending)
+            while self._in_flight:
                 self._moved.wait()
-            wanted = unique[self.row2slot[unique] == -1]  # (a pending transfer's rows are _MOVING)
+            wanted = unique[self.row2slot[unique] == -1]
             if wanted.size == 0:
                 self._plan(unique)  # (the cached rows touched: kept for the step that reads them)
                 return 0
@@ -319,7 +299,6 @@ class TierCache:
             # waits for it, see _ensure): their stored bytes are current, whatever _plan then picks
             read = self.store.read_many(keys, wanted)
             with self.lock:
-                self._install_pending()  # (the lookup that would have taken it did not come yet)
                 plan = self._plan(unique)
             if plan is not None:
                 loaded = self._transfer(plan, wanted, read)
@@ -330,32 +309,31 @@ class TierCache:
                 else:
                     self._cancel(plan)
             raise
+        if plan is not None:
+            try:
+                self._fill(plan, loaded)
+            except BaseException:
+                with self.lock:
+                    self._drop(plan)
+                raise
         with self.lock:
             if plan is not None:
                 self.row2slot[plan.old[plan.was_dirty]] = -1  # written back: stored, as any row not cached
-                self._pending = (plan, loaded)
-                self.stats.prefetched += plan.rows.size  # (read ahead now, whoever copies them in)
+                self._map_moved(plan)
+                self.stats.prefetched += plan.rows.size
             self._done()
         return 0 if plan is None else plan.rows.size
 
     def _quiesce(self) -> None:
-        """Wait (the lock released meanwhile) until no prefetch is in flight and no lookup fills slots,
-        and install the prefetch pending: the store is free and the cache maps every row it holds."""
-        while self._in_flight or self._filling:
+        """Wait (the lock released meanwhile) until no prefetch is in flight: the store is free and the
+        cache maps every row it holds."""
+        while self._in_flight:
             self._moved.wait()
-        self._install_pending()
-
-    def _install_pending(self) -> None:
-        """Under the lock: copy the rows of the prefetch waiting for it into their slots."""
-        if self._pending is not None:
-            plan, loaded = self._pending
-            self._pending = None
-            self._install(plan, loaded)
 
     def _plan(self, unique: np.ndarray) -> _Transfer | None:
         """Under the lock, a prefetch in flight: slots for the rows of `unique` not cached (as many as
         fit beside the step in flight), reserved; the rows they held unmapped. The rows moving are
-        marked `_MOVING` in ``row2slot`` until `_install`. Nothing is copied here: a step's
+        marked `_MOVING` in ``row2slot`` until `_map_moved`. Nothing is copied here: a step's
         ``map_ids`` waits on this lock."""
         slots = self.row2slot[unique]
         self.recency.touch(slots[slots >= 0].astype(np.int64))
@@ -380,7 +358,7 @@ class TierCache:
         `_plan`) or the store.
 
         The evicted slots are reserved: no lookup maps them and no optimizer step writes them until
-        `_install` (a step updates the rows of its own lookups, which are never victims), so their
+        `_map_moved` (a step updates the rows of its own lookups, which are never victims), so their
         rows are copied here, not under the lock."""
         back, rows = plan.slots[plan.was_dirty], plan.old[plan.was_dirty]
         if back.size:
@@ -403,11 +381,6 @@ class TierCache:
             next_victims = self.recency.oldest(min(_LOG_AHEAD * moving, _LOG_AHEAD_MAX))
             rows = self.slot2row[next_victims[self.dirty[next_victims]]]
         return [(key, rows) for key, _, _ in writes] if rows.size else []
-
-    def _install(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
-        """Under the lock: the read rows into their slots, the moved rows mapped."""
-        self._fill(plan, loaded)
-        self._map_moved(plan)
 
     def _fill(self, plan: _Transfer, loaded: dict[str, np.ndarray]) -> None:
         """The read rows into their slots: reserved, so with or without the lock (nothing else reads
@@ -432,6 +405,16 @@ class TierCache:
         self.recency.touch(plan.slots)
         self._done()
 
+    def _drop(self, plan: _Transfer) -> None:
+        """A transfer that failed to fill its slots (the evicted rows written back): its rows and the
+        slots' old ones not cached, the slots empty."""
+        self.row2slot[plan.rows] = -1
+        self.row2slot[plan.old[plan.old >= 0]] = -1
+        self.slot2row[plan.slots] = -1
+        self.dirty[plan.slots] = False
+        self.recency.touch(plan.slots)
+        self._done()
+
     def _done(self) -> None:
         """A prefetch is over (installed, cancelled, or moved nothing): the store is free again."""
         self._in_flight -= 1
@@ -442,7 +425,6 @@ class TierCache:
         """Pin the rows of `unique` to the current step, loading those not cached (after waiting for
         the ones a prefetch is moving); False (nothing loaded) if they do not fit."""
         while True:
-            self._install_pending()  # (one that finished while this lookup waited)
             slots = self.row2slot[unique]
             missing = unique[slots < 0]
             if not (missing.size and (self._in_flight or (slots == _MOVING).any())):
