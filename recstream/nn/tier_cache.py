@@ -37,8 +37,9 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from . import tier_kernels
 from .tier_file import distinct as _distinct
-from .tier_file import put_rows
+from .tier_kernels import gather_rows, put_rows
 from .tier_lru import SlotRecency
 from .tier_store import TierStore
 
@@ -78,7 +79,8 @@ def _row_state_of(opt: torch.optim.Optimizer, group: dict[str, Any]) -> dict[str
 
 @dataclass
 class TierStats:
-    """Counters of a tiered table since it was built (rows, not ids: a batch's repeats count once)."""
+    """Counters of a tiered table since it was built, in rows, not ids: a row a step looks up more than
+    once counts once."""
 
     hits: int = 0
     misses: int = 0
@@ -118,16 +120,15 @@ _LOG_AHEAD_MAX = 1 << 18  # slots at most: the pre-images of one fsync are held 
 def _gather(t: torch.Tensor, slots: np.ndarray) -> np.ndarray:
     """Rows `slots` (int64) of the ``[slots, cols]`` tensor `t`, copied to a host array.
     Not ``t[index]``: advanced indexing copies element by element, several times the cost of row
-    copies (rows of thousands of evictions a step); on the host ``np.take``, a fraction of
-    ``index_select``'s CPU (3,800 rows of a 400,000-row cache: 18 against 156 us)."""
+    copies (rows of thousands of evictions a step); on the host `gather_rows`, a fraction of
+    ``index_select``'s CPU (3,800 rows of a 400,000-row cache: 18 against 156 us with ``np.take``)."""
     if t.device.type == "cpu":
-        return np.take(t.detach().numpy(), slots, axis=0)
+        return gather_rows(t.detach().numpy(), slots)
     return torch.index_select(t, 0, torch.from_numpy(slots).to(t.device)).cpu().numpy()
 
 
 def _scatter(t: torch.Tensor, slots: np.ndarray, values: np.ndarray) -> None:
-    """Rows `slots` (int64, distinct) of `t` := `values`; on the host a row copy each (`put_rows`), which
-    the training thread makes for a prefetch's rows before its lookup."""
+    """Rows `slots` (int64, distinct) of `t` := `values`; on the host a row copy each (`put_rows`)."""
     if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() and values.dtype == np.float32:
         put_rows(t.detach().numpy(), slots, values)
         return
@@ -241,15 +242,20 @@ class TierCache:
         automatic = advance is None
         if automatic:
             advance = self._opt is None or self._stepped
-        ids = rows.detach().cpu().numpy()
-        unique = _distinct(ids)  # sorted (before the lock: a prefetch waits on it meanwhile)
-        if unique.size and (unique[0] < 0 or unique[-1] >= self.rows):  # numpy would wrap a negative index
-            bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
-            raise ValueError(f"EmbeddingBagCollection: id {bad} of table {self.name!r} must be in [0, {self.rows})")
         if train and self._opt is None and self.unknown is not None:
             raise TypeError(f"a disk-tiered table ({self.name!r}) is trained by {self.unknown}, which has no "
                             f"row-state adapter (known: {sorted(ROW_STATE)}); add one with "
                             "recstream.nn.register_row_state")
+        ids = rows.detach().cpu().numpy()
+        cached = self._lookup_cached(ids, train, advance)  # every id cached (a prefetch's doing): one pass
+        if cached is not None:
+            if train and automatic:
+                self._stepped = False
+            return torch.from_numpy(cached.reshape(ids.shape)).to(rows.device)
+        unique = _distinct(ids)  # sorted (before the lock: a prefetch waits on it meanwhile)
+        if unique.size and (unique[0] < 0 or unique[-1] >= self.rows):  # numpy would wrap a negative index
+            bad = int(ids[(ids < 0) | (ids >= self.rows)][0])
+            raise ValueError(f"EmbeddingBagCollection: id {bad} of table {self.name!r} must be in [0, {self.rows})")
         with self.lock:
             if advance:
                 self.recency.advance()
@@ -268,6 +274,27 @@ class TierCache:
                 if automatic:
                     self._stepped = False
         return torch.from_numpy(slots.astype(np.int64)).to(rows.device)
+
+    def _lookup_cached(self, ids: np.ndarray, train: bool, advance: bool) -> np.ndarray | None:
+        """`map_ids` of `ids` if every one is cached, in one pass (`tier_kernels`): their slots (int64,
+        flat), the recency advanced and touched, the slots marked trained with `train`, the rows counted
+        as hits once a step; None (nothing changed) if one is not cached or no kernel was built."""
+        if tier_kernels.kernels is None:
+            return None
+        flat = np.ascontiguousarray(ids.reshape(-1), dtype=np.int64)
+        out, fresh = np.empty(flat.size, dtype=np.int64), np.empty(flat.size, dtype=np.int64)
+        with self.lock:
+            recency = self.recency
+            tick = recency.tick + 1 if advance else recency.tick
+            dirty = self.dirty.view(np.uint8) if train else None
+            k = tier_kernels.kernels.lookup_cached(flat, self.row2slot, recency.last_use, tick, dirty, out, fresh)
+            if k < 0:
+                return None
+            if advance:
+                recency.advance()
+            recency.touched(fresh[:k])
+            self.stats.hits += k
+        return out
 
     def prefetch(self, rows: torch.Tensor | np.ndarray) -> int:
         """Bring rows into the cache ahead of the step that reads them (from another thread: the step
@@ -431,8 +458,7 @@ class TierCache:
                 break
             self._moved.wait()  # a prefetch holds the store, or moves rows of this step
         hit = slots >= 0
-        self.stats.hits += int(hit.sum())
-        self.recency.touch(slots[hit].astype(np.int64))
+        self.stats.hits += self.recency.touch(slots[hit].astype(np.int64))
         if missing.size == 0:
             return True
         victims = self.recency.victims(missing.size)  # none of the step in flight

@@ -58,16 +58,28 @@ class SlotRecency:
         self.tick += 1
         self._current = 0
 
-    def touch(self, slots: np.ndarray) -> None:
-        """`slots` (distinct) were used at the current tick."""
+    def touch(self, slots: np.ndarray) -> int:
+        """`slots` (distinct) were used at the current tick; returns how many were not yet."""
         fresh = slots[self.last_use[slots] != self.tick]
         if fresh.size == 0:
-            return
+            return 0
         if self._reserved:
             self._reserved -= int(np.count_nonzero(self.last_use[fresh] == _RESERVED))
         self.last_use[fresh] = self.tick
         self._current += fresh.size
         self._queue.append((self.tick, fresh))
+        self._entries += fresh.size
+        if self._entries > 2 * self.slots + 4096:
+            self._rebuild()
+        return fresh.size
+
+    def touched(self, fresh: np.ndarray) -> None:
+        """`touch` of slots whose ``last_use`` the caller set to the current tick, `fresh` those it
+        changed (distinct, none reserved): they join the order (a lookup made in one compiled pass)."""
+        if fresh.size == 0:
+            return
+        self._current += fresh.size
+        self._queue.append((self.tick, fresh.copy()))
         self._entries += fresh.size
         if self._entries > 2 * self.slots + 4096:
             self._rebuild()

@@ -49,6 +49,7 @@ import numpy as np
 from ..atomic import atomic_write, fsync_dir
 from .tier_file import RELEASE_BYTES, PageBudget, TierFile, TierFileError, distinct, release_limit
 from .tier_group import Fill, GroupSpec, TierArray, group_arrays, group_fill, open_groups, specs_of
+from .tier_kernels import gather_rows
 
 __all__ = ["TierStore"]
 
@@ -493,7 +494,7 @@ class TierStore:
         if sum(covered.values()) == f.cols:
             out = np.empty((rows.size, f.cols), dtype=np.float32)
         else:
-            out = np.take(f.data, rows, axis=0)
+            out = gather_rows(f.data, rows)
         for a, values in parts:
             out[:, a.start:a.stop] = values
         return out
@@ -723,8 +724,8 @@ class TierStore:
                 for b in range(0, part.size, chunk):  # chunks: the pages the pre-images map are measured
                     if committed:
                         pre[b:b + chunk] = f.committed_rows(part[b:b + chunk])
-                    else:  # (np.take: see TierFile.read_rows)
-                        pre[b:b + chunk] = np.take(f.data, part[b:b + chunk], axis=0)
+                    else:
+                        pre[b:b + chunk] = gather_rows(f.data, part[b:b + chunk])
                     if measuring:
                         self._pages.spent(min(chunk, part.size - b))
                 parts += _entry(_ROWS, index, part.size, part, pre)
