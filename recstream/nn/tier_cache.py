@@ -305,8 +305,8 @@ class TierCache:
         itself: the rows not cached are read first (a step's ``map_ids``, which usually comes as a
         prefetch starts, then finds the lock free), slots are chosen for them under the lock
         (`_plan`), the evicted rows written back and the slots filled without it (`_transfer`,
-        `_fill`: the training thread has the CPU to spare less than this one), the rows mapped under it
-        again (`_map_moved`). One prefetch is in flight at a time: from its first read, the store is its
+        `_fill`: here, off the training thread, which is what a cache-full step waits for), the rows
+        mapped under it again (`_map_moved`). One prefetch is in flight at a time: from its first read, the store is its
         alone (`_quiesce`)."""
         ids = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
         ids = ids.astype(np.int64, copy=False).ravel()

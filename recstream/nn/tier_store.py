@@ -453,7 +453,7 @@ class TierStore:
         for g, rows, _ in records:  # a pre-image must be sound
             self._check_group(g, rows)
         measuring = self._measuring()  # (first: it may leave the private maps, see one_map)
-        self._log_preimages([(g, rows) for g, rows, _ in records if not self.groups[g].private], ahead)
+        self._log_preimages([(g, rows) for g, rows, _ in records if not self.groups[g].private], ahead, measuring)
         chunk = _CHUNK if measuring else _UNMEASURED_CHUNK
         for g, rows, parts in records:
             f, index = self.groups[g], self._indexed(rows)
@@ -637,15 +637,14 @@ class TierStore:
         return _LOG_HEAD.unpack(head)[1]
 
     def _log_preimages(self, writes: list[tuple[int, np.ndarray]],
-                       ahead: Callable[[], list[tuple[str, np.ndarray]]] | None) -> None:
+                       ahead: Callable[[], list[tuple[str, np.ndarray]]] | None, measuring: bool) -> None:
         """Append the committed checksums of blocks and bytes of rows about to be written for the first
         time since the last commit (`writes`: ``(group, rows)``), then fsync; if there are any, those of
-        the rows `ahead` (``(array, rows)``) too.
+        the rows `ahead` (``(array, rows)``) too (`measuring`: the pages read are measured, `_measuring`).
         Rows, not blocks: an evicted row costs its own bytes. An entry's parts go to the file as they
         are (its checksum computed over them in turn): a step logs about a MiB of pre-images, which
         joining would copy several times."""
         logged: list = []  # (group, blocks, rows) to mark as logged once the log is durable
-        measuring = self._measuring()
         parts = self._preimage_parts(writes, logged, measuring)
         if parts and ahead is not None:
             more = [(g, rows) for g, rows, _ in self._records([(name, rows, None) for name, rows in ahead()])]
