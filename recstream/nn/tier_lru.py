@@ -12,7 +12,10 @@ outside the cache's lock) is out of the order until touched.
 
 Example:
     >>> r = SlotRecency(4)
-    >>> r.touch(r.victims(2)); r.advance(); r.touch(np.array([0]))
+    >>> r.touch(r.victims(2))  # two free slots used at tick 0 (touch counts those not used at it yet)
+    2
+    >>> r.advance(); r.touch(np.array([0]))
+    1
     >>> r.victims(3).tolist()  # the free slots, then slot 1 (used a tick before slot 0)
     [2, 3, 1]
 """
