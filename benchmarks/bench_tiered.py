@@ -3,7 +3,8 @@ read and written per step, cache hit rate; then a checkpoint (a commit of the st
 
 One table of ``--rows`` rows x ``--dim``, read by ``--fields`` features (single-id bags, batch
 ``--batch``), ids Zipf(``--zipf``) over the rows (scattered by a fixed multiplicative hash, so hot
-rows are not neighbours); a linear head (``--head mlp``: an MLP 256-128, as WideDeep's deep part);
+rows are not neighbours; ``--ids wrapped``: the earlier sampler, about half its ids spread evenly
+over the table, see `_ranks`); a linear head (``--head mlp``: an MLP 256-128, as WideDeep's deep part);
 LazyAdam (``--optimizer adagrad``: RowWiseAdagrad). The tier caches ``--cache-rows`` rows (default 10%
 of the rows) in a store under ``--dir`` (default: a temporary directory on the local disk); each step
 the next batch is prefetched on one long-lived thread, as the data channel's.
