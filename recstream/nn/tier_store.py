@@ -252,8 +252,12 @@ class TierStore:
             lock.close()
             raise
         store = cls(directory, specs, groups, int(manifest["generation"]), int(manifest["uid"]), lock)
-        store._remove_strays()
-        store.rollback()
+        try:
+            store._remove_strays()
+            store.rollback()
+        except BaseException:
+            store.close()  # (its lock too: the directory can be opened again once repaired)
+            raise
         return store
 
     def _remove_strays(self) -> None:

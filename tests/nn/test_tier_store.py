@@ -445,6 +445,29 @@ def test_a_store_written_through_private_maps_logs_pre_images_at_its_commit_and_
     store.close()
 
 
+def test_an_undo_log_naming_a_file_the_store_lacks_is_refused_and_the_rows_are_untouched(tmp_path):
+    """An undo log whose entry names a group file the store does not have is another store's (copied
+    in by hand): opening refuses it, naming the log, rather than writing its bytes into some file."""
+    from recstream.nn import tier_store
+    store = TierStore.create(str(tmp_path), {"weight": (100, 4, _fill(4))})
+    store.close()
+    rows, pre = np.array([3], dtype=np.int64), np.full((1, 4), 9.0, np.float32)
+    with open(tmp_path / "undo.log", "ab") as log:
+        for part in tier_store._entry(tier_store._ROWS, 1, rows.size, rows, pre):
+            log.write(part)
+    refused = r"undo.log names file 1, the store has 1: the log is not this store's"
+    with pytest.raises(TierFileError, match=refused) as first:
+        TierStore.open(str(tmp_path))
+    # The refused open let the store's lock go, though its error (and so the store) is still held: the
+    # same error again, not "in use by another table"
+    with pytest.raises(TierFileError, match=refused):
+        TierStore.open(str(tmp_path))
+    assert first.value.__traceback__ is not None
+    f = TierFile.open(str(tmp_path / "group-0.tier"))
+    np.testing.assert_array_equal(f.read_rows(np.arange(100)), _fill(4)(0, 100))
+    f.close()
+
+
 def test_the_store_returns_one_commit_back_and_no_further(tmp_path):
     """A checkpoint commits the store before its file is written: a kill between the two must leave the
     previous checkpoint's generation reachable, also from a new process."""
