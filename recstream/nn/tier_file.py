@@ -353,16 +353,15 @@ class TierFile:
         (read back with ``pread``; the pages stay the process's, so a write to them faults no more)."""
         if self._unsynced is None:
             return
-        view = memoryview(self._private_map)
-        for a, e in self._unsynced_runs():
-            done = a
-            while done < e:  # (pread may read less than asked)
-                chunk = os.pread(self._fd, min(e - done, 16 << 20), done)
-                if not chunk:
-                    raise TierFileError(f"tier file {self.path}: ends at byte {done}, its header says {e} or more")
-                view[done:done + len(chunk)] = chunk
-                done += len(chunk)
-        view.release()
+        with memoryview(self._private_map) as view:  # (released on an error too: the map can close)
+            for a, e in self._unsynced_runs():
+                done = a
+                while done < e:  # (pread may read less than asked)
+                    chunk = os.pread(self._fd, min(e - done, 16 << 20), done)
+                    if not chunk:
+                        raise TierFileError(f"tier file {self.path}: ends at byte {done}, its header says {e} or more")
+                    view[done:done + len(chunk)] = chunk
+                    done += len(chunk)
         self._unsynced[:] = False
 
     def drop_shared(self) -> None:
@@ -451,12 +450,11 @@ class TierFile:
         runs = self._unsynced_runs()
         if not runs:
             return
-        view = memoryview(self._private_map)
-        for a, e in runs:
-            done = a
-            while done < e:  # (pwrite may write less than asked)
-                done += os.pwrite(self._fd, view[done:e], done)
-        view.release()
+        with memoryview(self._private_map) as view:  # (released on an error too: the map can close)
+            for a, e in runs:
+                done = a
+                while done < e:  # (pwrite may write less than asked)
+                    done += os.pwrite(self._fd, view[done:e], done)
         self._unsynced[:] = False
 
     def crcs(self, blocks: np.ndarray) -> np.ndarray:
