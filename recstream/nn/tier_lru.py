@@ -69,20 +69,19 @@ class SlotRecency:
         if self._reserved:
             self._reserved -= int(np.count_nonzero(self.last_use[fresh] == _RESERVED))
         self.last_use[fresh] = self.tick
-        self._current += fresh.size
-        self._queue.append((self.tick, fresh))
-        self._entries += fresh.size
-        if self._entries > 2 * self.slots + 4096:
-            self._rebuild()
+        self._enqueue(fresh)
         return fresh.size
 
     def touched(self, fresh: np.ndarray) -> None:
         """`touch` of slots whose ``last_use`` the caller set to the current tick, `fresh` those it
         changed (distinct, none reserved): they join the order (a lookup made in one compiled pass)."""
-        if fresh.size == 0:
-            return
+        if fresh.size:
+            self._enqueue(fresh.copy())
+
+    def _enqueue(self, fresh: np.ndarray) -> None:
+        """Slots `fresh` (just set to the current tick) at the tail of the order."""
         self._current += fresh.size
-        self._queue.append((self.tick, fresh.copy()))
+        self._queue.append((self.tick, fresh))
         self._entries += fresh.size
         if self._entries > 2 * self.slots + 4096:
             self._rebuild()
