@@ -66,6 +66,14 @@ class StepOps:
         return sum(self.by_kernel.values())
 
 
+def _mode_only(name: str, args) -> bool:
+    """Whether the op is one that only a dispatch mode makes the step run: autograd stores a sparse
+    gradient in ``.grad`` as it is when nothing else holds its indices and values, and copies it
+    (``clone``) otherwise -- as it does under a `TorchDispatchMode`, whose wrapping holds them. Without
+    the mode (torch.profiler on the same step) no sparse gradient is cloned, on a CPU or a GPU alike."""
+    return name == "clone" and bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_sparse
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the non-view aten ops dispatched while `on` into `step`, with the innermost recstream
     frame that dispatched each (``package/module.py:function``)."""
@@ -76,7 +84,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
-        if self.on and name not in VIEWS and not name.startswith("_record_function"):
+        if self.on and name not in VIEWS and not name.startswith("_record_function") and not _mode_only(name, args):
             self.step.by_op[name] += 1
             frames = [f for f in traceback.extract_stack(limit=40) if "/recstream/" in f.filename]
             if frames:

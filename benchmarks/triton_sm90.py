@@ -49,7 +49,7 @@ KERNELS = frozenset({
     "recstream.nn.hash_triton:_probe_fn", "recstream.nn.hash_triton:_round_fn",
     "recstream.nn.hash_triton:_carry_out_fn", "recstream.nn.hash_triton:_evict_stale_fn",
     "recstream.nn.hash_triton:_mark_fn", "recstream.nn.hash_triton:_evict_chosen_fn",
-    "recstream.nn.hash_triton:_reinsert_fn",
+    "recstream.nn.hash_triton:_reinsert_fn", "recstream.nn.hash_triton:_gather_fn",
     "recstream.nn.hash_triton_unique:_starts_fn", "recstream.nn.hash_triton_unique:_runs_fn",
     "recstream.optim._triton_row_kernels:lazy_adam", "recstream.optim._triton_row_kernels:rowwise_adagrad",
     "recstream.optim._triton_row_kernels:ftrl",

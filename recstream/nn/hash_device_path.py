@@ -358,18 +358,24 @@ class DevicePath:
         return self._train_vectors(rows, has, inverse)
 
     def _train_vectors(self, rows: torch.Tensor, has: torch.Tensor, inverse: torch.Tensor,
-                       padded: torch.Tensor | None = None) -> torch.Tensor:
+                       padded: torch.Tensor | None = None, gather=None) -> torch.Tensor:
         """The vectors of a training step's unique keys' `rows` (`has`: the key has one; renormalised
         in place with ``max_norm``) for ``uniq[inverse]``; ``default_value`` for keys without a row.
         `padded`: `_padded` of `rows` with the free stack's top as fallback, when the caller has it
-        (the Triton backend's kernel writes it). Every device backend ends its step here."""
+        (the Triton backend's kernel writes it). `gather`: ``gather(values, padded, has, inverse,
+        default)``, the same vectors with `_MaskedRows`' sparse gradient in one launch (the Triton
+        backend's `_KernelRows`), taken unless the table's gradient is dense. Every device backend
+        ends its step here."""
         if self.max_norm is not None:
             self._renorm_masked(rows, has)
+        grad = self.values.requires_grad and torch.is_grad_enabled()
+        if gather is not None and padded is not None and (self.sparse or not grad):
+            return gather(self.values, padded, has, inverse, self.default_value)
         if padded is None:
             top = self.free_rows.index_select(0, (self.num_free_t - 1).clamp(min=0).reshape(1))
             padded = self._padded(rows, has, top)
         index, mask = padded.index_select(0, inverse), has.index_select(0, inverse).unsqueeze(1)
-        if self.sparse and self.values.requires_grad and torch.is_grad_enabled():
+        if self.sparse and grad:
             return _MaskedRows.apply(self.values, index, mask, self.default_value)
         emb = F.embedding(index, self.values, sparse=self.sparse)
         return torch.where(mask, emb, self.default_value.to(emb.dtype))

@@ -30,6 +30,9 @@ evict). What runs on the device per step:
   gives a key the same row), gets its initial values, and its row is marked seen, dirty and to
   reset; it also writes the rows looked up and the rows to reset, padded (`DevicePath._padded`'s
   rule) with no torch op; slot and pending counters move by one ``atomic_add`` per program;
+* ``gather`` (one launch, `_KernelRows`): each batch entry's vector -- its unique key's row, or
+  ``default_value`` for a key without one -- and the row and flag the backward's sparse gradient
+  names (two gathers, an ``embedding`` and a ``where`` on the torch path);
 * ``evict_stale`` (one launch): the age eviction of ``step()`` -- every stale slot becomes a
   tombstone and its row goes back onto the free stack (in slot order, as on the host path);
 * after the one read of a full step: ``mark`` + `oldest_static` (torch ops) + ``evict_chosen`` for
@@ -54,7 +57,7 @@ import torch
 
 from ..hostpath import device_assert
 from . import hash_triton_unique
-from .hash_device_path import StaticBackend
+from .hash_device_path import StaticBackend, _MaskedRows
 from .hash_static import CLAIM_ROUNDS, DevicePlan
 from .lru_select import oldest_static
 from .tensor_hash_table import _M32, DELETED, EMPTY, NEVER_SEEN
@@ -431,10 +434,34 @@ def _reinsert_fn(tkeys, trows, tcounts, tlast, row_slots, old_keys, old_rows, ol
     tl.store(old_keys + s, tl.full([BLOCK], -1, tl.int64).to(old_keys.dtype.element_ty), mask=ok)
 
 
+def _gather_fn(values, rows, has, inverse, default, out, index, flag, n, dim, BLOCK: tl.constexpr,
+               DIM: tl.constexpr):
+    """A training lookup's vectors, one launch after `carry_out`: batch entry ``e`` reads the row of
+    its unique key ``u = inverse[e]`` (`carry_out`'s padded ``rows[u]``) where the key has one
+    (``has[u]``), ``default`` where not, and writes that row and flag for the backward's sparse
+    gradient (`_KernelRows`). It replaces two gathers by `inverse`, an ``embedding`` and a ``where``.
+    Race-free: each lane writes only its own entry's words; the table is only read."""
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inb = e < n
+    u = tl.load(inverse + e, mask=inb, other=0)
+    row = tl.load(rows + u, mask=inb, other=0)
+    on = inb & (tl.load(has + u, mask=inb, other=0) != 0)
+    tl.store(index + e, row, mask=inb)
+    tl.store(flag + e, on.to(tl.int8), mask=inb)
+    cols = tl.arange(0, DIM)
+    for d in range(0, dim, DIM):
+        c = d + cols
+        cm = c < dim
+        v = tl.load(values + row[:, None] * dim + c[None, :], mask=on[:, None] & cm[None, :], other=0.0)
+        fill = tl.load(default + c, mask=cm, other=0.0)
+        tl.store(out + e.to(tl.int64)[:, None] * dim + c[None, :], tl.where(on[:, None], v, fill[None, :]),
+                 mask=inb[:, None] & cm[None, :])
+
+
 @functools.cache
 def _kernels():
-    """``(probe, claim round, carry_out, evict_stale, mark, evict_chosen, reinsert)`` as Triton kernels,
-    built on first use."""
+    """``(probe, claim round, carry_out, evict_stale, mark, evict_chosen, reinsert, gather)`` as Triton
+    kernels, built on first use."""
     global tl, _start, _claim
     import triton
     import triton.language
@@ -444,7 +471,7 @@ def _kernels():
     jit = triton.jit
     # `rnd` is 1 in one launch: unspecialised, or a GPU would compile that launch's kernel apart
     return (jit(_probe_fn), jit(_round_fn, do_not_specialize=["rnd"]), jit(_carry_out_fn), jit(_evict_stale_fn),
-            jit(_mark_fn), jit(_evict_chosen_fn), jit(_reinsert_fn))
+            jit(_mark_fn), jit(_evict_chosen_fn), jit(_reinsert_fn), jit(_gather_fn))
 
 
 def _launch(kernel, n: int, *args, **meta) -> None:
@@ -483,6 +510,29 @@ def scratch(n: int, words: int, bytes_: int, device) -> tuple[torch.Tensor, torc
 def _u8(t: torch.Tensor) -> torch.Tensor:
     """A bool tensor as the bytes a kernel reads and writes."""
     return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+class _KernelRows(_MaskedRows):
+    """`_MaskedRows` with its forward as one launch (`_gather_fn`): the vectors of a training lookup's
+    batch entries from its unique keys' padded `rows`, `has` and `inverse` (`carry_out`'s outputs);
+    the same sparse gradient (`_MaskedRows.backward`)."""
+
+    @staticmethod
+    def forward(ctx, values, rows, has, inverse, default):
+        n, dim = inverse.numel(), values.shape[1]
+        out = torch.empty(n, dim, dtype=values.dtype, device=values.device)
+        index, flag = scratch(n, 1, 1, values.device)  # one allocation: each entry's row and flag
+        dims = max(16, min(128, 1 << (dim - 1).bit_length()))
+        _launch(_kernels()[7], n, values.detach(), rows, _u8(has), inverse, default.to(values.dtype), out, index[0],
+                flag[0], n, dim, BLOCK=max(16, 4096 // dims), DIM=dims)
+        ctx.save_for_backward(index[0], flag[0].view(torch.bool).unsqueeze(1))
+        ctx.shape = values.shape
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        return _MaskedRows.backward(ctx, grad)[0], None, None, None, None
 
 
 class TritonBackend(StaticBackend):
@@ -624,8 +674,7 @@ class TritonBackend(StaticBackend):
                 PBLOCK=per_program_block(nprog), INIT=init_mode)
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             emb._reset_parts.append(reset)
-        has = has.view(torch.bool)
-        return emb._train_vectors(rows, has, inverse, padded=rows)
+        return emb._train_vectors(rows, has.view(torch.bool), inverse, padded=rows, gather=_KernelRows.apply)
 
     def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask

@@ -91,9 +91,9 @@ def test_triton_admits_counts_and_evicts_as_the_host_path_and_the_torch_ops(perm
     syncs = [s.syncs for s in triton[2].per_step]
     if capacity == 512:  # the host's bounds show room: nothing read, nothing that waits for the device
         assert syncs == [0] * len(stream), syncs
-        # a step: 2 for the unique keys, probe (round 0 bids), 4 claim launches, carry out; age eviction one more; far
-        # fewer ops than the torch path
-        assert hash_triton.launches - before == len(stream) * (8 if evict_after is None else 9)
+        # a step: 2 for the unique keys, probe (round 0 bids), 4 claim launches, carry out, the batch's vectors; age
+        # eviction one more; far fewer ops than the torch path
+        assert hash_triton.launches - before == len(stream) * (9 if evict_after is None else 10)
         assert triton[2].per_step[-1].ops < torch_ops[2].per_step[-1].ops / 2
     else:  # full: the step reads the counters once, then the LRU pass
         assert max(syncs) == 1, syncs
@@ -351,21 +351,56 @@ def test_a_triton_training_lookup_leaves_ranks_padding_and_unique_keys_to_its_ke
     """The carry-out kernel ranks the admitted keys (per-program counts of the last claim round, no
     cumsum launched), pads the rows looked up and the rows to reset, and the claim rounds set up their
     own buffers; the unique keys are a sort and two launches; each kernel family's buffers are one
-    allocation; the kernel writes the initial rows; the probe writes its assert's word: a steady lookup
-    with room dispatches 15 torch ops, not 73 (20 of them ranks and counters, 10 the paddings, 17
-    `static_unique`'s)."""
+    allocation; the kernel writes the initial rows; the probe writes its assert's word; one launch
+    gathers the batch's vectors: a steady lookup with room dispatches 13 torch ops, not 73 (20 of them
+    ranks and counters, 10 the paddings, 17 `static_unique`'s), 6 of them allocations."""
     emb = HashEmbedding(4, capacity=512, param_init="ones")
     emb.table_backend = "triton"
     for keys in _stream(3, 16, 40):
         before = hash_triton.launches
         with device_path(), _Ops() as ops:
             emb(keys)
-        assert hash_triton.launches - before == 8
+        assert hash_triton.launches - before == 9
     assert "carry_out" not in ops.by and "_padded" not in ops.by and "_insert" not in ops.by, ops.by
     assert "_init_rows" not in ops.by, ops.by  # ones: the kernel writes them
     assert "static_unique" not in ops.by and ops.by["_runs"] == 1, ops.by  # the sort
-    assert ops.by["scratch"] == 3, ops.by  # unique, probe, carry-out: one allocation each
-    assert ops.n <= 15, ops.by
+    assert ops.by["scratch"] == 4, ops.by  # unique, probe, carry-out, gather: one allocation each
+    assert ops.by["forward"] == 1, ops.by  # the vectors' allocation; two gathers, embedding and where: one launch
+    assert ops.n <= 13, ops.by
+
+
+@interpreted
+@pytest.mark.parametrize("dim,sparse", [(5, True), (200, True), (5, False)])
+def test_the_vectors_launch_gives_the_torch_ops_outputs_and_gradients(dim, sparse):
+    """`_KernelRows` (one launch) against the torch ops' `_MaskedRows`: the vectors of keys with a row,
+    of pending keys (``default_value``, not zeros here) and of repeated keys, and the table's gradient;
+    for a width past one block of columns (200 > 128), and for a table with dense gradients (which
+    keeps the torch ops)."""
+    g = torch.Generator().manual_seed(dim)
+    emb = HashEmbedding(dim, capacity=256, permit_filter_value=2, sparse=sparse)
+    emb.default_value.fill_(0.25)
+    stream = [torch.randint(0, 30, (40,), generator=g) * 7919 + 2 ** 40 for _ in range(3)]
+    weights = torch.linspace(-1.0, 1.0, dim)
+    results = []
+    for backend in ("torch", "triton"):
+        table = copy.deepcopy(emb)
+        table.table_backend = backend
+        torch.manual_seed(0)  # new rows' draws: the same on both
+        before, outs, grads = hash_triton.launches, [], []
+        for keys in stream:
+            with device_path():
+                out = table(keys)
+                (out * weights).sum().backward()
+            outs.append(out.detach())
+            grads.append(table.values.grad.to_dense() if sparse else table.values.grad.clone())
+            table.values.grad = None
+        results.append((outs, grads, hash_triton.launches - before))
+    (torch_outs, torch_grads, _), (outs, grads, launches) = results
+    assert launches == len(stream) * (9 if sparse else 8)  # the vectors' launch: sparse gradients only
+    for step, (a, b, ga, gb) in enumerate(zip(torch_outs, outs, torch_grads, grads, strict=True)):
+        assert torch.equal(a, b), f"step {step}: vectors differ"
+        assert torch.equal(ga, gb), f"step {step}: gradients differ"
+    assert (outs[0] == 0.25).all(dim=1).any() and (outs[-1] != 0.25).all(dim=1).any()  # pending and admitted keys
 
 
 @interpreted
