@@ -13,6 +13,12 @@ dispatched them and by kernel:
 
     TRITON_INTERPRET=1 python -m benchmarks.dynamic_ops widedeep
     TRITON_INTERPRET=1 python -m benchmarks.dynamic_ops deepfm --fixed   # the fixed-table twin
+    TRITON_INTERPRET=1 python -m benchmarks.dynamic_ops dlrm --workload bench   # bench_dynamic.py's model
+
+``--workload bench`` counts `bench_dynamic.py`'s models and schema instead (user and item ids
+dynamic, or fixed in the twin, beside two small fixed features; WideDeep, DeepFM, DCNv2, DLRM):
+the workload of the GPU target "a dynamic-id model <= 1.3x its fixed-table twin", so the ratio of
+the two counts is what a CPU can say of it.
 
 Each step is one ``train(1, [batch])`` call: its epoch-end work (the loss watch's counters made again
 and read, the history's record: 5 ops) is in the count. ``TRITON_INTERPRET=1`` must be set before
@@ -64,6 +70,11 @@ class StepOps:
     @property
     def launches(self) -> int:
         return sum(self.by_kernel.values())
+
+    @property
+    def kernels(self) -> int:
+        """What the step launches on a GPU: its ops that launch a kernel, and the Triton launches."""
+        return self.ops - self.no_kernel + self.launches
 
 
 def _mode_only(name: str, args) -> bool:
@@ -149,26 +160,47 @@ def _batches(n: int, names: tuple[str, ...], b: int = 32, seed: int = 0, dynamic
     return out
 
 
-def count_step(model: str = "widedeep", dynamic: bool = True, warm: int = 5, steps: int = 3) -> list[StepOps]:
-    """`steps` steady steps' counts (after `warm` steps) of `model` ("widedeep", "deepfm")."""
+WORKLOADS = {"test": ("widedeep", "deepfm"), "bench": ("widedeep", "deepfm", "dcnv2", "dlrm")}
+"""The models each workload counts: ``test`` (`tests/models/test_dynamic.py`'s schema) or ``bench``
+(`bench_dynamic.py`'s, the GPU target's: user and item dynamic beside two fixed features)."""
+
+
+def _bench_setup(model: str, dynamic: bool, n: int):
+    """`bench_dynamic.py`'s model and `n` batches (its schema; 64 events a batch, ids over 1,000 rows:
+    a count does not depend on the batch size), each batch as a loader hands it to a step."""
+    from benchmarks import bench_dynamic
+    from recstream.data import Batch
+
+    net = bench_dynamic.MODELS[model](bench_dynamic.schema(1000, dynamic))
+    return net, [Batch(x.to("cpu"), y) for x, y in bench_dynamic.batches(n, 64, 1000)]
+
+
+def count_step(model: str = "widedeep", dynamic: bool = True, warm: int = 5, steps: int = 3,
+               workload: str = "test") -> list[StepOps]:
+    """`steps` steady steps' counts (after `warm` steps) of `model` on `workload` (`WORKLOADS`)."""
     from recstream import RecModel
     from recstream.hostpath import device_path
     from recstream.models import DeepFM, WideDeep, ctr_metrics, default_optimizer
     from recstream.nn import HashEmbedding
     from recstream.optim.triton_rows import interpreted
 
-    builders = {"widedeep": WideDeep, "deepfm": DeepFM}
-    if model not in builders:
-        raise ValueError(f"dynamic_ops: model={model!r}; allowed: {sorted(builders)}")
+    if workload not in WORKLOADS:
+        raise ValueError(f"dynamic_ops: workload={workload!r}; allowed: {sorted(WORKLOADS)}")
+    if model not in WORKLOADS[workload]:
+        raise ValueError(f"dynamic_ops: model={model!r}; allowed: {sorted(WORKLOADS[workload])}")
     torch.manual_seed(0)
-    schema = _schema(dynamic)
-    net = builders[model](schema, hidden=(16, 8), embedding_dim=4)
+    if workload == "bench":
+        net, data = _bench_setup(model, dynamic, warm + steps)
+        metrics, optimizer = None, default_optimizer(net)  # as bench_dynamic trains it
+    else:
+        schema = _schema(dynamic)
+        net = {"widedeep": WideDeep, "deepfm": DeepFM}[model](schema, hidden=(16, 8), embedding_dim=4)
+        data = _batches(warm + steps, tuple(f.name for f in schema.categorical), dynamic=dynamic)
+        metrics, optimizer = ctr_metrics(), default_optimizer(net, lr=1e-2)
     for m in net.modules():
         if isinstance(m, HashEmbedding):
             m.table_backend = "triton"
-    trainer = RecModel(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net, lr=1e-2), metrics=ctr_metrics(),
-                       progress_bar=False)
-    data = _batches(warm + steps, tuple(f.name for f in schema.categorical), dynamic=dynamic)
+    trainer = RecModel(net, torch.nn.BCEWithLogitsLoss(), optimizer, metrics=metrics, progress_bar=False)
     counter, out = OpCounter(), []
     undo = count_launches(counter)
     try:
@@ -186,16 +218,18 @@ def count_step(model: str = "widedeep", dynamic: bool = True, warm: int = 5, ste
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", default="widedeep", choices=("widedeep", "deepfm"))
+    parser.add_argument("model", nargs="?", default="widedeep", choices=WORKLOADS["bench"])
     parser.add_argument("--fixed", action="store_true", help="the fixed-table twin (vocabularies of 64 ids)")
+    parser.add_argument("--workload", default="test", choices=sorted(WORKLOADS),
+                        help="test: tests/models/test_dynamic.py's schema; bench: bench_dynamic.py's")
     parser.add_argument("--top", type=int, default=40, help="op names and functions to list")
     args = parser.parse_args(argv)
-    steps = count_step(args.model, dynamic=not args.fixed)
+    steps = count_step(args.model, dynamic=not args.fixed, workload=args.workload)
     last = steps[-1]
     kind = "fixed" if args.fixed else "dynamic"
-    print(f"{args.model} {kind}: {last.ops} ops + {last.launches} launches a steady step "
+    print(f"{args.model} {kind} ({args.workload} workload): {last.ops} ops + {last.launches} launches a steady step "
           f"(steps: {[(s.ops, s.launches) for s in steps]}); {last.no_kernel} of the ops launch no kernel on a "
-          f"GPU ({', '.join(sorted(NO_KERNEL))})")
+          f"GPU ({', '.join(sorted(NO_KERNEL))}): {last.kernels} kernels")
     for title, counts, top in (("by kernel", last.by_kernel, None), ("by recstream function", last.by_function,
                                                                      args.top), ("by op", last.by_op, args.top)):
         print(f"\n{title}:")

@@ -21,8 +21,8 @@ interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reas
 # (ops, launches) of a steady step; the kernels launched
 TABLES = {"_starts_fn": 2, "_runs_fn": 2, "_probe_fn": 2, "_round_fn": 8, "_carry_out_fn": 2, "_gather_fn": 2}
 COUNTS = {  # two Triton tables; FTRL for the wide weights, row-wise Adagrad for the embeddings
-    "widedeep": (151, 24, {**TABLES, "ftrl": 3, "rowwise_adagrad": 3}),
-    "deepfm": (172, 22, {**TABLES, "rowwise_adagrad": 4}),
+    "widedeep": (147, 24, {**TABLES, "ftrl": 3, "rowwise_adagrad": 3}),
+    "deepfm": (168, 22, {**TABLES, "rowwise_adagrad": 4}),
 }
 
 
@@ -44,6 +44,17 @@ def test_the_fixed_table_twin_dispatches_the_documented_ops_and_launches(model, 
     step = dynamic_ops.count_step(model, dynamic=False, warm=2, steps=1)[-1]
     assert (step.ops, step.launches) == (ops, launches)
     assert "_round_fn" not in step.by_kernel
+
+
+@interpreted
+def test_bench_dynamics_widedeep_and_its_twin_dispatch_the_documented_kernels():
+    """The workload of the GPU target (`bench_dynamic.py`: user and item dynamic or fixed): what a
+    dynamic table adds to a step, in kernels, against a fixed feature (none: it joins the fused
+    tables' lookup)."""
+    dynamic, fixed = (dynamic_ops.count_step("widedeep", dynamic=d, warm=4, steps=1, workload="bench")[-1]
+                      for d in (True, False))
+    assert ((dynamic.ops, dynamic.launches, dynamic.kernels), (fixed.ops, fixed.launches, fixed.kernels)) == (
+        (145, 24, 137), (87, 4, 81))
 
 
 def test_a_sparse_gradient_is_cloned_into_grad_only_under_a_dispatch_mode():
@@ -84,6 +95,8 @@ def test_a_sparse_gradient_is_cloned_into_grad_only_under_a_dispatch_mode():
     assert ("clone", True) in seen.ops  # the mode's own copy, which the count leaves out
 
 
-def test_an_unknown_model_is_refused_with_the_allowed_names():
+def test_an_unknown_model_or_workload_is_refused_with_the_allowed_names():
     with pytest.raises(ValueError, match=r"model='dlrm'; allowed: \['deepfm', 'widedeep'\]"):
         dynamic_ops.count_step("dlrm")
+    with pytest.raises(ValueError, match=r"workload='criteo'; allowed: \['bench', 'test'\]"):
+        dynamic_ops.count_step("dlrm", workload="criteo")
