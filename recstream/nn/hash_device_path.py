@@ -231,6 +231,7 @@ class DevicePath:
         """Whether the host's bounds show room for every key of the batch (no read needed); then
         they are moved on by the batch's worst case."""
         n = plan.uniq.numel()
+        self._refresh_bounds(n)
         room = self._room(n, self._free_bound, self._pending_bound, self.table.num_used_bound())
         self._log_host(HostEvent("room" if room else "other", n))  # see hash_replay
         if room:

@@ -132,6 +132,7 @@ from ..sorting import unique
 from ..validation import check_bool, check_choice, check_int, check_int_tensor, check_number, check_type
 from .embedding_config import DiskTier
 from .hash_backend import BACKENDS, HOST, TableBackend, triton_available
+from .hash_counters import CounterWatch
 from .hash_device_path import STATIC, DevicePath, lookup_masked_many
 from .hash_host_path import HostPath
 from .hash_replay import GraphReplay, HostEvent
@@ -318,6 +319,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         # the buffers on the device) and bounds the device path keeps without reading (see _plan).
         self._free = self._pending = self._free_bound = self._pending_bound = 0
         self._stale = False
+        self._watch = CounterWatch()  # the counters copied to the host without a sync (hash_counters)
         self._sharding: KeySharding | None = None  # set by shard_keys_
         self._allocate(self.capacity, self.pending_capacity)
         if self._tier_config is not None:  # on several ranks: each opens its keys' store once sharded
@@ -364,6 +366,7 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("_watch", CounterWatch())  # a module pickled before it existed
         self._attach_reset_hook()
 
     def _sync_mirrors(self) -> None:
@@ -668,14 +671,17 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
         self._free_bound, self._pending_bound = values[0], values[1]
         self.table.set_mirrors(values[2], values[3])
         self._stale = False
+        self._watch.void()
 
     def _set_free(self, n: int) -> None:
         self._free = self._free_bound = n
         self.num_free_t.fill_(n)
+        self._watch.void()
 
     def _set_pending(self, n: int) -> None:
         self._pending = self._pending_bound = n
         self.num_pending_t.fill_(n)
+        self._watch.void()
 
     @property
     def global_step(self) -> int:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .hash_counters import LOOKAHEAD
+
 __all__ = ["GraphReplay", "HostEvent", "HostSnapshot"]
 
 
@@ -70,6 +72,7 @@ class GraphReplay:
     def _take_room(self, n: int) -> None:
         """Move the bounds on by a batch of `n` keys' worst case: at most n admitted, n more
         pending, n slots used (the counters on the device are then stale)."""
+        self._watch.taken += n
         self._free_bound -= n
         self._pending_bound += n if self.permit_filter_value > 1 else 0
         self.table.mark_stale(n)
@@ -78,8 +81,19 @@ class GraphReplay:
     def _age_due(self, step: int) -> bool:
         return self.evict_filter_value is not None and step % self.evict_interval == 0
 
+    def _refresh_bounds(self, n: int) -> None:
+        """Tighten the bounds by a finished copy of the counters, and queue one when they show room
+        for fewer than `LOOKAHEAD` lookups of `n` keys (`recstream.nn.hash_counters`)."""
+        if not self._stale:  # the host's numbers are the device's: nothing to tighten
+            return
+        self._watch.poll(self)
+        if not self._room(LOOKAHEAD * n, self._free_bound, self._pending_bound, self.table.num_used_bound()):
+            self._watch.post(self)
+            self._watch.poll(self)  # done at once on a CPU (and on an idle device)
+
     def replay_ready(self, events: tuple[HostEvent, ...]) -> bool:
         """Whether a step whose host side was `events` can be replayed now (no read needed)."""
+        self._refresh_bounds(sum(e.n for e in events if e.kind == "room"))
         free, pending, used, step = self._free_bound, self._pending_bound, self.table.num_used_bound(), self._step
         for e in events:
             if e.kind == "step":
@@ -111,6 +125,7 @@ class GraphReplay:
         self._free, self._pending, self._free_bound, self._pending_bound = snap.counts
         self._stale = snap.stale
         self.table.used_bound, self.table._stale = snap.table
+        self._watch.void()  # the capture's lookups were counted as taken, its kernels never ran
         del self._reset_parts[snap.reset_parts:]
         self._host_log = None
 

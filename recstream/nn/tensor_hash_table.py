@@ -168,9 +168,12 @@ class TensorHashTable(nn.Module):
     def _sync_counters(self) -> None:
         self.set_mirrors(*torch.stack([self.num_used_t, self.num_live_t]).tolist())
 
+    epoch = 0  # moves on at every set_mirrors: a copy of the counters queued before is void (hash_counters)
+
     def set_mirrors(self, used: int, live: int) -> None:
-        """The host's copies of the counters, just read from the device."""
+        """The host's copies of the counters, just read from the device (or set there by the host)."""
         self._used, self._live, self._stale, self.used_bound = used, live, False, used
+        self.epoch += 1
 
     def mark_stale(self, more_used: int) -> None:
         """The device path changed the counters on the device, adding at most `more_used` used slots."""
