@@ -214,6 +214,18 @@ def test_the_tier_layout_benchmark_times_both_layouts_and_counts_the_faults_of_p
     assert list(tmp_path.iterdir()) == []  # its files removed
 
 
+def test_the_dynamic_reads_benchmark_counts_the_steps_that_read_with_and_without_the_copies():
+    """24 ids a step into each of two tables of 300 rows (ids over 300: they never evict): the
+    worst-case bounds run out at step 12, and again soon after each read; copies that land at once
+    leave nothing to read, nor here do copies that land 2 steps late."""
+    reads = _load("dynamic_reads")
+    args = argparse.Namespace(model="widedeep", rows=300, capacity=300, batch_size=24, steps=24, id_features=2,
+                              lag=2)
+    none, lagged, now = (reads.count_reads(args, copies) for copies in ("none", "lag", "now"))
+    assert none and none[0] == 12, none
+    assert now == [] and len(lagged) < len(none), (lagged, none)
+
+
 @pytest.mark.e2e
 def test_the_tiered_table_benchmark_survives_a_sigkill_past_its_checkpoint(tmp_path):
     """--sigkill: the run is a child that SIGKILLs itself after writes past its checkpoint; the store
