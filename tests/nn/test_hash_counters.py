@@ -169,3 +169,25 @@ def test_a_copied_or_pickled_table_starts_with_no_copy_in_flight():
     for other in (copy.deepcopy(emb), pickle.loads(pickle.dumps(emb))):
         assert other._watch._flight is None and other._watch.taken == 0
         _train(other, range(3, 6))  # and trains on
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the copy into pinned memory and its event")
+@pytest.mark.parametrize("copies", [False, True])
+def test_on_cuda_a_landed_copy_spares_the_read_and_the_bounds_hold(monkeypatch, copies):
+    """On a GPU: a non-blocking copy into pinned memory, an event, its query. The device synchronised
+    after each step (as an idle GPU is), every copy has landed by the next step."""
+    if not copies:
+        monkeypatch.setattr(hash_counters.CounterWatch, "post", lambda self, emb: None)
+    emb = HashEmbedding(4, capacity=256, param_init="ones", device="cuda")
+    counter = SyncCounter()
+    for i in range(40):
+        with counter:
+            emb(_keys(i).cuda()).sum().backward()
+            emb.pop_reset_rows()
+            emb.values.grad = None
+        counter.mark()
+        torch.cuda.synchronize()
+        free, _, used = _truth(emb)
+        assert emb._free_bound <= free and emb.table.num_used_bound() >= used
+    syncs = [s.syncs for s in counter.per_step]
+    assert (sum(syncs) == 0) if copies else (sum(syncs) >= 2), syncs

@@ -240,7 +240,9 @@ def test_dynamic_tables_replay_like_eager_steps_through_reads_and_evictions(name
     graphed, model, graphed_net = run(True)
     assert "cuda_graphs: applied" in " ".join(model.boost_report), model.boost_report
     step = model.train_network
-    assert step.captured and 10 <= step.replays <= 54, step.replays  # eager steps between replays
+    # eager steps between replays (the user table's LRU passes read; the counters' asynchronous copies
+    # spare most other reads: recstream.nn.hash_counters)
+    assert step.captured and 10 <= step.replays <= 56, step.replays
     torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-5)
     for (key, a), b in zip(graphed_net.state_dict().items(), eager_net.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
