@@ -674,7 +674,8 @@ class TritonBackend(StaticBackend):
                 PBLOCK=per_program_block(nprog), INIT=init_mode)
         if p.pad_ok:  # padding: a new row, else the free stack's top (their optimizer state is stale)
             emb._reset_parts.append(reset)
-        return emb._train_vectors(rows, has.view(torch.bool), inverse, padded=rows, gather=_KernelRows.apply)
+        gather = _KernelRows.apply if emb.values.is_contiguous() else None  # the kernel reads rows of `dim` values
+        return emb._train_vectors(rows, has.view(torch.bool), inverse, padded=rows, gather=gather)
 
     def read(self, emb, flat: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         valid = torch.ones_like(flat, dtype=torch.bool) if mask is None else mask
