@@ -219,7 +219,7 @@ def count_step(model: str = "widedeep", dynamic: bool = True, warm: int = 5, ste
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="widedeep", choices=WORKLOADS["bench"])
-    parser.add_argument("--fixed", action="store_true", help="the fixed-table twin (the dynamic features as vocabularies)")
+    parser.add_argument("--fixed", action="store_true", help="the fixed-table twin (vocabularies)")
     parser.add_argument("--workload", default="test", choices=sorted(WORKLOADS),
                         help="test: tests/models/test_dynamic.py's schema; bench: bench_dynamic.py's")
     parser.add_argument("--top", type=int, default=40, help="op names and functions to list")
