@@ -85,11 +85,22 @@ def _select(last_seen: torch.Tensor, candidate: torch.Tensor, step: int, k: int)
 def oldest_static(last_seen: torch.Tensor, step: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`oldest` (without ``rows``) with no host sync: ``(order, chosen)``, both sized like
     `last_seen`, where ``order[chosen]`` is `oldest`'s result (the chosen entries first, in its
-    order). The bucket width, threshold bucket and counts stay on the device."""
+    order; ``chosen`` is true exactly on the first of them). The bucket width, threshold bucket and
+    counts stay on the device.
+
+    One sort over the table (the edge bucket's entries by age), not three: each chosen entry's
+    place in `oldest`'s order comes of prefix sums, and one scatter puts it there (a sort of the
+    whole table is the costliest op of an LRU pass on a GPU).
+
+    >>> order, chosen = oldest_static(torch.tensor([5, 1, 9, 3, 1]), step=9, k=2)
+    >>> order[chosen].tolist(), chosen.tolist()
+    ([1, 4], [True, True, False, False, False])
+    """
     n, dev = last_seen.numel(), last_seen.device
     index = torch.arange(n, device=dev)
     candidate = last_seen < step
-    k_eff = torch.minimum(candidate.sum(), torch.tensor(max(k, 0), device=dev))
+    n_cand = candidate.sum()
+    k_eff = torch.minimum(n_cand, torch.tensor(max(k, 0), device=dev))
     ls = torch.where(candidate, last_seen, NEVER_SEEN)
     lo = ls.min()
     span = (step - lo).clamp(min=1)  # no candidate: every entry NEVER_SEEN, nothing chosen below
@@ -103,21 +114,26 @@ def oldest_static(last_seen: torch.Tensor, step: int, k: int) -> tuple[torch.Ten
     t = torch.searchsorted(cum, k_eff.reshape(1))  # the first bucket reaching k
     older = candidate & (bucket < t)
     edge = candidate & (bucket == t)
-    m = k_eff - older.sum()  # taken from the edge bucket
+    n_older = older.sum()
+    m = k_eff - n_older  # taken from the edge bucket
     # One age in the edge bucket: entries evenly spread over it (the e-th of E is taken when some
-    # j < m has j * E // m == e); several ages: its oldest (ties in index order).
+    # j < m has j * E // m == e), in index order; several ages: its oldest (ties in index order),
+    # in that order -- an edge entry's rank by age is its place in the one sort.
     e, size = edge.cumsum(0) - 1, edge.sum()
     j = (e * m + size - 1) // size.clamp(min=1)  # the least j with j * E // m >= e
     spread = edge & (j < m) & ((j * size) // m.clamp(min=1) == e)
     by_age = torch.sort(torch.where(edge, ls, NEVER_SEEN), stable=True).indices
     age_rank = torch.empty_like(by_age).index_copy_(0, by_age, index)
-    chosen = older | torch.where(shift > 0, edge & (age_rank < m), spread)
-    # order: the older buckets' entries by index, then the edge's (by age when it spans several);
-    # every candidate chosen: all of them by index
-    every = k_eff == candidate.sum()
+    several = shift > 0
+    chosen = older | torch.where(several, edge & (age_rank < m), spread)
+    # Places in `oldest`'s order: the older buckets' entries by index, then the edge's; every
+    # candidate chosen: all of them by index.
+    place = torch.where(several, age_rank, spread.cumsum(0) - 1) + n_older
+    place = torch.where(older, older.cumsum(0) - 1, place)
+    every = k_eff == n_cand
     chosen = torch.where(every, candidate, chosen)
-    rank = torch.where(older | every, 0, 1).masked_fill(~chosen, 2)
-    age = torch.where(chosen & ~older & ~every & (shift > 0), ls, 0)
-    order = torch.sort(age, stable=True).indices
-    order = order.index_select(0, torch.sort(rank.index_select(0, order), stable=True).indices)
-    return order, chosen.index_select(0, order)
+    place = torch.where(every, candidate.cumsum(0) - 1, place)
+    # one scatter; entries not chosen all write the spare last word (dropped), so `order`'s tail
+    # stays 0: a valid index its consumers mask out
+    order = torch.zeros(n + 1, dtype=torch.int64, device=dev).scatter_(0, torch.where(chosen, place, n), index)
+    return order[:n], index < k_eff
