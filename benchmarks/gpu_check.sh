@@ -3,7 +3,7 @@
 # installs the carried wheels (.whl/, made here by benchmarks/gpu_wheels.sh), builds the C extensions
 # in place, records the machine and versions, checks that steady training steps do not synchronise
 # (benchmarks/sync_debug_check.py), runs the three benchmarks on CUDA (bench_boost.py at batch 4,096
-# and 16,384 with the `ceiling` reference, bench_embeddings.py, bench_dynamic.py), profiles steady
+# and 16,384 with the `ceiling` reference, bench_embeddings.py, bench_dynamic.py, bench_lru.py), profiles steady
 # steps (benchmarks/profile_step.py, into boost.log) and then every
 # CUDA test of the suite (benchmarks/cuda_tests.py selects them). Each step runs under its own
 # `timeout`, clamped to what is left of the whole script's budget (GPU_CHECK_BUDGET, 465 s), so the
@@ -112,6 +112,7 @@ if [ $DEVICE = cuda ]; then
     BOOST_16384=(--batch-size 16384 --rows 2097152 --time-budget 65)
     EMB_ARGS=(--device cuda --threads 4 --reps 20)
     DYN_ARGS=(--device cuda --step model)
+    LRU_ARGS=(--device cuda --reps 5)
 else  # wiring only: nothing here is a measurement
     SYNC_ARGS=(--device cpu --steps 3 --warm 2 --batch-size 64 --vocab 100 --hidden 16)
     BOOST_ARGS=(--device cpu --test-rows 2000 --reps 1 --threads 1 --vocab 500 --hidden 16)
@@ -120,6 +121,7 @@ else  # wiring only: nothing here is a measurement
     EMB_ARGS=(--device cpu --threads 1 --reps 2 --warmup 1 --batch 64 --vocab 1000 --full-vocab 10000
               --full-history 5 --num-batches 2)
     DYN_ARGS=(--device cpu --rows 1000 --batch-size 64 --rounds 1 --steps 2 --warmup 1)
+    LRU_ARGS=(--device cpu --rows 20000 --k 1000 --reps 1)
 fi
 step sync_debug 45 sync_debug.log "$PY" benchmarks/sync_debug_check.py "${SYNC_ARGS[@]}"
 step boost_4096 95 boost.log "$PY" benchmarks/bench_boost.py "${BOOST_ARGS[@]}" "${BOOST_4096[@]}" \
@@ -140,6 +142,7 @@ fi
 step profile 45 boost.log "$PY" benchmarks/profile_step.py "${PROFILE_ARGS[@]}"
 step embeddings 60 embeddings.log "$PY" benchmarks/bench_embeddings.py "${EMB_ARGS[@]}"
 step dynamic 40 dynamic.log "$PY" benchmarks/bench_dynamic.py "${DYN_ARGS[@]}"
+step lru 20 embeddings.log "$PY" benchmarks/bench_lru.py "${LRU_ARGS[@]}"
 
 # The CUDA tests: files that mention CUDA at all, narrowed by the plugin to the tests that do.
 mapfile -t TEST_FILES < <(grep -rlis --include='test_*.py' cuda tests | sort)
@@ -172,6 +175,9 @@ PYTHONPATH="$ROOT/benchmarks:$PYTHONPATH" step cuda_tests 150 cuda_tests.log \
     echo
     echo "## bench_embeddings (embeddings.log)"
     grep -E '^(batch=|variant|dense_adam|fused_|hash_|speedup)' "$OUT/embeddings.log" || echo "(see embeddings.log)"
+    echo
+    echo "## bench_lru (embeddings.log: one LRU pass's select)"
+    grep -E '^(rows=|\| [0-9])' "$OUT/embeddings.log" || echo "(see embeddings.log)"
     echo
     echo "## bench_dynamic (dynamic.log)"
     grep -E '^(rows=|model|widedeep|deepfm|dcnv2|dlrm)' "$OUT/dynamic.log" || echo "(see dynamic.log)"

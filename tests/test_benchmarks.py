@@ -226,6 +226,19 @@ def test_the_dynamic_reads_benchmark_counts_the_steps_that_read_with_and_without
     assert now == [] and len(lagged) < len(none), (lagged, none)
 
 
+def test_the_lru_benchmark_times_every_select_against_the_torch_ops(capsys):
+    """Each variant's row, its ratio to the torch ops of the same run; a select that differs from
+    the torch ops' stops the benchmark."""
+    lru = _load("bench_lru")
+    assert lru.main(["--rows", "3000", "--k", "200", "--reps", "1", "--spans", "5,100000"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and
+            line[2].isdigit()]
+    variants = {"torch_ops", "static"} | ({"compiled"} if lru.native.kernels is not None else set())
+    for span in ("5", "100,000"):
+        got = {name.strip(): ratio.strip() for s, name, _, ratio in rows if s.strip() == span}
+        assert set(got) == variants and got["torch_ops"] == "1.00x", got
+
+
 @pytest.mark.e2e
 def test_the_tiered_table_benchmark_survives_a_sigkill_past_its_checkpoint(tmp_path):
     """--sigkill: the run is a child that SIGKILLs itself after writes past its checkpoint; the store
