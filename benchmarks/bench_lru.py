@@ -41,6 +41,23 @@ def _time(fn, reps: int, device: torch.device) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def measure(last_seen: torch.Tensor, step: int, k: int, reps: int, device: torch.device) -> list[tuple[str, float]]:
+    """``(variant, median seconds)`` of each select of `k` rows of `last_seen`; raises SystemExit if
+    one selects other rows than the torch ops."""
+    base, want = _time(lambda: lru_select._select(last_seen, last_seen < step, step, k), reps, device)
+    out = [("torch_ops", base)]
+    ms, (order, chosen) = _time(lambda: lru_select.oldest_static(last_seen, step, k), reps, device)
+    if not torch.equal(order[chosen], want):
+        raise SystemExit("bench_lru: oldest_static selected other rows than _select")
+    out.append(("static", ms))
+    if device.type == "cpu" and native.kernels is not None:
+        ms, got = _time(lambda: lru_select.oldest(last_seen, step, k), reps, device)
+        if not torch.equal(got, want):
+            raise SystemExit("bench_lru: the compiled kernel selected other rows than _select")
+        out.append(("compiled", ms))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=2_600_000)
@@ -62,20 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator().manual_seed(span)
         last_seen = step - 1 - torch.randint(0, span, (args.rows,), generator=gen)
         last_seen[torch.randperm(args.rows, generator=gen)[: args.rows // 26]] = step  # this batch's rows
-        last_seen = last_seen.to(device)
-        base, want = _time(lambda: lru_select._select(last_seen, last_seen < step, step, args.k), args.reps, device)
-        rows = [("torch_ops", base)]
-        ms, (order, chosen) = _time(lambda: lru_select.oldest_static(last_seen, step, args.k), args.reps, device)
-        if not torch.equal(order[chosen], want):
-            raise SystemExit(f"bench_lru: oldest_static selected other rows than _select (ages over {span})")
-        rows.append(("static", ms))
-        if device.type == "cpu" and native.kernels is not None:
-            ms, got = _time(lambda: lru_select.oldest(last_seen, step, args.k), args.reps, device)
-            if not torch.equal(got, want):
-                raise SystemExit(f"bench_lru: the compiled kernel selected other rows than _select (ages over {span})")
-            rows.append(("compiled", ms))
+        rows = measure(last_seen.to(device), step, args.k, args.reps, device)
         for name, ms in rows:
-            print(f"| {span:,} | {name} | {ms * 1e3:.2f} | {ms / base:.2f}x |")
+            print(f"| {span:,} | {name} | {ms * 1e3:.2f} | {ms / rows[0][1]:.2f}x |")
     return 0
 
 
