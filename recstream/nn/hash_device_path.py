@@ -408,25 +408,43 @@ def lookup_masked_many(calls: Sequence[tuple[DevicePath, torch.Tensor, torch.Ten
     >>> [tuple(out.shape) for out in lookup_masked_many([(a, keys, mask), (b, keys, ~mask)])]
     [(2, 2), (2, 3)]
     """
-    started = []
+    checked = _checked_calls(calls)  # every call checked before any begins: a bad one changes no table
+    started: list = []
+    out: list[torch.Tensor] = []
+    try:
+        for table, keys, mask in checked:
+            started.append(table._begin_masked(keys, mask, reserved_free))
+        reading = [(table, call) for (table, _, _), call in zip(checked, started, strict=True)
+                   if isinstance(call, DeviceCall) and call.read]
+        values: dict[int, list[int]] = {}
+        if reading:  # the one read
+            terms = [table._read_terms(call.plan) for table, call in reading]
+            flat = torch.stack([t.to(torch.int64) for ts in terms for t in ts]).tolist()
+            size = len(terms[0])
+            values = {id(call): flat[i * size:(i + 1) * size] for i, (_, call) in enumerate(reading)}
+        for (table, _, _), call in zip(checked, started, strict=True):
+            out.append(call if isinstance(call, torch.Tensor) else table._finish(call, values.get(id(call))))
+        return out
+    except BaseException:
+        # A call begun but not finished (a later one raised, e.g. a probe's assert on a CPU) leaves
+        # its probe's first claim round behind: void it, or those bids would compete with the
+        # table's next step's (`TableBackend.discard_bids`).
+        for (table, _, _), call in zip(checked[len(out):], started[len(out):], strict=False):
+            if isinstance(call, DeviceCall):
+                call.backend.discard_bids(table, call.plan)
+        raise
+
+
+def _checked_calls(calls) -> list[tuple[DevicePath, torch.Tensor, torch.Tensor | None]]:
+    """`lookup_masked_many`'s calls with their keys and masks checked (keys 1-D int, a mask None or
+    a bool tensor shaped like its keys)."""
+    owner, checked = "HashEmbedding.lookup_masked", []
     for table, keys, mask in calls:
-        owner = "HashEmbedding.lookup_masked"
         keys = check_int_tensor(owner, "keys", keys, ndim=1)
-        if mask is None:  # every key: no masked sort, no masking of the result
-            started.append(table._begin_masked(keys, None, reserved_free))
-            continue
-        check_type(owner, "mask", mask, torch.Tensor)
-        if mask.dtype != torch.bool or mask.shape != keys.shape:
-            raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
-                             f"got {mask.dtype} {tuple(mask.shape)}")
-        started.append(table._begin_masked(keys, mask, reserved_free))
-    reading = [(table, call) for (table, _, _), call in zip(calls, started, strict=True)
-               if isinstance(call, DeviceCall) and call.read]
-    values: dict[int, list[int]] = {}
-    if reading:  # the one read
-        terms = [table._read_terms(call.plan) for table, call in reading]
-        flat = torch.stack([t.to(torch.int64) for ts in terms for t in ts]).tolist()
-        size = len(terms[0])
-        values = {id(call): flat[i * size:(i + 1) * size] for i, (_, call) in enumerate(reading)}
-    return [call if isinstance(call, torch.Tensor) else table._finish(call, values.get(id(call)))
-            for (table, _, _), call in zip(calls, started, strict=True)]
+        if mask is not None:  # None: every key (no masked sort, no masking of the result)
+            check_type(owner, "mask", mask, torch.Tensor)
+            if mask.dtype != torch.bool or mask.shape != keys.shape:
+                raise ValueError(f"{owner}: 'mask' must be a bool tensor shaped like 'keys' {tuple(keys.shape)}, "
+                                 f"got {mask.dtype} {tuple(mask.shape)}")
+        checked.append((table, keys, mask))
+    return checked

@@ -473,6 +473,36 @@ def test_auto_takes_triton_only_where_a_trained_table_matches_the_torch_ops(monk
 
 
 @interpreted
+def test_a_lookup_of_several_tables_that_raises_leaves_no_claim_behind():
+    """`lookup_masked_many` probes every table before it finishes any, and a Triton probe makes its
+    table's first claim round. When a later table's probe raises (its assert: at once on a CPU), the
+    earlier tables' bids are voided: the next step places a new key where the torch ops place it,
+    not around a bid nobody carries out. A call with a bad argument changes no table at all."""
+    from recstream.nn.tensor_hash_table import hash_keys
+
+    tri, tch, full = (HashEmbedding(4, capacity=64, param_init="ones") for _ in range(3))
+    tri.table_backend, tch.table_backend, full.table_backend = "triton", "torch", "triton"
+    cand = torch.arange(1, 50_000, dtype=torch.int64) * 7919 + 2 ** 40
+    start = hash_keys(cand) & (tri.table.num_slots - 1)
+    x, y = cand[start == start[5]][:2]  # one start slot: the failed step's key bids for Y's slot
+    w = cand[:5][start[:5] != start[5]][0]  # a smaller key: Y's index in its step is 1, X's was 0
+    first, clash = cand[start == start[6]][:2]
+    with device_path():
+        full(first.reshape(1))
+        full.table.max_rounds = 1  # the clash's probe finds its one slot taken: the assert raises
+        for emb in (tri, tch):
+            with pytest.raises(RuntimeError, match="max_rounds=1"):
+                lookup_masked_many([(emb, x.reshape(1), None), (full, clash.reshape(1), None)])
+            lookup_masked_many([(emb, torch.stack([w, y]), None)])
+        assert torch.equal(tri.table.keys, tch.table.keys)  # Y in its first free slot on both
+        assert int(tri.table.find(y.reshape(1))) == int(start[5])  # the slot X's void bid was for
+        step = tri._step
+        with pytest.raises(ValueError, match="'mask' must be a bool tensor"):
+            lookup_masked_many([(tri, y.reshape(1), None), (tch, y.reshape(1), torch.ones(2, dtype=torch.bool))])
+        assert tri._step == step
+
+
+@interpreted
 def test_a_training_probe_that_passes_max_rounds_fails_its_device_assert():
     """With the first round's bids the probe launch also writes the assert's word (no ``all`` op a
     step): a key whose probe sequence has no empty slot within ``max_rounds`` still fails the step;
