@@ -16,6 +16,7 @@ steps in which a table read its counters (`HashEmbedding._read_counters` or the 
 
     python benchmarks/dynamic_reads.py --steps 400 --batch-size 1024 --rows 100000
     python benchmarks/dynamic_reads.py --steps 400 --capacity 20000   # tables that fill and evict
+    python benchmarks/dynamic_reads.py --steps 300 --capacity 20000 --low-watermark 0.897   # two batches' room
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def count_reads(args, copies: str) -> list[int]:
     for m in net.modules():
         if isinstance(m, HashEmbedding):
             m.table_backend = "torch"
+            m.evict_low_watermark = getattr(args, "low_watermark", m.evict_low_watermark)
     model = Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False)
     data = [(x.to("cpu"), y) for x, y in bench_dynamic.batches(args.steps, args.batch_size, args.rows,
                                                                  id_features=args.id_features)]
@@ -109,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--id-features", type=int, default=2)
     p.add_argument("--lag", type=int, default=2, help="steps after which a lagged copy lands")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--low-watermark", type=float, default=0.95, help="the tables' evict_low_watermark")
     args = p.parse_args(argv)
+    if not 0.0 <= args.low_watermark <= 1.0:
+        p.error(f"--low-watermark must be within [0, 1], got {args.low_watermark}")
     args.capacity = args.capacity or args.rows
     torch.set_num_threads(args.threads)
     print(f"{args.model}, {args.id_features} dynamic id features, capacity {args.capacity:,} each, ids over "
-          f"{args.rows:,}, batch {args.batch_size:,}, {args.steps} steps on the device path (CPU tensors)")
+          f"{args.rows:,}, batch {args.batch_size:,}, {args.steps} steps on the device path (CPU tensors), "
+          f"evict_low_watermark {args.low_watermark}")
     for copies in ("none", "lag", "now"):
         reads = count_reads(args, copies)
         label = f"lag {args.lag}" if copies == "lag" else copies

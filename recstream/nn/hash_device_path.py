@@ -9,6 +9,8 @@ runs both on the same key streams).
 """
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +23,8 @@ from .hash_replay import HostEvent
 from .hash_static import DeviceCall, DevicePlan, Scatter, claim, masked_put, probe, static_unique, window
 from .lru_select import oldest_static
 from .tensor_hash_table import DELETED, NEVER_SEEN
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DevicePath", "StaticBackend", "STATIC", "lookup_masked_many"]
 
@@ -264,10 +268,12 @@ class DevicePath:
             return None  # rare: the host path's step (its ops, its syncs)
         evicted = 0
         if short > 0:
+            self._warn_thin_headroom("capacity", self.capacity, plan.uniq.numel())
             evicted = min(short + self._headroom(self.capacity), unseen)
             backend.evict_lru(self, evicted, plan.row)
             self._free += evicted
         if dropped > 0:
+            self._warn_thin_headroom("pending_capacity", self.pending_capacity, plan.uniq.numel())
             backend.drop_pending(self, dropped, plan)
             self._pending -= dropped
         if surplus:  # the last new pending keys (key order) are not inserted
@@ -284,6 +290,22 @@ class DevicePath:
         self._stale = True
         plan.pad_ok = n_admit > 0 or self._free_bound > 0  # a row whose optimizer state may be reset
         return plan
+
+    def _warn_thin_headroom(self, name: str, budget: int, keys: int) -> None:
+        """Warn once per table when a pass over a full `budget` (``capacity`` or ``pending_capacity``)
+        leaves room for fewer than a batch's `keys`: the host's bounds take every key of a step as new,
+        so such a table reads its counters at nearly every step (a host sync; a CUDA graph's step then
+        runs eagerly)."""
+        if self._headroom(budget) >= keys or self.__dict__.get("_warned_headroom"):
+            return
+        self.__dict__["_warned_headroom"] = True
+        most = 1.0 - 2 * keys / budget
+        fix = (f"set evict_low_watermark to at most {math.floor(most * 1000) / 1000} (room for two batches)"
+               if most > 0 else f"raise {name} above two batches' keys ({2 * keys})")
+        log.warning("HashEmbedding: a pass over the full %s=%d frees %d beyond the step's need, fewer than a "
+                    "batch's %d keys (evict_low_watermark=%s): on a device this table reads its counters at "
+                    "nearly every step (a host sync; a CUDA graph's step runs eagerly); %s", name, budget,
+                    self._headroom(budget), keys, self.evict_low_watermark, fix)
 
     def _drop_unseen_pending(self, k: int, plan: DevicePlan) -> None:
         """`_evict_lru_pending` of exactly `k` pending keys not in this batch, static shape."""

@@ -263,7 +263,9 @@ class HashEmbedding(HostPath, DevicePath, GraphReplay, nn.Module):
             the few rows the step needs -- so the O(num_slots) scan runs once
             per ``(1 - evict_low_watermark) * capacity`` admissions instead of
             every step. ``1.0``: evict exactly what is needed (a scan per step
-            once full).
+            once full). On a device, keep ``(1 - evict_low_watermark) * capacity``
+            above a batch's keys: otherwise a full table reads its counters at every
+            step (a host sync), and the first such pass logs a warning.
         tier: a `DiskTier` to keep the rows and their optimizer state on local disk, ``cache_rows``
             of them in memory (`recstream.nn.hash_tier`); ``None``: in memory. The hash table (keys,
             counts, free list: a few dozen bytes a key) stays in memory. CPU, ``sparse=True`` and a

@@ -322,3 +322,24 @@ def test_a_training_lookups_sparse_gradient_is_autograds_where_and_embedding(mon
     ours, theirs = emb.values.grad, values.grad
     assert ours.is_sparse and torch.equal(ours._indices(), theirs._indices())
     assert torch.equal(ours._values(), theirs._values()) and torch.isfinite(ours._values()).all()
+
+
+@pytest.mark.parametrize("watermark", [0.95, 0.5])
+def test_a_full_table_whose_pass_frees_less_than_a_batch_warns_once_how_to_fix_it(caplog, watermark):
+    """48 keys a step into 200 rows: at 0.95 a pass frees 10 rows beyond the step's need, so the host's
+    bounds (every key new) never show room again and the device path reads at every step: one warning,
+    naming the watermark that leaves two batches' room (1 - 2 * 48 / 200 = 0.52). At 0.5 (100 rows) none."""
+    emb = HashEmbedding(4, capacity=200, param_init="ones", evict_low_watermark=watermark)
+    stream = _stream(12, 16, 10_000)
+    with caplog.at_level("WARNING", logger="recstream.nn.hash_device_path"):
+        device = _train(emb, stream, on_device=True, every_step=False)
+    warned = [r.getMessage() for r in caplog.records if "evict_low_watermark" in r.getMessage()]
+    syncs = [s.syncs for s in device[3].per_step]
+    first = next(i for i, n in enumerate(syncs) if n)
+    if watermark == 0.5:
+        assert warned == [] and 0 in syncs[first:], syncs  # two batches' room: steps without a read
+        return
+    assert len(warned) == 1, warned
+    assert "capacity=200 frees 10" in warned[0] and "a batch's 48 keys" in warned[0], warned[0]
+    assert "evict_low_watermark to at most 0.52 " in warned[0], warned[0]
+    assert 0 not in syncs[first:], syncs  # what it says: once full, a read at every step (or the host path's)
