@@ -61,7 +61,7 @@ def count_reads(args, copies: str) -> list[int]:
     for m in net.modules():
         if isinstance(m, HashEmbedding):
             m.table_backend = "torch"
-            m.evict_low_watermark = getattr(args, "low_watermark", m.evict_low_watermark)
+            m.evict_low_watermark = args.low_watermark
     model = Model(net, torch.nn.BCEWithLogitsLoss(), default_optimizer(net), progress_bar=False)
     data = [(x.to("cpu"), y) for x, y in bench_dynamic.batches(args.steps, args.batch_size, args.rows,
                                                                  id_features=args.id_features)]

@@ -220,7 +220,7 @@ def test_the_dynamic_reads_benchmark_counts_the_steps_that_read_with_and_without
     leave nothing to read, nor here do copies that land 2 steps late."""
     reads = _load("dynamic_reads")
     args = argparse.Namespace(model="widedeep", rows=300, capacity=300, batch_size=24, steps=24, id_features=2,
-                              lag=2)
+                              lag=2, low_watermark=0.95)
     none, lagged, now = (reads.count_reads(args, copies) for copies in ("none", "lag", "now"))
     assert none and none[0] == 12, none
     assert now == [] and len(lagged) < len(none), (lagged, none)
